@@ -1,0 +1,1 @@
+"""fedconvex: exact second-order federated optimization on convex problems."""

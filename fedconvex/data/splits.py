@@ -1,0 +1,73 @@
+"""Client splits: sequential (the paper / FedNL reference code), shuffled, and Dirichlet
+label skew (Vogels et al. 2021, RelaySum).  Each returns a list of row-index arrays, one
+per client; every returned row belongs to exactly one client.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .libsvm import DataError
+
+
+def _check_counts(n_rows: int, clients: int, per_client: int | None) -> int:
+    if clients < 1:
+        raise DataError(f"clients must be >= 1, got {clients}")
+    if per_client is None:
+        per_client = n_rows // clients
+    if per_client < 1:
+        raise DataError(f"{n_rows} rows cannot give {clients} clients at least one row each")
+    if clients * per_client > n_rows:
+        raise DataError(f"{clients} clients x {per_client} rows = {clients * per_client} exceeds the {n_rows} rows available")
+    return per_client
+
+
+def sequential_split(n_rows: int, clients: int, per_client: int | None = None) -> list[np.ndarray]:
+    """Client i gets rows [i*M, (i+1)*M) in file order (FedNL's reference split)."""
+    m = _check_counts(n_rows, clients, per_client)
+    return [np.arange(i * m, (i + 1) * m) for i in range(clients)]
+
+
+def shuffled_split(n_rows: int, clients: int, per_client: int | None = None, seed: int = 0) -> list[np.ndarray]:
+    """Equal-size clients from a seeded random permutation of the rows."""
+    m = _check_counts(n_rows, clients, per_client)
+    perm = np.random.default_rng(seed).permutation(n_rows)
+    return [np.sort(perm[i * m:(i + 1) * m]) for i in range(clients)]
+
+
+def dirichlet_split(labels, clients: int, alpha: float, seed: int = 0, min_size: int = 1,
+                    max_tries: int = 1000) -> list[np.ndarray]:
+    """Label-skewed clients of unequal sizes (Vogels et al. 2021).
+
+    For each class, proportions p ~ Dir(alpha * 1_N) over the clients split that class's
+    (shuffled) samples.  Draws are repeated until every client has ``min_size`` samples.
+    Smaller alpha means stronger heterogeneity.
+    """
+    labels = np.asarray(labels)
+    if clients < 1:
+        raise DataError(f"clients must be >= 1, got {clients}")
+    if not alpha > 0:
+        raise DataError(f"Dirichlet alpha must be > 0, got {alpha}")
+    if clients * min_size > len(labels):
+        raise DataError(f"{len(labels)} samples cannot give {clients} clients {min_size} samples each")
+    rng = np.random.default_rng(seed)
+    classes = np.unique(labels)
+    for _ in range(max_tries):
+        parts: list[list[np.ndarray]] = [[] for _ in range(clients)]
+        for c in classes:
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            p = rng.dirichlet(np.full(clients, float(alpha)))
+            cuts = (np.cumsum(p)[:-1] * len(idx)).astype(int)
+            for i, chunk in enumerate(np.split(idx, cuts)):
+                parts[i].append(chunk)
+        out = [np.sort(np.concatenate(p)) for p in parts]
+        if min(len(p) for p in out) >= min_size:
+            return out
+    raise DataError(f"no Dirichlet(alpha={alpha}) draw in {max_tries} tries gave every one of {clients} clients "
+                    f"{min_size}+ samples; raise alpha or lower the client count")
+
+
+def client_class_counts(labels, parts) -> np.ndarray:
+    """(clients, classes) table of per-client sample counts, classes in sorted order."""
+    labels = np.asarray(labels)
+    classes = np.unique(labels)
+    return np.stack([(labels[p][:, None] == classes[None, :]).sum(0) for p in parts])

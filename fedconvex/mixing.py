@@ -1,0 +1,89 @@
+"""Server-side mixing kernels shared by fedconvex and fedpm_dnn.
+
+``precond_mix`` is FedPM's *preconditioned mixing* (paper eq. fedpm_multi and eq.
+foof_mixing)::
+
+    theta = (sum_i w_i (P_i + lam I))^{-1}  sum_i w_i (P_i + lam I) X_i
+
+with w_i = 1/N by default.  The same damping lam must be used here as in the clients'
+local steps, otherwise identical clients would not reproduce their own model.
+
+Both kernels are backend-agnostic: they run unchanged on NumPy, CuPy and torch arrays
+(the namespace is inferred from the inputs) and accept matrix right-hand sides X_i of
+shape (d, k), which is how a DNN layer block [W b]^T is mixed.
+"""
+from __future__ import annotations
+
+from .backend import asarray_like, eye_like, namespace
+
+
+def _weights(xp, weights, n, like):
+    """Normalised (n,) weights in ``like``'s library."""
+    if weights is None:
+        return asarray_like(xp, [1.0 / n] * n, like)
+    w = asarray_like(xp, weights, like)
+    if w.shape != (n,):
+        raise ValueError(f"weights must have shape ({n},), got {tuple(w.shape)}")
+    total = w.sum()
+    if not float(total) > 0:
+        raise ValueError("weights must sum to a positive number")
+    return w / total
+
+
+def _as_matrix_rhs(X, d):
+    """(N, d) -> (N, d, 1); (N, d, k) unchanged.  Returns the array and whether it was a vector."""
+    if X.ndim == 2:
+        if X.shape[1] != d:
+            raise ValueError(f"X has shape {tuple(X.shape)}, expected (N, {d}) or (N, {d}, k)")
+        return X[:, :, None], True
+    if X.ndim == 3 and X.shape[1] == d:
+        return X, False
+    raise ValueError(f"X has shape {tuple(X.shape)}, expected (N, {d}) or (N, {d}, k)")
+
+
+def precond_mix(P, X, weights=None, damping: float = 0.0):
+    """Preconditioned mixing of client parameters.
+
+    Parameters
+    ----------
+    P : (N, d, d) stack of symmetric positive (semi)definite client preconditioners, or a
+        structured stack (e.g. ``fedconvex.blocks.ActiveBlocks``) that provides
+        ``weighted_sum(w) -> (d, d)`` and ``weighted_apply_sum(w, X) -> (d, k)``.
+    X : (N, d) client parameter vectors, or (N, d, k) client parameter blocks.
+    weights : optional (N,) non-negative mixing weights; normalised to sum to one.
+        Default uniform (the paper's 1/N).
+    damping : lam >= 0 added to every P_i (and therefore to their mean) before mixing.
+
+    Returns the mixed parameters with the shape of one client's X (``(d,)`` or ``(d, k)``).
+    """
+    structured = hasattr(P, "weighted_sum")
+    xp = namespace(X) if structured else namespace(P, X)
+    if not structured and (P.ndim != 3 or P.shape[1] != P.shape[2]):
+        raise ValueError(f"P must have shape (N, d, d), got {tuple(P.shape)}")
+    n, d = len(P), (P.d if structured else P.shape[1])
+    if X.shape[0] != n:
+        raise ValueError(f"P has {n} clients but X has {X.shape[0]}")
+    if damping < 0:
+        raise ValueError(f"damping must be >= 0, got {damping}")
+    Xm, was_vector = _as_matrix_rhs(X, d)
+    w = _weights(xp, weights, n, X)
+    # sum_i w_i (P_i + lam I) X_i = sum_i w_i P_i X_i + lam * sum_i w_i X_i: damping added once
+    if structured:
+        rhs, Pbar = P.weighted_apply_sum(w, Xm), P.weighted_sum(w)
+    else:
+        rhs = (w[:, None, None] * xp.matmul(P, Xm)).sum(0)
+        Pbar = (w[:, None, None] * P).sum(0)
+    if damping:
+        rhs = rhs + damping * (w[:, None, None] * Xm).sum(0)
+        Pbar = Pbar + damping * eye_like(xp, d, X)
+    Pbar = 0.5 * (Pbar + Pbar.T)  # symmetrise: round-off in the sum must not leak into the solve
+    # explicit (d, k) right-hand side: NumPy 2 changed solve's vector broadcasting rule
+    out = xp.linalg.solve(Pbar, rhs)
+    return out[:, 0] if was_vector else out
+
+
+def simple_mix(X, weights=None):
+    """Weighted average of client parameters (FedAvg / LocalNewton mixing)."""
+    xp = namespace(X)
+    w = _weights(xp, weights, X.shape[0], X)
+    return (w.reshape((-1,) + (1,) * (X.ndim - 1)) * X).sum(0)

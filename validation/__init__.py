@@ -1,0 +1,1 @@
+"""Runnable experiments that check the paper's claims (``python -m validation.superlinear``)."""

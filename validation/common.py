@@ -1,0 +1,95 @@
+"""Shared set-up for the convex experiments: data, split, problem, optimum, initial point."""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+
+from fedconvex.backend import BackendError, get_backend
+from fedconvex.data import (BUNDLED, DataError, dirichlet_split, load_dataset, paper_split_sizes,
+                            sequential_split, shuffled_split)
+from fedconvex.problem import FederatedLogReg
+from fedconvex.reference import initial_point, solve_optimum
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one line naming the cause (no usage dump)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def positive_int(text):
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return v
+
+
+def nonneg_float(text):
+    v = float(text)
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return v
+
+
+def positive_float(text):
+    v = float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return v
+
+
+def add_problem_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", default="w8a", help=f"bundled name ({', '.join(BUNDLED)}) or path to a LibSVM file")
+    p.add_argument("--n-features", type=positive_int, default=None, help="columns of a LibSVM file given by path")
+    p.add_argument("--clients", type=positive_int, default=None, help="N clients (paper: w8a 142, a9a 80)")
+    p.add_argument("--per-client", type=positive_int, default=None, help="M rows per client (default floor(rows/N))")
+    p.add_argument("--split", choices=("sequential", "shuffled", "dirichlet"), default="sequential",
+                   help="sequential = the paper's file-order split")
+    p.add_argument("--alpha", type=positive_float, default=0.5, help="Dirichlet concentration for --split dirichlet")
+    p.add_argument("--lam", type=nonneg_float, default=1e-3, help="L2 regularisation lambda")
+    p.add_argument("--weighting", choices=("uniform", "samples"), default="uniform",
+                   help="client weights in f and in the mixing (paper: uniform 1/N)")
+    p.add_argument("--init", choices=("paper", "zero"), default="paper", help="theta0 = theta* + N(0, 0.1^2 I), or 0")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", default="numpy", help="numpy or cupy")
+
+
+def build_split(args, ds):
+    default = paper_split_sizes(args.dataset) if args.clients is None else None
+    clients = args.clients or (default[0] if default else 10)
+    per_client = args.per_client or (default[1] if default and args.per_client is None else None)
+    if args.split == "sequential":
+        return sequential_split(ds.n, clients, per_client)
+    if args.split == "shuffled":
+        return shuffled_split(ds.n, clients, per_client, seed=args.seed)
+    return dirichlet_split(ds.y, clients, args.alpha, seed=args.seed)
+
+
+def dataset_fingerprint(name_or_path: str) -> str:
+    if name_or_path in BUNDLED:
+        return BUNDLED[name_or_path][2]
+    st = os.stat(name_or_path)
+    return hashlib.sha256(f"{os.path.abspath(name_or_path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+
+
+def build_problem(args):
+    """(problem, dataset, theta*, f*, theta0) for the parsed arguments."""
+    xp = get_backend(args.backend)
+    ds = load_dataset(args.dataset, args.n_features)
+    parts = build_split(args, ds)
+    problem = FederatedLogReg(ds.X, ds.y, parts, lam=args.lam, weighting=args.weighting, xp=xp)
+    theta_star, f_star, gnorm = solve_optimum(problem)
+    theta0 = initial_point(problem, theta_star, args.init, seed=args.seed)
+    return problem, ds, theta_star, f_star, gnorm, theta0
+
+
+def fail(prog: str, exc: BaseException) -> None:
+    """Print one line naming the cause and exit 2 (no traceback for user errors)."""
+    sys.stderr.write(f"{prog}: error: {exc}\n")
+    raise SystemExit(2)
+
+
+USER_ERRORS = (DataError, BackendError, ValueError, ArithmeticError, OSError)

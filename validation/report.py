@@ -1,0 +1,138 @@
+"""Outputs of the convex experiments: history.csv, summary.json, the two-panel figure, a table.
+
+Everything is first written into a temporary folder next to ``--out`` and moved into place
+at the end, so a failed run never leaves half-written results.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import tempfile
+
+from fedconvex.run import COLUMNS
+
+DIST_TARGET = 1e-10
+RATIO_NOISE_FLOOR = 1e-12  # below this distance the ratios measure round-off, not the method
+
+
+def rounds_to(history, key="dist", target=DIST_TARGET):
+    for row in history:
+        if row[key] < target:
+            return row["round"]
+    return None
+
+
+def contraction_ratios(history, last: int = 5):
+    """The last ``last`` ratios ||theta_{t+1}-theta*|| / ||theta_t-theta*|| taken while
+    both distances are above the round-off floor (superlinear: they decrease to 0)."""
+    ratios = [history[t + 1]["dist"] / history[t]["dist"] for t in range(len(history) - 1)
+              if min(history[t]["dist"], history[t + 1]["dist"]) > RATIO_NOISE_FLOOR]
+    return ratios[-last:]
+
+
+def method_summary(label, params, history, trials, cached):
+    final = history[-1]
+    return {"label": label, "params": params, "lr": params.get("lr"), "tuned_from_cache": cached,
+            "final_f_gap": final["f_gap"], "final_dist": final["dist"], "final_grad_norm": final["grad_norm"],
+            "rounds_to_dist_1e-10": rounds_to(history), "contraction_ratios": contraction_ratios(history),
+            "bytes_up_per_round": final["bytes_up"] / max(final["round"], 1),
+            "bytes_down_per_round": final["bytes_down"] / max(final["round"], 1),
+            "seconds": final["seconds"], "trials": trials}
+
+
+def format_table(summary: dict) -> str:
+    head = f"{'method':<14}{'lr':>9}{'f_gap':>11}{'dist':>11}{'rounds<1e-10':>13}  {'last ratios':<34}{'KB up/rnd':>10}{'sec':>7}"
+    lines = [head, "-" * len(head)]
+    for name, m in summary["methods"].items():
+        r = m["rounds_to_dist_1e-10"]
+        ratios = " ".join(f"{x:.0e}" if x < 0.01 else f"{x:.2f}" for x in m["contraction_ratios"][-4:])
+        lines.append(f"{m['label']:<14}{m['lr']:>9.3g}{m['f_gap_str']:>11}{m['dist_str']:>11}"
+                     f"{('-' if r is None else str(r)):>13}  {ratios:<34}{m['bytes_up_per_round'] / 1e3:>10.1f}"
+                     f"{m['seconds']:>7.2f}")
+    return "\n".join(lines)
+
+
+def write_history(path, histories: dict) -> None:
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(("method",) + COLUMNS)
+        for method, hist in histories.items():
+            for row in hist:
+                w.writerow([method] + [repr(row[c]) if isinstance(row[c], float) else row[c] for c in COLUMNS])
+
+
+def read_history(path) -> dict:
+    out: dict = {}
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            rec = {c: (int(row[c]) if c in ("round", "bytes_up", "bytes_down") else float(row[c])) for c in COLUMNS}
+            out.setdefault(row["method"], []).append(rec)
+    return out
+
+
+def plot_convergence(histories: dict, labels: dict, title: str, path_stem: str) -> list[str]:
+    """Two panels (|f - f*| and ||theta - theta*|| vs round, log scale) as PNG and PDF."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for method, hist in histories.items():
+        rounds = [r["round"] for r in hist]
+        for ax, key in zip(axes, ("f_gap", "dist")):
+            # exact zeros (f reached f* to the last bit) cannot sit on a log axis
+            ax.semilogy(rounds, [max(r[key], 1e-20) for r in hist], label=labels.get(method, method),
+                        marker="o" if method == "fedpm" else None, markersize=3)
+    axes[0].set_ylabel(r"$|f(\theta_t) - f^*|$")
+    axes[1].set_ylabel(r"$\|\theta_t - \theta^*\|$")
+    for ax in axes:
+        ax.set_xlabel("communication round")
+        ax.grid(True, which="major", alpha=0.3)
+    axes[1].legend(fontsize=8, loc="upper right", ncol=2)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    paths = [f"{path_stem}.png", f"{path_stem}.pdf"]
+    for p in paths:
+        fig.savefig(p, dpi=150)
+    plt.close(fig)
+    return paths
+
+
+class AtomicDir:
+    """Write into a temporary sibling folder; replace ``path`` only when everything succeeded."""
+
+    def __init__(self, path: str):
+        self.path = os.path.abspath(path)
+
+    def __enter__(self) -> str:
+        parent = os.path.dirname(self.path)
+        os.makedirs(parent, exist_ok=True)
+        self.tmp = tempfile.mkdtemp(prefix=".partial-", dir=parent)
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return False
+        if os.path.isdir(self.path):
+            shutil.rmtree(self.path)
+        os.replace(self.tmp, self.path)
+        return False
+
+
+def dump_json(path, obj) -> None:
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    with open(path, "w") as fh:
+        json.dump(clean(obj), fh, indent=2)

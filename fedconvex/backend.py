@@ -44,18 +44,25 @@ def is_torch(xp) -> bool:
     return getattr(xp, "__name__", "") == "torch"
 
 
+def _device_kw(xp, like):
+    # NumPy < 2 and CuPy take no device argument; torch and array-API libraries do
+    if is_torch(xp) or xp.__name__ not in ("numpy", "cupy"):
+        return {"device": like.device}
+    return {}
+
+
 def eye_like(xp, n: int, like):
     """Identity of size n with the dtype and device of ``like``."""
-    if is_torch(xp):
-        return xp.eye(n, dtype=like.dtype, device=like.device)
-    return xp.eye(n, dtype=like.dtype)
+    return xp.eye(n, dtype=like.dtype, **_device_kw(xp, like))
 
 
 def asarray_like(xp, values, like):
     """``values`` as an array of ``like``'s library, dtype and device."""
     if is_torch(xp):
         return xp.as_tensor(values, dtype=like.dtype, device=like.device)
-    return xp.asarray(values, dtype=like.dtype)
+    if xp.__name__ not in ("numpy", "cupy"):
+        values = xp.asarray(values) if not isinstance(values, (list, tuple)) else values
+    return xp.asarray(values, dtype=like.dtype, **_device_kw(xp, like))
 
 
 def get_backend(name: str) -> types.ModuleType:

@@ -24,7 +24,7 @@ def _weights(xp, weights, n, like):
     w = asarray_like(xp, weights, like)
     if w.shape != (n,):
         raise ValueError(f"weights must have shape ({n},), got {tuple(w.shape)}")
-    total = w.sum()
+    total = xp.sum(w)
     if not float(total) > 0:
         raise ValueError("weights must sum to a positive number")
     return w / total
@@ -60,21 +60,22 @@ def precond_mix(P, X, weights=None, damping: float = 0.0):
     xp = namespace(X) if structured else namespace(P, X)
     if not structured and (P.ndim != 3 or P.shape[1] != P.shape[2]):
         raise ValueError(f"P must have shape (N, d, d), got {tuple(P.shape)}")
-    n, d = len(P), (P.d if structured else P.shape[1])
+    n, d = (len(P), P.d) if structured else (P.shape[0], P.shape[1])
     if X.shape[0] != n:
         raise ValueError(f"P has {n} clients but X has {X.shape[0]}")
     if damping < 0:
         raise ValueError(f"damping must be >= 0, got {damping}")
     Xm, was_vector = _as_matrix_rhs(X, d)
+    # written with array-API functions (xp.sum, xp.matmul, ...) so any conforming library works
     w = _weights(xp, weights, n, X)
     # sum_i w_i (P_i + lam I) X_i = sum_i w_i P_i X_i + lam * sum_i w_i X_i: damping added once
     if structured:
         rhs, Pbar = P.weighted_apply_sum(w, Xm), P.weighted_sum(w)
     else:
-        rhs = (w[:, None, None] * xp.matmul(P, Xm)).sum(0)
-        Pbar = (w[:, None, None] * P).sum(0)
+        rhs = xp.sum(w[:, None, None] * xp.matmul(P, Xm), axis=0)
+        Pbar = xp.sum(w[:, None, None] * P, axis=0)
     if damping:
-        rhs = rhs + damping * (w[:, None, None] * Xm).sum(0)
+        rhs = rhs + damping * xp.sum(w[:, None, None] * Xm, axis=0)
         Pbar = Pbar + damping * eye_like(xp, d, X)
     Pbar = 0.5 * (Pbar + Pbar.T)  # symmetrise: round-off in the sum must not leak into the solve
     # explicit (d, k) right-hand side: NumPy 2 changed solve's vector broadcasting rule
@@ -86,4 +87,4 @@ def simple_mix(X, weights=None):
     """Weighted average of client parameters (FedAvg / LocalNewton mixing)."""
     xp = namespace(X)
     w = _weights(xp, weights, X.shape[0], X)
-    return (w.reshape((-1,) + (1,) * (X.ndim - 1)) * X).sum(0)
+    return xp.sum(xp.reshape(w, (-1,) + (1,) * (X.ndim - 1)) * X, axis=0)

@@ -67,10 +67,12 @@ def blas_single_thread():
 
 def run(problem, algorithm, theta0, rounds: int, **kwargs):
     """Run ``rounds`` rounds; see ``_run`` (this wrapper pins BLAS to one thread on NumPy)."""
-    if problem.xp is np:
-        with blas_single_thread():
-            return _run(problem, algorithm, theta0, rounds, **kwargs)
-    return _run(problem, algorithm, theta0, rounds, **kwargs)
+    # overflow on the way to divergence is reported once, as Diverged, not as NumPy warnings
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        if problem.xp is np:
+            with blas_single_thread():
+                return _run(problem, algorithm, theta0, rounds, **kwargs)
+        return _run(problem, algorithm, theta0, rounds, **kwargs)
 
 
 def _run(problem, algorithm, theta0, rounds: int, *, participants: int | None = None, seed: int = 0,

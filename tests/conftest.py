@@ -1,0 +1,29 @@
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from fedconvex.data import load_bundled, sequential_split  # noqa: E402
+from fedconvex.problem import FederatedLogReg  # noqa: E402
+from fedconvex.reference import initial_point, solve_optimum  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def a9a():
+    return load_bundled("a9a")
+
+
+@pytest.fixture(scope="session")
+def a9a_paper(a9a):
+    """The paper's a9a Test 1 set-up: 80 clients x 407 rows, lam = 1e-3, theta0 = theta* + N(0, 0.01 I)."""
+    pb = FederatedLogReg(a9a.X, a9a.y, sequential_split(a9a.n, 80, 407), lam=1e-3)
+    theta_star, f_star, _ = solve_optimum(pb)
+    return pb, theta_star, f_star, initial_point(pb, theta_star, "paper", seed=0)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(12345)

@@ -1,0 +1,152 @@
+import bz2
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from fedconvex.data import (BUNDLED, DataError, client_class_counts, dirichlet_split, load_bundled, load_dataset,
+                            parse_libsvm, read_libsvm, sequential_split, shuffled_split)
+import fedconvex.data.bundled as bundled
+
+
+def write(tmp_path, text, name="d.svm"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+@pytest.mark.parametrize("labels,expect", [((0, 1), (-1, 1)), ((1, 2), (-1, 1)), ((-1, 1), (-1, 1)),
+                                           ((+1, -1), (1, -1))])
+def test_labels_map_to_plus_minus_one(tmp_path, labels, expect):
+    path = write(tmp_path, f"{labels[0]} 1:0.5 3:2\n{labels[1]} 2:1\n")
+    ds = read_libsvm(path, n_features=4)
+    assert ds.X.shape == (2, 4)
+    np.testing.assert_array_equal(ds.y, expect)
+    np.testing.assert_array_equal(ds.X.toarray(), [[0.5, 0, 2, 0], [0, 1, 0, 0]])
+
+
+def test_n_features_explicit_keeps_unused_last_column(tmp_path):
+    ds = read_libsvm(write(tmp_path, "-1 1:1\n+1 2:1\n"), n_features=123)
+    assert ds.X.shape == (2, 123)
+    assert read_libsvm(write(tmp_path, "-1 1:1\n+1 5:1\n", "b.svm")).X.shape == (2, 5)
+
+
+def test_blank_lines_and_featureless_rows(tmp_path):
+    ds = read_libsvm(write(tmp_path, "-1 \n\n+1 2:1\n"))
+    assert ds.n == 2 and ds.X.nnz == 1
+
+
+def test_compressed_files(tmp_path):
+    p = tmp_path / "d.svm.bz2"
+    p.write_bytes(bz2.compress(b"-1 1:1\n1 2:3\n"))
+    assert read_libsvm(str(p)).X.toarray()[1, 1] == 3
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("-1 1:1\nabc 2:1\n", ":2: label 'abc'"),
+    ("-1 1:1\n1 2-1\n", ":2: token '2-1'"),
+    ("-1 1:x\n1 2:1\n", ":1: token '1:x'"),
+    ("-1 0:1\n1 2:1\n", ":1: feature index 0"),
+    ("-1 3:1 2:1\n1 2:1\n", ":1: feature indices must increase"),
+    ("-1 1:nan\n1 2:1\n", ":1: value 'nan'"),
+    ("-1 1:1\n1 2:inf\n", ":2: value 'inf'"),
+    ("-1 1:1\n1 9:1\n", ":2: feature index 9 exceeds n_features=4"),
+    ("-1 1:1\n1 2:1\n2 1:1\n", ":3: third label 2"),
+    ("", "no samples"),
+    ("\n\n", "no samples"),
+    ("1 1:1\n1 2:1\n", "only one label"),
+    ("nan 1:1\n", ":1: label 'nan' is not finite"),
+])
+def test_malformed_input_names_file_and_line(tmp_path, text, fragment):
+    path = write(tmp_path, text)
+    with pytest.raises(DataError) as err:
+        read_libsvm(path, n_features=4)
+    msg = str(err.value)
+    assert path in msg and fragment in msg and "\n" not in msg
+
+
+def test_missing_and_binary_files(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        read_libsvm(str(tmp_path / "nope"))
+    p = tmp_path / "bin"
+    p.write_bytes(b"\xff\xfe\x00\x81")
+    with pytest.raises(DataError, match="not a text file"):
+        read_libsvm(str(p))
+    with pytest.raises(DataError, match="neither a bundled dataset"):
+        load_dataset(str(tmp_path / "nope"))
+
+
+@pytest.mark.parametrize("name,shape,positives", [("w8a", (49749, 300), 1479), ("a9a", (32561, 123), 7841)])
+def test_bundled_datasets_match_published_counts(name, shape, positives):
+    ds = load_bundled(name)
+    assert ds.X.shape == shape and int((ds.y > 0).sum()) == positives
+    assert np.all(ds.X.data == 1.0)  # both files are binary
+
+
+def test_bundled_checksum_is_verified(monkeypatch):
+    fname, d, sha, n, m = BUNDLED["a9a"]
+    monkeypatch.setitem(bundled.BUNDLED, "a9a", (fname, d, "0" * 64, n, m))
+    with pytest.raises(DataError, match="checksum mismatch"):
+        load_bundled("a9a")
+
+
+def test_bundled_equals_reading_the_same_file(tmp_path):
+    """The embedded copy parses exactly like the same text read from disk."""
+    from importlib import resources
+    raw = bz2.decompress(resources.files("fedconvex.data").joinpath("a9a.bz2").read_bytes())
+    p = tmp_path / "a9a"
+    p.write_bytes(raw)
+    a, b = load_bundled("a9a"), read_libsvm(str(p), n_features=123)
+    assert (a.X != b.X).nnz == 0 and np.array_equal(a.y, b.y)
+
+
+def test_sequential_split_is_the_papers():
+    parts = sequential_split(49749, 142, 350)
+    assert len(parts) == 142 and all(len(p) == 350 for p in parts)
+    assert parts[0][0] == 0 and parts[-1][-1] == 142 * 350 - 1
+    assert sequential_split(10, 3)[2].tolist() == [6, 7, 8]  # M defaults to floor(rows / N)
+
+
+@pytest.mark.parametrize("args", [(10, 0, None), (10, 4, 3), (3, 5, None)])
+def test_split_errors(args):
+    with pytest.raises(DataError):
+        sequential_split(*args)
+
+
+def test_shuffled_split_disjoint_and_seeded():
+    a = shuffled_split(100, 7, 10, seed=3)
+    b = shuffled_split(100, 7, 10, seed=3)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    flat = np.concatenate(a)
+    assert len(np.unique(flat)) == 70
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(20, 300), clients=st.integers(1, 10), classes=st.integers(2, 5),
+       alpha=st.sampled_from([0.05, 0.1, 1.0, 10.0]), seed=st.integers(0, 2**16))
+def test_dirichlet_split_properties(n, clients, classes, alpha, seed):
+    labels = np.random.default_rng(seed).integers(0, classes, n)
+    parts = dirichlet_split(labels, clients, alpha, seed=seed)
+    flat = np.concatenate(parts)
+    assert len(parts) == clients
+    assert sorted(flat.tolist()) == list(range(n))         # every sample exactly once
+    assert min(len(p) for p in parts) >= 1                 # no empty client
+    again = dirichlet_split(labels, clients, alpha, seed=seed)
+    assert all(np.array_equal(x, y) for x, y in zip(parts, again))
+    counts = client_class_counts(labels, parts)
+    np.testing.assert_array_equal(counts.sum(0), np.bincount(labels, minlength=classes)[np.unique(labels)])
+
+
+def test_dirichlet_small_alpha_is_more_skewed():
+    labels = np.repeat(np.arange(10), 500)
+    def skew(alpha):
+        c = client_class_counts(labels, dirichlet_split(labels, 10, alpha, seed=0))
+        return np.mean(c.max(1) / c.sum(1))
+    assert skew(0.1) > skew(100.0) + 0.3
+
+
+def test_dirichlet_errors():
+    with pytest.raises(DataError, match="alpha"):
+        dirichlet_split([0, 1], 2, 0.0)
+    with pytest.raises(DataError, match="cannot give"):
+        dirichlet_split([0, 1], 3, 1.0)

@@ -1,0 +1,134 @@
+"""Properties of the preconditioned-mixing kernel, on several array libraries."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from fedconvex.blocks import ActiveBlocks
+from fedconvex.mixing import precond_mix, simple_mix
+
+try:
+    import torch
+except ImportError:  # the [dnn] extra is optional for fedconvex
+    torch = None
+try:
+    import array_api_strict
+except ImportError:
+    array_api_strict = None
+
+
+def spd_stack(rng, n, d, rank=None):
+    A = rng.normal(size=(n, d, rank or d))
+    return A @ A.transpose(0, 2, 1) + 0.1 * np.eye(d)
+
+
+problems = st.tuples(st.integers(1, 6), st.integers(1, 7), st.integers(0, 2**31 - 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems, st.sampled_from([0.0, 0.5]))
+def test_identical_parameters_are_returned(prob, damping):
+    n, d, seed = prob
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=d)
+    P = spd_stack(rng, n, d)
+    out = precond_mix(P, np.repeat(x[None], n, 0), rng.random(n) + 0.1, damping=damping)
+    np.testing.assert_allclose(out, x, rtol=1e-9, atol=1e-10)
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems)
+def test_identical_preconditioners_give_the_weighted_mean(prob):
+    n, d, seed = prob
+    rng = np.random.default_rng(seed)
+    P1 = spd_stack(rng, 1, d)
+    X, w = rng.normal(size=(n, d, 2)), rng.random(n) + 0.1
+    out = precond_mix(np.repeat(P1, n, 0), X, w, damping=0.3)
+    np.testing.assert_allclose(out, simple_mix(X, w), rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(simple_mix(X, w), np.tensordot(w / w.sum(), X, 1), rtol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems)
+def test_permutation_invariance(prob):
+    n, d, seed = prob
+    rng = np.random.default_rng(seed)
+    P, X, w = spd_stack(rng, n, d), rng.normal(size=(n, d)), rng.random(n) + 0.1
+    perm = rng.permutation(n)
+    np.testing.assert_allclose(precond_mix(P[perm], X[perm], w[perm]), precond_mix(P, X, w), rtol=1e-9, atol=1e-10)
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems, st.integers(1, 5))
+def test_columns_mix_independently(prob, k):
+    n, d, seed = prob
+    rng = np.random.default_rng(seed)
+    P, X = spd_stack(rng, n, d), rng.normal(size=(n, d, k))
+    full = precond_mix(P, X, damping=0.2)
+    for j in range(k):
+        np.testing.assert_allclose(full[:, j], precond_mix(P, X[:, :, j], damping=0.2), rtol=1e-10, atol=1e-12)
+
+
+def test_matches_the_closed_form(rng):
+    n, d = 5, 4
+    P, X, w = spd_stack(rng, n, d, rank=2), rng.normal(size=(n, d)), rng.random(n)
+    lam = 0.7
+    w_n = w / w.sum()
+    A = sum(wi * (Pi + lam * np.eye(d)) for wi, Pi in zip(w_n, P))
+    b = sum(wi * (Pi + lam * np.eye(d)) @ xi for wi, Pi, xi in zip(w_n, P, X))
+    np.testing.assert_allclose(precond_mix(P, X, w, damping=lam), np.linalg.solve(A, b), rtol=1e-10)
+
+
+def test_structured_stack_equals_dense(rng):
+    d, n = 8, 4
+    active = [np.sort(rng.choice(d, k, replace=False)) for k in (3, 8, 1, 5)]
+    blocks = [spd_stack(rng, 1, len(a), rank=1)[0] for a in active]
+    stack = ActiveBlocks(tuple(blocks), tuple(active), d, shift=0.05)
+    X = rng.normal(size=(n, d))
+    np.testing.assert_allclose(precond_mix(stack, X, damping=0.3), precond_mix(stack.dense(), X, damping=0.3),
+                               rtol=1e-11)
+
+
+@pytest.mark.parametrize("bad", [
+    dict(P=np.zeros((2, 3, 4)), X=np.zeros((2, 3))),
+    dict(P=np.eye(3)[None].repeat(2, 0), X=np.zeros((3, 3))),
+    dict(P=np.eye(3)[None].repeat(2, 0), X=np.zeros((2, 4))),
+    dict(P=np.eye(3)[None].repeat(2, 0), X=np.zeros((2, 3)), damping=-1.0),
+    dict(P=np.eye(3)[None].repeat(2, 0), X=np.zeros((2, 3)), weights=[1.0]),
+    dict(P=np.eye(3)[None].repeat(2, 0), X=np.zeros((2, 3)), weights=[0.0, 0.0]),
+])
+def test_bad_inputs_raise(bad):
+    with pytest.raises(ValueError):
+        precond_mix(**bad)
+
+
+BACKENDS = [pytest.param("torch", marks=pytest.mark.skipif(torch is None, reason="torch not installed")),
+            pytest.param("array_api_strict",
+                         marks=pytest.mark.skipif(array_api_strict is None, reason="array-api-strict not installed"))]
+
+
+def to_backend(name, a):
+    return torch.asarray(a) if name == "torch" else array_api_strict.asarray(a)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@settings(max_examples=25, deadline=None)
+@given(problems, st.sampled_from([0.0, 1e-2]))
+def test_same_result_on_other_array_libraries(name, prob, damping):
+    n, d, seed = prob
+    rng = np.random.default_rng(seed)
+    P, X, w = spd_stack(rng, n, d), rng.normal(size=(n, d, 3)), rng.random(n) + 0.1
+    ref = precond_mix(P, X, w, damping=damping)
+    out = precond_mix(to_backend(name, P), to_backend(name, X), to_backend(name, w), damping=damping)
+    assert type(out).__module__.split(".")[0] == name.split(".")[0]
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(precond_mix(to_backend(name, P), to_backend(name, X[:, :, 0]))),
+                               precond_mix(P, X[:, :, 0]), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(simple_mix(to_backend(name, X), to_backend(name, w))),
+                               simple_mix(X, w), rtol=1e-12)
+
+
+def test_mixing_arrays_of_two_libraries_is_an_error():
+    if torch is None:
+        pytest.skip("torch not installed")
+    with pytest.raises(TypeError, match="different libraries"):
+        precond_mix(torch.eye(2)[None], np.zeros((1, 2)))

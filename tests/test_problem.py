@@ -1,0 +1,99 @@
+"""The logistic-regression oracles against finite differences and a dense naive reference."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from fedconvex.blocks import ActiveBlocks, NotPositiveDefinite
+from fedconvex.problem import FederatedLogReg
+from naive import NaiveLogReg, random_data
+
+
+def make(rng, n_clients=4, d=6, lam=1e-2, weighting="uniform", **kw):
+    X, y, parts = random_data(rng, n_clients, d, **kw)
+    return FederatedLogReg(X, y, parts, lam=lam, weighting=weighting), NaiveLogReg(X, y, parts, lam, weighting)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), weighting=st.sampled_from(["uniform", "samples"]),
+       lam=st.sampled_from([0.0, 1e-3, 0.3]))
+def test_oracles_match_the_naive_reference(seed, weighting, lam):
+    rng = np.random.default_rng(seed)
+    pb, ref = make(rng, n_clients=int(rng.integers(1, 6)), d=int(rng.integers(1, 9)), lam=lam, weighting=weighting)
+    T = rng.normal(size=(pb.n_clients, pb.d))
+    vals, grads = pb.values_and_gradients(T)
+    H = pb.hessians(T).dense()
+    V = rng.normal(size=T.shape)
+    hv = pb.hvps(T, V)
+    for i in range(pb.n_clients):
+        assert vals[i] == pytest.approx(ref.f_i(i, T[i]), rel=1e-12, abs=1e-14)
+        np.testing.assert_allclose(grads[i], ref.g_i(i, T[i]), rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(H[i], ref.H_i(i, T[i]), rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(hv[i], ref.H_i(i, T[i]) @ V[i], rtol=1e-10, atol=1e-14)
+    th = T[0]
+    assert pb.value(th) == pytest.approx(ref.f(th), rel=1e-12)
+    np.testing.assert_allclose(pb.gradient(th), ref.g(th), rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(pb.hessian(th), ref.H(th), rtol=1e-10, atol=1e-14)
+
+
+def test_gradient_and_hessian_match_finite_differences(rng):
+    pb, _ = make(rng, n_clients=3, d=5, lam=1e-2)
+    T = rng.normal(size=(3, 5))
+    g = pb.gradients(T)
+    H = pb.hessians(T).dense()
+    eps = 1e-6
+    for j in range(5):
+        e = np.zeros(5)
+        e[j] = eps
+        E = np.repeat(e[None], 3, 0)
+        fd_g = (pb.values(T + E) - pb.values(T - E)) / (2 * eps)
+        fd_H = (pb.gradients(T + E) - pb.gradients(T - E)) / (2 * eps)
+        np.testing.assert_allclose(g[:, j], fd_g, rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(H[:, :, j], fd_H, rtol=1e-6, atol=1e-9)
+
+
+def test_subsets_of_clients_agree_with_the_full_set(rng):
+    pb, _ = make(rng, n_clients=6, d=5)
+    T = rng.normal(size=(6, 5))
+    sel = np.array([4, 1, 5])
+    v, g = pb.values_and_gradients(T)
+    vs, gs = pb.values_and_gradients(T[sel], sel)
+    np.testing.assert_allclose(vs, v[sel], rtol=1e-13)
+    np.testing.assert_allclose(gs, g[sel], rtol=1e-13)
+    np.testing.assert_allclose(pb.hessians(T[sel], sel).dense(), pb.hessians(T).dense()[sel], rtol=1e-13)
+    with pytest.raises(ValueError, match="shape"):
+        pb.gradients(T, sel)
+
+
+def test_hessian_blocks_are_exactly_symmetric(rng):
+    pb, _ = make(rng, n_clients=3, d=7, density=0.5)
+    for B in pb.hessians(rng.normal(size=(3, 7))).blocks:
+        assert np.array_equal(B, B.T)
+
+
+def test_active_blocks_solve_apply_and_null_space(rng):
+    d = 6
+    active = (np.array([0, 2, 5]), np.array([], dtype=np.int64), np.arange(6))
+    blocks = tuple(np.eye(len(a)) + (lambda A: A @ A.T)(rng.normal(size=(len(a), len(a)))) for a in active)
+    G = rng.normal(size=(3, d))
+    for shift in (0.4, 0.0):
+        stack = ActiveBlocks(blocks, active, d, shift)
+        D = stack.dense()
+        if shift:
+            np.testing.assert_allclose(stack.solve(G), np.linalg.solve(D, G[:, :, None])[:, :, 0], rtol=1e-10)
+        else:  # singular off the active features: the minimum-norm solution (pseudo-inverse)
+            np.testing.assert_allclose(stack.solve(G), np.einsum("nij,nj->ni", np.linalg.pinv(D), G), rtol=1e-8,
+                                       atol=1e-12)
+        np.testing.assert_allclose(stack.apply(G), np.einsum("nij,nj->ni", D, G), rtol=1e-12)
+    bad = ActiveBlocks((-np.eye(2),), (np.array([0, 1]),), 3, 0.0)
+    with pytest.raises(NotPositiveDefinite, match="client 0"):
+        bad.solve(np.ones((1, 3)))
+
+
+def test_empty_client_and_bad_arguments(rng):
+    X, y, parts = random_data(rng, 2, 3)
+    with pytest.raises(ValueError, match="at least one sample"):
+        FederatedLogReg(X, y, [parts[0], np.array([], dtype=int)])
+    with pytest.raises(ValueError, match="lam"):
+        FederatedLogReg(X, y, parts, lam=-1)
+    with pytest.raises(ValueError, match="weighting"):
+        FederatedLogReg(X, y, parts, weighting="size")

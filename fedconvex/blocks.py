@@ -80,12 +80,21 @@ class ActiveBlocks:
     def dense(self):
         """The (N, d, d) dense stack (for tests, FedNL's compressors and small problems)."""
         xp, like = self.xp, self.blocks[0]
-        out = xp.zeros((len(self), self.d * self.d), dtype=like.dtype) if not is_torch(xp) else \
-            xp.zeros((len(self), self.d * self.d), dtype=like.dtype, device=like.device)
+        zeros = xp.zeros((len(self), self.d, self.d), dtype=like.dtype) if not is_torch(xp) else \
+            xp.zeros((len(self), self.d, self.d), dtype=like.dtype, device=like.device)
+        return self.plus_dense(zeros)
+
+    def plus_dense(self, D):
+        """P_c + D_c for a dense (N, d, d) stack D, without materialising P separately."""
+        xp = self.xp
+        out = D.reshape(len(self), self.d * self.d) * 1.0       # one copy of D (D itself is not modified)
         for c, B in enumerate(self.blocks):
-            out[c, self.flat_index(c)] = B.reshape(-1)
+            out[c, self.flat_index(c)] += B.reshape(-1)
         out = out.reshape(len(self), self.d, self.d)
-        return out + self.shift * eye_like(xp, self.d, like) if self.shift else out
+        if self.shift:
+            idx = xp.arange(self.d)
+            out[:, idx, idx] += self.shift
+        return out
 
     def apply(self, V):
         """(N, d) -> (N, d): P_c v_c for every client."""

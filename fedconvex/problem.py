@@ -171,13 +171,15 @@ class FederatedLogReg:
         s = self._curvature(thetas, rows)
         sel = np.arange(self.n_clients) if sel is None else np.asarray(sel)
         starts = np.concatenate([[0], np.cumsum(self.counts[sel])])
-        root = s ** 0.5
         blocks = []
         for k, c in enumerate(sel):
-            A = self.reduced[c] * root[starts[k]:starts[k + 1], None]
-            # A^T A of one buffer: NumPy dispatches it to BLAS syrk and fills both triangles,
-            # so the block is exactly symmetric (measured 0.2 ms per w8a client vs 3x for a gemm)
-            blocks.append(A.T @ A)
+            scaled = self.reduced[c] * s[starts[k]:starts[k + 1], None]
+            if xp is np:
+                # sparse X^T times dense (D X): nnz x a flops instead of M x a^2 (w8a: 35 vs 54 ms)
+                B = self.reduced_T_csr[c] @ scaled
+            else:
+                B = self.reduced[c].T @ scaled
+            blocks.append(0.5 * (B + B.T))  # symmetric to the last bit, whatever the summation order
         return ActiveBlocks(tuple(blocks), tuple(self.active[c] for c in sel), self.d, self.lam,
                             tuple(self.block_flat[c] for c in sel))
 
@@ -205,11 +207,16 @@ class FederatedLogReg:
         xp = self.xp
         return xp.broadcast_to(theta[None, :], (self.n_clients, self.d)) * 1.0
 
+    def value_and_gradient(self, theta):
+        """f(theta) and grad f(theta) from one pass over the data."""
+        vals, grads = self.values_and_gradients(self._stack(theta))
+        return float((self.client_weights * vals).sum()), (self.client_weights[:, None] * grads).sum(0)
+
     def value(self, theta) -> float:
-        return float((self.client_weights * self.values(self._stack(theta))).sum())
+        return self.value_and_gradient(theta)[0]
 
     def gradient(self, theta):
-        return (self.client_weights[:, None] * self.gradients(self._stack(theta))).sum(0)
+        return self.value_and_gradient(theta)[1]
 
     def hessian(self, theta):
         """Dense global Hessian sum_c p_c grad^2 f_c(theta)."""

@@ -50,8 +50,7 @@ def _scatter(clients: dict, sel, new: dict, n: int) -> dict:
 
 
 def metrics(problem, theta, theta_star, f_star) -> dict:
-    f = problem.value(theta)
-    g = problem.gradient(theta)
+    f, g = problem.value_and_gradient(theta)
     return {"f_gap": abs(f - f_star) if f_star is not None else math.nan,
             "dist": float(np.linalg.norm(to_numpy(theta - theta_star))) if theta_star is not None else math.nan,
             "grad_norm": float(np.linalg.norm(to_numpy(g)))}

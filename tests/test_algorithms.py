@@ -313,3 +313,12 @@ def test_sampling_and_registry_errors(rng):
         make_algorithm("fedsgd")
     with pytest.raises(ValueError, match="option"):
         make_algorithm("fednl", option="clip")
+
+
+def test_fedns_paper_sketch_converges_linearly_on_a9a(a9a_paper):
+    """k = d Gaussian sketch (paper Test 1): fast, but the ratios settle instead of going to 0."""
+    pb, theta_star, f_star, theta0 = a9a_paper
+    _, hist = run(pb, make_algorithm("fedns", lr=1.0), theta0, 8, seed=0, theta_star=theta_star, f_star=f_star)
+    ratios = contraction(hist)
+    assert hist[-1]["dist"] < 1e-6
+    assert min(ratios[-4:]) > 0.01          # linear: bounded away from zero, unlike FedPM / FedNL

@@ -73,28 +73,37 @@ def read_history(path) -> dict:
     return out
 
 
-def plot_convergence(histories: dict, labels: dict, title: str, path_stem: str) -> list[str]:
-    """Two panels (|f - f*| and ||theta - theta*|| vs round, log scale) as PNG and PDF."""
+def plot_convergence(histories: dict, labels: dict, title: str, path_stem: str, f_star: float = 1.0) -> list[str]:
+    """Two panels (|f - f*| and ||theta - theta*|| vs round, log scale) as PNG and PDF.
+
+    |f - f*| below the resolution of f itself (eps * max(1, |f*|)) is drawn at that level,
+    with a dotted line marking it: smaller values are round-off, not progress."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for method, hist in histories.items():
+    resolution = 2.2e-16 * max(1.0, abs(f_star))
+    styles = ["-", "--", "-.", ":"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for k, (method, hist) in enumerate(histories.items()):
         rounds = [r["round"] for r in hist]
-        for ax, key in zip(axes, ("f_gap", "dist")):
-            # exact zeros (f reached f* to the last bit) cannot sit on a log axis
-            ax.semilogy(rounds, [max(r[key], 1e-20) for r in hist], label=labels.get(method, method),
-                        marker="o" if method == "fedpm" else None, markersize=3)
+        # methods that coincide by theory (FedAvg and SCAFFOLD at K=1) stay visible by style
+        style = dict(linestyle=styles[k % len(styles)], label=labels.get(method, method))
+        if method == "fedpm":  # the subject of the paper: solid, heavier, marked
+            style.update(linestyle="-", linewidth=2.2, marker="o", markersize=3, color="black")
+        axes[0].semilogy(rounds, [max(r["f_gap"], resolution) for r in hist], **style)
+        axes[1].semilogy(rounds, [max(r["dist"], 1e-300) for r in hist], **style)
+    axes[0].axhline(resolution, color="gray", linestyle=":", linewidth=0.8)
     axes[0].set_ylabel(r"$|f(\theta_t) - f^*|$")
     axes[1].set_ylabel(r"$\|\theta_t - \theta^*\|$")
     for ax in axes:
         ax.set_xlabel("communication round")
         ax.grid(True, which="major", alpha=0.3)
-    axes[1].legend(fontsize=8, loc="upper right", ncol=2)
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 5), fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     paths = [f"{path_stem}.png", f"{path_stem}.pdf"]
     for p in paths:
         fig.savefig(p, dpi=150)

@@ -131,7 +131,7 @@ def main(argv=None) -> int:
         with report.AtomicDir(args.out) as tmp:
             report.write_history(os.path.join(tmp, "history.csv"), histories)
             report.plot_convergence(histories, {m: REGISTRY[m].label for m in histories}, title,
-                                    os.path.join(tmp, "convergence"))
+                                    os.path.join(tmp, "convergence"), f_star=f_star)
             summary["wall_seconds"] = time.perf_counter() - t0
             report.dump_json(os.path.join(tmp, "summary.json"),
                              {**summary, "methods": {m: {k: v for k, v in s.items() if not k.endswith("_str")}

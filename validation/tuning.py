@@ -33,8 +33,13 @@ def run_score(history, floor: float) -> float:
 
 
 def candidates(method: str, fixed: dict):
-    """Every combination of the method's search space, minus the fixed hyper-parameters."""
+    """Every combination of the method's search space, minus the fixed hyper-parameters.
+
+    Learning rates are raced from the largest down: too-large ones diverge within a few
+    rounds, and a good incumbent found early lets the race stop weaker candidates sooner."""
     space = {k: v for k, v in make_algorithm(method).search_space.items() if k not in fixed}
+    if "lr" in space:
+        space["lr"] = tuple(sorted(space["lr"], reverse=True))
     keys = list(space)
     for combo in itertools.product(*(space[k] for k in keys)):
         yield {**fixed, **dict(zip(keys, combo))}

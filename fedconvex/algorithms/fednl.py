@@ -46,22 +46,23 @@ class FedNL(Algorithm):
         make_compressor(self.compressor, self.k, self.rank)  # validate early
 
     def init(self, problem, theta0) -> State:
+        xp = problem.xp
         H0 = problem.hessians(start_stack(problem, theta0, problem.n_clients)).dense()
-        Hbar = (problem.client_weights[:, None, None] * H0).sum(0)
+        Hbar = xp.tensordot(problem.client_weights, H0, axes=1)
         return State(theta=theta0, server={"H": Hbar}, clients={"H": H0})
 
     def client_update(self, problem, down, cstate, sel, rng):
         xp = problem.xp
         thetas = start_stack(problem, down["theta"], len(sel))
         g = problem.gradients(thetas, sel)
-        hess = problem.hessians(thetas, sel).dense()
-        diff = hess - cstate["H"]
+        # grad^2 f_i(x^k) - H_i^k, scattered straight into a copy of -H_i (no dense Hessian stack)
+        diff = problem.hessians(thetas, sel).plus_dense(-cstate["H"])
         comp = make_compressor(self.compressor, self.k, self.rank)
         msg = comp.encode(xp, diff, rng)
         S = comp.decode(xp, msg, problem.d)
         up = {"grad": g, **msg}
         if self.option == "shift":
-            up["l"] = xp.sqrt((diff * diff).sum((1, 2)))
+            up["l"] = xp.sqrt(xp.einsum("nij,nij->n", diff, diff))
         return up, {"H": cstate["H"] + self.alpha * S}
 
     def server_update(self, problem, state, up, info: RoundInfo) -> State:
@@ -81,6 +82,6 @@ class FedNL(Algorithm):
         # H^{k+1} = H^k + alpha sum_{i in S} w_i S_i with the problem's (unnormalised) weights
         w = problem.client_weights[xp.asarray(info.sel)]
         S = make_compressor(self.compressor, self.k, self.rank).decode(xp, up, problem.d)
-        H_new = H + self.alpha * (w[:, None, None] * S).sum(0)
+        H_new = H + self.alpha * xp.tensordot(w, S, axes=1)
         return State(theta=theta, server={"H": 0.5 * (H_new + H_new.T)}, clients=state.clients,
                      round=state.round + 1)

@@ -35,12 +35,14 @@ def shuffled_split(n_rows: int, clients: int, per_client: int | None = None, see
 
 
 def dirichlet_split(labels, clients: int, alpha: float, seed: int = 0, min_size: int = 1,
-                    max_tries: int = 1000) -> list[np.ndarray]:
+                    max_tries: int = 100) -> list[np.ndarray]:
     """Label-skewed clients of unequal sizes (Vogels et al. 2021).
 
     For each class, proportions p ~ Dir(alpha * 1_N) over the clients split that class's
-    (shuffled) samples.  Draws are repeated until every client has ``min_size`` samples.
-    Smaller alpha means stronger heterogeneity.
+    (shuffled) samples; smaller alpha means stronger heterogeneity.  Draws are repeated until
+    every client holds ``min_size`` samples; if ``max_tries`` draws all leave a client short
+    (few classes, tiny alpha), the last draw is repaired by moving single random samples from
+    the largest clients to the short ones, which always succeeds when enough samples exist.
     """
     labels = np.asarray(labels)
     if clients < 1:
@@ -59,11 +61,15 @@ def dirichlet_split(labels, clients: int, alpha: float, seed: int = 0, min_size:
             cuts = (np.cumsum(p)[:-1] * len(idx)).astype(int)
             for i, chunk in enumerate(np.split(idx, cuts)):
                 parts[i].append(chunk)
-        out = [np.sort(np.concatenate(p)) for p in parts]
+        out = [np.concatenate(p) for p in parts]
         if min(len(p) for p in out) >= min_size:
-            return out
-    raise DataError(f"no Dirichlet(alpha={alpha}) draw in {max_tries} tries gave every one of {clients} clients "
-                    f"{min_size}+ samples; raise alpha or lower the client count")
+            return [np.sort(p) for p in out]
+    out = [list(p) for p in out]
+    for i in range(clients):
+        while len(out[i]) < min_size:
+            donor = max(range(clients), key=lambda j: len(out[j]))
+            out[i].append(out[donor].pop(int(rng.integers(len(out[donor])))))
+    return [np.sort(np.asarray(p, dtype=np.int64)) for p in out]
 
 
 def client_class_counts(labels, parts) -> np.ndarray:

@@ -3,7 +3,7 @@ PYTHON ?= python
 .PHONY: install test bench superlinear
 
 install:
-	$(PYTHON) -m pip install -e ".[dev]"
+	$(PYTHON) -m pip install -e ".[dev,dnn]"
 
 test:
 	$(PYTHON) -m pytest -q

@@ -1,0 +1,1 @@
+"""fedpm_dnn: FedPM with FOOF preconditioners for federated DNN training (PyTorch)."""

@@ -1,0 +1,99 @@
+"""Client-side local training shared by every DNN method.
+
+One loop of minibatch SGD over the client's data for ``local_epochs`` epochs; methods differ
+only in how the gradient is corrected before the step:
+  FedProx  g += mu (theta - theta_global)
+  SCAFFOLD g += c - c_i
+  all      g += weight_decay * theta, then clip the global norm
+  FOOF     g_block <- (A + lam I)^{-1} g_block for every Linear / Conv2d block (LocalNewton, FedPM)
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from . import foof
+from .augment import normalize, random_crop_flip
+
+
+@dataclass
+class ClientData:
+    x: torch.Tensor          # uint8 (n, C, H, W) on the device
+    y: torch.Tensor          # int64 (n,)
+    mean: tuple
+    std: tuple
+    augment: bool = True
+
+    def __len__(self):
+        return self.x.shape[0]
+
+    def batch(self, idx, generator):
+        x = self.x[idx].float().div_(255.0)
+        if self.augment:
+            x = random_crop_flip(x, generator)
+        m = torch.as_tensor(self.mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+        s = torch.as_tensor(self.std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+        return (x - m) / s, self.y[idx]
+
+    def plain_batches(self, idx, batch_size=512):
+        """Un-augmented normalised inputs (for FOOF statistics and evaluation)."""
+        for s in range(0, len(idx), batch_size):
+            yield normalize(self.x[idx[s:s + batch_size]], self.mean, self.std)
+
+
+def foof_matrices(model, blocks, data: ClientData, samples, generator):
+    """FOOF matrices on the client's data (all of it, or ``samples`` random samples)."""
+    n = len(data)
+    if samples is None or samples >= n:
+        idx = torch.arange(n, device=data.x.device)
+    else:
+        idx = torch.randperm(n, generator=generator)[:samples].to(data.x.device)
+    return foof.compute_foof(model, blocks, data.plain_batches(idx))
+
+
+def local_train(model, cfg, data: ClientData, generator, *, global_params=None, control=None, client_control=None,
+                foof_A=None, blocks=None):
+    """Train ``model`` in place; returns (mean training loss, number of steps, seconds)."""
+    start = time.perf_counter()
+    params = [p for p in model.parameters()]
+    named = dict(model.named_parameters())
+    factors = foof.factorize(foof_A, cfg.damping) if cfg.uses_foof else None
+    total_loss, steps, seen = 0.0, 0, 0
+    n = len(data)
+    for _ in range(cfg.local_epochs):
+        order = torch.randperm(n, generator=generator).to(data.x.device)
+        for s in range(0, n, cfg.batch_size):
+            idx = order[s:s + cfg.batch_size]
+            x, y = data.batch(idx, generator)
+            model.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            with torch.no_grad():
+                for name, p in named.items():
+                    if p.grad is None:
+                        continue
+                    if cfg.name == "fedprox" and cfg.mu:
+                        p.grad.add_(p - global_params[name], alpha=cfg.mu)
+                    if cfg.name == "scaffold":
+                        p.grad.add_(control[name] - client_control[name])
+                    if cfg.weight_decay:
+                        p.grad.add_(p, alpha=cfg.weight_decay)
+                if cfg.clip is not None:
+                    torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+                if factors is not None:
+                    foof.precondition_grads(model, blocks, factors)
+                for p in params:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-cfg.lr)
+            steps += 1
+            total_loss += float(loss.detach()) * len(idx)
+            seen += len(idx)
+            if cfg.uses_foof and cfg.refresh_every and steps % cfg.refresh_every == 0:
+                foof_A = foof_matrices(model, blocks, data, cfg.foof_samples, generator)
+                factors = foof.factorize(foof_A, cfg.damping)
+    if model.training and data.x.is_cuda:
+        torch.cuda.synchronize()
+    return total_loss / max(seen, 1), steps, time.perf_counter() - start

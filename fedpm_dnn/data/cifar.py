@@ -1,0 +1,182 @@
+"""CIFAR readers in plain numpy (no torchvision).
+
+* ``load_cifar_pickle``: the standard python releases ``cifar-10-batches-py`` (data_batch_1..5,
+  test_batch) and ``cifar-100-python`` (train, test; fine labels), the format users have on disk.
+* ``load_cifar_jpeg``: a folder or zip of ``<split>/<class>/*.jpg`` (the project's CIFAR-10 copy),
+  decoded once and cached as a .npz next to a cache directory.
+Images are returned as uint8 arrays (n, 3, 32, 32); labels as int64.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import zipfile
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class DatasetError(ValueError):
+    """A dataset folder or file is missing or malformed; the message names it."""
+
+
+@dataclass(frozen=True, eq=False)
+class ImageData:
+    x_train: np.ndarray   # (n, C, H, W) uint8
+    y_train: np.ndarray   # (n,) int64
+    x_test: np.ndarray
+    y_test: np.ndarray
+    classes: tuple
+    name: str
+    mean: tuple = (0.5, 0.5, 0.5)
+    std: tuple = (0.25, 0.25, 0.25)
+    source: str = ""          # "pickle", "jpeg" or "leaf"
+
+    @property
+    def num_classes(self):
+        return len(self.classes)
+
+
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+# per-channel statistics of the CIFAR training sets (the usual normalisation constants)
+CIFAR10_STATS = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+CIFAR100_STATS = ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))
+
+
+def _unpickle(path):
+    if not os.path.isfile(path):
+        raise DatasetError(f"{path}: missing (expected the python-pickle CIFAR release)")
+    try:
+        with open(path, "rb") as fh:
+            return pickle.load(fh, encoding="bytes")
+    except Exception as exc:  # truncated or foreign file
+        raise DatasetError(f"{path}: not a CIFAR pickle batch ({type(exc).__name__}: {exc})") from None
+
+
+def _batch(path, label_key):
+    d = _unpickle(path)
+    try:
+        data = np.asarray(d[b"data"], dtype=np.uint8)
+        labels = np.asarray(d[label_key], dtype=np.int64)
+    except (KeyError, TypeError):
+        raise DatasetError(f"{path}: no {label_key.decode()!r}/'data' entries") from None
+    if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
+        raise DatasetError(f"{path}: data of shape {data.shape} with {len(labels)} labels; expected (n, 3072)")
+    return data.reshape(-1, 3, 32, 32), labels
+
+
+def load_cifar_pickle(root: str, which: str = "cifar10") -> ImageData:
+    """CIFAR-10 from ``root`` = .../cifar-10-batches-py, CIFAR-100 from .../cifar-100-python."""
+    if which == "cifar10":
+        parts = [_batch(os.path.join(root, f"data_batch_{i}"), b"labels") for i in range(1, 6)]
+        xt, yt = _batch(os.path.join(root, "test_batch"), b"labels")
+        meta = os.path.join(root, "batches.meta")
+        classes = tuple(c.decode() for c in _unpickle(meta)[b"label_names"]) if os.path.isfile(meta) else CIFAR10_CLASSES
+        stats = CIFAR10_STATS
+    elif which == "cifar100":
+        parts = [_batch(os.path.join(root, "train"), b"fine_labels")]
+        xt, yt = _batch(os.path.join(root, "test"), b"fine_labels")
+        meta = os.path.join(root, "meta")
+        classes = tuple(c.decode() for c in _unpickle(meta)[b"fine_label_names"]) if os.path.isfile(meta) \
+            else tuple(str(i) for i in range(100))
+        stats = CIFAR100_STATS
+    else:
+        raise DatasetError(f"unknown CIFAR variant {which!r}")
+    x = np.concatenate([p[0] for p in parts])
+    y = np.concatenate([p[1] for p in parts])
+    _check_labels(root, y, yt, len(classes))
+    return ImageData(x, y, xt, yt, classes, which, *stats, source="pickle")
+
+
+def _check_labels(where, y, yt, k):
+    for arr in (y, yt):
+        if len(arr) and (arr.min() < 0 or arr.max() >= k):
+            raise DatasetError(f"{where}: labels outside 0..{k - 1}")
+
+
+class _Source:
+    """Uniform access to a folder or a zip of <split>/<class>/<file>.jpg."""
+
+    def __init__(self, path):
+        self.path = path
+        if os.path.isdir(path):
+            self.names = [os.path.relpath(os.path.join(d, f), path).replace(os.sep, "/")
+                          for d, _, fs in os.walk(path) for f in fs]
+            self.read = lambda n: open(os.path.join(path, n), "rb").read()
+        elif zipfile.is_zipfile(path):
+            self.zip = zipfile.ZipFile(path)
+            self.names = [n for n in self.zip.namelist() if not n.endswith("/")]
+            self.read = self.zip.read
+        else:
+            raise DatasetError(f"{path}: neither a folder nor a zip file")
+
+    def images(self, split):
+        out = []
+        for n in self.names:
+            parts = n.split("/")
+            if len(parts) >= 3 and parts[-3] == split and parts[-1].lower().endswith((".jpg", ".jpeg", ".png")):
+                out.append((parts[-2], n))
+        return sorted(out)
+
+
+def _decode(src, items, classes):
+    from PIL import Image
+
+    x = np.empty((len(items), 3, 32, 32), dtype=np.uint8)
+    y = np.empty(len(items), dtype=np.int64)
+    index = {c: i for i, c in enumerate(classes)}
+    for k, (cls, name) in enumerate(items):
+        try:
+            img = Image.open(io.BytesIO(src.read(name))).convert("RGB")
+        except Exception as exc:
+            raise DatasetError(f"{src.path}:{name}: cannot decode image ({exc})") from None
+        if img.size != (32, 32):
+            raise DatasetError(f"{src.path}:{name}: image is {img.size[0]}x{img.size[1]}, expected 32x32")
+        x[k] = np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)
+        y[k] = index[cls]
+    return x, y
+
+
+def _cache_path(sources, cache_dir):
+    key = hashlib.sha256("|".join(f"{os.path.abspath(s)}:{os.path.getsize(s) if os.path.isfile(s) else 0}:"
+                                  f"{int(os.path.getmtime(s))}" for s in sources).encode()).hexdigest()[:16]
+    return os.path.join(cache_dir, f"cifar_jpeg_{key}.npz")
+
+
+def default_cache_dir():
+    return os.environ.get("FEDPM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "fedpm"))
+
+
+def load_cifar_jpeg(train: str, test: str | None = None, cache_dir: str | None = None) -> ImageData:
+    """CIFAR-10 from JPEG files: ``train`` (and ``test``) are folders or zips holding
+    ``train/<class>/*.jpg`` and ``test/<class>/*.jpg`` (one source may hold both splits)."""
+    sources = [train] + ([test] if test and test != train else [])
+    for s in sources:
+        if not os.path.exists(s):
+            raise DatasetError(f"{s}: no such file or folder")
+    cache_dir = cache_dir or default_cache_dir()
+    cache = _cache_path(sources, cache_dir)
+    if os.path.isfile(cache):
+        with np.load(cache, allow_pickle=False) as z:
+            return ImageData(z["x_train"], z["y_train"], z["x_test"], z["y_test"], tuple(z["classes"].tolist()),
+                             "cifar10", *CIFAR10_STATS, source="jpeg")
+    src_train = _Source(train)
+    src_test = _Source(test) if test and test != train else src_train
+    tr, te = src_train.images("train"), src_test.images("test")
+    if not tr:
+        raise DatasetError(f"{train}: no train/<class>/*.jpg images")
+    if not te:
+        raise DatasetError(f"{test or train}: no test/<class>/*.jpg images")
+    classes = tuple(sorted({c for c, _ in tr}))
+    unknown = {c for c, _ in te} - set(classes)
+    if unknown:
+        raise DatasetError(f"{test or train}: test classes {sorted(unknown)} have no training images")
+    x, y = _decode(src_train, tr, classes)
+    xt, yt = _decode(src_test, te, classes)
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = cache + ".tmp.npz"
+    np.savez(tmp, x_train=x, y_train=y, x_test=xt, y_test=yt, classes=np.array(classes))
+    os.replace(tmp, cache)
+    return ImageData(x, y, xt, yt, classes, "cifar10", *CIFAR10_STATS, source="jpeg")

@@ -1,0 +1,160 @@
+"""FOOF curvature blocks (Benzing 2022) for nn.Linear and nn.Conv2d (paper eqs. foof_local / foof_mixing).
+
+For a block with weight W (d_out x d_in) and optional bias b, the parameters are written as
+Theta = [W b]^T of shape (d_in + 1, d_out) (Conv2d: d_in = C_in kh kw, W reshaped), and the
+FOOF matrix is the uncentred covariance of the layer input augmented with a constant 1,
+
+    A = E[a a^T]   (Conv2d: over samples *and* spatial positions of the unfolded patches).
+
+Local step: Theta <- Theta - lr (A + lam I)^{-1} G_Theta.  Server (FedPM): per block
+Theta = precond_mix(A_stack, Theta_stack, w, damping=lam) -- the fedconvex kernel.
+A registry maps layer types to their block adapter (KFAC-jax / BackPACK style).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class LinearBlock:
+    def __init__(self, module: nn.Linear):
+        self.module = module
+
+    @property
+    def has_bias(self):
+        return self.module.bias is not None
+
+    def patches(self, x):
+        """(rows, d_in) inputs whose outer products make A."""
+        return x.reshape(-1, x.shape[-1])
+
+    def weight_matrix(self, w):
+        return w
+
+    def restore_weight(self, W):
+        return W
+
+
+class Conv2dBlock(LinearBlock):
+    def patches(self, x):
+        m = self.module
+        if isinstance(m.padding, str):
+            raise ValueError("FOOF needs numeric Conv2d padding")
+        if m.groups != 1:
+            raise ValueError("FOOF blocks support Conv2d with groups=1 only")
+        cols = F.unfold(x, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride)
+        return cols.transpose(1, 2).reshape(-1, cols.shape[1])   # every position of every sample
+
+    def weight_matrix(self, w):
+        return w.reshape(w.shape[0], -1)
+
+    def restore_weight(self, W):
+        return W.reshape(self.module.weight.shape)
+
+
+REGISTRY = {nn.Linear: LinearBlock, nn.Conv2d: Conv2dBlock}
+
+
+def foof_blocks(model: nn.Module) -> dict:
+    """name -> block adapter for every supported layer, in module order."""
+    return {name: REGISTRY[type(m)](m) for name, m in model.named_modules() if type(m) in REGISTRY}
+
+
+def param_name(block_name: str, attr: str) -> str:
+    """The named_parameters() key of a block's weight or bias (a root module has no prefix)."""
+    return f"{block_name}.{attr}" if block_name else attr
+
+
+def get_theta(block, weight, bias):
+    """Theta = [W b]^T of shape (d_in (+1), d_out)."""
+    W = block.weight_matrix(weight)
+    return torch.cat([W, bias[:, None]], 1).T if bias is not None else W.T
+
+
+def split_theta(block, theta):
+    """Inverse of get_theta: (weight, bias or None)."""
+    if block.has_bias:
+        return block.restore_weight(theta[:-1].T), theta[-1]
+    return block.restore_weight(theta.T), None
+
+
+class StatsAccumulator:
+    """Sums of a a^T (augmented with 1 when the layer has a bias) over forward passes."""
+
+    def __init__(self, blocks: dict):
+        self.blocks = blocks
+        self.sums = {}
+        self.counts = {}
+
+    def add(self, name, x):
+        block = self.blocks[name]
+        a = block.patches(x.detach())
+        S = a.T @ a
+        if block.has_bias:
+            s = a.sum(0)
+            n = torch.tensor([[float(a.shape[0])]], dtype=a.dtype, device=a.device)
+            S = torch.cat([torch.cat([S, s[:, None]], 1), torch.cat([s[None, :], n], 1)], 0)
+        # float64 accumulation: a round sums millions of patch outer products
+        self.sums[name] = self.sums.get(name, 0) + S.to(torch.float64)
+        self.counts[name] = self.counts.get(name, 0) + a.shape[0]
+        self.dtype = a.dtype
+
+    def result(self) -> dict:
+        out = {}
+        for name, S in self.sums.items():
+            A = S / self.counts[name]
+            out[name] = (0.5 * (A + A.T)).to(self.dtype)
+        return out
+
+
+@contextmanager
+def capture_inputs(blocks: dict, acc: StatsAccumulator):
+    """Forward pre-hooks that feed every block's input to ``acc``."""
+    handles = [b.module.register_forward_pre_hook(lambda mod, inp, name=name: acc.add(name, inp[0]))
+               for name, b in blocks.items()]
+    try:
+        yield acc
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@torch.no_grad()
+def compute_foof(model: nn.Module, blocks: dict, batches) -> dict:
+    """A = E[a a^T] per block over the given input batches (the client's local data)."""
+    acc = StatsAccumulator(blocks)
+    with capture_inputs(blocks, acc):
+        for x in batches:
+            model(x)
+    return acc.result()
+
+
+def factorize(A: dict, damping: float) -> dict:
+    """Cholesky factors of A + damping I (computed once per matrix refresh, used every step)."""
+    out = {}
+    for name, M in A.items():
+        eye = torch.eye(M.shape[0], dtype=M.dtype, device=M.device)
+        L, info = torch.linalg.cholesky_ex(M + damping * eye)
+        if int(info) != 0:
+            raise ArithmeticError(f"FOOF matrix of {name} + damping {damping:g} is not positive definite; "
+                                  "raise --damping")
+        out[name] = L
+    return out
+
+
+@torch.no_grad()
+def precondition_grads(model: nn.Module, blocks: dict, factors: dict) -> None:
+    """Replace each block's gradient G_Theta by (A + lam I)^{-1} G_Theta in place."""
+    for name, block in blocks.items():
+        m = block.module
+        if m.weight.grad is None:
+            continue
+        G = get_theta(block, m.weight.grad, m.bias.grad if block.has_bias else None)
+        D = torch.cholesky_solve(G, factors[name])
+        gw, gb = split_theta(block, D)
+        m.weight.grad.copy_(gw)
+        if gb is not None:
+            m.bias.grad.copy_(gb)

@@ -1,0 +1,166 @@
+"""The DNN round loop: all clients in one process on one device, checkpoint every round.
+
+Per round it records test accuracy of the global model, mean train loss, client compute
+seconds (local training + FOOF statistics), server seconds, bytes up/down per participating
+client (from the tensors in the messages) and peak memory.  ``resume=True`` continues a
+killed run from its last checkpoint to the identical result: the checkpoint holds the model,
+server and client states and both random generators.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import foof
+from .augment import normalize
+from .client import ClientData, foof_matrices, local_train
+from .methods import MethodConfig
+from .models import make_model
+from .server import aggregate, init_server_state
+
+HISTORY_COLUMNS = ("round", "test_acc", "train_loss", "client_seconds", "server_seconds", "bytes_up", "bytes_down",
+                   "peak_memory_mb", "wall_seconds")
+
+
+@dataclass
+class Experiment:
+    cfg: MethodConfig
+    model: str
+    num_classes: int
+    clients: list                 # ClientData per client
+    x_test: torch.Tensor          # uint8 on the device
+    y_test: torch.Tensor
+    mean: tuple
+    std: tuple
+    rounds: int = 100
+    participants: int | None = None
+    seed: int = 0
+    device: str = "cpu"
+    in_channels: int = 3
+    image_size: int = 32
+    meta: dict = field(default_factory=dict)
+
+
+def tensor_bytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    return 0
+
+
+@torch.no_grad()
+def evaluate(model, x, y, mean, std, batch=1000) -> float:
+    model.eval()
+    correct = 0
+    for s in range(0, len(x), batch):
+        correct += int((model(normalize(x[s:s + batch], mean, std)).argmax(1) == y[s:s + batch]).sum())
+    model.train()
+    return correct / max(len(x), 1)
+
+
+def _peak_memory_mb(device) -> float:
+    if str(device).startswith("cuda"):
+        return torch.cuda.max_memory_allocated(device) / 2 ** 20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
+
+
+def _load(model, params):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(params[name])
+
+
+def _checkpoint(path, payload):
+    tmp = path + ".tmp"
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool = False, on_round=None):
+    """Run (or resume) the experiment; returns the list of per-round history rows."""
+    cfg, dev = exp.cfg, exp.device
+    torch.manual_seed(exp.seed)
+    model = make_model(exp.model, exp.num_classes, exp.in_channels, exp.image_size).to(dev)
+    blocks = foof.foof_blocks(model)
+    n = len(exp.clients)
+    sizes = np.array([len(c) for c in exp.clients], dtype=np.float64)
+    rng = np.random.default_rng(exp.seed)
+    gen = torch.Generator().manual_seed(exp.seed)
+    state = init_server_state(cfg, dict(model.named_parameters()))
+    client_state = [dict() for _ in range(n)]
+    history = []
+    if resume and checkpoint and os.path.isfile(checkpoint):
+        ck = torch.load(checkpoint, map_location=dev, weights_only=False)
+        if ck["config"] != asdict(cfg) or ck["seed"] != exp.seed or ck["n_clients"] != n:
+            raise ValueError(f"{checkpoint}: written by a different configuration; remove it or drop --resume")
+        state, client_state, history = ck["server"], ck["clients"], ck["history"]
+        rng.bit_generator.state = ck["np_rng"]
+        gen.set_state(ck["torch_gen"])
+    wall0 = time.perf_counter() - (history[-1]["wall_seconds"] if history else 0.0)
+    for t in range(len(history) + 1, exp.rounds + 1):
+        if str(dev).startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats(dev)
+        k = exp.participants or n
+        sel = np.sort(rng.choice(n, k, replace=False)) if k < n else np.arange(n)
+        replies, client_seconds, losses = [], 0.0, []
+        down = {"params": state["params"], **({"control": state["control"]} if cfg.name == "scaffold" else {})}
+        for i in sel:
+            data, cs = exp.clients[i], client_state[i]
+            _load(model, state["params"])
+            start = time.perf_counter()
+            if cfg.uses_foof and "foof" not in cs:   # first participation: matrices at the received model
+                cs["foof"] = foof_matrices(model, blocks, data, cfg.foof_samples, gen)
+            if cfg.name == "scaffold" and "control" not in cs:
+                cs["control"] = {kk: torch.zeros_like(v) for kk, v in state["params"].items()}
+            loss, steps, _ = local_train(model, cfg, data, gen, global_params=state["params"],
+                                         control=state.get("control"), client_control=cs.get("control"),
+                                         foof_A=cs.get("foof"), blocks=blocks)
+            local = {kk: v.detach().clone() for kk, v in model.named_parameters()}
+            reply = {"params": local}
+            if cfg.uses_foof:   # matrices at the end of the round: mixing now, local steps next round
+                cs["foof"] = foof_matrices(model, blocks, data, cfg.foof_samples, gen)
+                if cfg.name == "fedpm":
+                    wire = torch.float16 if cfg.precond_dtype == "float16" else torch.float32
+                    reply["foof"] = {kk: v.to(wire) for kk, v in cs["foof"].items()}
+            if cfg.name == "scaffold":
+                new_c = {kk: cs["control"][kk] - state["control"][kk] + (state["params"][kk] - local[kk]) / (steps * cfg.lr)
+                         for kk in local}
+                reply["dcontrol"] = {kk: new_c[kk] - cs["control"][kk] for kk in local}
+                cs["control"] = new_c
+            if str(dev).startswith("cuda"):
+                torch.cuda.synchronize(dev)
+            client_seconds += time.perf_counter() - start
+            losses.append(loss)
+            replies.append(reply)
+        w = sizes[sel] if cfg.weighting == "samples" else np.ones(len(sel))
+        weights = torch.as_tensor(w / w.sum(), dtype=torch.float32, device=dev)
+        start = time.perf_counter()
+        state = aggregate(cfg, state, replies, weights, n, blocks)
+        if str(dev).startswith("cuda"):
+            torch.cuda.synchronize(dev)
+        server_seconds = time.perf_counter() - start
+        if not all(bool(torch.isfinite(p).all()) for p in state["params"].values()):
+            raise ArithmeticError(f"{cfg.name} diverged at round {t} (lr={cfg.lr:g}): parameters are not finite")
+        _load(model, state["params"])
+        acc = evaluate(model, exp.x_test, exp.y_test, exp.mean, exp.std)
+        prev = history[-1] if history else {"bytes_up": 0, "bytes_down": 0}
+        row = {"round": t, "test_acc": acc, "train_loss": float(np.average(losses, weights=sizes[sel])),
+               "client_seconds": client_seconds, "server_seconds": server_seconds,
+               "bytes_up": prev["bytes_up"] + sum(tensor_bytes(r) for r in replies) // len(replies),
+               "bytes_down": prev["bytes_down"] + tensor_bytes(down),
+               "peak_memory_mb": _peak_memory_mb(dev), "wall_seconds": time.perf_counter() - wall0}
+        history.append(row)
+        if checkpoint:
+            _checkpoint(checkpoint, {"config": asdict(cfg), "seed": exp.seed, "n_clients": n, "server": state,
+                                     "clients": client_state, "history": history,
+                                     "np_rng": rng.bit_generator.state, "torch_gen": gen.get_state()})
+        if on_round:
+            on_round(row, history)
+    return history

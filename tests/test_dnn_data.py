@@ -1,0 +1,186 @@
+"""Image loaders on small generated files of every supported format; partitions; augmentation."""
+import io
+import json
+import os
+import pickle
+import zipfile
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+torch = pytest.importorskip("torch")
+
+from fedpm_dnn.augment import random_crop_flip  # noqa: E402
+from fedpm_dnn.data import (DatasetError, dirichlet_partition, load_cifar_jpeg, load_cifar_pickle,  # noqa: E402
+                            load_femnist, load_image_dataset, partition_table)
+
+
+def _batch(path, n, k, label_key, rng):
+    data = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+    labels = rng.integers(0, k, n).tolist()
+    with open(path, "wb") as fh:
+        pickle.dump({b"data": data, label_key: labels}, fh)
+    return data, labels
+
+
+def make_cifar10_pickle(root, rng, n=4):
+    os.makedirs(root)
+    batches = [_batch(os.path.join(root, f"data_batch_{i}"), n, 10, b"labels", rng) for i in range(1, 6)]
+    test = _batch(os.path.join(root, "test_batch"), n, 10, b"labels", rng)
+    with open(os.path.join(root, "batches.meta"), "wb") as fh:
+        pickle.dump({b"label_names": [f"c{i}".encode() for i in range(10)]}, fh)
+    return batches, test
+
+
+def test_cifar10_pickle_release(tmp_path, rng):
+    root = tmp_path / "cifar-10-batches-py"
+    batches, test = make_cifar10_pickle(str(root), rng)
+    d = load_cifar_pickle(str(root), "cifar10")
+    assert d.x_train.shape == (20, 3, 32, 32) and d.x_test.shape == (4, 3, 32, 32)
+    # channel-major rows: the first 1024 bytes are the red plane
+    np.testing.assert_array_equal(d.x_train[0, 0].reshape(-1), batches[0][0][0, :1024])
+    np.testing.assert_array_equal(d.y_train[:4], batches[0][1])
+    assert d.classes[3] == "c3" and d.source == "pickle"
+    same, natural = load_image_dataset("cifar10", str(tmp_path))
+    assert natural is None and np.array_equal(same.x_train, d.x_train)
+
+
+def test_cifar100_pickle_release(tmp_path, rng):
+    root = tmp_path / "cifar-100-python"
+    os.makedirs(root)
+    _batch(str(root / "train"), 6, 100, b"fine_labels", rng)
+    _batch(str(root / "test"), 3, 100, b"fine_labels", rng)
+    d, _ = load_image_dataset("cifar100", str(tmp_path))
+    assert d.num_classes == 100 and d.x_train.shape == (6, 3, 32, 32)
+
+
+@pytest.mark.parametrize("breakage,fragment", [
+    ("missing", "data_batch_3: missing"),
+    ("garbage", "not a CIFAR pickle batch"),
+    ("shape", "expected (n, 3072)"),
+    ("labels", "labels outside 0..9"),
+])
+def test_cifar_pickle_errors(tmp_path, rng, breakage, fragment):
+    root = str(tmp_path / "cifar-10-batches-py")
+    make_cifar10_pickle(root, rng)
+    target = os.path.join(root, "data_batch_3")
+    if breakage == "missing":
+        os.remove(target)
+    elif breakage == "garbage":
+        open(target, "wb").write(b"not a pickle")
+    elif breakage == "shape":
+        pickle.dump({b"data": np.zeros((2, 100), np.uint8), b"labels": [0, 1]}, open(target, "wb"))
+    else:
+        pickle.dump({b"data": np.zeros((1, 3072), np.uint8), b"labels": [10]}, open(target, "wb"))
+    with pytest.raises(DatasetError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        load_cifar_pickle(root, "cifar10")
+
+
+def _jpeg(arr):
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="JPEG", quality=95)
+    return buf.getvalue()
+
+
+def make_jpeg_tree(root, rng, classes=("cat", "dog"), per=3, as_zip=None):
+    files = {}
+    for split in ("train", "test"):
+        for c in classes:
+            for i in range(per):
+                files[f"{split}/{c}/{i:04d}.jpg"] = np.full((32, 32, 3), 40 + 150 * (c == classes[1]), np.uint8)
+    if as_zip:
+        with zipfile.ZipFile(as_zip, "w") as z:
+            for name, arr in files.items():
+                z.writestr(name, _jpeg(arr))
+        return as_zip
+    for name, arr in files.items():
+        os.makedirs(os.path.join(root, os.path.dirname(name)), exist_ok=True)
+        open(os.path.join(root, name), "wb").write(_jpeg(arr))
+    return root
+
+
+@pytest.mark.parametrize("kind", ["folder", "zip"])
+def test_cifar_jpeg_folder_and_zip_are_decoded_once_and_cached(tmp_path, rng, kind):
+    src = make_jpeg_tree(str(tmp_path / "tree"), rng, as_zip=str(tmp_path / "c.zip") if kind == "zip" else None)
+    cache = tmp_path / "cache"
+    d = load_cifar_jpeg(src, src, cache_dir=str(cache))
+    assert d.x_train.shape == (6, 3, 32, 32) and d.classes == ("cat", "dog") and d.source == "jpeg"
+    assert sorted(d.y_train.tolist()) == [0, 0, 0, 1, 1, 1]
+    assert abs(int(d.x_train[d.y_train == 1].mean()) - 190) <= 3    # lossy, but close to the pixels written
+    cached = list(cache.iterdir())
+    assert len(cached) == 1
+    again = load_cifar_jpeg(src, src, cache_dir=str(cache))       # served from the cache
+    assert np.array_equal(again.x_train, d.x_train)
+
+
+def test_jpeg_split_across_two_zips_and_errors(tmp_path, rng, monkeypatch):
+    tr = make_jpeg_tree(None, rng, as_zip=str(tmp_path / "cifar10_jpeg_train.zip"))
+    te = make_jpeg_tree(None, rng, as_zip=str(tmp_path / "cifar10_jpeg_test.zip"))
+    d, _ = load_image_dataset("cifar10", str(tmp_path), cache_dir=str(tmp_path / "cache"))
+    assert len(d.y_test) == 6 and tr != te
+    bad = tmp_path / "bad"
+    os.makedirs(bad / "train" / "cat")
+    os.makedirs(bad / "test" / "cat")
+    (bad / "train" / "cat" / "0.jpg").write_bytes(b"nope")
+    (bad / "test" / "cat" / "0.jpg").write_bytes(_jpeg(np.zeros((32, 32, 3), np.uint8)))
+    with pytest.raises(DatasetError, match="cannot decode image"):
+        load_cifar_jpeg(str(bad), str(bad), cache_dir=str(tmp_path / "c2"))
+    with pytest.raises(DatasetError, match="no such folder"):
+        load_image_dataset("cifar10", str(tmp_path / "nowhere"))
+    monkeypatch.delenv("FEDPM_DATA", raising=False)
+    with pytest.raises(DatasetError, match="FEDPM_DATA"):
+        load_image_dataset("cifar10", None)
+
+
+def make_leaf(root, rng, users=("w1", "w2", "w3")):
+    for split, n in (("train", 4), ("test", 2)):
+        os.makedirs(os.path.join(root, split))
+        data = {"users": list(users), "num_samples": [n] * len(users),
+                "user_data": {u: {"x": rng.random((n, 784)).round(3).tolist(),
+                                  "y": rng.integers(0, 62, n).tolist()} for u in users}}
+        with open(os.path.join(root, split, f"all_data_0_{split}.json"), "w") as fh:
+            json.dump(data, fh)
+
+
+def test_femnist_leaf_json(tmp_path, rng):
+    make_leaf(str(tmp_path), rng)
+    data, parts, users = load_femnist(str(tmp_path))
+    assert data.x_train.shape == (12, 1, 28, 28) and data.x_train.dtype == np.uint8
+    assert users == ["w1", "w2", "w3"] and [len(p) for p in parts] == [4, 4, 4]
+    d2, natural = load_image_dataset("femnist", str(tmp_path))
+    assert len(natural) == 3 and d2.num_classes == 62
+    bad = tmp_path / "train" / "all_data_0_train.json"
+    bad.write_text(json.dumps({"users": ["w1"], "user_data": {"w1": {"x": [[0.0] * 10], "y": [1]}}}))
+    with pytest.raises(DatasetError, match="expected \\(n, 784\\)"):
+        load_femnist(str(tmp_path))
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(30, 400), clients=st.integers(2, 12), alpha=st.sampled_from([0.1, 1.0]),
+       seed=st.integers(0, 1000))
+def test_dirichlet_partition_table(n, clients, alpha, seed):
+    labels = np.random.default_rng(seed).integers(0, 10, n)
+    parts = dirichlet_partition(labels, clients, alpha, seed)
+    table = partition_table(labels, parts, 10)
+    assert table.shape == (clients, 10) and table.sum() == n and (table.sum(1) > 0).all()
+    np.testing.assert_array_equal(table.sum(0), np.bincount(labels, minlength=10))
+    assert sorted(np.concatenate(parts).tolist()) == list(range(n))
+
+
+def test_augmentation_crops_within_padding_and_flips():
+    x = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).reshape(2, 3, 8, 8) + 1
+    g = torch.Generator().manual_seed(0)
+    out = random_crop_flip(x, g, padding=2, flip=False)
+    assert out.shape == x.shape
+    for b in range(2):
+        padded = torch.nn.functional.pad(x[b], (2, 2, 2, 2))
+        found = any(torch.equal(out[b], padded[:, i:i + 8, j:j + 8]) for i in range(5) for j in range(5))
+        assert found
+    same = random_crop_flip(x, torch.Generator().manual_seed(0), padding=2, flip=False)
+    assert torch.equal(out, same)
+    flipped = random_crop_flip(x, torch.Generator().manual_seed(1), padding=0, flip=True)
+    for b in range(2):
+        assert torch.equal(flipped[b], x[b]) or torch.equal(flipped[b], x[b].flip(2))

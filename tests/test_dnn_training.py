@@ -1,0 +1,153 @@
+"""End-to-end DNN federated training on a synthetic image task (CPU, seconds)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fedpm_dnn.client import ClientData  # noqa: E402
+from fedpm_dnn.methods import METHODS, MethodConfig  # noqa: E402
+from fedpm_dnn.simulation import Experiment, run_experiment  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def synthetic(n_clients=3, per_client=48, classes=3, seed=0, skew=True):
+    """Class c = a bright patch at a class-specific place on noise; clients see skewed label mixes."""
+    g = np.random.default_rng(seed)
+
+    def images(labels):
+        x = g.integers(0, 60, (len(labels), 3, 16, 16))
+        for k, c in enumerate(labels):
+            r, col = divmod(int(c), 2)
+            x[k, :, 2 + 6 * r:8 + 6 * r, 2 + 6 * col:8 + 6 * col] += 180
+        return torch.as_tensor(x.clip(0, 255).astype(np.uint8))
+
+    clients = []
+    for i in range(n_clients):
+        p = np.full(classes, 0.1) + (0.9 * np.eye(classes)[i % classes] if skew else 0.3)
+        y = g.choice(classes, per_client, p=p / p.sum())
+        clients.append(ClientData(images(y), torch.as_tensor(y), (0.2, 0.2, 0.2), (0.3, 0.3, 0.3), augment=False))
+    yt = np.repeat(np.arange(classes), 40)
+    return clients, images(yt), torch.as_tensor(yt)
+
+
+def experiment(cfg, rounds=4, participants=None, seed=0):
+    clients, xt, yt = synthetic(seed=seed)
+    return Experiment(cfg=cfg, model="cnn", num_classes=3, clients=clients, x_test=xt, y_test=yt,
+                      mean=(0.2, 0.2, 0.2), std=(0.3, 0.3, 0.3), rounds=rounds, participants=participants,
+                      seed=seed, image_size=16)
+
+
+@pytest.mark.parametrize("method", ["fedpm", "localnewton", "fedavg"])
+def test_three_clients_learn_a_synthetic_task(method):
+    cfg = MethodConfig(method, lr=0.3 if method != "fedavg" else 0.1, local_epochs=2, batch_size=16, damping=1.0,
+                       clip=1.0)
+    hist = run_experiment(experiment(cfg, rounds=5))
+    assert max(r["test_acc"] for r in hist) > 0.75       # chance is 1/3
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_runs_and_counts_its_messages(method):
+    cfg = MethodConfig(method, lr=0.05, local_epochs=1, batch_size=16, mu=0.01, server_lr=0.03,
+                       clip=1.0, foof_samples=20)
+    exp = experiment(cfg, rounds=2, participants=2)
+    hist = run_experiment(exp)
+    assert len(hist) == 2 and all(np.isfinite(r["train_loss"]) for r in hist)
+    import fedpm_dnn.models as models
+    n_params = sum(p.numel() for p in models.make_model("cnn", 3, image_size=16).parameters())
+    per_round_up = hist[0]["bytes_up"]
+    if method == "fedpm":
+        blocks = [76, 151, 16 * 1 * 1 + 1, 121, 85]   # conv1, conv2, fc1 (16x16 inputs: 16*1*1+1), fc2, fc3
+        assert per_round_up == 4 * n_params + 4 * sum(b * b for b in blocks)
+    elif method == "scaffold":
+        assert per_round_up == 2 * 4 * n_params and hist[0]["bytes_down"] == 2 * 4 * n_params
+    else:
+        assert per_round_up == 4 * n_params
+    assert hist[1]["bytes_up"] == 2 * per_round_up
+    assert all(r["client_seconds"] > 0 and r["server_seconds"] >= 0 and r["peak_memory_mb"] > 0 for r in hist)
+
+
+def test_float16_preconditioners_halve_their_bytes():
+    base = dict(lr=0.1, local_epochs=1, batch_size=16, foof_samples=20)
+    h32 = run_experiment(experiment(MethodConfig("fedpm", **base), rounds=1))
+    h16 = run_experiment(experiment(MethodConfig("fedpm", precond_dtype="float16", **base), rounds=1))
+    import fedpm_dnn.models as models
+    params = 4 * sum(p.numel() for p in models.make_model("cnn", 3, image_size=16).parameters())
+    assert h16[0]["bytes_up"] - params == (h32[0]["bytes_up"] - params) // 2
+
+
+def _strip(hist):
+    return [{k: v for k, v in r.items() if "seconds" not in k and k != "peak_memory_mb"} for r in hist]
+
+
+@pytest.mark.parametrize("method", ["fedpm", "scaffold", "fedadam"])
+def test_kill_and_resume_gives_the_identical_history(tmp_path, method):
+    cfg = MethodConfig(method, lr=0.1, local_epochs=1, batch_size=16, foof_samples=30, server_lr=0.03)
+    full = run_experiment(experiment(cfg, rounds=4, participants=2))
+    ck = str(tmp_path / "ck.pt")
+    run_experiment(experiment(cfg, rounds=2, participants=2), checkpoint=ck)        # "killed" after round 2
+    resumed = run_experiment(experiment(cfg, rounds=4, participants=2), checkpoint=ck, resume=True)
+    assert _strip(resumed) == _strip(full)
+    other = run_experiment(experiment(MethodConfig(method, lr=0.2, local_epochs=1, batch_size=16), rounds=2))
+    with pytest.raises(ValueError, match="different configuration"):
+        run_experiment(experiment(MethodConfig(method, lr=0.2, local_epochs=1, batch_size=16), rounds=3),
+                       checkpoint=ck, resume=True)
+    assert other
+
+
+def test_divergence_is_one_clear_error():
+    cfg = MethodConfig("fedavg", lr=1e6, local_epochs=1, batch_size=16, weight_decay=0.0)
+    with pytest.raises(ArithmeticError, match="diverged at round"):
+        run_experiment(experiment(cfg, rounds=3))
+
+
+def _cifar_pickle(root, n=30, seed=0):
+    import pickle
+    g = np.random.default_rng(seed)
+    os.makedirs(root)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(os.path.join(root, name), "wb") as fh:
+            pickle.dump({b"data": g.integers(0, 256, (n, 3072), dtype=np.uint8),
+                         b"labels": g.integers(0, 10, n).tolist()}, fh)
+
+
+def test_runner_cli_writes_results_and_resumes(tmp_path):
+    _cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"))
+    out = tmp_path / "out"
+    base = [sys.executable, "-m", "validation.dnn", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data"),
+            "--method", "fedpm", "--preset", "cifar10-a0.1", "--clients", "3", "--local-epochs", "1",
+            "--foof-samples", "64", "--quiet", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    r = subprocess.run(base + ["--rounds", "2"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["rounds_done"] == 2 and s["preset_table"].startswith("Table") and len(s["class_counts"]) == 3
+    assert s["config"]["lr"] == 0.5 and s["config"]["damping"] == 1.0 and s["config"]["foof_samples"] == 64
+    assert (out / "history.csv").read_text().splitlines()[0].startswith("round,test_acc,train_loss")
+    again = subprocess.run(base + ["--rounds", "3"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert again.returncode == 2 and "pass --resume" in again.stderr
+    r = subprocess.run(base + ["--rounds", "3", "--resume"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0 and json.loads((out / "summary.json").read_text())["rounds_done"] == 3
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--data-dir", "/nonexistent"], "/nonexistent: no such folder"),
+    (["--preset", "cifar10-foof-64", "--method", "fedavg"], "has no row for 'fedavg'"),
+    (["--device", "cuda"], "cuda"),
+    (["--lr", "-1"], "--lr: must be a number > 0"),
+])
+def test_runner_errors_are_one_line(tmp_path, args, fragment):
+    _cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"))
+    cmd = [sys.executable, "-m", "validation.dnn", "--data-dir", str(tmp_path / "data"), "--rounds", "1", "--quiet",
+           "--out", str(tmp_path / "o")] + args
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT}, cwd=ROOT)
+    if fragment == "cuda" and torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and fragment in lines[0], r.stderr
+    assert not (tmp_path / "o").exists()

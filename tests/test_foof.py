@@ -1,0 +1,169 @@
+"""FOOF blocks and FedPM-FOOF mixing against naive references."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from fedpm_dnn import foof  # noqa: E402
+from fedpm_dnn.methods import MethodConfig  # noqa: E402
+from fedpm_dnn.server import aggregate, init_server_state  # noqa: E402
+
+
+
+@pytest.fixture(autouse=True)
+def _float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_foof_matrix_is_the_mean_outer_product(bias):
+    torch.manual_seed(0)
+    lin = nn.Linear(5, 3, bias=bias)
+    x = torch.randn(11, 5)
+    A = foof.compute_foof(lin, foof.foof_blocks(nn.Sequential(lin)) | {"": foof.LinearBlock(lin)}, [x[:4], x[4:]])
+    a = torch.cat([x, torch.ones(11, 1)], 1) if bias else x
+    naive = sum(torch.outer(r, r) for r in a) / 11
+    torch.testing.assert_close(A[""], naive)
+
+
+@pytest.mark.parametrize("stride,padding,dilation,bias", [(1, 0, 1, True), (2, 1, 1, True), (1, 2, 2, False)])
+def test_conv_foof_matrix_sums_every_patch(stride, padding, dilation, bias):
+    torch.manual_seed(1)
+    conv = nn.Conv2d(2, 4, 3, stride=stride, padding=padding, dilation=dilation, bias=bias)
+    x = torch.randn(3, 2, 7, 6)
+    blocks = {"c": foof.Conv2dBlock(conv)}
+    A = foof.compute_foof(conv, blocks, [x])["c"]
+    xp = F.pad(x, (padding,) * 4)
+    patches = []
+    H, W = xp.shape[2], xp.shape[3]
+    span = dilation * 2
+    for b in range(3):
+        for i in range(0, H - span, stride):
+            for j in range(0, W - span, stride):
+                p = xp[b, :, i:i + span + 1:dilation, j:j + span + 1:dilation].reshape(-1)  # (C, kh, kw) order
+                patches.append(torch.cat([p, torch.ones(1)]) if bias else p)
+    P = torch.stack(patches)
+    torch.testing.assert_close(A, P.T @ P / len(P))
+    # Theta layout matches the patch layout: Theta^T a reproduces the convolution output
+    theta = foof.get_theta(blocks["c"], conv.weight, conv.bias)
+    out = conv(x).permute(0, 2, 3, 1).reshape(-1, 4)
+    torch.testing.assert_close(P @ theta, out)
+
+
+def test_theta_round_trip():
+    conv = nn.Conv2d(3, 5, 2)
+    block = foof.Conv2dBlock(conv)
+    w, b = foof.split_theta(block, foof.get_theta(block, conv.weight, conv.bias))
+    assert torch.equal(w, conv.weight) and torch.equal(b, conv.bias)
+
+
+def test_identity_foof_step_is_sgd():
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2 * 4 * 4, 3))
+    blocks = foof.foof_blocks(model)
+    F.cross_entropy(model(torch.randn(4, 1, 6, 6)), torch.tensor([0, 1, 2, 0])).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    eye = {n: torch.eye(b.module.weight[0].numel() + 1) for n, b in blocks.items()}
+    foof.precondition_grads(model, blocks, foof.factorize(eye, 0.0))
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n])
+
+
+def _replies(model_params, foofs):
+    return [{"params": p, "foof": a} for p, a in zip(model_params, foofs)]
+
+
+def _model():
+    return nn.Sequential(nn.Conv2d(2, 3, 3), nn.GroupNorm(1, 3), nn.Flatten(), nn.Linear(3 * 3 * 3, 4))
+
+
+def _random_spd(d, g):
+    M = torch.randn(d, d, generator=g)
+    return M @ M.T / d
+
+
+@pytest.mark.parametrize("name", ["fedpm", "localnewton"])
+def test_identical_clients_give_back_the_same_model(name):
+    torch.manual_seed(3)
+    model = _model()
+    blocks = foof.foof_blocks(model)
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    A = {n: _random_spd(b.module.weight[0].numel() + 1, g) for n, b in blocks.items()}
+    cfg = MethodConfig(name, damping=0.5)
+    state = init_server_state(cfg, params)
+    # three clients with the same parameters but *different* matrices: mixing must return them
+    As = [{n: a + i * torch.eye(a.shape[0]) for n, a in A.items()} for i in range(3)]
+    new = aggregate(cfg, state, _replies([params] * 3, As), torch.full((3,), 1 / 3), 3, blocks)
+    for n in params:
+        torch.testing.assert_close(new["params"][n], params[n])
+    one = aggregate(cfg, state, _replies([params], As[:1]), torch.ones(1), 1, blocks)
+    for n in params:
+        torch.testing.assert_close(one["params"][n], params[n])
+
+
+def test_fedpm_mixes_blocks_with_their_matrices_and_averages_the_rest():
+    torch.manual_seed(4)
+    model = _model()
+    blocks = foof.foof_blocks(model)
+    g = torch.Generator().manual_seed(1)
+    ps = [{n: p.detach() + 0.1 * torch.randn(p.shape, generator=g) for n, p in model.named_parameters()}
+          for _ in range(2)]
+    As = [{n: _random_spd(b.module.weight[0].numel() + 1, g) for n, b in blocks.items()} for _ in range(2)]
+    cfg = MethodConfig("fedpm", damping=0.3)
+    w = torch.tensor([0.25, 0.75])
+    new = aggregate(cfg, init_server_state(cfg, ps[0]), _replies(ps, As), w, 2, blocks)
+    lin = blocks["3"]
+    th = [foof.get_theta(lin, p["3.weight"], p["3.bias"]) for p in ps]
+    M = [As[i]["3"] + 0.3 * torch.eye(As[i]["3"].shape[0]) for i in range(2)]
+    expect = torch.linalg.solve(w[0] * M[0] + w[1] * M[1], w[0] * M[0] @ th[0] + w[1] * M[1] @ th[1])
+    torch.testing.assert_close(foof.get_theta(lin, new["params"]["3.weight"], new["params"]["3.bias"]), expect)
+    torch.testing.assert_close(new["params"]["1.weight"], 0.25 * ps[0]["1.weight"] + 0.75 * ps[1]["1.weight"])
+
+
+@pytest.mark.parametrize("damping", [0.0, 0.7])
+def test_one_full_batch_foof_step_plus_fedpm_mixing_is_a_global_newton_step(damping):
+    """One Linear layer, squared loss: A is the exact Hessian (per output), so FedPM-FOOF with one
+    full-batch local step and sample-count weights equals a (damped) Newton step on the pooled data."""
+    from fedpm_dnn.client import foof_matrices  # noqa: F401  (schedule exercised in the e2e test)
+    torch.manual_seed(5)
+    d_in, d_out = 4, 3
+    lin = nn.Linear(d_in, d_out)
+    blocks = {"": foof.LinearBlock(lin)}
+    xs = [torch.randn(n, d_in) + i for i, n in enumerate((5, 9, 13))]     # heterogeneous clients
+    ys = [torch.randn(len(x), d_out) for x in xs]
+    theta0 = {n: p.detach().clone() for n, p in lin.named_parameters()}
+    replies = []
+    for x, y in zip(xs, ys):
+        with torch.no_grad():
+            lin.weight.copy_(theta0["weight"]); lin.bias.copy_(theta0["bias"])
+        A = foof.compute_foof(lin, blocks, [x])
+        lin.zero_grad()
+        (0.5 * ((lin(x) - y) ** 2).sum(1).mean()).backward()
+        foof.precondition_grads(lin, blocks, foof.factorize(A, damping))
+        with torch.no_grad():
+            for p in lin.parameters():
+                p.sub_(p.grad)                                            # lr = 1
+        replies.append({"params": {"weight": lin.weight.detach().clone(), "bias": lin.bias.detach().clone()},
+                        "foof": A})
+    sizes = torch.tensor([len(x) for x in xs], dtype=torch.float64)
+    cfg = MethodConfig("fedpm", damping=damping)
+    new = aggregate(cfg, init_server_state(cfg, theta0), replies, sizes / sizes.sum(), 3, blocks)
+    # Newton on the pooled data
+    X = torch.cat([torch.cat([x, torch.ones(len(x), 1)], 1) for x in xs])
+    Y = torch.cat(ys)
+    T = foof.get_theta(blocks[""], theta0["weight"], theta0["bias"])
+    H = X.T @ X / len(X)
+    G = X.T @ (X @ T - Y) / len(X)
+    expect = T - torch.linalg.solve(H + damping * torch.eye(d_in + 1), G)
+    torch.testing.assert_close(foof.get_theta(blocks[""], new["params"]["weight"], new["params"]["bias"]), expect)
+
+
+def test_non_positive_definite_matrix_is_reported():
+    with pytest.raises(ArithmeticError, match="raise --damping"):
+        foof.factorize({"fc": -torch.eye(3)}, 0.0)

@@ -44,23 +44,28 @@ class ClientData:
             yield normalize(self.x[idx[s:s + batch_size]], self.mean, self.std)
 
 
-def foof_matrices(model, blocks, data: ClientData, samples, generator):
-    """FOOF matrices on the client's data (all of it, or ``samples`` random samples)."""
+def foof_matrices(model, blocks, data: ClientData, samples, generator, static: dict | None = None):
+    """FOOF matrices on the client's data (all of it, or ``samples`` random samples).
+
+    With all the data, ``static`` (kept per client) caches the first layer's matrix, which
+    depends on the data alone; random subsets change every call, so nothing is cached then."""
     n = len(data)
     if samples is None or samples >= n:
         idx = torch.arange(n, device=data.x.device)
     else:
         idx = torch.randperm(n, generator=generator)[:samples].to(data.x.device)
-    return foof.compute_foof(model, blocks, data.plain_batches(idx))
+        static = None
+    return foof.compute_foof(model, blocks, data.plain_batches(idx), static)
 
 
 def local_train(model, cfg, data: ClientData, generator, *, global_params=None, control=None, client_control=None,
-                foof_A=None, blocks=None):
+                foof_A=None, blocks=None, foof_static=None):
     """Train ``model`` in place; returns (mean training loss, number of steps, seconds)."""
     start = time.perf_counter()
     params = [p for p in model.parameters()]
     named = dict(model.named_parameters())
-    factors = foof.factorize(foof_A, cfg.damping) if cfg.uses_foof else None
+    dtype = params[0].dtype
+    factors = foof.factorize(foof_A, cfg.damping, dtype) if cfg.uses_foof else None
     total_loss, steps, seen = 0.0, 0, 0
     n = len(data)
     for _ in range(cfg.local_epochs):
@@ -92,8 +97,8 @@ def local_train(model, cfg, data: ClientData, generator, *, global_params=None, 
             total_loss += float(loss.detach()) * len(idx)
             seen += len(idx)
             if cfg.uses_foof and cfg.refresh_every and steps % cfg.refresh_every == 0:
-                foof_A = foof_matrices(model, blocks, data, cfg.foof_samples, generator)
-                factors = foof.factorize(foof_A, cfg.damping)
+                foof_A = foof_matrices(model, blocks, data, cfg.foof_samples, generator, foof_static)
+                factors = foof.factorize(foof_A, cfg.damping, dtype)
     if model.training and data.x.is_cuda:
         torch.cuda.synchronize()
     return total_loss / max(seen, 1), steps, time.perf_counter() - start

@@ -116,16 +116,16 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
             _load(model, state["params"])
             start = time.perf_counter()
             if cfg.uses_foof and "foof" not in cs:   # first participation: matrices at the received model
-                cs["foof"] = foof_matrices(model, blocks, data, cfg.foof_samples, gen)
+                cs["foof"] = foof_matrices(model, blocks, data, cfg.foof_samples, gen, cs.setdefault("foof_static", {}))
             if cfg.name == "scaffold" and "control" not in cs:
                 cs["control"] = {kk: torch.zeros_like(v) for kk, v in state["params"].items()}
             loss, steps, _ = local_train(model, cfg, data, gen, global_params=state["params"],
                                          control=state.get("control"), client_control=cs.get("control"),
-                                         foof_A=cs.get("foof"), blocks=blocks)
+                                         foof_A=cs.get("foof"), blocks=blocks, foof_static=cs.get("foof_static"))
             local = {kk: v.detach().clone() for kk, v in model.named_parameters()}
             reply = {"params": local}
             if cfg.uses_foof:   # matrices at the end of the round: mixing now, local steps next round
-                cs["foof"] = foof_matrices(model, blocks, data, cfg.foof_samples, gen)
+                cs["foof"] = foof_matrices(model, blocks, data, cfg.foof_samples, gen, cs.setdefault("foof_static", {}))
                 if cfg.name == "fedpm":
                     wire = torch.float16 if cfg.precond_dtype == "float16" else torch.float32
                     reply["foof"] = {kk: v.to(wire) for kk, v in cs["foof"].items()}

@@ -151,3 +151,11 @@ def test_runner_errors_are_one_line(tmp_path, args, fragment):
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1 and fragment in lines[0], r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_refreshing_the_matrices_during_local_training_changes_the_steps():
+    base = dict(lr=0.3, local_epochs=2, batch_size=16, damping=0.1)
+    once = run_experiment(experiment(MethodConfig("fedpm", **base), rounds=2))
+    refreshed = run_experiment(experiment(MethodConfig("fedpm", refresh_every=2, **base), rounds=2))
+    assert _strip(once) != _strip(refreshed)
+    assert all(np.isfinite(r["train_loss"]) for r in refreshed)

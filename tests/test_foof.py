@@ -167,3 +167,38 @@ def test_one_full_batch_foof_step_plus_fedpm_mixing_is_a_global_newton_step(damp
 def test_non_positive_definite_matrix_is_reported():
     with pytest.raises(ArithmeticError, match="raise --damping"):
         foof.factorize({"fc": -torch.eye(3)}, 0.0)
+
+
+def test_first_layer_cache_is_exact_after_the_parameters_change():
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+    blocks = foof.foof_blocks(model)
+    batches = [torch.randn(7, 3, 8, 8), torch.randn(5, 3, 8, 8)]
+    static = {}
+    foof.compute_foof(model, blocks, batches, static)
+    assert set(static) == {"0"}                      # only the block fed the model input is cached
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    cached = foof.compute_foof(model, blocks, batches, static)
+    fresh = foof.compute_foof(model, blocks, batches)
+    for k in blocks:
+        torch.testing.assert_close(cached[k], fresh[k])
+
+
+def test_small_damping_on_large_rank_deficient_activations():
+    """Dead ReLU units make A singular; with the paper's damping 1e-4 and activations of size
+    ~100, float32 round-off leaves A indefinite beyond the damping.  The factorisation then uses
+    the nearest PSD matrix, which differs from A only at round-off level."""
+    g = torch.Generator().manual_seed(0)
+    lin = nn.Linear(60, 3).float()
+    x = (torch.randn(400, 5, generator=g) @ torch.randn(5, 60, generator=g) * 100).float()
+    x[:, 40:] = 0.0                                              # dead units
+    A = foof.compute_foof(lin, {"fc": foof.LinearBlock(lin)}, [x])["fc"]
+    eye = torch.eye(61, dtype=torch.float64)
+    assert int(torch.linalg.cholesky_ex(A.double() + 1e-4 * eye)[1]) != 0   # a plain Cholesky fails
+    L = foof.factorize({"fc": A}, 1e-4, dtype=torch.float32)["fc"]
+    assert L.dtype == torch.float32 and torch.isfinite(L).all()
+    rebuilt = L.double() @ L.double().T
+    assert torch.linalg.norm(rebuilt - (A.double() + 1e-4 * eye)) < 1e-6 * torch.linalg.norm(A.double())
+    assert torch.linalg.eigvalsh(rebuilt).min() > 0.5e-4                        # damping kept

@@ -1,6 +1,9 @@
 PYTHON ?= python
+PROFILE ?= quick
+# image data for the DNN figures: a folder with the CIFAR files (see README); Test 1 needs none
+DATA ?= $(FEDPM_DATA)
 
-.PHONY: install test bench superlinear
+.PHONY: install test figures superlinear bench
 
 install:
 	$(PYTHON) -m pip install -e ".[dev,dnn]"
@@ -8,9 +11,13 @@ install:
 test:
 	$(PYTHON) -m pytest -q
 
+figures:
+	$(PYTHON) -m figures --profile $(PROFILE) $(if $(DATA),--data-dir $(DATA),)
+
 superlinear:
 	$(PYTHON) -m validation.superlinear --dataset w8a
 	$(PYTHON) -m validation.superlinear --dataset a9a
 
 bench:
 	$(PYTHON) -m validation.bench_convex
+	$(PYTHON) -m validation.bench_dnn

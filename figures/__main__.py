@@ -1,0 +1,132 @@
+"""Regenerate every figure and table of the paper from saved results.
+
+    make figures                       # quick profile (CPU, ~15 min the first time, seconds afterwards)
+    make figures PROFILE=paper         # the paper's sizes, for a GPU
+    python -m figures --profile quick --data-dir DATA [--no-compute]
+
+Results come from results/<profile>/ (validation/experiments.py lists the runs); a missing run
+is computed first unless --no-compute.  A figure whose data is missing is skipped with a
+message.  Output: figures/out/<profile>/*.png|pdf, tables also as .md and .tex.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from validation.experiments import DNN_METHODS, PROFILES, ensure
+
+from . import draw
+from .results import best_by_seed, read_summary, runs_matching
+from .tables import LABELS, accuracy_table, max_pvalue, to_latex, to_markdown
+
+BANDWIDTH = 1e9 / 8  # bytes/s of the 1 Gbit/s link used to turn bytes into communication time
+
+
+def write_table(out, stem, header, rows, caption, label):
+    with open(os.path.join(out, f"{stem}.md"), "w") as fh:
+        fh.write(to_markdown(header, rows, caption))
+    with open(os.path.join(out, f"{stem}.tex"), "w") as fh:
+        fh.write(to_latex(header, rows, caption, label))
+    draw.table_figure(header, rows, caption, out, stem)
+    return [os.path.join(out, f"{stem}.{e}") for e in ("md", "tex", "png", "pdf")]
+
+
+def build_all(root, out, profile, log=print):
+    os.makedirs(out, exist_ok=True)
+    note = PROFILES[profile]["label"] if profile in PROFILES else ""
+    produced = []
+
+    def add(paths, what):
+        if paths:
+            produced.extend(paths)
+        else:
+            log(f"skipped {what}: its results are missing under {root}")
+
+    convex = {d: f for d in ("w8a", "a9a") for f in [os.path.join(root, f"superlinear-{d}")]
+              if os.path.isfile(os.path.join(f, "history.csv"))}
+    add(draw.test1(convex, out)[0] if convex else [], "the Test 1 figure")
+    for ds in ("cifar10", "cifar100"):
+        add(draw.test2_curves(root, ds, "0.1", out, note)[0], f"the Test 2 curves for {ds}")
+    # Table 3 and the significance table
+    columns, pvals = {}, []
+    for ds in ("cifar10", "cifar100"):
+        for alpha in ("1.0", "0.1"):
+            best = best_by_seed(root, f"main-{ds}-a{alpha}", DNN_METHODS)
+            if best:
+                columns[f"{ds.upper()} α={alpha}"] = best
+                p = max_pvalue(best)
+                p_nl = max_pvalue(best, exclude=("localnewton",))
+                pvals.append([f"{ds.upper()}, α={alpha}", "–" if p is None else f"{p:.2f}",
+                              "–" if p_nl is None else f"{p_nl:.2f}", str(min(len(v) for v in best.values()))])
+    for k in ("1", "10"):
+        best = best_by_seed(root, f"epochs-{k}", DNN_METHODS)
+        if len(best) > 1:
+            p = max_pvalue(best)
+            pvals.append([f"CIFAR10, {k} local epoch(s)", "–" if p is None else f"{p:.2f}", "–",
+                          str(min(len(v) for v in best.values()))])
+    for part in (2, 5, 8):
+        best = best_by_seed(root, f"sampling-{part}", DNN_METHODS)
+        if len(best) > 1:
+            p = max_pvalue(best)
+            pvals.append([f"CIFAR10, {part} participants", "–" if p is None else f"{p:.2f}", "–",
+                          str(min(len(v) for v in best.values()))])
+    if columns:
+        header, rows = accuracy_table(columns, DNN_METHODS)
+        produced += write_table(out, "table3_accuracy", header, rows,
+                                "Table 3: best test accuracy [%], mean ± std over seeds" + (f" ({note})" if note else ""),
+                                "tab:accuracy_table")
+        produced += write_table(out, "table_pvalues", ["Setting", "max p (FedPM > each)", "excl. LocalNewton", "seeds"],
+                                pvals, "Maximum one-sided Mann-Whitney U p-value of FedPM against every other method",
+                                "tab:p_values")
+    else:
+        log(f"skipped Table 3 and the p-value table: no main-* results under {root}")
+    add(draw.local_epochs(root, out, note)[0], "the local-epochs figure")
+    add(draw.client_sampling(root, out, note)[0], "the client-sampling figure")
+    add(draw.foof_samples(root, out, note)[0], "the FOOF sample-count figure")
+    dist = {a: f for a in ("1.0", "0.1")
+            for f in list(runs_matching(root, rf"main-cifar10-a{a}-fedavg-s0").values())[:1]}
+    add(draw.data_distribution(dist, out, note)[0], "the data-distribution figure")
+    # profiling table (CIFAR-10, alpha = 0.1 runs)
+    prof_rows = []
+    for m in DNN_METHODS:
+        folders = runs_matching(root, rf"main-cifar10-a0\.1-{m}-s\d+")
+        if not folders:
+            continue
+        sums = [read_summary(f) for f in folders.values()]
+        up = sum(s["bytes_up_per_round"] for s in sums) / len(sums)
+        down = sum(s["bytes_down_per_round"] for s in sums) / len(sums)
+        clients = sums[0]["clients"]
+        prof_rows.append([LABELS[m], f"{sum(s['mean_client_seconds_per_round'] for s in sums) / len(sums):.2f}",
+                          f"{(up + down) / 2**20:.2f}", f"{clients * (up + down) / BANDWIDTH:.3f}",
+                          f"{max(s['peak_memory_mb'] for s in sums):.0f}"])
+    if prof_rows:
+        produced += write_table(out, "table_profiling",
+                                ["Method", "client train s/round", "MiB up+down per client/round",
+                                 "comm. s/round at 1 Gbit/s", "peak memory MB"], prof_rows,
+                                "Profiling, CIFAR-10 α=0.1" + (f" ({note})" if note else ""), "tab:profiling")
+    else:
+        log("skipped the profiling table: no main-cifar10-a0.1 results")
+    return produced
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m figures", description=__doc__.split("\n")[0])
+    p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
+    p.add_argument("--data-dir", default=None, help="image data (default $FEDPM_DATA); Test 1 needs none")
+    p.add_argument("--results", default="results")
+    p.add_argument("--out", default=None, help="default figures/out/<profile>")
+    p.add_argument("--no-compute", action="store_true", help="only draw what exists")
+    args = p.parse_args(argv)
+    if not args.no_compute:
+        ensure(args.profile, args.data_dir, args.results)
+    out = args.out or os.path.join("figures", "out", args.profile)
+    produced = build_all(os.path.join(args.results, args.profile), out, args.profile)
+    print(f"wrote {len(produced)} files under {out}:")
+    for f in produced:
+        print("  " + f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

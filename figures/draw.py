@@ -1,0 +1,204 @@
+"""One function per paper figure.  Each reads result folders, draws, saves PNG + PDF, and returns
+(paths, matplotlib figure) so tests can check axes and labels."""
+from __future__ import annotations
+
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from .results import best_by_seed, curves_by_seed, read_history, read_summary  # noqa: E402
+from .tables import LABELS  # noqa: E402
+
+ORDER = ("fedavg", "fedavgm", "fedprox", "scaffold", "fedadam", "localnewton", "fedpm")
+TEST1 = ("fedavg", "fedavgm", "scaffold", "fedadam", "fedns", "fednl", "localnewton", "fedpm")
+TEST1_LABELS = {"fedavg": "FedAvg/PSGD", "fedavgm": "FedAvgM", "scaffold": "SCAFFOLD", "fedadam": "FedAdam",
+                "fedns": "FedNS", "fednl": "FedNL", "localnewton": "LocalNewton", "fedpm": "FedPM"}
+
+
+def save(fig, out_dir, stem):
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, f"{stem}.{ext}") for ext in ("png", "pdf")]
+    for p in paths:
+        fig.savefig(p, dpi=150, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+def _style(method):
+    if method == "fedpm":
+        return dict(color="black", linewidth=2.2)
+    return dict(linewidth=1.3)
+
+
+def test1(folders: dict, out_dir, note=""):
+    """Figure 'Convergence curves for Test 1': rows w8a / a9a, columns |f - f*| and ||theta - theta*||."""
+    from validation.report import read_history as read_convex
+
+    names = [d for d in ("w8a", "a9a") if d in folders]
+    fig, axes = plt.subplots(len(names), 2, figsize=(10, 3.6 * len(names)), squeeze=False)
+    styles = ["-", "--", "-.", ":"]
+    for row, ds in enumerate(names):
+        hist = read_convex(os.path.join(folders[ds], "history.csv"))
+        f_star = read_summary(folders[ds])["f_star"]
+        floor = 2.2e-16 * max(1.0, abs(f_star))
+        for k, m in enumerate(x for x in TEST1 if x in hist):
+            r = [h["round"] for h in hist[m]]
+            st = dict(linestyle=styles[k % 4], label=TEST1_LABELS[m], **_style(m))
+            axes[row, 0].semilogy(r, [max(h["f_gap"], floor) for h in hist[m]], **st)
+            axes[row, 1].semilogy(r, [max(h["dist"], 1e-300) for h in hist[m]], **st)
+        axes[row, 0].set_ylabel(f"{ds}: " + r"$|f(\theta_t)-f^*|$")
+        axes[row, 1].set_ylabel(f"{ds}: " + r"$\|\theta_t-\theta^*\|$")
+        for ax in axes[row]:
+            ax.set_xlabel("communication round")
+            ax.grid(alpha=0.3)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.suptitle("Test 1 (K=1): convergence on w8a and a9a" + (f"\n{note}" if note else ""), fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return save(fig, out_dir, "test1_convergence"), fig
+
+
+def _mean_band(ax, xs, ys, label, method):
+    n = min(len(y) for y in ys)
+    Y = np.stack([y[:n] for y in ys]) * 100
+    X = np.mean(np.stack([x[:n] for x in xs]), axis=0)
+    mu, sd = Y.mean(0), Y.std(0)
+    line, = ax.plot(X, mu, label=label, **_style(method))
+    ax.fill_between(X, mu - sd, mu + sd, alpha=0.2, color=line.get_color())
+
+
+def test2_curves(root, dataset, alpha, out_dir, note=""):
+    """Test accuracy vs rounds (a) and vs wall-clock seconds (b), mean +- one std over seeds."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    drawn = 0
+    for m in ORDER:
+        runs = curves_by_seed(root, f"main-{dataset}-a{alpha}", m)
+        if not runs:
+            continue
+        drawn += 1
+        _mean_band(axes[0], [r[0] for r in runs], [r[2] for r in runs], LABELS[m], m)
+        _mean_band(axes[1], [r[1] for r in runs], [r[2] for r in runs], LABELS[m], m)
+    if not drawn:
+        plt.close(fig)
+        return [], None
+    axes[0].set_xlabel("communication round")
+    axes[1].set_xlabel("wall-clock time [s] (this machine, all clients in one process)")
+    for ax, tag in zip(axes, "ab"):
+        ax.set_ylabel("test accuracy [%]")
+        ax.set_title(f"({tag})", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"Test 2: {dataset.upper()}, alpha={alpha}, 5 local epochs (mean ± std over seeds)"
+                 + (f"\n{note}" if note else ""), fontsize=10)
+    fig.tight_layout()
+    return save(fig, out_dir, f"test2_{dataset}_a{alpha}_curves"), fig
+
+
+def _best_line(ax, xs, by_x, method, label):
+    pts = [(x, 100 * np.mean(v), 100 * np.std(v)) for x, v in zip(xs, by_x) if v]
+    if not pts:
+        return
+    x, mu, sd = map(np.array, zip(*pts))
+    line, = ax.plot(x, mu, marker="o", label=label, **_style(method))
+    ax.fill_between(x, mu - sd, mu + sd, alpha=0.2, color=line.get_color())
+
+
+def local_epochs(root, out_dir, note=""):
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    epochs = (1, 5, 10)
+    for m in ORDER:
+        by = [best_by_seed(root, f"epochs-{e}", [m]).get(m, []) for e in epochs]
+        _best_line(ax, epochs, by, m, LABELS[m])
+    if not ax.lines:
+        plt.close(fig)
+        return [], None
+    ax.set_xlabel("local epochs per round (total local epochs fixed)")
+    ax.set_ylabel("best test accuracy [%]")
+    ax.set_xticks(epochs)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("CIFAR-10, alpha=0.1: local epochs" + (f"\n{note}" if note else ""), fontsize=9)
+    return save(fig, out_dir, "local_epochs"), fig
+
+
+def client_sampling(root, out_dir, note=""):
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    parts = (2, 5, 8, 10)
+    for m in ORDER:
+        by = [best_by_seed(root, f"sampling-{p}", [m]).get(m, []) for p in parts]
+        _best_line(ax, parts, by, m, LABELS[m])
+    if not ax.lines:
+        plt.close(fig)
+        return [], None
+    ax.set_xlabel("participating clients per round (of 10)")
+    ax.set_ylabel("best test accuracy [%]")
+    ax.set_xticks(parts)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("CIFAR-10, alpha=0.1: client sampling" + (f"\n{note}" if note else ""), fontsize=9)
+    return save(fig, out_dir, "client_sampling"), fig
+
+
+def foof_samples(root, out_dir, note=""):
+    from .results import runs_matching
+
+    ks = ("64", "256", "1024", "all")
+    acc, secs = [], []
+    for k in ks:
+        folders = runs_matching(root, rf"foof-{k}-fedpm-s\d+")
+        acc.append([read_summary(f)["best_test_acc"] for f in folders.values()])
+        secs.append([read_summary(f)["mean_client_seconds_per_round"] for f in folders.values()])
+    if not any(acc):
+        return [], None
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    x = np.arange(len(ks))
+    ax2 = ax.twinx()
+    ax2.bar(x, [np.mean(s) if s else 0 for s in secs], color="lightgray", label="client time / round")
+    ax2.set_ylabel("total client training time per round [s]")
+    _best_line(ax, x, acc, "fedpm", "FedPM best accuracy")
+    ax.set_zorder(ax2.get_zorder() + 1)
+    ax.patch.set_visible(False)
+    ax.set_xticks(x, ks)
+    ax.set_xlabel("samples per client for the FOOF matrices")
+    ax.set_ylabel("best test accuracy [%]")
+    ax.set_title("FedPM, CIFAR-10, alpha=0.1: FOOF sample count" + (f"\n{note}" if note else ""), fontsize=9)
+    return save(fig, out_dir, "foof_samples"), fig
+
+
+def data_distribution(folders: dict, out_dir, note=""):
+    """Per-client class counts (bubble plot) for each alpha, from the runs' summary.json."""
+    items = [(a, read_summary(f)["class_counts"]) for a, f in folders.items()]
+    if not items:
+        return [], None
+    fig, axes = plt.subplots(1, len(items), figsize=(5 * len(items), 4), squeeze=False)
+    for ax, (alpha, counts) in zip(axes[0], items):
+        c = np.asarray(counts)
+        ci, ki = np.nonzero(c)
+        ax.scatter(ci, ki, s=600 * c[ci, ki] / c.max(), alpha=0.6, color="tab:red")
+        ax.set_xlabel("client")
+        ax.set_ylabel("class")
+        ax.set_xticks(range(c.shape[0]))
+        ax.set_title(f"alpha = {alpha} ({c.sum()} samples)", fontsize=9)
+    fig.suptitle("Data distribution over clients (Dirichlet, Vogels et al. 2021)" + (f"\n{note}" if note else ""),
+                 fontsize=10)
+    fig.tight_layout()
+    return save(fig, out_dir, "data_distribution"), fig
+
+
+def table_figure(header, rows, title, out_dir, stem):
+    """A table rendered as PNG/PDF (Markdown and LaTeX are written beside it)."""
+    fig, ax = plt.subplots(figsize=(1.6 + 1.7 * len(header), 0.5 + 0.35 * (len(rows) + 1)))
+    ax.axis("off")
+    table = ax.table(cellText=[[c.replace("**", "") for c in r] for r in rows], colLabels=header, loc="center",
+                     cellLoc="center")
+    table.auto_set_font_size(False)
+    table.set_fontsize(8)
+    for (i, j), cell in table.get_celld().items():
+        if i > 0 and rows[i - 1][j].startswith("**"):
+            cell.set_text_props(fontweight="bold")
+    ax.set_title(title, fontsize=9)
+    return save(fig, out_dir, stem), fig

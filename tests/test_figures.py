@@ -1,0 +1,102 @@
+"""The figures module renders from a tiny synthetic results folder; the p-value table matches scipy."""
+import json
+import os
+
+import numpy as np
+import pytest
+from scipy.stats import mannwhitneyu
+
+from figures import draw
+from figures.__main__ import build_all
+from figures.tables import accuracy_table, max_pvalue, to_latex, to_markdown
+
+DNN_COLUMNS = "round,test_acc,train_loss,client_seconds,server_seconds,bytes_up,bytes_down,peak_memory_mb,wall_seconds"
+
+
+def _dnn_run(root, name, acc, rounds=3, clients=4):
+    os.makedirs(os.path.join(root, name))
+    rows = [DNN_COLUMNS] + [f"{t},{acc * t / rounds},{1.0 / t},{0.5},{0.01},{1000 * t},{900 * t},{50.0},{0.6 * t}"
+                            for t in range(1, rounds + 1)]
+    open(os.path.join(root, name, "history.csv"), "w").write("\n".join(rows) + "\n")
+    json.dump({"best_test_acc": acc, "final_test_acc": acc, "mean_client_seconds_per_round": 0.5,
+               "bytes_up_per_round": 1000, "bytes_down_per_round": 900, "peak_memory_mb": 50.0, "clients": clients,
+               "class_counts": np.random.default_rng(0).integers(0, 20, (clients, 10)).tolist(), "rounds_done": rounds},
+              open(os.path.join(root, name, "summary.json"), "w"))
+
+
+def _convex_run(root, name):
+    os.makedirs(os.path.join(root, name))
+    lines = ["method,round,f_gap,dist,grad_norm,bytes_up,bytes_down,seconds"]
+    for m in ("fedavg", "fedpm"):
+        lines += [f"{m},{t},{10.0 ** -t},{10.0 ** -t},{1.0},{8 * t},{8 * t},{0.1 * t}" for t in range(4)]
+    open(os.path.join(root, name, "history.csv"), "w").write("\n".join(lines) + "\n")
+    json.dump({"f_star": 0.3}, open(os.path.join(root, name, "summary.json"), "w"))
+
+
+@pytest.fixture
+def results(tmp_path):
+    root = str(tmp_path / "results")
+    for ds in ("w8a", "a9a"):
+        _convex_run(root, f"superlinear-{ds}")
+    for alpha in ("1.0", "0.1"):
+        for k, m in enumerate(("fedavg", "localnewton", "fedpm")):
+            for s in (0, 1, 2):
+                _dnn_run(root, f"main-cifar10-a{alpha}-{m}-s{s}", 0.3 + 0.1 * k + 0.01 * s)
+    for e in (1, 5, 10):
+        for m in ("fedavg", "fedpm"):
+            for s in (0, 1):
+                _dnn_run(root, f"epochs-{e}-{m}-s{s}", 0.4 + 0.01 * e + (0.1 if m == "fedpm" else 0))
+    for p in (2, 5, 8, 10):
+        for s in (0, 1):
+            _dnn_run(root, f"sampling-{p}-fedpm-s{s}", 0.3 + 0.02 * p)
+    for k in ("64", "256", "1024", "all"):
+        _dnn_run(root, f"foof-{k}-fedpm-s0", 0.5)
+    return root
+
+
+def test_every_figure_and_table_renders(results, tmp_path):
+    out = str(tmp_path / "out")
+    produced = build_all(results, out, "quick", log=lambda msg: None)
+    stems = {os.path.splitext(os.path.basename(p))[0] for p in produced}
+    assert stems >= {"test1_convergence", "test2_cifar10_a0.1_curves", "table3_accuracy", "table_pvalues",
+                     "local_epochs", "client_sampling", "foof_samples", "data_distribution", "table_profiling"}
+    for p in produced:
+        assert os.path.getsize(p) > 200, p
+    assert all(os.path.exists(os.path.join(out, f"{s}.{e}")) for s in stems for e in ("png", "pdf"))
+    md = open(os.path.join(out, "table3_accuracy.md")).read()
+    assert "**51.0 ± 1.0**" in md and "FedAvg" in md and "SCAFFOLD" not in md   # FedPM best in bold; no empty rows
+
+
+def test_figure_axes_are_labelled(results, tmp_path):
+    out = str(tmp_path / "o")
+    _, fig = draw.test2_curves(results, "cifar10", "0.1", out)
+    assert fig.axes[0].get_xlabel() == "communication round" and "accuracy" in fig.axes[0].get_ylabel()
+    assert "wall-clock" in fig.axes[1].get_xlabel()
+    assert {t.get_text() for t in fig.axes[1].get_legend().get_texts()} == {"FedAvg", "LocalNewton", "FedPM"}
+    _, fig = draw.test1({"w8a": os.path.join(results, "superlinear-w8a")}, out)
+    assert "f^*" in fig.axes[0].get_ylabel() and fig.axes[1].get_xlabel() == "communication round"
+    assert fig.axes[0].get_yscale() == "log"
+
+
+def test_missing_results_are_skipped_with_a_message(tmp_path):
+    messages = []
+    produced = build_all(str(tmp_path / "empty"), str(tmp_path / "out"), "quick", log=messages.append)
+    assert produced == [] and any("Table 3" in m for m in messages) and any("Test 1" in m for m in messages)
+
+
+def test_max_pvalue_matches_scipy():
+    best = {"fedpm": [0.70, 0.72, 0.71], "fedavg": [0.60, 0.61, 0.65], "localnewton": [0.69, 0.73, 0.70]}
+    expect = max(mannwhitneyu(best["fedpm"], best[m], alternative="greater").pvalue for m in ("fedavg", "localnewton"))
+    assert max_pvalue(best) == pytest.approx(expect)
+    assert max_pvalue(best, exclude=("localnewton",)) == pytest.approx(
+        mannwhitneyu(best["fedpm"], best["fedavg"], alternative="greater").pvalue)
+    # three seeds that all beat three seeds: the smallest p a 3-vs-3 test can give, 1/20
+    assert max_pvalue({"fedpm": [3, 4, 5], "x": [0, 1, 2]}) == pytest.approx(0.05)
+
+
+def test_table_formats():
+    header, rows = accuracy_table({"C10": {"fedavg": [0.5, 0.6], "fedpm": [0.7, 0.7]}}, ("fedavg", "fedpm"))
+    assert rows == [["FedAvg", "55.0 ± 7.1"], ["FedPM", "**70.0 ± 0.0**"]]
+    tex = to_latex(header, rows, "cap", "tab:x")
+    assert r"\textbf{70.0 $\pm$ 0.0}" in tex and r"\label{tab:x}" in tex
+    assert to_markdown(header, rows).splitlines()[0] == "| Method | C10 |"

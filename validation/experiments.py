@@ -1,0 +1,153 @@
+"""The experiments behind every figure and table, per profile, and a runner for the missing ones.
+
+    python -m validation.experiments --profile quick --data-dir DATA     # compute what is missing
+
+Profiles:
+  quick  fits ~15 minutes on 2 CPU cores: the full Test 1, and the DNN studies on CIFAR-10 with a
+         class-balanced 3,000-image training subset, a 2,000-image test subset, few rounds, 2 seeds.
+         Every figure drawn from it says so.
+  paper  the paper's sizes (all data, 100 rounds, 3 seeds, CIFAR-10 and CIFAR-100): for a GPU.
+Each run writes results/<profile>/<name>/{history.csv, summary.json} (summary.json holds the exact
+command and versions).  A run whose summary.json exists with all its rounds is not recomputed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+from validation.progress import Progress
+
+DNN_METHODS = ("fedavg", "fedavgm", "fedprox", "scaffold", "fedadam", "localnewton", "fedpm")
+ABLATION_METHODS = ("fedavg", "localnewton", "fedpm")
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str          # folder under results/<profile>/
+    kind: str          # "superlinear" or "dnn"
+    argv: tuple        # arguments of the runner (without --out)
+    rounds: int = 0    # rounds expected in history (dnn)
+    dataset: str = "cifar10"
+
+
+PROFILES = {
+    "quick": dict(seeds=(0, 1), rounds=4, subset=["--train-subset", "3000", "--test-subset", "2000"], datasets=("cifar10",),
+                  epoch_budget=20, label="quick profile: CIFAR-10 JPEG copy, 3k-image training subset, 2k test images, "
+                                         "4 rounds, 2 seeds"),
+    "paper": dict(seeds=(0, 1, 2), rounds=100, subset=[], datasets=("cifar10", "cifar100"), epoch_budget=100,
+                  label="paper profile: full data, 100 rounds, 3 seeds"),
+}
+
+
+def plan(profile: str) -> list[Run]:
+    p = PROFILES[profile]
+    runs = [Run(f"superlinear-{d}", "superlinear", ("--dataset", d, "--quiet")) for d in ("w8a", "a9a")]
+    model = {"cifar10": "cnn", "cifar100": "resnet18gn"}
+    for ds in p["datasets"]:
+        for alpha in ("1.0", "0.1"):
+            for m in DNN_METHODS:
+                for s in p["seeds"]:
+                    runs.append(Run(f"main-{ds}-a{alpha}-{m}-s{s}", "dnn", (
+                        "--dataset", ds, "--model", model[ds], "--method", m, "--preset", f"{ds}-a{alpha}",
+                        "--alpha", alpha, "--rounds", str(p["rounds"]), "--seed", str(s), *p["subset"]),
+                        p["rounds"], ds))
+    # local epochs 1 / 5 / 10 with the total number of local epochs fixed (CIFAR-10, alpha = 0.1)
+    for epochs, preset in ((1, "cifar10-e1"), (5, "cifar10-a0.1"), (10, "cifar10-e10")):
+        rounds = max(1, p["epoch_budget"] // epochs)
+        for m in ABLATION_METHODS if profile == "quick" else DNN_METHODS:
+            for s in p["seeds"]:
+                runs.append(Run(f"epochs-{epochs}-{m}-s{s}", "dnn", (
+                    "--dataset", "cifar10", "--method", m, "--preset", preset, "--local-epochs", str(epochs),
+                    "--rounds", str(rounds), "--seed", str(s), *p["subset"]), rounds))
+    # client sampling: 2 / 5 / 8 / 10 participants of 10
+    for part in (2, 5, 8, 10):
+        for m in ABLATION_METHODS if profile == "quick" else tuple(x for x in DNN_METHODS if x != "fedadam"):
+            for s in p["seeds"]:
+                runs.append(Run(f"sampling-{part}-{m}-s{s}", "dnn", (
+                    "--dataset", "cifar10", "--method", m, "--preset", f"cifar10-sampling-{part}",
+                    "--participants", str(part), "--rounds", str(p["rounds"]), "--seed", str(s), *p["subset"]),
+                    p["rounds"]))
+    # FOOF sample counts (FedPM)
+    for k in ("64", "256", "1024", "all"):
+        for s in p["seeds"]:
+            runs.append(Run(f"foof-{k}-fedpm-s{s}", "dnn", (
+                "--dataset", "cifar10", "--method", "fedpm", "--preset", f"cifar10-foof-{k}", "--foof-samples", k,
+                "--rounds", str(p["rounds"]), "--seed", str(s), *p["subset"]), p["rounds"]))
+    return runs
+
+
+def is_done(run: Run, folder: str) -> bool:
+    path = os.path.join(folder, "summary.json")
+    if not os.path.isfile(path):
+        return False
+    if run.kind == "superlinear":
+        return True
+    with open(path) as fh:
+        return json.load(fh).get("rounds_done", 0) >= run.rounds
+
+
+def data_available(dataset: str, data_dir: str | None) -> bool:
+    from fedpm_dnn.data import DatasetError, load_image_dataset
+
+    try:
+        load_image_dataset(dataset, data_dir)
+        return True
+    except (DatasetError, OSError, ValueError):
+        return False
+
+
+def ensure(profile: str, data_dir: str | None, results: str = "results", only=None, log=print) -> dict:
+    """Compute the missing runs of ``profile``; returns {run name: folder} of the runs that exist."""
+    from validation import dnn, superlinear
+
+    root = os.path.join(results, profile)
+    runs = [r for r in plan(profile) if only is None or only(r)]
+    have_data = {}
+    todo = []
+    for r in runs:
+        folder = os.path.join(root, r.name)
+        if is_done(r, folder):
+            continue
+        if r.kind == "dnn":
+            if r.dataset not in have_data:
+                have_data[r.dataset] = data_available(r.dataset, data_dir)
+                if not have_data[r.dataset]:
+                    log(f"skipping the {r.dataset} runs: no {r.dataset} data under --data-dir / $FEDPM_DATA")
+            if not have_data[r.dataset]:
+                continue
+        todo.append(r)
+    bar = Progress(len(todo), f"{profile} runs")
+    for r in todo:
+        folder = os.path.join(root, r.name)
+        if r.kind == "superlinear":
+            superlinear.main(list(r.argv) + ["--out", folder])
+        else:
+            argv = list(r.argv) + ["--data-dir", data_dir or os.environ.get("FEDPM_DATA", ""), "--out", folder, "--quiet"]
+            if os.path.exists(os.path.join(folder, "checkpoint.pt")):
+                argv.append("--resume")
+            dnn.main(argv)
+        bar.update(1, r.name)
+    return {r.name: os.path.join(root, r.name) for r in runs if os.path.isfile(os.path.join(root, r.name, "summary.json"))}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m validation.experiments", description=__doc__.split("\n")[0])
+    p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--results", default="results")
+    p.add_argument("--list", action="store_true", help="list the runs and whether they exist")
+    args = p.parse_args(argv)
+    if args.list:
+        for r in plan(args.profile):
+            done = is_done(r, os.path.join(args.results, args.profile, r.name))
+            print(f"{'done ' if done else 'todo '} {r.name}")
+        return 0
+    ensure(args.profile, args.data_dir, args.results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -86,10 +86,12 @@ def local_train(model, cfg, data: ClientData, generator, *, global_params=None, 
                         p.grad.add_(control[name] - client_control[name])
                     if cfg.weight_decay:
                         p.grad.add_(p, alpha=cfg.weight_decay)
-                if cfg.clip is not None:
+                if cfg.clip is not None and cfg.clip_stage == "gradient":
                     torch.nn.utils.clip_grad_norm_(params, cfg.clip)
                 if factors is not None:
                     foof.precondition_grads(model, blocks, factors)
+                if cfg.clip is not None and cfg.clip_stage == "update":
+                    torch.nn.utils.clip_grad_norm_(params, cfg.clip)   # bounds the step: lr * clip
                 for p in params:
                     if p.grad is not None:
                         p.add_(p.grad, alpha=-cfg.lr)

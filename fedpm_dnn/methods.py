@@ -31,6 +31,7 @@ class MethodConfig:
     refresh_every: int | None = None # recompute FOOF matrices every s local steps (None: once per round)
     weighting: str = "uniform"       # mixing weights: uniform 1/N (paper) or 'samples'
     precond_dtype: str = "float32"   # dtype FOOF matrices travel in (float16 halves the bytes)
+    clip_stage: str = "gradient"     # clip the raw gradient (DESIGN.md) or the preconditioned 'update'
 
     def __post_init__(self):
         if self.name not in METHODS:
@@ -44,6 +45,8 @@ class MethodConfig:
             raise ValueError("damping, weight_decay and mu must be >= 0")
         if self.weighting not in ("uniform", "samples"):
             raise ValueError(f"weighting must be uniform or samples, got {self.weighting!r}")
+        if self.clip_stage not in ("gradient", "update"):
+            raise ValueError(f"clip_stage must be gradient or update, got {self.clip_stage!r}")
         if self.precond_dtype not in ("float32", "float16"):
             raise ValueError(f"precond_dtype must be float32 or float16, got {self.precond_dtype!r}")
 

@@ -4,7 +4,8 @@ Per round it records test accuracy of the global model, mean train loss, client 
 seconds (local training + FOOF statistics), server seconds, bytes up/down per participating
 client (from the tensors in the messages) and peak memory.  ``resume=True`` continues a
 killed run from its last checkpoint to the identical result: the checkpoint holds the model,
-server and client states and both random generators.
+server and client states and the client-sampling generator (each client's stream derives from seed,
+round and client, see client_generator).
 """
 from __future__ import annotations
 
@@ -71,6 +72,15 @@ def _peak_memory_mb(device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
 
 
+def client_generator(seed: int, round_: int, client: int) -> torch.Generator:
+    """The random stream of one client in one round (data order, augmentation, FOOF subsets).
+
+    Derived from (seed, round, client) rather than shared, so a client running in its own process
+    (a Flower SuperNode) draws exactly what it draws in this simulator."""
+    mixed = np.random.SeedSequence([seed, round_, client]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(mixed) & (2 ** 63 - 1))
+
+
 def _load(model, params):
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -92,7 +102,6 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
     n = len(exp.clients)
     sizes = np.array([len(c) for c in exp.clients], dtype=np.float64)
     rng = np.random.default_rng(exp.seed)
-    gen = torch.Generator().manual_seed(exp.seed)
     state = init_server_state(cfg, dict(model.named_parameters()))
     client_state = [dict() for _ in range(n)]
     history = []
@@ -102,7 +111,6 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
             raise ValueError(f"{checkpoint}: written by a different configuration; remove it or drop --resume")
         state, client_state, history = ck["server"], ck["clients"], ck["history"]
         rng.bit_generator.state = ck["np_rng"]
-        gen.set_state(ck["torch_gen"])
     wall0 = time.perf_counter() - (history[-1]["wall_seconds"] if history else 0.0)
     for t in range(len(history) + 1, exp.rounds + 1):
         if str(dev).startswith("cuda"):
@@ -113,6 +121,7 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
         down = {"params": state["params"], **({"control": state["control"]} if cfg.name == "scaffold" else {})}
         for i in sel:
             data, cs = exp.clients[i], client_state[i]
+            gen = client_generator(exp.seed, t, int(i))
             _load(model, state["params"])
             start = time.perf_counter()
             if cfg.uses_foof and "foof" not in cs:   # first participation: matrices at the received model
@@ -160,7 +169,7 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
         if checkpoint:
             _checkpoint(checkpoint, {"config": asdict(cfg), "seed": exp.seed, "n_clients": n, "server": state,
                                      "clients": client_state, "history": history,
-                                     "np_rng": rng.bit_generator.state, "torch_gen": gen.get_state()})
+                                     "np_rng": rng.bit_generator.state})
         if on_round:
             on_round(row, history)
     return history

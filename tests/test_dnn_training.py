@@ -159,3 +159,24 @@ def test_refreshing_the_matrices_during_local_training_changes_the_steps():
     refreshed = run_experiment(experiment(MethodConfig("fedpm", refresh_every=2, **base), rounds=2))
     assert _strip(once) != _strip(refreshed)
     assert all(np.isfinite(r["train_loss"]) for r in refreshed)
+
+
+def test_clip_stage_update_bounds_the_preconditioned_step():
+    from fedpm_dnn import foof
+    from fedpm_dnn.client import local_train
+    from fedpm_dnn.models import make_model
+
+    clients, _, _ = synthetic()
+    data = clients[0]
+    for stage, bounded in (("update", True), ("gradient", False)):
+        torch.manual_seed(0)
+        model = make_model("cnn", 3, image_size=16)
+        blocks = foof.foof_blocks(model)
+        g = torch.Generator().manual_seed(0)
+        A = foof.compute_foof(model, blocks, data.plain_batches(torch.arange(len(data))))
+        before = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+        cfg = MethodConfig("localnewton", lr=0.5, clip=0.01, damping=1e-4, local_epochs=1, batch_size=len(data),
+                           weight_decay=0.0, clip_stage=stage)
+        local_train(model, cfg, data, g, foof_A=A, blocks=blocks)
+        step = torch.linalg.norm(torch.cat([p.detach().reshape(-1) for p in model.parameters()]) - before)
+        assert (step <= 0.5 * 0.01 * (1 + 1e-4)) == bounded, (stage, float(step))

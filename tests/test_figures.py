@@ -100,3 +100,26 @@ def test_table_formats():
     tex = to_latex(header, rows, "cap", "tab:x")
     assert r"\textbf{70.0 $\pm$ 0.0}" in tex and r"\label{tab:x}" in tex
     assert to_markdown(header, rows).splitlines()[0] == "| Method | C10 |"
+
+
+def test_a_failing_run_does_not_stop_the_others(tmp_path, monkeypatch):
+    import validation.dnn as dnn
+    import validation.experiments as ex
+
+    runs = [ex.Run("bad", "dnn", ("--x",), 1), ex.Run("good", "dnn", ("--y",), 1)]
+    monkeypatch.setattr(ex, "plan", lambda profile: runs)
+    monkeypatch.setattr(ex, "data_available", lambda ds, d: True)
+    calls = []
+
+    def fake_main(argv):
+        calls.append(argv[0])
+        if argv[0] == "--x":
+            raise SystemExit(2)
+        out = argv[argv.index("--out") + 1]
+        os.makedirs(out)
+        json.dump({"rounds_done": 1}, open(os.path.join(out, "summary.json"), "w"))
+
+    monkeypatch.setattr(dnn, "main", fake_main)
+    messages = []
+    done = ex.ensure("quick", "data", str(tmp_path), log=messages.append)
+    assert calls == ["--x", "--y"] and list(done) == ["good"] and any("bad failed" in m for m in messages)

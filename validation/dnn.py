@@ -61,6 +61,8 @@ def parse_args(argv=None):
     g.add_argument("--refresh-every", type=common.positive_int, help="recompute FOOF matrices every s local steps")
     g.add_argument("--weighting", choices=("uniform", "samples"))
     g.add_argument("--precond-dtype", choices=("float32", "float16"), help="dtype FedPM's matrices travel in")
+    g.add_argument("--clip-stage", choices=("gradient", "update"),
+                   help="clip the raw gradient before preconditioning (default) or the preconditioned update")
     args = p.parse_args(argv)
     if args.out is None:
         args.out = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")
@@ -94,7 +96,7 @@ def build(args):
     cfg = method_config(args.preset, args.method, lr=args.lr, clip=clip, weight_decay=args.weight_decay, mu=args.mu,
                         momentum=args.momentum, server_lr=args.server_lr, damping=args.damping,
                         batch_size=args.batch_size, refresh_every=args.refresh_every, weighting=args.weighting,
-                        precond_dtype=args.precond_dtype, local_epochs=args.local_epochs,
+                        precond_dtype=args.precond_dtype, local_epochs=args.local_epochs, clip_stage=args.clip_stage,
                         foof_samples=None if args.foof_samples in (None, "all") else int(args.foof_samples))
     if args.clip == 0:  # explicit "no clipping" overrides a preset's clip
         cfg = dataclasses.replace(cfg, clip=None)

@@ -122,13 +122,18 @@ def ensure(profile: str, data_dir: str | None, results: str = "results", only=No
     bar = Progress(len(todo), f"{profile} runs")
     for r in todo:
         folder = os.path.join(root, r.name)
-        if r.kind == "superlinear":
-            superlinear.main(list(r.argv) + ["--out", folder])
-        else:
-            argv = list(r.argv) + ["--data-dir", data_dir or os.environ.get("FEDPM_DATA", ""), "--out", folder, "--quiet"]
-            if os.path.exists(os.path.join(folder, "checkpoint.pt")):
-                argv.append("--resume")
-            dnn.main(argv)
+        try:
+            if r.kind == "superlinear":
+                superlinear.main(list(r.argv) + ["--out", folder])
+            else:
+                argv = list(r.argv) + ["--data-dir", data_dir or os.environ.get("FEDPM_DATA", ""), "--out", folder,
+                                       "--quiet"]
+                if os.path.exists(os.path.join(folder, "checkpoint.pt")):
+                    argv.append("--resume")
+                dnn.main(argv)
+        except SystemExit as exc:  # a run that fails (e.g. diverges) has printed its one-line reason
+            if exc.code not in (0, None):
+                log(f"run {r.name} failed (exit {exc.code}); its figures will lack it")
         bar.update(1, r.name)
     return {r.name: os.path.join(root, r.name) for r in runs if os.path.isfile(os.path.join(root, r.name, "summary.json"))}
 

@@ -12,8 +12,10 @@ import numpy as np
 
 from .algorithms.base import RoundInfo
 from .backend import nbytes, to_numpy
+from .messages import client_problem, keep
+from .screening import log as server_log
 
-COLUMNS = ("round", "f_gap", "dist", "grad_norm", "bytes_up", "bytes_down", "seconds")
+COLUMNS = ("round", "f_gap", "dist", "grad_norm", "bytes_up", "bytes_down", "seconds", "rejected")
 
 
 class Diverged(ArithmeticError):
@@ -74,10 +76,42 @@ def run(problem, algorithm, theta0, rounds: int, **kwargs):
         return _run(problem, algorithm, theta0, rounds, **kwargs)
 
 
+def screen_message(up: dict, info: RoundInfo, d: int, round_: int, tamper=None, label: str = "the method"):
+    """Reject unusable client parts of a stacked message (logged, naming the client).
+
+    Returns (message, info) restricted to the usable clients with renormalised weights, and the
+    rejected client ids; the message is re-stacked only when something was rejected."""
+    if tamper is not None:  # fault injection for tests: tamper(round, up) -> up
+        up = tamper(round_, up)
+    rejected, rows, reasons = [], [], []
+    for k, client in enumerate(info.sel):
+        problem = client_problem(up, k, d)
+        if problem is None:
+            rows.append(k)
+        else:
+            rejected.append(int(client))
+            reasons.append(problem)
+    if not rejected:
+        return up, info, rejected
+    if not rows and all("NaN or Inf" in r for r in reasons):
+        # in the simulator every client runs our own code: all of them blowing up is divergence
+        raise Diverged(f"{label} diverged at round {round_}: every client returned non-finite values "
+                       "(learning rate too large)")
+    for client, problem in zip(rejected, reasons):
+        server_log.warning("round %d: client %d rejected: %s", round_, client, problem)
+    if not rows:
+        return None, info, rejected
+    w = info.weights[rows] if not hasattr(info.weights, "device") or isinstance(info.weights, np.ndarray) \
+        else info.weights[np.asarray(rows)]
+    return keep(up, rows), RoundInfo(sel=info.sel[rows], weights=w / w.sum(), n_clients=info.n_clients), rejected
+
+
 def _run(problem, algorithm, theta0, rounds: int, *, participants: int | None = None, seed: int = 0,
-         theta_star=None, f_star=None, stop=None, on_round=None):
+         theta_star=None, f_star=None, stop=None, on_round=None, tamper=None, screen: bool = True):
     """Run ``rounds`` rounds; returns (final state, list of per-round metric dicts, round 0 first).
 
+    ``screen`` (default on) rejects unusable client replies before the server step (see
+    fedconvex.screening); ``tamper(round, up) -> up`` injects faults for tests.
     ``stop(row) -> bool`` ends the run early (the tuner uses it); ``on_round(t)`` is called
     after each round (progress bars).  Raises ``Diverged`` when the iterate is not finite.
     bytes_up / bytes_down are per participating client and cumulative; ``seconds`` is the
@@ -87,7 +121,7 @@ def _run(problem, algorithm, theta0, rounds: int, *, participants: int | None = 
     xp = problem.xp
     state = algorithm.init(problem, theta0)
     history = [{"round": 0, **metrics(problem, state.theta, theta_star, f_star),
-                "bytes_up": 0, "bytes_down": 0, "seconds": 0.0}]
+                "bytes_up": 0, "bytes_down": 0, "seconds": 0.0, "rejected": 0}]
     up_total = down_total = 0
     seconds = 0.0
     for t in range(1, rounds + 1):
@@ -99,16 +133,25 @@ def _run(problem, algorithm, theta0, rounds: int, *, participants: int | None = 
         w = problem.client_weights[xp.asarray(sel)] if len(sel) < problem.n_clients else problem.client_weights
         info = RoundInfo(sel=sel, weights=w / w.sum(), n_clients=problem.n_clients)
         state = replace(state, clients=_scatter(state.clients, sel, cstate, problem.n_clients))
-        state = algorithm.server_update(problem, state, up, info)
+        sent = up
+        rejected = []
+        if screen or tamper is not None:
+            up, info, rejected = screen_message(up, info, problem.d, t, tamper,
+                                                label=f"{algorithm.label} (lr={algorithm.lr:g})")
+        if up is not None:
+            state = algorithm.server_update(problem, state, up, info)
+        else:  # nobody usable: the round is skipped and the model kept
+            server_log.warning("round %d: no usable client reply, round skipped, model unchanged", t)
+            state = replace(state, round=state.round + 1)
         if xp is not np and hasattr(xp, "cuda"):
             xp.cuda.Stream.null.synchronize()  # count GPU work in the round's time
         seconds += time.perf_counter() - start
-        up_total += message_bytes(up) // len(sel)
+        up_total += message_bytes(sent) // len(sel)
         down_total += message_bytes(down)
         if not bool(xp.all(xp.isfinite(state.theta))):
             raise Diverged(f"{algorithm.label} diverged at round {t} (lr={algorithm.lr:g}): parameters are not finite")
         row = {"round": t, **metrics(problem, state.theta, theta_star, f_star),
-               "bytes_up": up_total, "bytes_down": down_total, "seconds": seconds}
+               "bytes_up": up_total, "bytes_down": down_total, "seconds": seconds, "rejected": len(rejected)}
         history.append(row)
         if on_round is not None:
             on_round(t)

@@ -24,9 +24,10 @@ from .client import ClientData, foof_matrices, local_train
 from .methods import MethodConfig
 from .models import make_model
 from .server import aggregate, init_server_state
+from fedconvex.screening import screen
 
 HISTORY_COLUMNS = ("round", "test_acc", "train_loss", "client_seconds", "server_seconds", "bytes_up", "bytes_down",
-                   "peak_memory_mb", "wall_seconds")
+                   "peak_memory_mb", "wall_seconds", "rejected")
 
 
 @dataclass
@@ -93,8 +94,36 @@ def _checkpoint(path, payload):
     os.replace(tmp, path)
 
 
-def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool = False, on_round=None):
-    """Run (or resume) the experiment; returns the list of per-round history rows."""
+def reply_shapes(cfg, params: dict, blocks: dict) -> dict:
+    """What a usable reply of this method looks like (for fedconvex.screening)."""
+    shapes = {"params": {k: tuple(v.shape) for k, v in params.items()}}
+    if cfg.name == "fedpm":
+        shapes["foof"] = {}
+        for name, b in blocks.items():
+            d = b.module.weight[0].numel() + (1 if b.has_bias else 0)
+            shapes["foof"][name] = (d, d)
+    if cfg.name == "scaffold":
+        shapes["dcontrol"] = dict(shapes["params"])
+    return shapes
+
+
+def screen_replies(cfg, replies, sel, shapes, round_):
+    """Usable replies (others rejected and logged); raises when every client diverged."""
+    kept, rejected = screen(replies, sel, shapes, {"foof"} if cfg.name == "fedpm" else (), round_)
+    if not kept and rejected and all("NaN or Inf" in r for _, r in rejected):
+        raise ArithmeticError(f"{cfg.name} diverged at round {round_} (lr={cfg.lr:g}): every client returned "
+                              "non-finite parameters")
+    return kept, rejected
+
+
+def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool = False, on_round=None,
+                   tamper=None):
+    """Run (or resume) the experiment; returns the list of per-round history rows.
+
+    Replies are screened before aggregation (wrong shape, NaN/Inf, non-PSD FOOF matrix: the
+    client is rejected with a logged reason, the others' weights renormalised; with none left
+    the round is skipped and the model kept).  ``tamper(round, client, reply) -> reply``
+    injects faults for tests."""
     cfg, dev = exp.cfg, exp.device
     torch.manual_seed(exp.seed)
     model = make_model(exp.model, exp.num_classes, exp.in_channels, exp.image_size).to(dev)
@@ -103,6 +132,7 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
     sizes = np.array([len(c) for c in exp.clients], dtype=np.float64)
     rng = np.random.default_rng(exp.seed)
     state = init_server_state(cfg, dict(model.named_parameters()))
+    shapes = reply_shapes(cfg, state["params"], blocks)
     client_state = [dict() for _ in range(n)]
     history = []
     if resume and checkpoint and os.path.isfile(checkpoint):
@@ -147,11 +177,15 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
                 torch.cuda.synchronize(dev)
             client_seconds += time.perf_counter() - start
             losses.append(loss)
-            replies.append(reply)
-        w = sizes[sel] if cfg.weighting == "samples" else np.ones(len(sel))
-        weights = torch.as_tensor(w / w.sum(), dtype=torch.float32, device=dev)
+            replies.append(tamper(t, int(i), reply) if tamper is not None else reply)
         start = time.perf_counter()
-        state = aggregate(cfg, state, replies, weights, n, blocks)
+        kept, rejected = screen_replies(cfg, replies, sel, shapes, t)
+        if kept:
+            w = sizes[sel[kept]] if cfg.weighting == "samples" else np.ones(len(kept))
+            weights = torch.as_tensor(w / w.sum(), dtype=torch.float32, device=dev)
+            state = aggregate(cfg, state, [replies[k] for k in kept], weights, n, blocks)
+        else:
+            state = {**state, "round": state["round"] + 1}
         if str(dev).startswith("cuda"):
             torch.cuda.synchronize(dev)
         server_seconds = time.perf_counter() - start
@@ -164,7 +198,8 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
                "client_seconds": client_seconds, "server_seconds": server_seconds,
                "bytes_up": prev["bytes_up"] + sum(tensor_bytes(r) for r in replies) // len(replies),
                "bytes_down": prev["bytes_down"] + tensor_bytes(down),
-               "peak_memory_mb": _peak_memory_mb(dev), "wall_seconds": time.perf_counter() - wall0}
+               "peak_memory_mb": _peak_memory_mb(dev), "wall_seconds": time.perf_counter() - wall0,
+               "rejected": len(rejected)}
         history.append(row)
         if checkpoint:
             _checkpoint(checkpoint, {"config": asdict(cfg), "seed": exp.seed, "n_clients": n, "server": state,

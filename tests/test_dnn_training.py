@@ -180,3 +180,31 @@ def test_clip_stage_update_bounds_the_preconditioned_step():
         local_train(model, cfg, data, g, foof_A=A, blocks=blocks)
         step = torch.linalg.norm(torch.cat([p.detach().reshape(-1) for p in model.parameters()]) - before)
         assert (step <= 0.5 * 0.01 * (1 + 1e-4)) == bounded, (stage, float(step))
+
+
+def test_bad_replies_are_rejected_and_the_round_goes_on(caplog, tmp_path):
+    import logging
+
+    def tamper(round_, client, reply):
+        if client == 1:
+            reply = {**reply, "foof": {k: -torch.eye(v.shape[0]) for k, v in reply["foof"].items()}}
+        if client == 2:
+            reply = {**reply, "params": {**reply["params"], "fc3.bias": torch.full((4,), float("nan"))}}
+        return reply
+
+    cfg = MethodConfig("fedpm", lr=0.1, local_epochs=1, batch_size=16, foof_samples=20)
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        hist = run_experiment(experiment(cfg, rounds=2), tamper=tamper)
+    assert "client 1 rejected: preconditioner foof[conv1] is not positive semidefinite" in caplog.text
+    assert "client 2 rejected: params[fc3.bias] has shape (4,), expected (3,)" in caplog.text
+    assert [r["rejected"] for r in hist] == [2, 2] and np.isfinite(hist[-1]["train_loss"])
+    # everybody unusable: the round is skipped and the global model stays the initial one
+    everyone_bad = lambda r, c, reply: {**reply, "foof": {k: -torch.eye(v.shape[0]) for k, v in reply["foof"].items()}}
+    ck = str(tmp_path / "ck.pt")
+    skipped = run_experiment(experiment(cfg, rounds=1), checkpoint=ck, tamper=everyone_bad)
+    assert "round skipped, model unchanged" in caplog.text and skipped[0]["rejected"] == 3
+    from fedpm_dnn.models import make_model
+    torch.manual_seed(0)
+    initial = make_model("cnn", 3, image_size=16).state_dict()
+    params = torch.load(ck, weights_only=False)["server"]["params"]
+    assert all(torch.equal(params[k], initial[k]) for k in params)

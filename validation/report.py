@@ -61,14 +61,16 @@ def write_history(path, histories: dict) -> None:
         w.writerow(("method",) + COLUMNS)
         for method, hist in histories.items():
             for row in hist:
-                w.writerow([method] + [repr(row[c]) if isinstance(row[c], float) else row[c] for c in COLUMNS])
+                w.writerow([method] + [repr(row[c]) if isinstance(row[c], float) else row[c] for c in COLUMNS])  # noqa
 
 
 def read_history(path) -> dict:
     out: dict = {}
     with open(path, newline="") as fh:
         for row in csv.DictReader(fh):
-            rec = {c: (int(row[c]) if c in ("round", "bytes_up", "bytes_down") else float(row[c])) for c in COLUMNS}
+            # columns added later (e.g. 'rejected') are optional, so older result files still read
+            rec = {c: (int(row[c]) if c in ("round", "bytes_up", "bytes_down", "rejected") else float(row[c]))
+                   for c in COLUMNS if c in row}
             out.setdefault(row["method"], []).append(rec)
     return out
 

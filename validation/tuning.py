@@ -17,10 +17,26 @@ import json
 import math
 import os
 
+import logging
+from contextlib import contextmanager
+
 import numpy as np
 
 from fedconvex.algorithms import make_algorithm
 from fedconvex.run import Diverged, run
+
+
+@contextmanager
+def _quiet_server():
+    """Candidates with too large a step make some clients blow up; that is the search's business,
+    not a warning for the user (rejections still show in the history's ``rejected`` column)."""
+    logger = logging.getLogger("fedpm.server")
+    was = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = was
 
 
 def score_floor(f_star: float) -> float:
@@ -81,7 +97,8 @@ def tune(problem, method: str, fixed: dict, theta0, theta_star, f_star, rounds: 
     for params in candidates(method, fixed):
         alg = make_algorithm(method, **params)
         try:
-            _, hist = run(problem, alg, theta0, rounds, stop=_race_stop(rounds, floor, best, initial_gap), **kw)
+            with _quiet_server():
+                _, hist = run(problem, alg, theta0, rounds, stop=_race_stop(rounds, floor, best, initial_gap), **kw)
         except (_Abort, Diverged, ArithmeticError) as why:
             trials.append({**params, "score": None, "stopped": str(why).split(":")[0]})
             continue

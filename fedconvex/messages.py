@@ -1,0 +1,45 @@
+"""Per-client views of the stacked messages of one round, for screening (fedconvex.screening).
+
+Messages in the simulator are stacked over the participants; screening looks at each client's
+part, and only when a reply is rejected is the message re-stacked from the remaining ones.
+"""
+from __future__ import annotations
+
+from .backend import namespace
+from .blocks import ActiveBlocks
+from .screening import psd_problem
+
+
+def client_problem(up: dict, k: int, d: int) -> str | None:
+    """None if participant k's part of ``up`` is usable, else the reason."""
+    for key, v in up.items():
+        if isinstance(v, ActiveBlocks):
+            B, a = v.blocks[k], v.active[k]
+            xp = namespace(B)
+            if a.ndim != 1 or (a.shape[0] and (int(xp.min(a)) < 0 or int(xp.max(a)) >= d)):
+                return f"{key}: feature indices outside 0..{d - 1}"
+            if tuple(B.shape) != (a.shape[0], a.shape[0]):
+                return f"{key}: block of shape {tuple(B.shape)} for {a.shape[0]} features"
+            problem = psd_problem(B)          # also reports NaN / Inf
+            if problem:
+                return f"preconditioner {key} {problem}"
+        else:
+            a = v[k]
+            xp = namespace(a)
+            if not bool(xp.all(xp.isfinite(a))):
+                return f"{key} contains NaN or Inf"
+    return None
+
+
+def keep(up: dict, rows) -> dict:
+    """The message restricted to the participants at positions ``rows``."""
+    out = {}
+    for key, v in up.items():
+        if isinstance(v, ActiveBlocks):
+            out[key] = v.take(rows)
+        elif isinstance(v, (tuple, list)):
+            out[key] = type(v)(v[r] for r in rows)
+        else:
+            xp = namespace(v)
+            out[key] = v[xp.asarray(rows)] if xp.__name__ != "torch" else v[rows]
+    return out

@@ -1,0 +1,110 @@
+"""Server robustness: unusable client replies are rejected, logged, and the round goes on."""
+import logging
+
+import numpy as np
+import pytest
+
+from fedconvex.algorithms import make_algorithm
+from fedconvex.blocks import ActiveBlocks
+from fedconvex.mixing import precond_mix
+from fedconvex.problem import FederatedLogReg
+from fedconvex.run import run
+from fedconvex.screening import psd_problem, reply_problem, screen
+from naive import random_data
+
+
+def problem(rng, n=5, d=6):
+    X, y, parts = random_data(rng, n, d)
+    return FederatedLogReg(X, y, parts, lam=1e-2)
+
+
+def corrupt_theta(client, value):
+    def tamper(round_, up):
+        up = dict(up)
+        up["theta"] = up["theta"].copy()
+        up["theta"][client, 0] = value
+        return up
+    return tamper
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_a_non_finite_reply_is_dropped_and_the_rest_reweighted(rng, caplog, value):
+    pb = problem(rng)
+    theta = rng.normal(size=pb.d)
+    alg = make_algorithm("fedpm")
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        state, hist = run(pb, alg, theta, 1, tamper=corrupt_theta(2, value))
+    assert "round 1: client 2 rejected: theta contains NaN or Inf" in caplog.text
+    assert hist[1]["rejected"] == 1
+    # the same server step on the four remaining clients, weights renormalised
+    down = alg.broadcast(alg.init(pb, theta))
+    up, _ = alg.client_update(pb, down, {}, np.arange(5), np.random.default_rng(0))
+    keep = [0, 1, 3, 4]
+    expect = precond_mix(up["P"].take(keep), up["theta"][keep], np.full(4, 0.25))
+    np.testing.assert_allclose(state.theta, expect, rtol=1e-12)
+
+
+def test_a_preconditioner_that_is_not_psd_is_rejected(rng, caplog):
+    pb = problem(rng)
+
+    def tamper(round_, up):
+        P = up["P"]
+        blocks = list(P.blocks)
+        blocks[1] = -blocks[1] - np.eye(blocks[1].shape[0])
+        return {**up, "P": ActiveBlocks(tuple(blocks), P.active, P.d, P.shift, P.flat)}
+
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        _, hist = run(pb, make_algorithm("fedpm"), rng.normal(size=pb.d), 2, tamper=tamper)
+    assert "client 1 rejected: preconditioner P is not positive semidefinite" in caplog.text
+    assert [h["rejected"] for h in hist] == [0, 1, 1]
+
+
+def test_when_nobody_is_usable_the_round_is_skipped_and_the_model_kept(rng, caplog):
+    pb = problem(rng)
+    theta = rng.normal(size=pb.d)
+
+    def tamper(round_, up):
+        P = up["P"]
+        return {**up, "P": ActiveBlocks(tuple(-b - np.eye(b.shape[0]) for b in P.blocks), P.active, P.d, P.shift,
+                                        P.flat)}
+
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        state, hist = run(pb, make_algorithm("fedpm"), theta, 2, tamper=tamper)
+    np.testing.assert_array_equal(state.theta, theta)
+    assert "round skipped, model unchanged" in caplog.text and hist[-1]["rejected"] == 5
+
+
+def test_psd_and_reply_checks():
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(5, 5))
+    P = A @ A.T
+    assert psd_problem(P) is None and psd_problem(np.zeros((0, 0))) is None
+    lowest = np.linalg.eigvalsh(P)[0]
+    assert psd_problem(P - (lowest + 1.0) * np.eye(5)) == "is not positive semidefinite"   # eigenvalue -1
+    assert psd_problem(P - lowest * np.eye(5)) is None                                   # singular PSD: fine
+    assert psd_problem(A) == "is not symmetric"
+    assert psd_problem(-P) == "is not positive semidefinite"
+    assert psd_problem(P + 1e-12 * rng.normal(size=(5, 5))) is None   # asymmetry within tolerance
+    bad = P.copy()
+    bad[2, 3] = np.nan
+    assert psd_problem(bad) == "contains NaN or Inf"
+    assert psd_problem(np.ones((2, 3))).startswith("is not a square matrix")
+    shapes = {"params": {"w": (2, 2), "b": (2,)}, "foof": {"fc": (3, 3)}}
+    good = {"params": {"w": np.ones((2, 2)), "b": np.ones(2)}, "foof": {"fc": np.eye(3)}}
+    assert reply_problem(good, shapes, {"foof"}) is None
+    assert reply_problem({**good, "params": {"w": np.ones((2, 3)), "b": np.ones(2)}}, shapes) == \
+        "params[w] has shape (2, 3), expected (2, 2)"
+    assert reply_problem({"params": good["params"]}, shapes) == "missing 'foof'"
+    assert reply_problem({**good, "foof": {"fc": -np.eye(3)}}, shapes, {"foof"}) == \
+        "preconditioner foof[fc] is not positive semidefinite"
+    kept, rejected = screen([good, {"params": good["params"]}], [7, 9], shapes, {"foof"})
+    assert kept == [0] and rejected == [(9, "missing 'foof'")]
+
+
+def test_tolerance_follows_the_matrix_precision():
+    rng = np.random.default_rng(1)
+    A = rng.normal(size=(40, 3))
+    P = A @ A.T * 100.0                          # rank 3: 37 zero eigenvalues
+    assert psd_problem(P) is None
+    assert psd_problem(P.astype(np.float32)) is None      # float32 rounding is not a reason to reject
+    assert psd_problem(-P.astype(np.float32)) == "is not positive semidefinite"

@@ -1,0 +1,1 @@
+"""FedPM and its baselines as Flower apps (flwr Message API): simulation and deployment."""

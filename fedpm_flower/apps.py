@@ -1,0 +1,123 @@
+"""Flower ServerApp / ClientApp for FedPM, LocalNewton and FedAvg (flwr 1.42 Message API).
+
+``server_app`` / ``client_app`` read their configuration from the Flower run config
+(deployment: ``flwr run --run-config``); ``make_server_app(cfg)`` / ``make_client_app(cfg)``
+bind one for the simulation engine.  The ServerApp writes the final parameters and a per-round
+history as JSON to ``cfg.out``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from . import logreg
+from .config import FlowerRunConfig
+
+log = logging.getLogger("fedpm.server")
+
+
+def _arrays(d: dict) -> ArrayRecord:
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in d.items()})
+
+
+def _numpy(record: ArrayRecord) -> dict:
+    return {k: record[k].numpy() for k in record.keys()}
+
+
+def _wait_for_nodes(grid: Grid, n: int, timeout: float) -> list:
+    """The SuperNodes to train on: all n, or after ``timeout`` those that did connect."""
+    start = time.time()
+    while True:
+        nodes = list(grid.get_node_ids())
+        if len(nodes) >= n:
+            return sorted(nodes)[:n]
+        if time.time() - start > timeout:
+            if not nodes:
+                raise TimeoutError(f"no SuperNode connected within {timeout:.0f}s")
+            log.warning("only %d of %d SuperNodes connected within %.0fs; training with them", len(nodes), n, timeout)
+            return sorted(nodes)
+        time.sleep(0.5)
+
+
+def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
+    server = logreg.Server(cfg)
+    nodes = _wait_for_nodes(grid, cfg.clients, cfg.timeout)
+    history, start = [], time.perf_counter()
+    bytes_up = bytes_down = 0
+    for t in range(1, cfg.rounds + 1):
+        down = {"theta": server.theta}
+        msgs = [Message(content=RecordDict({"arrays": _arrays(down), "config": ConfigRecord({"round": t})}),
+                        dst_node_id=node, message_type="train") for node in nodes]
+        replies, dropped = {}, 0
+        received = list(grid.send_and_receive(msgs, timeout=cfg.timeout))
+        for reply in received:
+            if reply.has_error():
+                dropped += 1
+                log.warning("round %d: node %s failed: %s", t, reply.metadata.src_node_id, reply.error.reason)
+                continue
+            p = int(reply.content["metrics"]["partition-id"])
+            replies[p] = _numpy(reply.content["arrays"])
+            bytes_up += sum(a.nbytes for a in replies[p].values())
+        dropped += len(msgs) - len(received)
+        if len(msgs) > len(received):
+            log.warning("round %d: %d of %d clients did not reply (dropped)", t, len(msgs) - len(received), len(msgs))
+        bytes_down += sum(a.nbytes for a in down.values()) * len(msgs)
+        used = server.step(replies, t)
+        history.append({"round": t, **used, "dropped": dropped, "seconds": time.perf_counter() - start,
+                        "bytes_up_per_client": bytes_up / max(1, t * cfg.clients),
+                        "bytes_down_per_client": bytes_down / max(1, t * cfg.clients)})
+    result = {"theta": server.theta.tolist(), "history": history, "config": cfg.to_run_config()}
+    if cfg.out:
+        os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
+        tmp = cfg.out + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(result, fh)
+        os.replace(tmp, cfg.out)
+    return result
+
+
+def train(msg: Message, context: Context, cfg: FlowerRunConfig) -> Message:
+    partition = int(context.node_config["partition-id"])
+    theta = msg.content["arrays"]["theta"].numpy()
+    round_ = int(msg.content["config"]["round"])
+    arrays = logreg.client_train(cfg, partition, theta, round_)
+    metrics = MetricRecord({"partition-id": partition, "num-examples": int(logreg.local_problem(cfg, partition).n_samples)})
+    return Message(content=RecordDict({"arrays": _arrays(arrays), "metrics": metrics}), reply_to=msg)
+
+
+def make_server_app(cfg: FlowerRunConfig | None = None) -> ServerApp:
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run_cfg = cfg or FlowerRunConfig.from_mapping(context.run_config)
+        try:
+            serve(grid, run_cfg)
+        except Exception as exc:  # tell the launcher why, instead of leaving it waiting
+            if run_cfg.out:
+                with open(run_cfg.out, "w") as fh:
+                    json.dump({"error": f"{type(exc).__name__}: {exc}"}, fh)
+            raise
+
+    return app
+
+
+def make_client_app(cfg: FlowerRunConfig | None = None) -> ClientApp:
+    app = ClientApp()
+
+    @app.train()
+    def _train(msg: Message, context: Context) -> Message:
+        return train(msg, context, cfg or FlowerRunConfig.from_mapping(context.run_config))
+
+    return app
+
+
+server_app = make_server_app()
+client_app = make_client_app()

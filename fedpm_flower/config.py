@@ -1,0 +1,35 @@
+"""Run configuration shared by the ServerApp, the ClientApp and the launcher.
+
+In deployment the values arrive as Flower run config (``flwr run --run-config``); in
+simulation the apps are built with them directly.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(frozen=True)
+class FlowerRunConfig:
+    problem: str = "logreg"          # logreg
+    method: str = "fedpm"            # fedpm | localnewton | fedavg
+    dataset: str = "a9a"             # bundled name or LibSVM path
+    clients: int = 3
+    rounds: int = 2
+    lr: float = 1.0
+    local_steps: int = 1
+    lam: float = 1e-3
+    seed: int = 0
+    precond_dtype: str = "float64"   # how preconditioners travel: float64 | float32 | float16
+    timeout: float = 120.0           # seconds the server waits for replies in a round
+    out: str = ""                    # where the ServerApp writes its result JSON
+
+    def to_run_config(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_mapping(cls, values) -> "FlowerRunConfig":
+        kw = {}
+        for f in fields(cls):
+            if f.name in values:
+                kw[f.name] = type(f.default)(values[f.name])
+        return cls(**kw)

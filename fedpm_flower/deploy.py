@@ -1,0 +1,218 @@
+"""Local deployment: one SuperLink and N SuperNodes on 127.0.0.1 as child processes, then ``flwr run``.
+
+Every process started here is stopped by pid when the run ends -- normally, on an error, or on
+Ctrl-C / SIGTERM.  Telemetry is off and FLWR_HOME is a private temporary folder, so nothing
+outside loopback is contacted and the user's ~/.flwr is untouched.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from .config import FlowerRunConfig
+
+APP_TOML = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fedpm-flower-app"
+version = "1.0.0"
+description = "FedPM on Flower (the code lives in the installed fedpm_flower package)"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "fedpm"
+
+[tool.flwr.app.components]
+serverapp = "fedpm_flower.apps:server_app"
+clientapp = "fedpm_flower.apps:client_app"
+
+[tool.flwr.app.config]
+{config}
+"""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    return repr(v)
+
+
+class LocalFederation:
+    """Context manager owning the SuperLink and SuperNode processes."""
+
+    def __init__(self, clients: int, workdir: str | None = None, log_dir: str | None = None):
+        self.clients = clients
+        self.dir = workdir or tempfile.mkdtemp(prefix="fedpm-flower-")
+        self.log_dir = log_dir or os.path.join(self.dir, "logs")
+        self.procs: list[subprocess.Popen] = []
+        self.env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_HOME": os.path.join(self.dir, "flwr-home"),
+                    "PYTHONUNBUFFERED": "1"}
+        self.control = self.fleet = None
+
+    def _start(self, name, args):
+        log = open(os.path.join(self.log_dir, f"{name}.log"), "w")
+        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.dir,
+                             start_new_session=True)   # its own group: ServerApp/ClientApp children stop with it
+        self.procs.append(p)
+        return p
+
+    def __enter__(self):
+        os.makedirs(self.log_dir, exist_ok=True)
+        os.makedirs(self.env["FLWR_HOME"], exist_ok=True)
+        # flwr 1.42 serves the Runtime, Control and Fleet APIs on one HTTP address
+        port = free_port()
+        self.fleet = self.control = port
+        self._start("superlink", ["flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(port),
+                                  "--database", ":flwr-in-memory-state:"])
+        for i in range(self.clients):
+            self._start(f"supernode-{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.fleet}",
+                                           "--host", "127.0.0.1", "--port", str(free_port()),
+                                           "--node-config", f"partition-id={i} num-partitions={self.clients}"])
+        with open(os.path.join(self.env["FLWR_HOME"], "config.toml"), "w") as fh:
+            fh.write(f'[superlink]\ndefault = "fedpm"\n\n[superlink.fedpm]\naddress = "127.0.0.1:{self.control}"\n'
+                     "insecure = true\n")
+        self._old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM,)}
+        return self
+
+    def _on_signal(self, signum, frame):
+        self.stop()
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def alive(self) -> list[int]:
+        return [p.pid for p in self.procs if p.poll() is None]
+
+    def descendants(self) -> list[int]:
+        """Every live process below the ones started here (SuperExec starts the ServerApp and
+        ClientApp processes in sessions of their own, out of reach of a process-group signal)."""
+        parent = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as fh:
+                        fields = fh.read().rsplit(")", 1)[1].split()
+                    if fields[0] != "Z":
+                        parent[int(entry)] = int(fields[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+        roots, found, changed = {p.pid for p in self.procs}, set(), True
+        while changed:
+            changed = False
+            for pid, ppid in parent.items():
+                if pid not in found and (ppid in roots or ppid in found):
+                    found.add(pid)
+                    changed = True
+        return sorted(found)
+
+    def stop(self):
+        stragglers = self.descendants() if os.path.isdir("/proc") else []
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for pid in stragglers:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + 10
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+        for pid in stragglers:
+            try:
+                os.kill(pid, signal.SIGKILL)   # no-op for those that already ended
+            except ProcessLookupError:
+                pass
+
+    def __exit__(self, *exc):
+        self.stop()
+        for s, h in getattr(self, "_old", {}).items():
+            signal.signal(s, h)
+        return False
+
+    def kill_node(self, i: int) -> None:
+        """Kill SuperNode i (and its ClientApp processes): a client dropping out mid-run."""
+        p = self.procs[1 + i]
+        for pid in [q for q in self.descendants() if _parent_chain_has(q, p.pid)] + [p.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait()
+
+    def run(self, cfg: FlowerRunConfig, timeout: float = 600.0, on_submitted=None) -> dict:
+        """Submit the app with ``flwr run`` and wait for the ServerApp's result file."""
+        app = os.path.join(self.dir, "app")
+        os.makedirs(app, exist_ok=True)
+        values = cfg.to_run_config()
+        values["out"] = cfg.out or os.path.join(self.dir, "result.json")
+        with open(os.path.join(app, "pyproject.toml"), "w") as fh:
+            fh.write(APP_TOML.format(config="\n".join(f"{k} = {_toml_value(v)}" for k, v in values.items())))
+        out = values["out"]
+        if os.path.exists(out):
+            os.remove(out)
+        submit = subprocess.run(["flwr", "run", app, "fedpm"], env=self.env, cwd=self.dir, capture_output=True,
+                                text=True, timeout=120)
+        if submit.returncode != 0:
+            text = [ln.strip(" │╭╮╰╯─") for ln in (submit.stdout + submit.stderr).splitlines()]
+            raise RuntimeError("flwr run failed: " + " ".join(t for t in text if t)[-400:])
+        if on_submitted is not None:
+            on_submitted(self)
+        start = time.time()
+        while not os.path.exists(out):
+            dead = [p.args[0] for p in self.procs[:1] if p.poll() is not None]   # the SuperLink must live
+            if dead:
+                raise RuntimeError(f"{dead[0]} exited early; see the logs in {self.log_dir}")
+            if time.time() - start > timeout:
+                raise TimeoutError(f"no result after {timeout:.0f}s; see the logs in {self.log_dir}")
+            time.sleep(0.5)
+        time.sleep(0.2)  # the ServerApp replaces the file atomically; let a just-written one settle
+        with open(out) as fh:
+            result = json.load(fh)
+        if "error" in result:
+            raise RuntimeError(f"the ServerApp failed: {result['error']}")
+        return result
+
+
+def _parent_chain_has(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid == ancestor:
+            return True
+    return False
+
+
+def cleanup(path):
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,109 @@
+"""Logistic regression on Flower: the fedconvex algorithms, split into what a SuperNode runs and
+what the ServerApp runs.  The client runs ``client_update`` on a one-client problem holding its
+partition; the server screens the replies and calls the same ``server_update`` (FedPM: precond_mix)."""
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+
+from fedconvex.algorithms import make_algorithm
+from fedconvex.algorithms.base import RoundInfo
+from fedconvex.blocks import ActiveBlocks
+from fedconvex.data import load_dataset, sequential_split
+from fedconvex.problem import FederatedLogReg
+from fedconvex.run import blas_single_thread
+from fedconvex.screening import psd_problem, reply_problem
+
+log = logging.getLogger("fedpm.server")
+METHODS = ("fedpm", "localnewton", "fedavg")
+_LOCAL = {}
+
+
+def algorithm(cfg):
+    if cfg.method not in METHODS:
+        raise ValueError(f"method {cfg.method!r} is not available on Flower; choose {', '.join(METHODS)}")
+    return make_algorithm(cfg.method, lr=cfg.lr, local_steps=cfg.local_steps)
+
+
+def split(cfg, n_rows):
+    return sequential_split(n_rows, cfg.clients)
+
+
+def local_problem(cfg, partition: int) -> FederatedLogReg:
+    """The partition a SuperNode holds: rows [p M, (p+1) M) of the file (cached per process)."""
+    key = (cfg.dataset, cfg.clients, partition, cfg.lam)
+    if key not in _LOCAL:
+        ds = load_dataset(cfg.dataset)
+        part = split(cfg, ds.n)[partition]
+        _LOCAL[key] = FederatedLogReg(ds.X, ds.y, [part], lam=cfg.lam)
+    return _LOCAL[key]
+
+
+def client_train(cfg, partition: int, theta: np.ndarray, round_: int) -> dict:
+    """One client's update; returns the arrays it sends."""
+    problem = local_problem(cfg, partition)
+    alg = algorithm(cfg)
+    rng = np.random.default_rng([cfg.seed, round_, partition])
+    with blas_single_thread():
+        up, _ = alg.client_update(problem, {"theta": theta}, {}, np.array([0]), rng)
+    out = {"theta": np.ascontiguousarray(up["theta"][0])}
+    if "P" in up:
+        out["P_block"] = np.ascontiguousarray(up["P"].blocks[0], dtype=cfg.precond_dtype)
+        out["P_active"] = np.asarray(up["P"].active[0], dtype=np.int64)
+    return out
+
+
+def reply_issue(cfg, reply: dict, d: int) -> str | None:
+    """None if a client's reply is usable, else the reason (shape, NaN/Inf, preconditioner)."""
+    problem = reply_problem(reply, {"theta": (d,)})
+    if problem or cfg.method != "fedpm":
+        return problem
+    if "P_block" not in reply or "P_active" not in reply:
+        return "missing the preconditioner"
+    B, a = reply["P_block"], reply["P_active"]
+    if a.ndim != 1 or (len(a) and (a.min() < 0 or a.max() >= d or len(np.unique(a)) != len(a))):
+        return f"preconditioner feature indices are not distinct values in 0..{d - 1}"
+    if B.shape != (len(a), len(a)):
+        return f"preconditioner block has shape {B.shape} for {len(a)} features"
+    problem = psd_problem(B)
+    return None if problem is None else f"preconditioner {problem}"
+
+
+class Server:
+    """The ServerApp's state between rounds (global parameters and algorithm state)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        ds = load_dataset(cfg.dataset)   # only the number of features is read on the server
+        self.d = ds.d
+        self.alg = algorithm(cfg)
+        self.stub = SimpleNamespace(xp=np, d=self.d, lam=cfg.lam, n_clients=cfg.clients,
+                                    client_weights=np.full(cfg.clients, 1.0 / cfg.clients))
+        self.state = self.alg.init(self.stub, np.zeros(self.d))
+
+    @property
+    def theta(self):
+        return self.state.theta
+
+    def step(self, replies: dict, round_: int) -> dict:
+        """replies: partition -> arrays.  Screens, then applies the method's server update."""
+        kept, rejected = [], []
+        for p in sorted(replies):
+            issue = reply_issue(self.cfg, replies[p], self.d)
+            if issue:
+                rejected.append(p)
+                log.warning("round %d: client %d rejected: %s", round_, p, issue)
+            else:
+                kept.append(p)
+        if not kept:
+            log.warning("round %d: no usable client reply, round skipped, model unchanged", round_)
+            return {"used": 0, "rejected": len(rejected)}
+        up = {"theta": np.stack([replies[p]["theta"] for p in kept])}
+        if self.cfg.method == "fedpm":
+            up["P"] = ActiveBlocks(tuple(replies[p]["P_block"].astype(np.float64) for p in kept),
+                                   tuple(replies[p]["P_active"] for p in kept), self.d, self.cfg.lam)
+        info = RoundInfo(sel=np.array(kept), weights=np.full(len(kept), 1.0 / len(kept)), n_clients=self.cfg.clients)
+        self.state = self.alg.server_update(self.stub, self.state, up, info)
+        return {"used": len(kept), "rejected": len(rejected)}

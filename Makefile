@@ -6,7 +6,7 @@ DATA ?= $(FEDPM_DATA)
 .PHONY: install test figures superlinear bench
 
 install:
-	$(PYTHON) -m pip install -e ".[dev,dnn]"
+	$(PYTHON) -m pip install -e ".[dev,dnn,flower]"
 
 test:
 	$(PYTHON) -m pytest -q

@@ -180,6 +180,9 @@ def factorize(A: dict, damping: float, dtype=None) -> dict:
     out = {}
     for name, M in A.items():
         M64 = M.to(torch.float64)
+        if not bool(torch.isfinite(M64).all()):
+            raise ArithmeticError(f"FOOF matrix of {name} contains NaN or Inf: local training diverged "
+                                  "(lower --lr or set --clip)")
         eye = torch.eye(M.shape[0], dtype=torch.float64, device=M.device)
         L, info = torch.linalg.cholesky_ex(M64 + damping * eye)
         if int(info) != 0:

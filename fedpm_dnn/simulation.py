@@ -67,9 +67,29 @@ def evaluate(model, x, y, mean, std, batch=1000) -> float:
     return correct / max(len(x), 1)
 
 
+def _reset_peak_memory(device) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:  # Linux: writing 5 to clear_refs resets this process's peak RSS (VmHWM)
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
 def _peak_memory_mb(device) -> float:
+    """Peak memory of the round: CUDA allocator peak, or on CPU the process's peak RSS since the
+    round started (where the OS cannot reset it, since the process started)."""
     if str(device).startswith("cuda"):
         return torch.cuda.max_memory_allocated(device) / 2 ** 20
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
 
 
@@ -143,8 +163,7 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
         rng.bit_generator.state = ck["np_rng"]
     wall0 = time.perf_counter() - (history[-1]["wall_seconds"] if history else 0.0)
     for t in range(len(history) + 1, exp.rounds + 1):
-        if str(dev).startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats(dev)
+        _reset_peak_memory(dev)
         k = exp.participants or n
         sel = np.sort(rng.choice(n, k, replace=False)) if k < n else np.arange(n)
         replies, client_seconds, losses = [], 0.0, []

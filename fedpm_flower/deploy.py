@@ -43,6 +43,15 @@ clientapp = "fedpm_flower.apps:client_app"
 """
 
 
+def write_app(folder: str, cfg: FlowerRunConfig | None) -> str:
+    """The Flower app folder `flwr run` needs (its code is the installed fedpm_flower package)."""
+    os.makedirs(folder, exist_ok=True)
+    values = (cfg or FlowerRunConfig()).to_run_config()
+    with open(os.path.join(folder, "pyproject.toml"), "w") as fh:
+        fh.write(APP_TOML.format(config="\n".join(f"{k} = {_toml_value(v)}" for k, v in values.items())))
+    return folder
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -170,13 +179,8 @@ class LocalFederation:
 
     def run(self, cfg: FlowerRunConfig, timeout: float = 600.0, on_submitted=None) -> dict:
         """Submit the app with ``flwr run`` and wait for the ServerApp's result file."""
-        app = os.path.join(self.dir, "app")
-        os.makedirs(app, exist_ok=True)
-        values = cfg.to_run_config()
-        values["out"] = cfg.out or os.path.join(self.dir, "result.json")
-        with open(os.path.join(app, "pyproject.toml"), "w") as fh:
-            fh.write(APP_TOML.format(config="\n".join(f"{k} = {_toml_value(v)}" for k, v in values.items())))
-        out = values["out"]
+        out = cfg.out or os.path.join(self.dir, "result.json")
+        app = write_app(os.path.join(self.dir, "app"), FlowerRunConfig(**{**cfg.to_run_config(), "out": out}))
         if os.path.exists(out):
             os.remove(out)
         submit = subprocess.run(["flwr", "run", app, "fedpm"], env=self.env, cwd=self.dir, capture_output=True,

@@ -202,3 +202,8 @@ def test_small_damping_on_large_rank_deficient_activations():
     rebuilt = L.double() @ L.double().T
     assert torch.linalg.norm(rebuilt - (A.double() + 1e-4 * eye)) < 1e-6 * torch.linalg.norm(A.double())
     assert torch.linalg.eigvalsh(rebuilt).min() > 0.5e-4                        # damping kept
+
+
+def test_non_finite_matrix_names_divergence_not_damping():
+    with pytest.raises(ArithmeticError, match="local training diverged"):
+        foof.factorize({"conv2": torch.full((3, 3), float("nan"))}, 1.0)

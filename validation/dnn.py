@@ -197,6 +197,13 @@ def main(argv=None) -> int:
     try:
         history = run_experiment(exp, checkpoint=ckpt, resume=args.resume, on_round=on_round)
     except (ArithmeticError, ValueError) as exc:
+        # keep what the run reached, and say why it stopped (a re-run would stop the same way)
+        summary_path = os.path.join(args.out, "summary.json")
+        if isinstance(exc, ArithmeticError) and os.path.isfile(summary_path):
+            with open(summary_path) as fh:
+                partial = json.load(fh)
+            partial["failed"] = str(exc)
+            write_atomic(summary_path, json.dumps(partial, indent=2))
         common.fail(PROG, exc)
     summary = summarize(desc, history, command)
     write_outputs(args.out, history, summary)

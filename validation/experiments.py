@@ -86,7 +86,9 @@ def is_done(run: Run, folder: str) -> bool:
     if run.kind == "superlinear":
         return True
     with open(path) as fh:
-        return json.load(fh).get("rounds_done", 0) >= run.rounds
+        summary = json.load(fh)
+    # a run that diverged has recorded why; re-running it would diverge at the same round
+    return summary.get("rounds_done", 0) >= run.rounds or "failed" in summary
 
 
 def data_available(dataset: str, data_dir: str | None) -> bool:

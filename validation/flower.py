@@ -37,6 +37,8 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=common.positive_float, default=300.0)
     p.add_argument("--check", action="store_true", help="compare with the in-process run")
     p.add_argument("--out", default=None, help="default results/flower-<problem>-<method>-<mode>")
+    p.add_argument("--write-app", metavar="DIR", default=None,
+                   help="only write the Flower app folder (pyproject.toml) for `flwr run` on a remote SuperLink")
     args = p.parse_args(argv)
     if args.out is None:
         args.out = os.path.join("results", f"flower-{args.problem}-{args.method}-{args.mode}")
@@ -76,6 +78,13 @@ def run_flower(cfg, mode: str, timeout: float) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.write_app:
+        from fedpm_flower.deploy import write_app
+
+        write_app(args.write_app, None)
+        print(f"wrote {args.write_app}/pyproject.toml; submit with: flwr run {args.write_app} <connection> "
+              f"--run-config \"method='fedpm' clients=N rounds=T out='/path/on/the/server/result.json'\"")
+        return 0
     if args.problem == "cnn":
         common.fail(PROG, NotImplementedError("--problem cnn is not available on Flower yet; use --problem logreg "
                                               "(the CNN runs in-process: python -m validation.dnn)"))

@@ -26,6 +26,7 @@ build-backend = "hatchling.build"
 name = "fedpm-flower-app"
 version = "1.0.0"
 description = "FedPM on Flower (the code lives in the installed fedpm_flower package)"
+license = "MIT"
 dependencies = []
 
 [tool.hatch.build.targets.wheel]
@@ -97,11 +98,26 @@ class LocalFederation:
             self._start(f"supernode-{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.fleet}",
                                            "--host", "127.0.0.1", "--port", str(free_port()),
                                            "--node-config", f"partition-id={i} num-partitions={self.clients}"])
+        self._wait_listening(port, 60.0)
         with open(os.path.join(self.env["FLWR_HOME"], "config.toml"), "w") as fh:
             fh.write(f'[superlink]\ndefault = "fedpm"\n\n[superlink.fedpm]\naddress = "127.0.0.1:{self.control}"\n'
                      "insecure = true\n")
         self._old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM,)}
         return self
+
+    def _wait_listening(self, port: int, timeout: float) -> None:
+        """Block until the SuperLink accepts connections (``flwr run`` fails before that)."""
+        start = time.time()
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.settimeout(1.0)
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            if self.procs[0].poll() is not None or time.time() - start > timeout:
+                self.stop()
+                raise RuntimeError(f"the SuperLink did not start listening on 127.0.0.1:{port}; "
+                                   f"see {self.log_dir}/superlink.log")
+            time.sleep(0.2)
 
     def _on_signal(self, signum, frame):
         self.stop()

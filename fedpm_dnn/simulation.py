@@ -102,6 +102,32 @@ def client_generator(seed: int, round_: int, client: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(mixed) & (2 ** 63 - 1))
 
 
+def client_round(cfg, model, blocks, data, cs: dict, params: dict, control, gen):
+    """One client's round, shared by this simulator and the Flower ClientApp: load the global
+    model, train locally, and build the reply.  ``cs`` is the client's persistent state
+    (FOOF matrices and first-layer cache, SCAFFOLD control), updated in place."""
+    _load(model, params)
+    if cfg.uses_foof and "foof" not in cs:   # first participation: matrices at the received model
+        cs["foof"] = foof_matrices(model, blocks, data, cfg.foof_samples, gen, cs.setdefault("foof_static", {}))
+    if cfg.name == "scaffold" and "control" not in cs:
+        cs["control"] = {k: torch.zeros_like(v) for k, v in params.items()}
+    loss, steps, _ = local_train(model, cfg, data, gen, global_params=params, control=control,
+                                 client_control=cs.get("control"), foof_A=cs.get("foof"), blocks=blocks,
+                                 foof_static=cs.get("foof_static"))
+    local = {k: v.detach().clone() for k, v in model.named_parameters()}
+    reply = {"params": local}
+    if cfg.uses_foof:   # matrices at the end of the round: mixing now, local steps next round
+        cs["foof"] = foof_matrices(model, blocks, data, cfg.foof_samples, gen, cs.setdefault("foof_static", {}))
+        if cfg.name == "fedpm":
+            wire = torch.float16 if cfg.precond_dtype == "float16" else torch.float32
+            reply["foof"] = {k: v.to(wire) for k, v in cs["foof"].items()}
+    if cfg.name == "scaffold":
+        new_c = {k: cs["control"][k] - control[k] + (params[k] - local[k]) / (steps * cfg.lr) for k in local}
+        reply["dcontrol"] = {k: new_c[k] - cs["control"][k] for k in local}
+        cs["control"] = new_c
+    return reply, loss
+
+
 def _load(model, params):
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -169,29 +195,9 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
         replies, client_seconds, losses = [], 0.0, []
         down = {"params": state["params"], **({"control": state["control"]} if cfg.name == "scaffold" else {})}
         for i in sel:
-            data, cs = exp.clients[i], client_state[i]
-            gen = client_generator(exp.seed, t, int(i))
-            _load(model, state["params"])
             start = time.perf_counter()
-            if cfg.uses_foof and "foof" not in cs:   # first participation: matrices at the received model
-                cs["foof"] = foof_matrices(model, blocks, data, cfg.foof_samples, gen, cs.setdefault("foof_static", {}))
-            if cfg.name == "scaffold" and "control" not in cs:
-                cs["control"] = {kk: torch.zeros_like(v) for kk, v in state["params"].items()}
-            loss, steps, _ = local_train(model, cfg, data, gen, global_params=state["params"],
-                                         control=state.get("control"), client_control=cs.get("control"),
-                                         foof_A=cs.get("foof"), blocks=blocks, foof_static=cs.get("foof_static"))
-            local = {kk: v.detach().clone() for kk, v in model.named_parameters()}
-            reply = {"params": local}
-            if cfg.uses_foof:   # matrices at the end of the round: mixing now, local steps next round
-                cs["foof"] = foof_matrices(model, blocks, data, cfg.foof_samples, gen, cs.setdefault("foof_static", {}))
-                if cfg.name == "fedpm":
-                    wire = torch.float16 if cfg.precond_dtype == "float16" else torch.float32
-                    reply["foof"] = {kk: v.to(wire) for kk, v in cs["foof"].items()}
-            if cfg.name == "scaffold":
-                new_c = {kk: cs["control"][kk] - state["control"][kk] + (state["params"][kk] - local[kk]) / (steps * cfg.lr)
-                         for kk in local}
-                reply["dcontrol"] = {kk: new_c[kk] - cs["control"][kk] for kk in local}
-                cs["control"] = new_c
+            reply, loss = client_round(cfg, model, blocks, exp.clients[i], client_state[i], state["params"],
+                                       state.get("control"), client_generator(exp.seed, t, int(i)))
             if str(dev).startswith("cuda"):
                 torch.cuda.synchronize(dev)
             client_seconds += time.perf_counter() - start

@@ -20,6 +20,14 @@ from flwr.serverapp import Grid, ServerApp
 from . import logreg
 from .config import FlowerRunConfig
 
+
+def _server(cfg):
+    if cfg.problem == "cnn":
+        from .cnn import CnnServer
+
+        return CnnServer(cfg)
+    return logreg.Server(cfg)
+
 log = logging.getLogger("fedpm.server")
 
 
@@ -47,12 +55,12 @@ def _wait_for_nodes(grid: Grid, n: int, timeout: float) -> list:
 
 
 def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
-    server = logreg.Server(cfg)
+    server = _server(cfg)
     nodes = _wait_for_nodes(grid, cfg.clients, cfg.timeout)
     history, start = [], time.perf_counter()
     bytes_up = bytes_down = 0
     for t in range(1, cfg.rounds + 1):
-        down = {"theta": server.theta}
+        down = server.broadcast() if hasattr(server, "broadcast") else {"theta": server.theta}
         msgs = [Message(content=RecordDict({"arrays": _arrays(down), "config": ConfigRecord({"round": t})}),
                         dst_node_id=node, message_type="train") for node in nodes]
         replies, dropped = {}, 0
@@ -85,10 +93,20 @@ def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
 
 def train(msg: Message, context: Context, cfg: FlowerRunConfig) -> Message:
     partition = int(context.node_config["partition-id"])
-    theta = msg.content["arrays"]["theta"].numpy()
     round_ = int(msg.content["config"]["round"])
-    arrays = logreg.client_train(cfg, partition, theta, round_)
-    metrics = MetricRecord({"partition-id": partition, "num-examples": int(logreg.local_problem(cfg, partition).n_samples)})
+    if cfg.problem == "cnn":
+        from . import cnn
+
+        # the node's FOOF matrices persist between rounds in its Context state
+        state = _numpy(context.state["foof_state"]) if "foof_state" in context.state else {}
+        arrays, _ = cnn.client_train(cfg, partition, _numpy(msg.content["arrays"]), round_, state)
+        context.state["foof_state"] = _arrays(state)
+        metrics = MetricRecord({"partition-id": partition})
+    else:
+        theta = msg.content["arrays"]["theta"].numpy()
+        arrays = logreg.client_train(cfg, partition, theta, round_)
+        metrics = MetricRecord({"partition-id": partition,
+                                "num-examples": int(logreg.local_problem(cfg, partition).n_samples)})
     return Message(content=RecordDict({"arrays": _arrays(arrays), "metrics": metrics}), reply_to=msg)
 
 

@@ -118,3 +118,35 @@ def test_float16_preconditioners_halve_the_upload():
     b64 = client_train(base, 0, theta, 1)["P_block"].nbytes
     b16 = client_train(FlowerRunConfig(**{**base.to_run_config(), "precond_dtype": "float16"}), 0, theta, 1)["P_block"]
     assert b16.dtype == np.float16 and b16.nbytes * 4 == b64
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fedpm", "localnewton"])
+def test_cnn_simulation_gives_the_in_process_model(tmp_path, method):
+    from fedpm_flower.cnn import in_process as cnn_in_process
+
+    cfg = FlowerRunConfig(problem="cnn", method=method, clients=3, rounds=2, lr=0.1, out=str(tmp_path / "r.json"))
+    result = run_flower(cfg, "simulation", 300)
+    np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_cnn_deployment_gives_the_in_process_model(tmp_path):
+    from fedpm_flower.cnn import in_process as cnn_in_process
+
+    cfg = FlowerRunConfig(problem="cnn", method="fedpm", clients=3, rounds=2, lr=0.1, out=str(tmp_path / "r.json"))
+    result = run_flower(cfg, "deployment", 300)
+    np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg), rtol=1e-5, atol=1e-6)
+    assert result["history"][-1]["bytes_up_per_client"] > result["history"][-1]["bytes_down_per_client"]
+
+
+def test_cnn_server_rejects_a_bad_preconditioner(caplog):
+    from fedpm_flower.cnn import CnnServer, client_train
+
+    cfg = FlowerRunConfig(problem="cnn", method="fedpm", clients=2, rounds=1, lr=0.1)
+    server = CnnServer(cfg)
+    replies = {p: client_train(cfg, p, server.broadcast(), 1, {})[0] for p in range(2)}
+    replies[1]["foof/fc3"] = -replies[1]["foof/fc3"]
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        assert server.step(replies, 1) == {"used": 1, "rejected": 1}
+    assert "client 1 rejected: preconditioner foof[fc3] is not positive semidefinite" in caplog.text

@@ -1,0 +1,124 @@
+"""The CNN (FOOF) on Flower: a SuperNode runs fedpm_dnn's ``client_round`` -- the very function the
+in-process simulator runs -- on its partition, keeping its FOOF matrices in the node's state; the
+ServerApp screens the replies and applies fedpm_dnn's ``aggregate`` (FedPM: precond_mix per block).
+Data: the seeded synthetic task (every process rebuilds the same partitions)."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from fedpm_dnn import foof
+from fedpm_dnn.client import ClientData
+from fedpm_dnn.data.synthetic import MEAN, STD, synthetic_task
+from fedpm_dnn.methods import MethodConfig
+from fedpm_dnn.models import make_model
+from fedpm_dnn.server import aggregate, init_server_state
+from fedpm_dnn.simulation import client_generator, client_round, reply_shapes, screen_replies
+
+log = logging.getLogger("fedpm.server")
+CLASSES, IMAGE = 3, 16
+_CACHE = {}
+
+
+def method_config(cfg) -> MethodConfig:
+    return MethodConfig(cfg.method, lr=cfg.lr, local_epochs=cfg.local_steps, batch_size=16, damping=1.0, clip=1.0,
+                        weight_decay=1e-4, precond_dtype="float16" if cfg.precond_dtype == "float16" else "float32")
+
+
+def task(cfg):
+    key = ("task", cfg.clients, cfg.seed)
+    if key not in _CACHE:
+        _CACHE[key] = synthetic_task(cfg.clients, seed=cfg.seed, classes=CLASSES, image_size=IMAGE)
+    return _CACHE[key]
+
+
+def new_model(seed):
+    torch.manual_seed(seed)
+    model = make_model("cnn", CLASSES, image_size=IMAGE)
+    return model, foof.foof_blocks(model)
+
+
+def client_data(cfg, partition):
+    x, y = task(cfg)[0][partition]
+    return ClientData(torch.as_tensor(x), torch.as_tensor(y), MEAN, STD)
+
+
+def client_train(cfg, partition: int, params: dict, round_: int, state: dict) -> tuple[dict, float]:
+    """``state`` (name -> numpy array) is the node's persistent FOOF state, updated in place."""
+    model, blocks = _CACHE.setdefault(("model", cfg.seed), new_model(cfg.seed))
+    cs = {}
+    for key in ("foof", "foof_static"):
+        entries = {k.split("/", 1)[1]: torch.as_tensor(v) for k, v in state.items() if k.startswith(key + "/")}
+        if entries or key == "foof_static" and "has_static" in state:
+            cs[key] = entries
+    received = {k.split("/", 1)[1]: torch.as_tensor(v) for k, v in params.items() if k.startswith("params/")}
+    reply, loss = client_round(method_config(cfg), model, blocks, client_data(cfg, partition), cs, received, None,
+                               client_generator(cfg.seed, round_, partition))
+    state.clear()
+    for key in ("foof", "foof_static"):
+        for k, v in cs.get(key, {}).items():
+            state[f"{key}/{k}"] = v.numpy()
+    if "foof_static" in cs:
+        state["has_static"] = np.zeros(0)
+    out = {f"params/{k}": v.numpy() for k, v in reply["params"].items()}
+    out.update({f"foof/{k}": v.numpy() for k, v in reply.get("foof", {}).items()})
+    return out, loss
+
+
+def unflatten(arrays: dict) -> dict:
+    reply = {}
+    for k, v in arrays.items():
+        group, name = k.split("/", 1)
+        reply.setdefault(group, {})[name] = torch.as_tensor(v)
+    return reply
+
+
+class CnnServer:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.mcfg = method_config(cfg)
+        model, self.blocks = new_model(cfg.seed)   # the same initial model as the in-process simulator
+        self.state = init_server_state(self.mcfg, {k: v.detach().clone() for k, v in model.named_parameters()})
+        self.shapes = reply_shapes(self.mcfg, self.state["params"], self.blocks)
+
+    @property
+    def theta(self) -> np.ndarray:
+        return torch.cat([p.reshape(-1) for p in self.state["params"].values()]).numpy().astype(np.float64)
+
+    def broadcast(self) -> dict:
+        return {f"params/{k}": v.numpy() for k, v in self.state["params"].items()}
+
+    def step(self, replies: dict, round_: int) -> dict:
+        parts = sorted(replies)
+        unpacked = [unflatten(replies[p]) for p in parts]
+        try:
+            kept, rejected = screen_replies(self.mcfg, unpacked, np.array(parts), self.shapes, round_)
+        except ArithmeticError as exc:
+            log.warning("round %d: %s; round skipped", round_, exc)
+            return {"used": 0, "rejected": len(parts)}
+        if kept:
+            weights = torch.full((len(kept),), 1.0 / len(kept))
+            self.state = aggregate(self.mcfg, self.state, [unpacked[k] for k in kept], weights, self.cfg.clients,
+                                   self.blocks)
+        return {"used": len(kept), "rejected": len(rejected)}
+
+
+def in_process(cfg) -> np.ndarray:
+    """The same method and data in fedpm_dnn's in-process simulator: final parameters, flattened."""
+    import os
+    import tempfile
+
+    from fedpm_dnn.simulation import Experiment, run_experiment
+
+    parts, (xt, yt) = task(cfg)
+    clients = [ClientData(torch.as_tensor(x), torch.as_tensor(y), MEAN, STD) for x, y in parts]
+    exp = Experiment(cfg=method_config(cfg), model="cnn", num_classes=CLASSES, clients=clients,
+                     x_test=torch.as_tensor(xt), y_test=torch.as_tensor(yt), mean=MEAN, std=STD, rounds=cfg.rounds,
+                     seed=cfg.seed, image_size=IMAGE)
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = os.path.join(tmp, "ck.pt")
+        run_experiment(exp, checkpoint=ck)
+        params = torch.load(ck, weights_only=False)["server"]["params"]
+    return torch.cat([p.reshape(-1) for p in params.values()]).numpy().astype(np.float64)

@@ -38,7 +38,7 @@ def server_optimizer(cfg):
 
 
 def init_server_state(cfg, params: dict) -> dict:
-    state = {"params": {k: v.clone() for k, v in params.items()}, "round": 0}
+    state = {"params": {k: v.detach().clone() for k, v in params.items()}, "round": 0}
     if cfg.name in ("fedavg", "fedprox", "fedavgm", "fedadam"):
         state["opt"] = server_optimizer(cfg).init(flatten(params))
     if cfg.name == "scaffold":

@@ -85,10 +85,10 @@ class CnnServer:
 
     @property
     def theta(self) -> np.ndarray:
-        return torch.cat([p.reshape(-1) for p in self.state["params"].values()]).numpy().astype(np.float64)
+        return torch.cat([p.detach().reshape(-1) for p in self.state["params"].values()]).numpy().astype(np.float64)
 
     def broadcast(self) -> dict:
-        return {f"params/{k}": v.numpy() for k, v in self.state["params"].items()}
+        return {f"params/{k}": v.detach().numpy() for k, v in self.state["params"].items()}
 
     def step(self, replies: dict, round_: int) -> dict:
         parts = sorted(replies)
@@ -121,4 +121,4 @@ def in_process(cfg) -> np.ndarray:
         ck = os.path.join(tmp, "ck.pt")
         run_experiment(exp, checkpoint=ck)
         params = torch.load(ck, weights_only=False)["server"]["params"]
-    return torch.cat([p.reshape(-1) for p in params.values()]).numpy().astype(np.float64)
+    return torch.cat([p.detach().reshape(-1) for p in params.values()]).numpy().astype(np.float64)

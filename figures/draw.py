@@ -107,40 +107,31 @@ def _best_line(ax, xs, by_x, method, label):
     ax.fill_between(x, mu - sd, mu + sd, alpha=0.2, color=line.get_color())
 
 
-def local_epochs(root, out_dir, note=""):
+def _sweep(root, prefix, values, xlabel, title, stem, out_dir, note):
+    """Best accuracy (mean +- std over seeds) of each method over one swept setting."""
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    epochs = (1, 5, 10)
     for m in ORDER:
-        by = [best_by_seed(root, f"epochs-{e}", [m]).get(m, []) for e in epochs]
-        _best_line(ax, epochs, by, m, LABELS[m])
+        _best_line(ax, values, [best_by_seed(root, prefix.format(v), [m]).get(m, []) for v in values], m, LABELS[m])
     if not ax.lines:
         plt.close(fig)
         return [], None
-    ax.set_xlabel("local epochs per round (total local epochs fixed)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("best test accuracy [%]")
-    ax.set_xticks(epochs)
+    ax.set_xticks(values)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title("CIFAR-10, alpha=0.1: local epochs" + (f"\n{note}" if note else ""), fontsize=9)
-    return save(fig, out_dir, "local_epochs"), fig
+    ax.set_title(title + (f"\n{note}" if note else ""), fontsize=9)
+    return save(fig, out_dir, stem), fig
+
+
+def local_epochs(root, out_dir, note=""):
+    return _sweep(root, "epochs-{}", (1, 5, 10), "local epochs per round (total local epochs fixed)",
+                  "CIFAR-10, alpha=0.1: local epochs", "local_epochs", out_dir, note)
 
 
 def client_sampling(root, out_dir, note=""):
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    parts = (2, 5, 8, 10)
-    for m in ORDER:
-        by = [best_by_seed(root, f"sampling-{p}", [m]).get(m, []) for p in parts]
-        _best_line(ax, parts, by, m, LABELS[m])
-    if not ax.lines:
-        plt.close(fig)
-        return [], None
-    ax.set_xlabel("participating clients per round (of 10)")
-    ax.set_ylabel("best test accuracy [%]")
-    ax.set_xticks(parts)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title("CIFAR-10, alpha=0.1: client sampling" + (f"\n{note}" if note else ""), fontsize=9)
-    return save(fig, out_dir, "client_sampling"), fig
+    return _sweep(root, "sampling-{}", (2, 5, 8, 10), "participating clients per round (of 10)",
+                  "CIFAR-10, alpha=0.1: client sampling", "client_sampling", out_dir, note)
 
 
 def foof_samples(root, out_dir, note=""):

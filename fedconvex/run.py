@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 
 from .algorithms.base import RoundInfo
-from .backend import nbytes, to_numpy
+from .backend import namespace, nbytes, to_numpy
 from .messages import client_problem, keep
 from .screening import log as server_log
 
@@ -101,8 +101,7 @@ def screen_message(up: dict, info: RoundInfo, d: int, round_: int, tamper=None, 
         server_log.warning("round %d: client %d rejected: %s", round_, client, problem)
     if not rows:
         return None, info, rejected
-    w = info.weights[rows] if not hasattr(info.weights, "device") or isinstance(info.weights, np.ndarray) \
-        else info.weights[np.asarray(rows)]
+    w = info.weights[namespace(info.weights).asarray(rows)]
     return keep(up, rows), RoundInfo(sel=info.sel[rows], weights=w / w.sum(), n_clients=info.n_clients), rejected
 
 

@@ -8,11 +8,20 @@ import torch
 import torch.nn.functional as F
 
 
-def normalize(x_uint8, mean, std):
-    x = x_uint8.float().div_(255.0)
+def to_unit(x_uint8):
+    """uint8 pixels -> float in [0, 1]."""
+    return x_uint8.float().div_(255.0)
+
+
+def standardize(x, mean, std):
+    """Per-channel (x - mean) / std of a float batch."""
     m = torch.as_tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
     s = torch.as_tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
     return (x - m) / s
+
+
+def normalize(x_uint8, mean, std):
+    return standardize(to_unit(x_uint8), mean, std)
 
 
 def random_crop_flip(x, generator: torch.Generator, padding: int = 4, flip: bool = True):

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from . import foof
-from .augment import normalize, random_crop_flip
+from .augment import normalize, random_crop_flip, standardize, to_unit
 
 
 @dataclass
@@ -31,12 +31,10 @@ class ClientData:
         return self.x.shape[0]
 
     def batch(self, idx, generator):
-        x = self.x[idx].float().div_(255.0)
-        if self.augment:
+        x = to_unit(self.x[idx])
+        if self.augment:   # crop the raw image (zero padding = black), then standardise
             x = random_crop_flip(x, generator)
-        m = torch.as_tensor(self.mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-        s = torch.as_tensor(self.std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-        return (x - m) / s, self.y[idx]
+        return standardize(x, self.mean, self.std), self.y[idx]
 
     def plain_batches(self, idx, batch_size=512):
         """Un-augmented normalised inputs (for FOOF statistics and evaluation)."""

@@ -60,7 +60,7 @@ def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
     history, start = [], time.perf_counter()
     bytes_up = bytes_down = 0
     for t in range(1, cfg.rounds + 1):
-        down = server.broadcast() if hasattr(server, "broadcast") else {"theta": server.theta}
+        down = server.broadcast()
         msgs = [Message(content=RecordDict({"arrays": _arrays(down), "config": ConfigRecord({"round": t})}),
                         dst_node_id=node, message_type="train") for node in nodes]
         replies, dropped = {}, 0

@@ -51,7 +51,7 @@ def client_train(cfg, partition: int, params: dict, round_: int, state: dict) ->
     cs = {}
     for key in ("foof", "foof_static"):
         entries = {k.split("/", 1)[1]: torch.as_tensor(v) for k, v in state.items() if k.startswith(key + "/")}
-        if entries or key == "foof_static" and "has_static" in state:
+        if entries:
             cs[key] = entries
     received = {k.split("/", 1)[1]: torch.as_tensor(v) for k, v in params.items() if k.startswith("params/")}
     reply, loss = client_round(method_config(cfg), model, blocks, client_data(cfg, partition), cs, received, None,
@@ -60,8 +60,6 @@ def client_train(cfg, partition: int, params: dict, round_: int, state: dict) ->
     for key in ("foof", "foof_static"):
         for k, v in cs.get(key, {}).items():
             state[f"{key}/{k}"] = v.numpy()
-    if "foof_static" in cs:
-        state["has_static"] = np.zeros(0)
     out = {f"params/{k}": v.numpy() for k, v in reply["params"].items()}
     out.update({f"foof/{k}": v.numpy() for k, v in reply.get("foof", {}).items()})
     return out, loss

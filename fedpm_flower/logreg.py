@@ -87,6 +87,9 @@ class Server:
     def theta(self):
         return self.state.theta
 
+    def broadcast(self) -> dict:
+        return {"theta": self.theta}
+
     def step(self, replies: dict, round_: int) -> dict:
         """replies: partition -> arrays.  Screens, then applies the method's server update."""
         kept, rejected = [], []

@@ -4,8 +4,11 @@ One loop of minibatch SGD over the client's data for ``local_epochs`` epochs; me
 only in how the gradient is corrected before the step:
   FedProx  g += mu (theta - theta_global)
   SCAFFOLD g += c - c_i
-  all      g += weight_decay * theta, then clip the global norm
+  all      g += weight_decay * theta            (weight_decay_mode 'coupled', the default)
   FOOF     g_block <- (A + lam I)^{-1} g_block for every Linear / Conv2d block (LocalNewton, FedPM)
+  all      clip the global norm of the step direction (clip_stage 'update', the default: after the
+           preconditioner; 'gradient': before it), then theta -= lr * direction
+  all      theta -= lr * weight_decay * theta   (weight_decay_mode 'decoupled' only)
 """
 from __future__ import annotations
 
@@ -82,7 +85,7 @@ def local_train(model, cfg, data: ClientData, generator, *, global_params=None, 
                         p.grad.add_(p - global_params[name], alpha=cfg.mu)
                     if cfg.name == "scaffold":
                         p.grad.add_(control[name] - client_control[name])
-                    if cfg.weight_decay:
+                    if cfg.weight_decay and cfg.weight_decay_mode == "coupled":
                         p.grad.add_(p, alpha=cfg.weight_decay)
                 if cfg.clip is not None and cfg.clip_stage == "gradient":
                     torch.nn.utils.clip_grad_norm_(params, cfg.clip)
@@ -90,9 +93,12 @@ def local_train(model, cfg, data: ClientData, generator, *, global_params=None, 
                     foof.precondition_grads(model, blocks, factors)
                 if cfg.clip is not None and cfg.clip_stage == "update":
                     torch.nn.utils.clip_grad_norm_(params, cfg.clip)   # bounds the step: lr * clip
+                decay = cfg.lr * cfg.weight_decay if cfg.weight_decay_mode == "decoupled" else 0.0
                 for p in params:
                     if p.grad is not None:
                         p.add_(p.grad, alpha=-cfg.lr)
+                        if decay:
+                            p.mul_(1.0 - decay)
             steps += 1
             total_loss += float(loss.detach()) * len(idx)
             seen += len(idx)

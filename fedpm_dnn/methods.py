@@ -31,7 +31,14 @@ class MethodConfig:
     refresh_every: int | None = None # recompute FOOF matrices every s local steps (None: once per round)
     weighting: str = "uniform"       # mixing weights: uniform 1/N (paper) or 'samples'
     precond_dtype: str = "float32"   # dtype FOOF matrices travel in (float16 halves the bytes)
-    clip_stage: str = "gradient"     # clip the raw gradient (DESIGN.md) or the preconditioned 'update'
+    # Where the clip acts.  'update' (default): on the preconditioned step eta (A+lam I)^{-1} G, over all
+    # blocks together -- the only reading under which the appendix's choice of damping 1e-4 with clip 1.0
+    # for LocalNewton is stable ((A+lam I)^{-1} amplifies near-dead ReLU inputs by up to 1/lam).
+    # 'gradient': on the raw gradient before preconditioning.  Identical for first-order methods.
+    clip_stage: str = "update"
+    # Weight decay: 'coupled' (default) adds wd * theta to the gradient before preconditioning and
+    # clipping, as torch.optim.SGD(weight_decay=...) does; 'decoupled' shrinks theta by lr * wd after the step.
+    weight_decay_mode: str = "coupled"
 
     def __post_init__(self):
         if self.name not in METHODS:
@@ -47,6 +54,8 @@ class MethodConfig:
             raise ValueError(f"weighting must be uniform or samples, got {self.weighting!r}")
         if self.clip_stage not in ("gradient", "update"):
             raise ValueError(f"clip_stage must be gradient or update, got {self.clip_stage!r}")
+        if self.weight_decay_mode not in ("coupled", "decoupled"):
+            raise ValueError(f"weight_decay_mode must be coupled or decoupled, got {self.weight_decay_mode!r}")
         if self.precond_dtype not in ("float32", "float16"):
             raise ValueError(f"precond_dtype must be float32 or float16, got {self.precond_dtype!r}")
 

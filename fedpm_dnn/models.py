@@ -1,6 +1,8 @@
 """Models of the paper's Test 2, in plain torch (no torchvision).
 
-SimpleCNN: the CNN of MOON (Li et al. 2021) / CCVR (Luo et al. 2021) used for CIFAR-10.
+SimpleCNN: the CNN of MOON (Li et al. 2021) / CCVR (Luo et al. 2021) used for CIFAR-10 -- the
+classifier only: MOON's projection head (two extra fc layers feeding its contrastive loss) is left
+out, since the paper trains with cross-entropy alone and is silent on the head.
 ResNet18-GN: ResNet-18 with the CIFAR stem (3x3 conv, no max-pool) and every BatchNorm
 replaced by GroupNorm (Wu & He 2018), which the paper uses for robustness to heterogeneity.
 """

@@ -161,21 +161,25 @@ def foof_samples(root, out_dir, note=""):
 
 
 def data_distribution(folders: dict, out_dir, note=""):
-    """Per-client class counts (bubble plot) for each alpha, from the runs' summary.json."""
-    items = [(a, read_summary(f)["class_counts"]) for a, f in folders.items()]
+    """Per-client class counts (bubble plot) and client sizes for each alpha, from the runs' summary.json."""
+    items = [(a, read_summary(f)) for a, f in folders.items()]
     if not items:
         return [], None
-    fig, axes = plt.subplots(1, len(items), figsize=(5 * len(items), 4), squeeze=False)
-    for ax, (alpha, counts) in zip(axes[0], items):
-        c = np.asarray(counts)
+    fig, axes = plt.subplots(1, len(items), figsize=(5 * len(items), 4.4), squeeze=False)
+    splits = set()
+    for ax, (alpha, summary) in zip(axes[0], items):
+        c = np.asarray(summary["class_counts"])
+        splits.add(summary.get("partition", "dirichlet"))
         ci, ki = np.nonzero(c)
         ax.scatter(ci, ki, s=600 * c[ci, ki] / c.max(), alpha=0.6, color="tab:red")
-        ax.set_xlabel("client")
+        ax.set_xlabel("client (samples held)")
         ax.set_ylabel("class")
-        ax.set_xticks(range(c.shape[0]))
-        ax.set_title(f"alpha = {alpha} ({c.sum()} samples)", fontsize=9)
-    fig.suptitle("Data distribution over clients (Dirichlet, Vogels et al. 2021)" + (f"\n{note}" if note else ""),
-                 fontsize=10)
+        ax.set_xticks(range(c.shape[0]), [f"{i}\n{n}" for i, n in enumerate(c.sum(1))], fontsize=7)
+        ax.set_title(f"alpha = {alpha} ({c.sum()} samples, sizes {c.sum(1).min()}..{c.sum(1).max()})", fontsize=9)
+    how = {"relaysum": "RelaySum Dirichlet split, Vogels et al. 2021",
+           "dirichlet": "plain per-class Dirichlet split"}
+    fig.suptitle("Data distribution over clients (" + "; ".join(how.get(s, s) for s in sorted(splits)) + ")"
+                 + (f"\n{note}" if note else ""), fontsize=10)
     fig.tight_layout()
     return save(fig, out_dir, "data_distribution"), fig
 

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 from fedpm_dnn.augment import random_crop_flip  # noqa: E402
 from fedpm_dnn.data import (DatasetError, dirichlet_partition, load_cifar_jpeg, load_cifar_pickle,  # noqa: E402
                             load_femnist, load_image_dataset, partition_table)
+from fedpm_dnn.data.partition import relaysum_partition  # noqa: E402
 
 
 def _batch(path, n, k, label_key, rng):
@@ -168,6 +169,82 @@ def test_dirichlet_partition_table(n, clients, alpha, seed):
     assert table.shape == (clients, 10) and table.sum() == n and (table.sum(1) > 0).all()
     np.testing.assert_array_equal(table.sum(0), np.bincount(labels, minlength=10))
     assert sorted(np.concatenate(parts).tolist()) == list(range(n))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(200, 3000), clients=st.integers(2, 12), classes=st.integers(2, 10),
+       alpha=st.sampled_from([0.1, 0.5, 1.0, 10.0]), seed=st.integers(0, 10_000))
+def test_relaysum_split_properties(n, clients, classes, alpha, seed):
+    labels = np.random.default_rng(seed).integers(0, classes, n)
+    parts = relaysum_partition(labels, clients, alpha, seed)
+    sizes = np.array([len(p) for p in parts])
+    assert sizes.sum() == n and sorted(np.concatenate(parts).tolist()) == list(range(n))
+    assert (sizes >= 0.5 * n / clients).all()
+    # the cap: a client stops receiving once it holds n/K, so it overshoots by at most one class
+    assert (sizes < n / clients + np.bincount(labels).max() + 1).all()
+    again = relaysum_partition(labels, clients, alpha, seed)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+
+
+def test_relaysum_split_is_seeded_and_unequal_at_small_alpha_uniform_at_large():
+    labels = np.repeat(np.arange(10), 500)
+    a = relaysum_partition(labels, 10, 0.1, seed=0)
+    b = relaysum_partition(labels, 10, 0.1, seed=1)
+    assert any(len(x) != len(y) or not np.array_equal(x, y) for x, y in zip(a, b))
+    sizes = np.array([len(p) for p in a])
+    assert sizes.max() > 1.2 * sizes.min()          # sizes stay unequal (no equalising step)
+    table = partition_table(labels, a, 10)
+    assert (table.max(1) > 0.5 * table.sum(1)).mean() > 0.5   # alpha = 0.1: most clients dominated by a class
+    uniform = partition_table(labels, relaysum_partition(labels, 10, 1e5, seed=0), 10)
+    frac = uniform / uniform.sum(1, keepdims=True)
+    assert np.abs(frac - 0.1).max() < 0.01           # alpha -> infinity: every client sees uniform classes
+
+
+def test_relaysum_split_refuses_what_it_cannot_satisfy():
+    from fedconvex.data import DataError, relaysum_split
+
+    with pytest.raises(DataError, match="alpha must be a finite number"):
+        relaysum_split(np.zeros(10, int), 2, float("inf"))
+    with pytest.raises(DataError, match="cannot give 20 clients"):
+        relaysum_split(np.zeros(10, int), 20, 1.0)
+
+
+def test_femnist_every_writer_is_a_client_and_the_preset_samples_ten(tmp_path, rng):
+    from validation import dnn
+
+    make_leaf(str(tmp_path), rng, users=tuple(f"w{i}" for i in range(14)))
+    exp, desc = dnn.build(dnn.parse_args(["--dataset", "femnist", "--data-dir", str(tmp_path), "--preset", "femnist",
+                                          "--method", "fedpm", "--device", "cpu", "--out", str(tmp_path / "o")]))
+    assert len(exp.clients) == 14 and exp.participants == 10 and desc["participants"] == 10
+    assert desc["client_sizes"] == [4] * 14 and desc["partition"] == "natural (writers)"
+    exp, _ = dnn.build(dnn.parse_args(["--dataset", "femnist", "--data-dir", str(tmp_path), "--preset", "femnist",
+                                       "--participants", "3", "--clients", "5", "--device", "cpu"]))
+    assert len(exp.clients) == 5 and exp.participants == 3
+
+
+def test_femnist_rounds_sample_participants_from_every_writer(tmp_path, rng):
+    from fedpm_dnn.simulation import run_experiment
+    from validation import dnn
+
+    make_leaf(str(tmp_path), rng, users=tuple(f"w{i}" for i in range(14)))
+    exp, _ = dnn.build(dnn.parse_args(["--dataset", "femnist", "--data-dir", str(tmp_path), "--preset", "femnist",
+                                       "--method", "fedavg", "--device", "cpu", "--rounds", "3", "--local-epochs", "1"]))
+    seen = []
+    import fedpm_dnn.simulation as sim
+    original = sim.client_round
+
+    def spy(cfg, model, blocks, data, *a, **k):
+        seen.append(next(i for i, c in enumerate(exp.clients) if c is data))
+        return original(cfg, model, blocks, data, *a, **k)
+
+    sim.client_round = spy
+    try:
+        run_experiment(exp)
+    finally:
+        sim.client_round = original
+    rounds = [seen[i:i + 10] for i in range(0, 30, 10)]
+    assert len(seen) == 30 and all(len(set(r)) == 10 for r in rounds)
+    assert len(set(seen)) > 10                        # sampling reaches writers beyond the first ten
 
 
 def test_augmentation_crops_within_padding_and_flips():

@@ -208,3 +208,85 @@ def test_bad_replies_are_rejected_and_the_round_goes_on(caplog, tmp_path):
     initial = make_model("cnn", 3, image_size=16).state_dict()
     params = torch.load(ck, weights_only=False)["server"]["params"]
     assert all(torch.equal(params[k], initial[k]) for k in params)
+
+
+def _one_full_batch_step(cfg, data, seed=0):
+    """(theta before, theta after, gradients of the first step, model, blocks, FOOF matrices):
+    one local step on the whole client's data, so the step can be recomputed by hand."""
+    from fedpm_dnn import foof
+    from fedpm_dnn.client import local_train
+    from fedpm_dnn.models import make_model
+    import torch.nn.functional as F
+
+    torch.manual_seed(seed)
+    model = make_model("cnn", 3, image_size=16)
+    blocks = foof.foof_blocks(model)
+    A = foof.compute_foof(model, blocks, data.plain_batches(torch.arange(len(data))))
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    # the gradient the step will see: same model, same (un-augmented, unshuffled-equivalent) full batch
+    x, y = data.batch(torch.arange(len(data)), None)
+    model.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    local_train(model, cfg, data, torch.Generator().manual_seed(0), foof_A=A, blocks=blocks)
+    after = {k: v.detach().clone() for k, v in model.named_parameters()}
+    return before, after, grads, model, blocks, A
+
+
+def _precondition(model, blocks, A, damping, grads):
+    """(A + damping I)^{-1} applied to ``grads`` through the library's own block code."""
+    from fedpm_dnn import foof
+
+    with torch.no_grad():
+        for k, p in model.named_parameters():
+            p.grad = grads[k].clone()
+        foof.precondition_grads(model, blocks, foof.factorize(A, damping, torch.float32))
+        return {k: p.grad.detach().clone() for k, p in model.named_parameters()}
+
+
+def _flat(d):
+    return torch.cat([v.reshape(-1) for v in d.values()])
+
+
+@pytest.mark.parametrize("stage", ["update", "gradient"])
+def test_clip_acts_exactly_where_the_stage_says(stage):
+    """The preconditioned step is larger than the clip: with stage 'update' the step is that
+    direction scaled to norm lr*clip exactly; with 'gradient' it is the preconditioned clipped gradient."""
+    clients, _, _ = synthetic()
+    data = clients[0]
+    lr, clip, damping = 0.5, 0.05, 1e-2
+    cfg = MethodConfig("localnewton", lr=lr, clip=clip, damping=damping, local_epochs=1, batch_size=len(data),
+                       weight_decay=0.0, clip_stage=stage)
+    before, after, grads, model, blocks, A = _one_full_batch_step(cfg, data)
+    step = _flat(before) - _flat(after)
+    if stage == "update":
+        direction = _flat(_precondition(model, blocks, A, damping, grads))
+        assert float(direction.norm()) > 10 * clip       # the preconditioned step really exceeds the clip
+        expected = lr * clip * direction / direction.norm()
+        assert float(step.norm()) == pytest.approx(lr * clip, rel=1e-5)
+    else:
+        g = _flat(grads)
+        assert float(g.norm()) > clip
+        scaled = {k: v * (clip / float(g.norm())) for k, v in grads.items()}
+        expected = lr * _flat(_precondition(model, blocks, A, damping, scaled))
+    # float32 parameters: theta_before - theta_after carries ~eps32 * |theta| of rounding
+    atol = 8 * 1.2e-7 * float(_flat(before).abs().max())
+    assert torch.allclose(step, expected, rtol=1e-4, atol=atol)
+
+
+def test_decoupled_weight_decay_shrinks_after_the_step():
+    clients, _, _ = synthetic()
+    data = clients[0]
+    lr, wd, damping = 0.1, 0.05, 1.0
+    kw = dict(lr=lr, clip=None, damping=damping, local_epochs=1, batch_size=len(data), weight_decay=wd)
+    before, after, grads, model, blocks, A = _one_full_batch_step(
+        MethodConfig("localnewton", weight_decay_mode="decoupled", **kw), data)
+    direction = _precondition(model, blocks, A, damping, grads)
+    expected = {k: (before[k] - lr * direction[k]) * (1 - lr * wd) for k in before}
+    assert torch.allclose(_flat(after), _flat(expected), rtol=1e-5, atol=1e-7)
+    # coupled: the decay term goes through the preconditioner with the gradient
+    before, after, grads, model, blocks, A = _one_full_batch_step(MethodConfig("localnewton", **kw), data)
+    direction = _precondition(model, blocks, A, damping, {k: grads[k] + wd * before[k] for k in grads})
+    assert torch.allclose(_flat(after), _flat({k: before[k] - lr * direction[k] for k in before}), rtol=1e-5,
+                          atol=1e-7)

@@ -36,8 +36,16 @@ def parse_args(argv=None):
     p.add_argument("--method", choices=METHODS, default="fedpm")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="hyper-parameters of an appendix table")
     p.add_argument("--alpha", type=common.positive_float, default=0.1, help="Dirichlet concentration")
-    p.add_argument("--clients", type=common.positive_int, default=10)
-    p.add_argument("--participants", type=common.positive_int, default=None, help="clients per round (default all)")
+    p.add_argument("--split", choices=("relaysum", "dirichlet"), default="relaysum",
+                   help="relaysum: the paper's Dirichlet split (Vogels et al. 2021; capped shares, every client >= 50%% "
+                        "of the mean size); dirichlet: plain per-class Dir(alpha)")
+    p.add_argument("--clients", type=common.positive_int, default=None,
+                   help="clients (default 10; FEMNIST: every writer)")
+    p.add_argument("--augment", choices=("crop-flip", "none"), default="crop-flip",
+                   help="training-batch augmentation (default crop-flip: random 32-crop of the 4-padded image + "
+                        "horizontal flip, as the RelaySum/MOON CIFAR pipelines; the paper is silent)")
+    p.add_argument("--participants", type=common.positive_int, default=None,
+                   help="clients sampled per round (default: the preset's, else all)")
     p.add_argument("--rounds", type=common.positive_int, default=100)
     p.add_argument("--local-epochs", type=common.positive_int, default=None, help="default 5 (or the preset's)")
     p.add_argument("--seed", type=int, default=0)
@@ -61,8 +69,12 @@ def parse_args(argv=None):
     g.add_argument("--refresh-every", type=common.positive_int, help="recompute FOOF matrices every s local steps")
     g.add_argument("--weighting", choices=("uniform", "samples"))
     g.add_argument("--precond-dtype", choices=("float32", "float16"), help="dtype FedPM's matrices travel in")
-    g.add_argument("--clip-stage", choices=("gradient", "update"),
-                   help="clip the raw gradient before preconditioning (default) or the preconditioned update")
+    g.add_argument("--clip-stage", choices=("update", "gradient"),
+                   help="clip the preconditioned step (default: the reading under which the appendix's damping 1e-4 "
+                        "with clip 1.0 is stable) or the raw gradient before preconditioning")
+    g.add_argument("--weight-decay-mode", choices=("coupled", "decoupled"),
+                   help="coupled (default): wd*theta joins the gradient before preconditioning and clipping; "
+                        "decoupled: theta shrinks by lr*wd after the step")
     args = p.parse_args(argv)
     if args.out is None:
         args.out = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")
@@ -85,7 +97,7 @@ def build(args):
 
     from fedpm_dnn.client import ClientData
     from fedpm_dnn.data import load_image_dataset, partition_table
-    from fedpm_dnn.data.partition import dirichlet_partition
+    from fedpm_dnn.data.partition import make_partition
     from fedpm_dnn.presets import PRESETS, method_config
     from fedpm_dnn.simulation import Experiment
 
@@ -97,36 +109,45 @@ def build(args):
                         momentum=args.momentum, server_lr=args.server_lr, damping=args.damping,
                         batch_size=args.batch_size, refresh_every=args.refresh_every, weighting=args.weighting,
                         precond_dtype=args.precond_dtype, local_epochs=args.local_epochs, clip_stage=args.clip_stage,
+                        weight_decay_mode=args.weight_decay_mode,
                         foof_samples=None if args.foof_samples in (None, "all") else int(args.foof_samples))
     if args.clip == 0:  # explicit "no clipping" overrides a preset's clip
         cfg = dataclasses.replace(cfg, clip=None)
     data, natural = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
     x, y = data.x_train, data.y_train
+    setting = PRESETS[args.preset]["setting"] if args.preset else {}
     if natural is not None:
-        # FEMNIST: clients are the writers (the first --clients of them); no synthetic split
+        # FEMNIST (paper appendix): every writer is a client; --clients N keeps the first N writers
         if args.train_subset:
             raise ValueError("--train-subset does not apply to FEMNIST's writer partition; use --clients")
-        parts = natural[:args.clients]
+        if args.clients and args.clients > len(natural):
+            raise ValueError(f"--clients {args.clients} exceeds the {len(natural)} writers of this FEMNIST folder")
+        parts = natural[:args.clients] if args.clients else natural
     else:
         if args.train_subset:
             keep = balanced_subset(y, args.train_subset, data.num_classes, args.seed)
             x, y = x[keep], y[keep]
-        parts = dirichlet_partition(y, args.clients, args.alpha, seed=args.seed)
+        parts = make_partition(args.split, y, args.clients or 10, args.alpha, seed=args.seed)
+    participants = args.participants or setting.get("participants")
+    if participants and participants >= len(parts) and not args.participants:
+        participants = None   # the preset samples more clients than this run has: everyone takes part
     xt, yt = data.x_test, data.y_test
     if args.test_subset:
         keep = balanced_subset(yt, args.test_subset, data.num_classes, args.seed)
         xt, yt = xt[keep], yt[keep]
-    if args.participants and args.participants > len(parts):
-        raise ValueError(f"--participants {args.participants} exceeds the {len(parts)} clients")
+    if participants and participants > len(parts):
+        raise ValueError(f"--participants {participants} exceeds the {len(parts)} clients")
     to = lambda a: torch.as_tensor(a).to(device)  # noqa: E731
-    clients = [ClientData(to(x[p]), to(y[p]), data.mean, data.std) for p in parts]
+    augment = args.augment == "crop-flip"
+    clients = [ClientData(to(x[p]), to(y[p]), data.mean, data.std, augment=augment) for p in parts]
     exp = Experiment(cfg=cfg, model=args.model, num_classes=data.num_classes, clients=clients, x_test=to(xt),
                      y_test=to(yt), mean=data.mean, std=data.std, rounds=args.rounds,
-                     participants=args.participants, seed=args.seed, device=device, in_channels=x.shape[1],
+                     participants=participants, seed=args.seed, device=device, in_channels=x.shape[1],
                      image_size=x.shape[2])
     desc = {"dataset": data.name, "train_samples": int(len(y)), "test_samples": int(len(yt)),
             "num_classes": data.num_classes, "clients": len(parts), "alpha": args.alpha if natural is None else None,
-            "partition": "dirichlet" if natural is None else "natural (writers)",
+            "partition": args.split if natural is None else "natural (writers)", "participants": participants or len(parts),
+            "augment": args.augment, "client_sizes": [int(len(p)) for p in parts],
             "class_counts": partition_table(y, parts, data.num_classes).tolist(),
             "preset": args.preset, "preset_table": PRESETS[args.preset]["table"] if args.preset else None,
             "device": device, "config": cfg.__dict__}

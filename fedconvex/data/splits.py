@@ -72,6 +72,51 @@ def dirichlet_split(labels, clients: int, alpha: float, seed: int = 0, min_size:
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in out]
 
 
+def relaysum_split(labels, clients: int, alpha: float, seed: int = 0, min_fraction: float = 0.5,
+                   max_tries: int = 10_000) -> list[np.ndarray]:
+    """The Dirichlet split as the paper cites it (Vogels et al. 2021, RelaySum, whose code uses
+    Tao Lin's partitioner): classes are dealt one after another, each by proportions
+    p ~ Dir(alpha * 1_K) over the K clients, except that a client already holding >= n/K samples
+    gets no further share (its proportion is zeroed, the rest renormalised).  The whole draw is
+    repeated (from the same seeded stream) until every client holds >= ``min_fraction`` * n/K
+    samples.  Sizes stay unequal; every sample goes to exactly one client.
+
+    The cap can never exclude every client: until the last class is dealt, fewer than n samples
+    are held, so at least one client holds fewer than n/K.
+    """
+    labels = np.asarray(labels)
+    n = len(labels)
+    if clients < 1:
+        raise DataError(f"clients must be >= 1, got {clients}")
+    if not (alpha > 0 and np.isfinite(alpha)):
+        raise DataError(f"Dirichlet alpha must be a finite number > 0, got {alpha}")
+    if not 0 <= min_fraction <= 1:
+        raise DataError(f"min_fraction must be in [0, 1], got {min_fraction}")
+    if n < clients:
+        raise DataError(f"{n} samples cannot give {clients} clients one sample each")
+    rng = np.random.default_rng(seed)
+    classes = np.unique(labels)
+    by_class = [np.flatnonzero(labels == c) for c in classes]
+    cap, floor = n / clients, max(1.0, min_fraction * n / clients)
+    for _ in range(max_tries):
+        parts: list[list[np.ndarray]] = [[] for _ in range(clients)]
+        sizes = np.zeros(clients)
+        for members in by_class:
+            idx = rng.permutation(members)
+            open_ = sizes < cap
+            p = rng.dirichlet(np.full(clients, float(alpha))) * open_
+            if not p.sum() > 0:   # every open share underflowed (alpha << 1): deal evenly among them
+                p = open_.astype(float)
+            cuts = (np.cumsum(p / p.sum())[:-1] * len(idx)).astype(int)
+            for i, chunk in enumerate(np.split(idx, cuts)):
+                parts[i].append(chunk)
+                sizes[i] += len(chunk)
+        if sizes.min() >= floor:
+            return [np.sort(np.concatenate(p)) for p in parts]
+    raise DataError(f"no Dirichlet(alpha={alpha:g}) split of {n} samples over {clients} clients gave every client "
+                    f">= {min_fraction:g} of the mean size in {max_tries} draws; raise alpha or use fewer clients")
+
+
 def client_class_counts(labels, parts) -> np.ndarray:
     """(clients, classes) table of per-client sample counts, classes in sorted order."""
     labels = np.asarray(labels)

@@ -7,6 +7,9 @@ Profiles:
          class-balanced 3,000-image training subset, a 2,000-image test subset, few rounds, 2 seeds.
          Every figure drawn from it says so.
   paper  the paper's sizes (all data, 100 rounds, 3 seeds, CIFAR-10 and CIFAR-100): for a GPU.
+  cpu-full  the full-data check that fits a 2-core CPU in about an hour per method pair: all 50,000
+         CIFAR-10 training images, 10 clients, alpha = 0.1, 5 local epochs, 20 rounds, seed 0, FedAvg,
+         SCAFFOLD, LocalNewton and FedPM with the paper's table (no ablations).
 Each run writes results/<profile>/<name>/{history.csv, summary.json} (summary.json holds the exact
 command and versions).  A run whose summary.json exists with all its rounds is not recomputed.
 """
@@ -39,6 +42,9 @@ PROFILES = {
                                          "4 rounds, 2 seeds"),
     "paper": dict(seeds=(0, 1, 2), rounds=100, subset=[], datasets=("cifar10", "cifar100"), epoch_budget=100,
                   label="paper profile: full data, 100 rounds, 3 seeds"),
+    "cpu-full": dict(seeds=(0,), rounds=20, subset=[], datasets=("cifar10",), alphas=("0.1",),
+                     methods=("fedavg", "scaffold", "localnewton", "fedpm"), ablations=False,
+                     label="cpu-full profile: all 50k CIFAR-10 images, alpha=0.1, 20 rounds, seed 0"),
 }
 
 
@@ -47,13 +53,15 @@ def plan(profile: str) -> list[Run]:
     runs = [Run(f"superlinear-{d}", "superlinear", ("--dataset", d, "--quiet")) for d in ("w8a", "a9a")]
     model = {"cifar10": "cnn", "cifar100": "resnet18gn"}
     for ds in p["datasets"]:
-        for alpha in ("1.0", "0.1"):
-            for m in DNN_METHODS:
+        for alpha in p.get("alphas", ("1.0", "0.1")):
+            for m in p.get("methods", DNN_METHODS):
                 for s in p["seeds"]:
                     runs.append(Run(f"main-{ds}-a{alpha}-{m}-s{s}", "dnn", (
                         "--dataset", ds, "--model", model[ds], "--method", m, "--preset", f"{ds}-a{alpha}",
                         "--alpha", alpha, "--rounds", str(p["rounds"]), "--seed", str(s), *p["subset"]),
                         p["rounds"], ds))
+    if not p.get("ablations", True):
+        return runs
     # local epochs 1 / 5 / 10 with the total number of local epochs fixed (CIFAR-10, alpha = 0.1)
     for epochs, preset in ((1, "cifar10-e1"), (5, "cifar10-a0.1"), (10, "cifar10-e10")):
         rounds = max(1, p["epoch_budget"] // epochs)

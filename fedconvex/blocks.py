@@ -147,9 +147,21 @@ class ActiveBlocks:
             xp.zeros((len(self), self.d, self.d), dtype=like.dtype, device=like.device)
         return self.plus_dense(zeros)
 
-    def plus_dense(self, D):
-        """P_c + D_c for a dense (N, d, d) stack D, without materialising P separately."""
+    def plus_dense(self, D, inplace: bool = False):
+        """P_c + D_c for a dense (N, d, d) stack D, without materialising P separately.
+
+        ``inplace=True`` adds into D itself (saves a copy of a large stack)."""
         xp = self.xp
+        if xp is np and self.packed is not None and isinstance(D, np.ndarray) and D.flags.c_contiguous:
+            out = D if inplace else D.copy()
+            flat = out.reshape(-1)
+            dd = self.d * self.d
+            idx = np.concatenate([self.flat_index(c) + c * dd for c in range(len(self))]) if len(self) else \
+                np.zeros(0, dtype=np.int64)
+            flat[idx] += self.packed          # positions are distinct: a plain gather-add-scatter
+            if self.shift:
+                out.reshape(len(self), dd)[:, ::self.d + 1] += self.shift
+            return out
         out = D.reshape(len(self), self.d * self.d) * 1.0       # one copy of D (D itself is not modified)
         for c, B in enumerate(self.blocks):
             out[c, self.flat_index(c)] += B.reshape(-1)

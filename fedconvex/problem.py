@@ -253,10 +253,12 @@ class FederatedLogReg:
         return ActiveBlocks(layout.views(packed), tuple(self.active[c] for c in sel), self.d, self.lam,
                             tuple(self.block_flat[c] for c in sel), packed, layout, cert)
 
-    def sketched_roots(self, thetas, sketches, sel=None):
-        """Per client (S_c A_c)^T = A_c^T S_c^T (a_c x k), given S_c^T (M_c x k); ``None`` means S_c = I.
+    def sketched_roots(self, thetas, sketches, sel=None, scale: float = 1.0):
+        """Per client (S_c A_c)^T = A_c^T S_c^T (a_c x k), given S_c^T (M_c x k) (dense, or SciPy sparse
+        for CountSketch); ``None`` means S_c = I.  ``scale`` multiplies every sketch (e.g. 1/sqrt(k)).
 
-        On NumPy the product goes through the sparse client design (nnz x k flops, not M x a x k)."""
+        On NumPy the product goes through the sparse client design with the row weights and the scale
+        folded into its non-zeros (nnz x k flops, no scaled copy of the M_c x k sketch)."""
         rows = self._rows(sel)
         root = self._curvature(thetas, rows) ** 0.5
         sel = np.arange(self.n_clients) if sel is None else np.asarray(sel)
@@ -267,7 +269,13 @@ class FederatedLogReg:
             if St is None:
                 out.append((self.reduced[c] * r).T)
             elif self.xp is np:
-                out.append(self.reduced_T_csr[c] @ (St * r))
+                RT = self.reduced_T_csr[c]
+                w = r[:, 0] * scale if scale != 1.0 else r[:, 0]
+                scaled = sp.csr_matrix((RT.data * w[RT.indices], RT.indices, RT.indptr), shape=RT.shape)
+                prod = scaled @ St
+                out.append(prod.toarray() if sp.issparse(prod) else prod)
+            elif scale != 1.0:
+                out.append((self.reduced[c] * (r * scale)).T @ St)
             else:
                 out.append((self.reduced[c] * r).T @ St)
         return tuple(out)

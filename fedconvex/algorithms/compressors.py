@@ -45,15 +45,21 @@ def _symmetrise_upper(xp, M, d):
 def _scatter_upper(xp, vals, idx, d):
     """(P, d, d) symmetric matrices from per-matrix upper-entry values and their upper-entry indices
     (arrays of shape (P, k), or tuples of per-matrix 1-D arrays of any lengths)."""
-    pos_all = xp.asarray(_upper_pos(d))
+    iu, ju = _upper(d)
+    up, lo = xp.asarray((iu * d + ju).astype(np.int64)), xp.asarray((ju * d + iu).astype(np.int64))
     n = len(vals)
     flat = xp.zeros((n, d * d), dtype=np.float64)
+    # each value written to (i, j) and (j, i) (once on the diagonal): no dense symmetrisation pass
     if isinstance(vals, (tuple, list)):
         for c, (v, i) in enumerate(zip(vals, idx)):
-            flat[c, pos_all[xp.asarray(i).astype(xp.int64)]] = v
+            i = xp.asarray(i).astype(xp.int64)
+            flat[c, up[i]] = v
+            flat[c, lo[i]] = v
     else:
-        flat[xp.arange(n)[:, None], pos_all[idx.astype(xp.int64)]] = vals
-    return _symmetrise_upper(xp, flat.reshape(n, d, d), d)
+        rows, i = xp.arange(n)[:, None], idx.astype(xp.int64)
+        flat[rows, up[i]] = vals
+        flat[rows, lo[i]] = vals
+    return flat.reshape(n, d, d)
 
 
 def _gather_upper(xp, M, idx):
@@ -261,8 +267,16 @@ class RankR:
 
     def decode(self, xp, msg, d):
         V, lam = msg["eigvecs"], msg["eigvals"]
-        M = (V * lam[:, None, :]) @ xp.swapaxes(V, 1, 2)
-        return 0.5 * (M + xp.swapaxes(M, 1, 2))
+        if xp is not np:
+            M = (V * lam[:, None, :]) @ xp.swapaxes(V, 1, 2)
+            return 0.5 * (M + xp.swapaxes(M, 1, 2))
+        # sum_j lam_j (v_j v_j^T): each outer product is exactly symmetric, so the sum is too (a batched
+        # matmul with inner dimension r is far slower than r broadcast products here)
+        M = np.zeros((V.shape[0], d, d))
+        for j in range(V.shape[2]):
+            v = V[:, :, j]
+            M += lam[:, j, None, None] * (v[:, :, None] * v[:, None, :])
+        return M
 
     def bits(self, msg, d):
         r = msg["eigvals"].shape[1]

@@ -52,7 +52,8 @@ class Layout:
     (d*d x total, built once per client set) instead of a Python loop of scatter-adds.
     """
 
-    def __init__(self, sizes, flat, d):
+    def __init__(self, sizes, flat, d, persistent: bool = False):
+        self.persistent = persistent   # reused every round (the problem's own): build G once
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes * self.sizes)]).astype(np.int64)
         self.total = int(self.offsets[-1])
@@ -210,7 +211,10 @@ class ActiveBlocks:
         if self.packed is not None and xp is np:
             # one sparse product with the layout's fixed scatter matrix instead of N scatter-adds
             w = np.asarray(w, dtype=np.float64)
-            if len(w) and np.all(w == w[0]):   # equal weights (the paper's 1/N): scale once, after the sum
+            if not self.layout.persistent:     # a one-off subset: not worth building its scatter matrix
+                out = np.bincount(np.concatenate(self.layout.flat), minlength=self.d * self.d,
+                                  weights=np.repeat(w, self.layout.sizes ** 2) * self.packed).reshape(self.d, self.d)
+            elif len(w) and np.all(w == w[0]):  # equal weights (the paper's 1/N): scale once, after the sum
                 out = (self.layout.G @ self.packed).reshape(self.d, self.d) * w[0]
             else:
                 out = (self.layout.G @ (np.repeat(w, self.layout.sizes ** 2) * self.packed)).reshape(self.d, self.d)

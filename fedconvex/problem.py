@@ -113,7 +113,7 @@ class FederatedLogReg:
         if pairs > self.PLAN_MAX_PAIRS:
             return None
         sizes = np.array([len(a) for a in self.active_host], dtype=np.int64)
-        layout = Layout(sizes, self.block_flat, d)
+        layout = Layout(sizes, self.block_flat, d, persistent=True)
         nnz_client = self._row_client[self._nnz_row]
         keys = nnz_client * d + X.indices.astype(np.int64)
         uniq, inv = np.unique(keys, return_inverse=True)

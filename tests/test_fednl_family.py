@@ -236,6 +236,9 @@ def test_one_product_hessians_equal_the_per_client_products(rng):
     loop = ActiveBlocks(tuple(np.array(b) for b in H.blocks), H.active, H.d, H.shift)   # the plain path
     np.testing.assert_allclose(H.weighted_sum(w), loop.weighted_sum(w), rtol=1e-13)
     np.testing.assert_allclose(H.plus_dense(np.ones((5, 9, 9))), loop.plus_dense(np.ones((5, 9, 9))), rtol=1e-13)
+    sub_loop = ActiveBlocks(tuple(np.array(b) for b in sub.blocks), sub.active, sub.d, sub.shift)
+    np.testing.assert_allclose(sub.weighted_sum(w[:2]), sub_loop.weighted_sum(w[:2]), rtol=1e-13)
+    np.testing.assert_allclose(H.weighted_sum(np.full(5, 0.2)), loop.weighted_sum(np.full(5, 0.2)), rtol=1e-13)
     G = rng.normal(size=(5, 9))
     np.testing.assert_allclose(H.solve(G), loop.solve(G), rtol=1e-12)
 

@@ -16,7 +16,8 @@ Measured in one run, on this machine:
 --all-methods adds, per method (second-order ones with each FedNL compressor and each FedNS sketch,
 first-order ones for reference): seconds_per_round (median, from the paper's theta0, screening on),
 round_vs_fedpm (that / FedPM's), and seconds_to_1e-9 / rounds_to_1e-9 from theta = 0 within
-``MAX_ROUNDS`` rounds (null where the method does not get there; "diverged" where it blows up).
+``MAX_ROUNDS`` rounds and ``TIME_CAP`` seconds (null where the method does not get there; "diverged"
+where it blows up; final_grad_norm says how far it got).
 Every run pins BLAS to one thread (fedconvex.run does), so the numbers are per core.
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ from fedconvex.reference import initial_point, solve_optimum
 from fedconvex.run import Diverged, run
 
 MAX_ROUNDS = 40
+TIME_CAP = 10.0   # seconds of rounds after which a method's run from theta = 0 is given up
 
 
 def all_methods(d):
@@ -80,7 +82,8 @@ def measure_all(problem, theta0, fedpm_round, rounds=5):
         except Diverged:
             row["seconds_per_round"] = row["round_vs_fedpm"] = None
         try:
-            _, h0 = run(problem, alg, zero, MAX_ROUNDS, stop=lambda r: r["grad_norm"] <= 1e-9)
+            _, h0 = run(problem, alg, zero, MAX_ROUNDS,
+                        stop=lambda r: r["grad_norm"] <= 1e-9 or r["seconds"] > TIME_CAP)
             ok = h0[-1]["grad_norm"] <= 1e-9
             row["seconds_to_1e-9"] = h0[-1]["seconds"] if ok else None
             row["rounds_to_1e-9"] = h0[-1]["round"] if ok else None

@@ -37,11 +37,6 @@ def _upper_pos(d):
     return (iu * d + ju).astype(np.int64)
 
 
-def _symmetrise_upper(xp, M, d):
-    # upper + upper^T, counting the diagonal once
-    return M + xp.swapaxes(M, 1, 2) - M * xp.eye(d, dtype=M.dtype)[None]
-
-
 def _scatter_upper(xp, vals, idx, d):
     """(P, d, d) symmetric matrices from per-matrix upper-entry values and their upper-entry indices
     (arrays of shape (P, k), or tuples of per-matrix 1-D arrays of any lengths)."""
@@ -196,13 +191,11 @@ class Natural:
         return {"code": xp.asarray(code)}
 
     def decode(self, xp, msg, d):
-        code = np.asarray(msg["code"]).astype(np.int64)
-        vals = np.where(code == 0, 0.0, np.sign(code) * np.ldexp(1.0, np.abs(code) - _EXP_BIAS))
-        n = code.shape[0]
-        iu, ju = _upper(d)
-        M = np.zeros((n, d, d))
-        M[:, iu, ju] = vals
-        return xp.asarray(_symmetrise_upper(np, M, d))
+        code = np.asarray(msg["code"])
+        mag = np.ldexp(1.0, np.abs(code).astype(np.int32) - _EXP_BIAS)   # code 0 -> 2^-1075 = 0.0
+        vals = np.copysign(mag, code)
+        idx = np.broadcast_to(np.arange(code.shape[1]), code.shape)
+        return xp.asarray(_scatter_upper(np, vals, idx, d))
 
     def bits(self, msg, d):
         return np.full(len(msg["code"]), 12 * msg["code"].shape[1], dtype=np.int64)

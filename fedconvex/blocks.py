@@ -69,6 +69,15 @@ class Layout:
                                     shape=(self.d * self.d, self.total))
         return self._G
 
+    @property
+    def stack_index(self):
+        """Positions of the packed entries in a flattened (N, d, d) stack (cached)."""
+        if getattr(self, "_stack_index", None) is None:
+            dd = self.d * self.d
+            self._stack_index = np.concatenate([f + c * dd for c, f in enumerate(self.flat)]) if self.flat \
+                else np.zeros(0, dtype=np.int64)
+        return self._stack_index
+
     def views(self, packed):
         return tuple(packed[self.offsets[c]:self.offsets[c + 1]].reshape(n, n) for c, n in enumerate(self.sizes))
 
@@ -157,9 +166,7 @@ class ActiveBlocks:
             out = D if inplace else D.copy()
             flat = out.reshape(-1)
             dd = self.d * self.d
-            idx = np.concatenate([self.flat_index(c) + c * dd for c in range(len(self))]) if len(self) else \
-                np.zeros(0, dtype=np.int64)
-            flat[idx] += self.packed          # positions are distinct: a plain gather-add-scatter
+            flat[self.layout.stack_index] += self.packed   # positions are distinct: a plain gather-add-scatter
             if self.shift:
                 out.reshape(len(self), dd)[:, ::self.d + 1] += self.shift
             return out

@@ -150,17 +150,16 @@ class FedNLLS(FedNL):
         direction = -xp.linalg.solve(Hs, g[:, None])[:, 0]
         f0 = float((info.weights * up["f"]).sum())
         slope = float(g @ direction)
-        t, trials = self.lr, 0
+        t, trials, step = self.lr, 0, 0.0
         theta = state.theta
         while trials < self.max_backtracks and slope < 0:
             trials += 1
             trial = state.theta + t * direction
             if problem.value(trial) <= f0 + self.gamma * t * slope:
-                theta = trial
+                theta, step = trial, t
                 break
             t *= self.c
-        return theta, {"ls_trials": state.server.get("ls_trials", 0) + trials, "ls_step": t if theta is not
-                       state.theta else 0.0}
+        return theta, {"ls_trials": state.server.get("ls_trials", 0) + trials, "ls_step": step}
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,17 @@ from .blocks import ActiveBlocks
 from .screening import psd_problem
 
 
+def _certified_psd(v: ActiveBlocks) -> bool:
+    """True when the stack is exactly symmetric and finite by construction and every B_c + shift I has
+    been Cholesky-factorised already (the client step's factorisation, see ``ActiveBlocks.solve``):
+    then each preconditioner P_c = E_c B_c E_c^T + shift I is positive definite, which is more than the
+    screening's test asks, and factorising it again would only repeat that work.  Any stack built
+    elsewhere (e.g. tampered with) carries no certificate and is factorised here."""
+    cert = v.certificate
+    return bool(cert.get("symmetric") and cert.get("finite") and cert.get("pd_shift") is not None
+                and cert["pd_shift"] <= v.shift)
+
+
 def client_problem(up: dict, k: int, d: int) -> str | None:
     """None if participant k's part of ``up`` is usable, else the reason."""
     for key, v in up.items():
@@ -20,7 +31,9 @@ def client_problem(up: dict, k: int, d: int) -> str | None:
                 return f"{key}: feature indices outside 0..{d - 1}"
             if tuple(B.shape) != (a.shape[0], a.shape[0]):
                 return f"{key}: block of shape {tuple(B.shape)} for {a.shape[0]} features"
-            problem = psd_problem(B)          # also reports NaN / Inf
+            if _certified_psd(v):
+                continue                      # the stack's own factorisation already proved it
+            problem = psd_problem(B, shift=v.shift)   # P_c = B + shift I must be PSD; also reports NaN / Inf
             if problem:
                 return f"preconditioner {key} {problem}"
         else:

@@ -16,7 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .backend import is_torch, namespace, to_numpy
-from .blocks import ActiveBlocks
+from .blocks import ActiveBlocks, Layout
 from .data.libsvm import DataError
 
 
@@ -93,6 +93,56 @@ class FederatedLogReg:
             self.reduced_T_csr.append(sp.csr_matrix(dense.T) if xp is np else None)
         self.active = tuple(a if xp is np else _xp_asarray(xp, a) for a in self.active_host)
         self.block_flat = tuple((a[:, None] * self.d + a[None, :]).reshape(-1) for a in self.active)
+        self._plan = self._hessian_plan() if xp is np else None
+
+    # Above this many (row, feature pair) products the one-product plan would cost more memory than
+    # it saves time (dense rows); the per-client loop is used instead.
+    PLAN_MAX_PAIRS = 12_000_000
+
+    def _hessian_plan(self):
+        """All client Hessians as one sparse product (NumPy).
+
+        The loss Hessian of client c is sum_j s_j x_j x_j^T over its rows; entry (p, q) of its
+        active block is sum_j s_j x_jp x_jq.  Q (upper-triangle entries x rows) holds the
+        constant products x_jp x_jq, so ``Q @ s`` gives every client's upper triangle at once
+        (w8a: ~78 products a row, no Python loop), mirrored into the packed layout.
+        """
+        X, d = self.X, self.d
+        rownnz = np.diff(X.indptr)
+        pairs = int((rownnz * (rownnz + 1) // 2).sum())
+        if pairs > self.PLAN_MAX_PAIRS:
+            return None
+        sizes = np.array([len(a) for a in self.active_host], dtype=np.int64)
+        layout = Layout(sizes, self.block_flat, d, persistent=True)
+        nnz_client = self._row_client[self._nnz_row]
+        keys = nnz_client * d + X.indices.astype(np.int64)
+        uniq, inv = np.unique(keys, return_inverse=True)
+        local = inv - np.searchsorted(uniq, np.arange(self.n_clients) * d)[nnz_client]  # index in active set
+        pos_parts, row_parts, val_parts = [], [], []
+        for k in np.unique(rownnz):
+            if k == 0:
+                continue
+            rows = np.flatnonzero(rownnz == k)
+            at = X.indptr[rows][:, None] + np.arange(k)[None, :]          # (r, k) positions in X.data
+            iu, ju = np.triu_indices(k)
+            li, lk, v = local[at], local[at], X.data[at]
+            c = self._row_client[rows][:, None]
+            pos_parts.append((layout.offsets[c] + li[:, iu] * sizes[c] + lk[:, ju]).ravel())
+            row_parts.append(np.repeat(rows, len(iu)))
+            val_parts.append((v[:, iu] * v[:, ju]).ravel())
+        pos = np.concatenate(pos_parts) if pos_parts else np.zeros(0, dtype=np.int64)
+        upos, pid = np.unique(pos, return_inverse=True)
+        Q = sp.csr_matrix((np.concatenate(val_parts) if val_parts else np.zeros(0),
+                           (pid.ravel(), np.concatenate(row_parts) if row_parts else pid.ravel())),
+                          shape=(len(upos), X.shape[0]))
+        c = np.searchsorted(layout.offsets, upos, side="right") - 1
+        r = upos - layout.offsets[c]
+        lpos = layout.offsets[c] + (r % sizes[c]) * sizes[c] + r // sizes[c]       # mirrored position
+        # packed = [u, 0][gather]: each packed entry reads its upper-triangle value (or the 0 slot)
+        gather = np.full(layout.total, len(upos), dtype=np.intp)
+        gather[upos] = np.arange(len(upos))
+        gather[lpos] = np.arange(len(upos))
+        return {"Q": Q, "gather": gather, "layout": layout}
 
     # ----------------------------------------------------------------- helpers
     @property
@@ -170,6 +220,8 @@ class FederatedLogReg:
         self._check(thetas, rows)
         s = self._curvature(thetas, rows)
         sel = np.arange(self.n_clients) if sel is None else np.asarray(sel)
+        if self._plan is not None:
+            return self._planned_hessians(s, sel, rows)
         starts = np.concatenate([[0], np.cumsum(self.counts[sel])])
         blocks = []
         for k, c in enumerate(sel):
@@ -183,10 +235,30 @@ class FederatedLogReg:
         return ActiveBlocks(tuple(blocks), tuple(self.active[c] for c in sel), self.d, self.lam,
                             tuple(self.block_flat[c] for c in sel))
 
-    def sketched_roots(self, thetas, sketches, sel=None):
-        """Per client (S_c A_c)^T = A_c^T S_c^T (a_c x k), given S_c^T (M_c x k); ``None`` means S_c = I.
+    def _planned_hessians(self, s, sel, rows):
+        plan = self._plan
+        full = rows is self._full
+        if not full:  # rows of the other clients get weight 0; their blocks are dropped below
+            s_all = np.zeros(self.X.shape[0])
+            s_all[np.concatenate([np.arange(self.row_offsets[c], self.row_offsets[c + 1]) for c in sel])] = s
+            s = s_all
+        u = np.append(plan["Q"] @ s, 0.0)
+        packed = u[plan["gather"]]        # the same number on both sides of the diagonal: exactly symmetric
+        layout = plan["layout"]
+        if not full:
+            layout = layout.take(sel)
+            packed = np.concatenate([packed[plan["layout"].offsets[c]:plan["layout"].offsets[c + 1]] for c in sel])
+        packed.flags.writeable = False    # the certificate below describes these numbers; keep them
+        cert = {"symmetric": True, "finite": bool(np.isfinite(u).all())}
+        return ActiveBlocks(layout.views(packed), tuple(self.active[c] for c in sel), self.d, self.lam,
+                            tuple(self.block_flat[c] for c in sel), packed, layout, cert)
 
-        On NumPy the product goes through the sparse client design (nnz x k flops, not M x a x k)."""
+    def sketched_roots(self, thetas, sketches, sel=None, scale: float = 1.0):
+        """Per client (S_c A_c)^T = A_c^T S_c^T (a_c x k), given S_c^T (M_c x k) (dense, or SciPy sparse
+        for CountSketch); ``None`` means S_c = I.  ``scale`` multiplies every sketch (e.g. 1/sqrt(k)).
+
+        On NumPy the product goes through the sparse client design with the row weights and the scale
+        folded into its non-zeros (nnz x k flops, no scaled copy of the M_c x k sketch)."""
         rows = self._rows(sel)
         root = self._curvature(thetas, rows) ** 0.5
         sel = np.arange(self.n_clients) if sel is None else np.asarray(sel)
@@ -197,7 +269,13 @@ class FederatedLogReg:
             if St is None:
                 out.append((self.reduced[c] * r).T)
             elif self.xp is np:
-                out.append(self.reduced_T_csr[c] @ (St * r))
+                RT = self.reduced_T_csr[c]
+                w = r[:, 0] * scale if scale != 1.0 else r[:, 0]
+                scaled = sp.csr_matrix((RT.data * w[RT.indices], RT.indices, RT.indptr), shape=RT.shape)
+                prod = scaled @ St
+                out.append(prod.toarray() if sp.issparse(prod) else prod)
+            elif scale != 1.0:
+                out.append((self.reduced[c] * (r * scale)).T @ St)
             else:
                 out.append((self.reduced[c] * r).T @ St)
         return tuple(out)

@@ -40,8 +40,9 @@ def _max_abs(xp, a) -> float:
     return float(xp.max(xp.abs(a))) if n else 0.0
 
 
-def psd_problem(M, tol: float | None = None) -> str | None:
-    """None if M is symmetric PSD within ``tol`` (relative), else the reason.
+def psd_problem(M, tol: float | None = None, shift: float = 0.0) -> str | None:
+    """None if M (+ ``shift`` I, for a stack stored as block + shift) is symmetric PSD within ``tol``
+    (relative), else the reason.
 
     Fast path: one symmetry pass and one Cholesky of M + tol*scale*I (NaN/Inf make either
     fail); the specific reason is worked out only for a matrix that fails."""
@@ -57,7 +58,7 @@ def psd_problem(M, tol: float | None = None) -> str | None:
         scale = max(1.0, float(xp.abs(xp.diagonal(M)).max()))
         sym = float(xp.abs(M - M.T).max())
         ok_sym = sym <= tol * scale   # False for NaN
-        ok = ok_sym and int(xp.linalg.cholesky_ex(M + tol * scale * xp.eye(n, dtype=M.dtype, device=M.device))[1]) == 0
+        ok = ok_sym and int(xp.linalg.cholesky_ex(M + (tol * scale + shift) * xp.eye(n, dtype=M.dtype, device=M.device))[1]) == 0
     elif xp is np:
         M = np.asarray(M, dtype=np.float64)
         scale = max(1.0, float(np.abs(np.diagonal(M)).max()))
@@ -65,13 +66,13 @@ def psd_problem(M, tol: float | None = None) -> str | None:
         ok = False
         if ok_sym:
             S = M.copy()
-            S.flat[::n + 1] += tol * scale
+            S.flat[::n + 1] += tol * scale + shift
             ok = dpotrf(S, lower=1, clean=0, overwrite_a=1)[1] == 0
     else:
         scale = max(1.0, float(xp.max(xp.abs(xp.diagonal(M)))))
         ok_sym = float(xp.max(xp.abs(M - M.T))) <= tol * scale
         try:
-            ok = ok_sym and bool(xp.all(xp.isfinite(xp.linalg.cholesky(M + tol * scale * xp.eye(n, dtype=M.dtype)))))
+            ok = ok_sym and bool(xp.all(xp.isfinite(xp.linalg.cholesky(M + (tol * scale + shift) * xp.eye(n, dtype=M.dtype)))))
         except Exception:
             ok = False
     if ok:

@@ -10,3 +10,22 @@ def test_benchmark_reports_ratios_and_matches_the_naive_loop(capsys):
         assert r[key] > 0
     assert r["naive_vs_ours_relative_difference"] < 1e-10   # same algorithm, same iterates
     assert r["rounds_to_1e-9"] <= 12
+
+
+def test_all_methods_rows_on_a_small_problem():
+    import numpy as np
+
+    from fedconvex.problem import FederatedLogReg
+    from naive import random_data
+
+    rng = np.random.default_rng(0)
+    X, y, parts = random_data(rng, 4, 6, sizes=[20, 30, 25, 15])
+    pb = FederatedLogReg(X, y, parts, lam=1e-2)
+    rows = bench_convex.measure_all(pb, np.zeros(6) + 0.1, fedpm_round=1e-3, rounds=2)
+    by = {r["label"]: r for r in rows}
+    assert {"FedPM", "FedNL Rank-1", "FedNL-LS identity", "FedNL-PP identity (all clients)", "FedNS SRHT",
+            "FedNL Natural", "FedNL TopLEK (k=d)", "FedNL RandSeqK (k=d)"} <= set(by)
+    for label in ("FedPM", "FedNL identity", "FedNL-LS identity", "FedNL-PP identity (all clients)"):
+        assert by[label]["rounds_to_1e-9"] is not None and by[label]["seconds_to_1e-9"] > 0
+        assert by[label]["round_vs_fedpm"] > 0
+    json.dumps(rows)   # serialisable as it is

@@ -2,6 +2,7 @@
 
     python -m validation.bench_convex            # table
     python -m validation.bench_convex --json     # {"seconds_per_round", "seconds_to_1e-9", "loop_ratio", ...}
+    python -m validation.bench_convex --all-methods [--json]   # plus every method, see below
 
 Measured in one run, on this machine:
   * seconds_per_round: median wall time of a FedPM (K=1, lr=1) round from the paper's theta0,
@@ -11,6 +12,13 @@ Measured in one run, on this machine:
   * loop_ratio:        (straightforward per-client Python loop, dense NumPy) / ours, per round,
                        for the same algorithm from the same point (the loop is also checked to
                        reach the same parameters).  The loop gets its best BLAS thread setting.
+
+--all-methods adds, per method (second-order ones with each FedNL compressor and each FedNS sketch,
+first-order ones for reference): seconds_per_round (median, from the paper's theta0, screening on),
+round_vs_fedpm (that / FedPM's), and seconds_to_1e-9 / rounds_to_1e-9 from theta = 0 within
+``MAX_ROUNDS`` rounds and ``TIME_CAP`` seconds (null where the method does not get there; "diverged"
+where it blows up; final_grad_norm says how far it got).
+Every run pins BLAS to one thread (fedconvex.run does), so the numbers are per core.
 """
 from __future__ import annotations
 
@@ -27,7 +35,64 @@ from fedconvex.algorithms import make_algorithm
 from fedconvex.data import load_dataset, paper_split_sizes, sequential_split
 from fedconvex.problem import FederatedLogReg
 from fedconvex.reference import initial_point, solve_optimum
-from fedconvex.run import run
+from fedconvex.run import Diverged, run
+
+MAX_ROUNDS = 40
+TIME_CAP = 10.0   # seconds of rounds after which a method's run from theta = 0 is given up
+
+
+def all_methods(d):
+    """(label, method, parameters): each FedNL compressor at its usual setting (unbiased ones with
+    alpha = 1/(omega + 1)), each FedNS sketch at the paper's k = d."""
+    n_up = d * (d + 1) // 2
+    return [
+        ("FedPM", "fedpm", {}),
+        ("Newton (centralized)", "newton", {}),
+        ("LocalNewton", "localnewton", {}),
+        ("FedNL identity", "fednl", {}),
+        ("FedNL Rank-1", "fednl", {"compressor": "rankr", "rank": 1}),
+        ("FedNL Top-K (k=d)", "fednl", {"compressor": "topk", "k": d}),
+        ("FedNL TopLEK (k=d)", "fednl", {"compressor": "toplek", "k": d}),
+        ("FedNL Rand-K (k=d)", "fednl", {"compressor": "randk", "k": d, "alpha": d / n_up}),
+        ("FedNL RandSeqK (k=d)", "fednl", {"compressor": "randseqk", "k": d, "alpha": d / n_up}),
+        ("FedNL Natural", "fednl", {"compressor": "natural", "alpha": 8 / 9}),
+        ("FedNL-LS identity", "fednl-ls", {}),
+        ("FedNL-LS Rank-1", "fednl-ls", {"compressor": "rankr", "rank": 1}),
+        ("FedNL-PP identity (all clients)", "fednl-pp", {}),
+        ("FedNS Gaussian", "fedns", {}),
+        ("FedNS SRHT", "fedns", {"sketch": "srht"}),
+        ("FedNS CountSketch", "fedns", {"sketch": "countsketch"}),
+        ("FedAvg", "fedavg", {"lr": 100.0}),
+        ("SCAFFOLD", "scaffold", {"lr": 100.0}),
+    ]
+
+
+def measure_all(problem, theta0, fedpm_round, rounds=5):
+    """Per method: median seconds per round from theta0, and seconds from 0 to ||grad f|| <= 1e-9."""
+    zero = problem.to_backend(np.zeros(problem.d))
+    rows = []
+    for label, name, params in all_methods(problem.d):
+        alg = make_algorithm(name, **params)
+        row = {"label": label, "method": name, "params": params}
+        try:
+            _, h = run(problem, alg, theta0, rounds)
+            row["seconds_per_round"] = statistics.median(h[t]["seconds"] - h[t - 1]["seconds"]
+                                                         for t in range(1, len(h)))
+            row["round_vs_fedpm"] = row["seconds_per_round"] / fedpm_round
+        except Diverged:
+            row["seconds_per_round"] = row["round_vs_fedpm"] = None
+        try:
+            _, h0 = run(problem, alg, zero, MAX_ROUNDS,
+                        stop=lambda r: r["grad_norm"] <= 1e-9 or r["seconds"] > TIME_CAP)
+            ok = h0[-1]["grad_norm"] <= 1e-9
+            row["seconds_to_1e-9"] = h0[-1]["seconds"] if ok else None
+            row["rounds_to_1e-9"] = h0[-1]["round"] if ok else None
+            row["final_grad_norm"] = h0[-1]["grad_norm"]
+        except Diverged:
+            row["seconds_to_1e-9"] = row["rounds_to_1e-9"] = None
+            row["final_grad_norm"] = "diverged"
+        rows.append(row)
+    return rows
 
 
 def naive_fedpm_round(Xs, ys, theta, lam, lr=1.0):
@@ -46,7 +111,7 @@ def naive_fedpm_round(Xs, ys, theta, lam, lr=1.0):
     return np.linalg.solve(Pbar, rhs)
 
 
-def measure(dataset="w8a", rounds=8, naive_rounds=3):
+def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False):
     ds = load_dataset(dataset)
     n_clients, per_client = paper_split_sizes(dataset) or (10, ds.n // 10)
     parts = sequential_split(ds.n, n_clients, per_client)
@@ -84,20 +149,27 @@ def measure(dataset="w8a", rounds=8, naive_rounds=3):
         best_naive = min(best_naive, statistics.median(times))
     ours_theta = run(problem, alg, theta0, naive_rounds)[0].theta
     agree = float(np.linalg.norm(ours_theta - theta) / np.linalg.norm(theta))
-    return {"dataset": dataset, "clients": n_clients, "per_client": per_client, "d": problem.d,
+    extra = {}
+    if all_methods:
+        extra["methods"] = measure_all(problem, theta0, per_round)
+        extra["max_rounds_to_target"] = MAX_ROUNDS
+    return {**extra, "dataset": dataset, "clients": n_clients, "per_client": per_client, "d": problem.d,
             "seconds_per_round": per_round, "seconds_per_round_without_screening": per_round_unscreened,
             "seconds_to_1e-9": to_target, "rounds_to_1e-9": hist0[-1]["round"],
             "naive_seconds_per_round": best_naive, "loop_ratio": best_naive / per_round,
             "naive_vs_ours_relative_difference": agree,
-            "command": "python -m validation.bench_convex" + (f" --dataset {dataset}" if dataset != "w8a" else "")}
+            "blas_threads": 1,
+            "command": "python -m validation.bench_convex" + (f" --dataset {dataset}" if dataset != "w8a" else "")
+            + (" --all-methods" if all_methods else "")}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m validation.bench_convex", description=__doc__.split("\n")[0])
     p.add_argument("--dataset", default="w8a")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--all-methods", action="store_true", help="also time every method (see the module doc)")
     args = p.parse_args(argv)
-    r = measure(args.dataset)
+    r = measure(args.dataset, all_methods=args.all_methods)
     if args.json:
         print(json.dumps(r))
         return 0
@@ -108,6 +180,14 @@ def main(argv=None) -> int:
     print(f"  naive per-client loop per round   {r['naive_seconds_per_round']:.4f} s")
     print(f"  loop_ratio (naive / ours)         {r['loop_ratio']:.1f}x   (same iterates: rel. diff "
           f"{r['naive_vs_ours_relative_difference']:.1e})")
+    if "methods" in r:
+        print(f"\n  {'method':34s} {'s/round':>9s} {'x FedPM':>8s} {'s to 1e-9':>10s} {'rounds':>6s}   (from theta=0, "
+              f"<= {r['max_rounds_to_target']} rounds)")
+        for m in r["methods"]:
+            def f(v, fmt):
+                return "-" if v is None else format(v, fmt)
+            print(f"  {m['label']:34s} {f(m['seconds_per_round'], '9.4f')} {f(m['round_vs_fedpm'], '8.2f')} "
+                  f"{f(m['seconds_to_1e-9'], '10.3f')} {f(m['rounds_to_1e-9'], '6d')}")
     print(f"reproduce: {r['command']}")
     return 0
 

@@ -4,7 +4,7 @@ from .centralized import GradientDescent, Newton
 from .fedadam import FedAdam
 from .fedavg import FedAvg
 from .fedavgm import FedAvgM
-from .fednl import FedNL
+from .fednl import FedNL, FedNLLS, FedNLPP
 from .fedns import FedNS
 from .fedpm import FedPM
 from .fedprox import FedProx
@@ -12,7 +12,7 @@ from .localnewton import LocalNewton
 from .scaffold import Scaffold
 
 REGISTRY = {cls.name: cls for cls in (
-    FedAvg, FedAvgM, FedProx, Scaffold, FedAdam, FedNL, FedNS, LocalNewton, FedPM, Newton, GradientDescent)}
+    FedAvg, FedAvgM, FedProx, Scaffold, FedAdam, FedNL, FedNLLS, FedNLPP, FedNS, LocalNewton, FedPM, Newton, GradientDescent)}
 REGISTRY["psgd"] = FedAvg  # FedAvg with one local step is PSGD (paper eq. PSGD)
 
 # the eight methods of the paper's Test 1, in its legend order

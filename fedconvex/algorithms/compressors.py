@@ -1,10 +1,23 @@
-"""Matrix compressors for FedNL (Safaryan et al. 2022, section 3): identity, TopK, RandK, Rank-R.
+"""Matrix compressors for FedNL (Safaryan et al. 2022, section 3; u-FedNL, Burlachenko et al. 2024).
 
-Each has ``encode(xp, M, rng) -> message`` (the arrays a client actually sends for a stack
-of symmetric (P, d, d) matrices) and ``decode(xp, message, d) -> (P, d, d)`` (what the server,
-and the client for its own estimate, reconstruct).
-TopK and RandK act on the upper triangle (the matrices are symmetric, so the lower one
-carries no information) and are symmetrised on decoding.
+Each has ``encode(xp, M, rng, support=None) -> message`` (the arrays a client actually sends for a
+stack of symmetric (P, d, d) matrices), ``decode(xp, message, d) -> (P, d, d)`` (what the server,
+and the client for its own estimate, reconstruct) and ``bits(message, d) -> (P,)`` (the bits each
+client's part takes with the compressor's own coding: 64-bit floats, 32-bit indices, Natural's 12-bit
+sign + exponent).  The entry compressors act on the d(d+1)/2 upper-triangular entries (the matrices are
+symmetric) and are symmetrised on decoding.
+
+    identity   exact                                                        64 d(d+1)/2 bits
+    topk       k largest |entries|               contractive, delta = k/n   96 k
+    toplek     fewest (<= k) largest entries with TopK's guarantee          96 k'  (k' <= k)
+    randk      k random entries x n/k            unbiased, omega = n/k - 1   96 k
+    randseqk   k consecutive entries from a random start, x n/k  (unbiased)   64 k + 32
+    natural    each entry randomly rounded to a power of two (unbiased, omega = 1/8)   12 n
+    rankr      r eigenpairs of largest |eigenvalue|  contractive             64 r (d + 1)
+
+(n = d(d+1)/2.)  ``support`` (optional, per matrix the indices of the rows/columns that may be
+non-zero, e.g. a client's active features) lets Rank-R solve on that sub-block; it is verified
+(the Frobenius norm must all lie inside), so a wrong support only costs time.
 """
 from __future__ import annotations
 
@@ -12,33 +25,76 @@ from dataclasses import dataclass
 
 import numpy as np
 
+FLOAT_BITS, INDEX_BITS = 64, 32
+
 
 def _upper(d):
     return np.triu_indices(d)
+
+
+def _upper_pos(d):
+    iu, ju = _upper(d)
+    return (iu * d + ju).astype(np.int64)
+
+
+def _scatter_upper(xp, vals, idx, d):
+    """(P, d, d) symmetric matrices from per-matrix upper-entry values and their upper-entry indices
+    (arrays of shape (P, k), or tuples of per-matrix 1-D arrays of any lengths)."""
+    iu, ju = _upper(d)
+    up, lo = xp.asarray((iu * d + ju).astype(np.int64)), xp.asarray((ju * d + iu).astype(np.int64))
+    n = len(vals)
+    flat = xp.zeros((n, d * d), dtype=np.float64)
+    # each value written to (i, j) and (j, i) (once on the diagonal): no dense symmetrisation pass
+    if isinstance(vals, (tuple, list)):
+        for c, (v, i) in enumerate(zip(vals, idx)):
+            i = xp.asarray(i).astype(xp.int64)
+            flat[c, up[i]] = v
+            flat[c, lo[i]] = v
+    else:
+        rows, i = xp.arange(n)[:, None], idx.astype(xp.int64)
+        flat[rows, up[i]] = vals
+        flat[rows, lo[i]] = vals
+    return flat.reshape(n, d, d)
+
+
+def _gather_upper(xp, M, idx):
+    """M's upper-triangular entries number ``idx`` (P, k), without forming the (P, n) upper stack."""
+    P, d = M.shape[0], M.shape[1]
+    pos = xp.asarray(_upper_pos(d))[idx]
+    return M.reshape(P, d * d)[xp.arange(P)[:, None], pos]
 
 
 class _UpperEntries:
     """Shared decoding for compressors that send (values, index) of upper-triangular entries."""
 
     def decode(self, xp, msg, d):
-        vals, idx = msg["values"], msg["index"]
-        n = vals.shape[0]
-        iu, ju = _upper(d)
-        pos = xp.asarray((iu * d + ju).astype(np.int64))[idx.astype(xp.int64)]
-        flat = xp.zeros((n, d * d), dtype=vals.dtype)
-        flat[xp.arange(n)[:, None], pos] = vals
-        M = flat.reshape(n, d, d)
-        # symmetrise: upper + upper^T, counting the diagonal once
-        return M + xp.swapaxes(M, 1, 2) - M * xp.eye(d, dtype=vals.dtype)[None]
+        return _scatter_upper(xp, msg["values"], msg["index"], d)
+
+    def bits(self, msg, d):
+        return np.array([(FLOAT_BITS + INDEX_BITS) * len(v) for v in msg["values"]], dtype=np.int64)
 
 
 @dataclass(frozen=True)
 class Identity:
-    def encode(self, xp, M, rng):
+    def encode(self, xp, M, rng, support=None):
         return {"S": M}
 
     def decode(self, xp, msg, d):
         return msg["S"]
+
+    def bits(self, msg, d):
+        return np.full(len(msg["S"]), FLOAT_BITS * d * (d + 1) // 2, dtype=np.int64)
+
+
+def _top_order(xp, U, k):
+    """Per row the indices of the k largest |U| (largest first); argpartition, then a sort of k."""
+    A = xp.abs(U)
+    if k < U.shape[1]:
+        part = xp.argpartition(-A, k - 1, axis=1)[:, :k]
+    else:
+        part = xp.broadcast_to(xp.arange(U.shape[1])[None], U.shape)
+    order = xp.argsort(-xp.take_along_axis(A, part, 1), axis=1, kind="stable")
+    return xp.take_along_axis(part, order, 1)
 
 
 @dataclass(frozen=True)
@@ -47,11 +103,36 @@ class TopK(_UpperEntries):
 
     k: int
 
-    def encode(self, xp, M, rng):
+    def encode(self, xp, M, rng, support=None):
         iu, ju = _upper(M.shape[1])
         U = M[:, iu, ju]
-        idx = xp.argsort(-xp.abs(U), axis=1)[:, :min(self.k, U.shape[1])]
+        idx = _top_order(xp, U, min(self.k, U.shape[1]))
         return {"values": xp.take_along_axis(U, idx, 1), "index": idx.astype(xp.int32)}
+
+
+@dataclass(frozen=True)
+class TopLEK(_UpperEntries):
+    """Top-"less or equal" K (u-FedNL): the fewest k' <= k largest entries whose error is within TopK's
+    guarantee, ||u - C(u)||^2 <= (1 - k/n) ||u||^2 for the vector u of the n upper entries.  Same contraction as TopK,
+    never more entries.  The count varies per client, so the message holds one array per client."""
+
+    k: int
+
+    def encode(self, xp, M, rng, support=None):
+        iu, ju = _upper(M.shape[1])
+        U = M[:, iu, ju]
+        n = U.shape[1]
+        k = min(self.k, n)
+        idx = _top_order(xp, U, k)
+        top = xp.take_along_axis(U, idx, 1)
+        # the error TopK's bound allows, in the norm of the vector of upper entries
+        energy = (U * U).sum(1)
+        kept = xp.cumsum(top * top, axis=1)
+        needed = energy - (1.0 - k / n) * energy          # energy the kept entries must carry
+        counts = np.minimum(1 + (kept < needed[:, None]).sum(1), k)
+        values = tuple(top[c, :counts[c]] * 1.0 for c in range(len(U)))
+        index = tuple(idx[c, :counts[c]].astype(np.int32) for c in range(len(U)))
+        return {"values": values, "index": index}
 
 
 @dataclass(frozen=True)
@@ -60,12 +141,92 @@ class RandK(_UpperEntries):
 
     k: int
 
-    def encode(self, xp, M, rng):
+    def encode(self, xp, M, rng, support=None):
+        n = M.shape[1] * (M.shape[1] + 1) // 2
+        k = min(self.k, n)
+        idx = xp.asarray(np.stack([np.sort(rng.choice(n, k, replace=False)) for _ in range(M.shape[0])]))
+        return {"values": _gather_upper(xp, M, idx) * (n / k), "index": idx.astype(xp.int32)}
+
+
+@dataclass(frozen=True)
+class RandSeqK:
+    """k *consecutive* upper-triangular entries (cyclically) from a uniform random start, scaled by n/k
+    (u-FedNL's RandSeqK): unbiased like RandK, with one start index on the wire instead of k indices."""
+
+    k: int
+
+    def encode(self, xp, M, rng, support=None):
+        n = M.shape[1] * (M.shape[1] + 1) // 2
+        k = min(self.k, n)
+        start = rng.integers(0, n, size=M.shape[0])
+        idx = (start[:, None] + np.arange(k)[None, :]) % n
+        return {"values": _gather_upper(xp, M, xp.asarray(idx)) * (n / k), "start": start.astype(np.int32)}
+
+    def decode(self, xp, msg, d):
+        vals = msg["values"]
+        n = d * (d + 1) // 2
+        idx = (np.asarray(msg["start"]).astype(np.int64)[:, None] + np.arange(vals.shape[1])[None, :]) % n
+        return _scatter_upper(xp, vals, xp.asarray(idx), d)
+
+    def bits(self, msg, d):
+        return np.full(len(msg["values"]), FLOAT_BITS * msg["values"].shape[1] + INDEX_BITS, dtype=np.int64)
+
+
+_EXP_BIAS = 1075  # float64 exponents -1074..1023 (+1 after rounding up) -> 1..2099: an int16 code
+
+
+@dataclass(frozen=True)
+class Natural:
+    """Natural compression (Horvath et al. 2019) of every upper-triangular entry: t in [2^a, 2^(a+1))
+    becomes 2^(a+1) with probability t / 2^a - 1, else 2^a (sign kept).  Unbiased with
+    E||C(x) - x||^2 <= ||x||^2 / 8, so FedNL uses alpha = 1 / (1 + 1/8).  On the wire: a sign bit and the
+    11-bit exponent, 12 bits an entry (the message holds them as int16 codes)."""
+
+    def encode(self, xp, M, rng, support=None):
         iu, ju = _upper(M.shape[1])
-        U = M[:, iu, ju]
-        k = min(self.k, U.shape[1])
-        idx = xp.asarray(np.stack([np.sort(rng.choice(U.shape[1], k, replace=False)) for _ in range(M.shape[0])]))
-        return {"values": xp.take_along_axis(U, idx, 1) * (U.shape[1] / k), "index": idx.astype(xp.int32)}
+        U = np.asarray(M[:, iu, ju])
+        mant, ex = np.frexp(np.abs(U))                 # |U| = mant 2^ex, mant in [0.5, 1)
+        up = rng.random(U.shape) < (2.0 * mant - 1.0)  # P(round up) = |U| / 2^(ex-1) - 1
+        code = (ex - 1 + up + _EXP_BIAS).astype(np.int16) * np.sign(U).astype(np.int16)
+        return {"code": xp.asarray(code)}
+
+    def decode(self, xp, msg, d):
+        code = np.asarray(msg["code"])
+        mag = np.ldexp(1.0, np.abs(code).astype(np.int32) - _EXP_BIAS)   # code 0 -> 2^-1075 = 0.0
+        vals = np.copysign(mag, code)
+        idx = np.broadcast_to(np.arange(code.shape[1]), code.shape)
+        return xp.asarray(_scatter_upper(np, vals, idx, d))
+
+    def bits(self, msg, d):
+        return np.full(len(msg["code"]), 12 * msg["code"].shape[1], dtype=np.int64)
+
+
+def top_abs_eigh(A, r):
+    """The r eigenpairs of the symmetric A with the largest |eigenvalue|, largest first.
+
+    LAPACK's index-range solver (dsyevr, range='I') computes only the r largest and the r smallest
+    eigenpairs, one of which ends holds every wanted pair; small matrices use the full solver."""
+    n = A.shape[0]
+    r = min(r, n)
+    if n <= max(8, 3 * r):
+        lam, V = np.linalg.eigh(A)
+        pick = np.argsort(-np.abs(lam), kind="stable")[:r]
+        return lam[pick], V[:, pick]
+    from scipy.linalg.lapack import dsyevr
+
+    A = np.asfortranarray(A)
+    parts = []
+    for il, iu in ((n - r + 1, n), (1, r)):
+        w, Z, m, _, info = dsyevr(A, compute_v=1, range="I", il=il, iu=iu, lower=1)[:5]
+        if info != 0:  # pragma: no cover - LAPACK failure: the full solver decides
+            lam, V = np.linalg.eigh(A)
+            pick = np.argsort(-np.abs(lam), kind="stable")[:r]
+            return lam[pick], V[:, pick]
+        parts.append((w[:m], Z[:, :m]))
+    lam = np.concatenate([parts[0][0], parts[1][0]])
+    V = np.concatenate([parts[0][1], parts[1][1]], axis=1)
+    pick = np.argsort(-np.abs(lam), kind="stable")[:r]
+    return lam[pick], V[:, pick]
 
 
 @dataclass(frozen=True)
@@ -74,26 +235,61 @@ class RankR:
 
     r: int
 
-    def encode(self, xp, M, rng):
-        lam, V = xp.linalg.eigh(M)
-        idx = xp.argsort(-xp.abs(lam), axis=1)[:, :min(self.r, M.shape[1])]
-        return {"eigvals": xp.take_along_axis(lam, idx, 1), "eigvecs": xp.take_along_axis(V, idx[:, None, :], 2)}
+    def encode(self, xp, M, rng, support=None):
+        P, d = M.shape[0], M.shape[1]
+        r = min(self.r, d)
+        if xp is not np:
+            lam, V = xp.linalg.eigh(M)
+            idx = xp.argsort(-xp.abs(lam), axis=1)[:, :r]
+            return {"eigvals": xp.take_along_axis(lam, idx, 1), "eigvecs": xp.take_along_axis(V, idx[:, None, :], 2)}
+        vals, vecs = np.zeros((P, r)), np.zeros((P, d, r))
+        norms = np.einsum("nij,nij->n", M, M)
+        for c in range(P):
+            a = None if support is None else np.asarray(support[c])
+            if a is not None and len(a) < d:
+                sub = M[c][np.ix_(a, a)]
+                if abs(norms[c] - float((sub * sub).sum())) > 1e-14 * norms[c]:
+                    a = None  # mass outside the support: solve on the whole matrix
+            if a is None or len(a) == d:
+                lam, V = top_abs_eigh(M[c], r)
+                vals[c, :len(lam)], vecs[c, :, :len(lam)] = lam, V
+            elif len(a):
+                lam, V = top_abs_eigh(sub, r)
+                vals[c, :len(lam)], vecs[c, a, :len(lam)] = lam, V   # beyond rank(sub): zero pairs
+        return {"eigvals": vals, "eigvecs": vecs}
 
     def decode(self, xp, msg, d):
         V, lam = msg["eigvecs"], msg["eigvals"]
-        M = (V * lam[:, None, :]) @ xp.swapaxes(V, 1, 2)
-        return 0.5 * (M + xp.swapaxes(M, 1, 2))
+        if xp is not np:
+            M = (V * lam[:, None, :]) @ xp.swapaxes(V, 1, 2)
+            return 0.5 * (M + xp.swapaxes(M, 1, 2))
+        # sum_j lam_j (v_j v_j^T): each outer product is exactly symmetric, so the sum is too (a batched
+        # matmul with inner dimension r is far slower than r broadcast products here)
+        M = np.zeros((V.shape[0], d, d))
+        for j in range(V.shape[2]):
+            v = V[:, :, j]
+            M += lam[:, j, None, None] * (v[:, :, None] * v[:, None, :])
+        return M
+
+    def bits(self, msg, d):
+        r = msg["eigvals"].shape[1]
+        return np.full(len(msg["eigvals"]), FLOAT_BITS * r * (d + 1), dtype=np.int64)
+
+
+COMPRESSORS = ("identity", "topk", "toplek", "randk", "randseqk", "natural", "rankr")
 
 
 def make_compressor(name: str, k: int | None = None, rank: int | None = None):
     if name == "identity":
         return Identity()
-    if name in ("topk", "randk"):
+    if name == "natural":
+        return Natural()
+    if name in ("topk", "randk", "toplek", "randseqk"):
         if not k or k < 1:
             raise ValueError(f"compressor {name!r} needs k >= 1")
-        return TopK(k) if name == "topk" else RandK(k)
+        return {"topk": TopK, "randk": RandK, "toplek": TopLEK, "randseqk": RandSeqK}[name](k)
     if name == "rankr":
         if not rank or rank < 1:
             raise ValueError("compressor 'rankr' needs rank >= 1")
         return RankR(rank)
-    raise ValueError(f"unknown compressor {name!r}; choose identity, topk, randk or rankr")
+    raise ValueError(f"unknown compressor {name!r}; choose {', '.join(COMPRESSORS)}")

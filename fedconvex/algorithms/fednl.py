@@ -17,13 +17,31 @@ paper symbol -> field: alpha (Hessian learning rate) -> alpha, mu -> mu (default
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
+
+import numpy as np
 
 from ..mixing import simple_mix
 from .base import Algorithm, RoundInfo, State, start_stack
 from .compressors import make_compressor
 from .grids import SECOND_ORDER_LR
+
+
+def _support(problem, sel):
+    """Each client's active features: grad^2 f_i - H_i vanishes outside them (H_i^0 = grad^2 f_i(x^0) and
+    every compressed update keeps that), which lets Rank-R solve on the small block (it checks)."""
+    active = getattr(problem, "active_host", None)
+    return None if active is None or problem.xp is not np else tuple(active[c] for c in sel)
+
+
+def _add_scaled(H, alpha, S):
+    """H + alpha S in one pass over a large stack (a new array: the old estimate may be shared)."""
+    if alpha == 1.0:
+        return H + S
+    out = S * alpha
+    out += H
+    return out
 
 
 @dataclass(frozen=True)
@@ -55,20 +73,35 @@ class FedNL(Algorithm):
         xp = problem.xp
         thetas = start_stack(problem, down["theta"], len(sel))
         g = problem.gradients(thetas, sel)
-        # grad^2 f_i(x^k) - H_i^k, scattered straight into a copy of -H_i (no dense Hessian stack)
-        diff = problem.hessians(thetas, sel).plus_dense(-cstate["H"])
+        # grad^2 f_i(x^k) - H_i^k, scattered straight into -H_i (no dense Hessian stack)
+        diff = problem.hessians(thetas, sel).plus_dense(-cstate["H"], inplace=True)
         comp = make_compressor(self.compressor, self.k, self.rank)
-        msg = comp.encode(xp, diff, rng)
+        msg = comp.encode(xp, diff, rng, support=_support(problem, sel))
         S = comp.decode(xp, msg, problem.d)
         up = {"grad": g, **msg}
         if self.option == "shift":
             up["l"] = xp.sqrt(xp.einsum("nij,nij->n", diff, diff))
-        return up, {"H": cstate["H"] + self.alpha * S}
+        return up, {"H": _add_scaled(cstate["H"], self.alpha, S)}
 
     def server_update(self, problem, state, up, info: RoundInfo) -> State:
         xp = problem.xp
         g = simple_mix(up["grad"], info.weights)
         H = state.server["H"]
+        theta, server = self.step(problem, state, g, self.step_matrix(problem, H, up, info), up, info)
+        # H^{k+1} = H^k + alpha sum_{i in S} w_i S_i with the problem's (unnormalised) weights
+        w = problem.client_weights[xp.asarray(info.sel)]
+        S = make_compressor(self.compressor, self.k, self.rank).decode(xp, up, problem.d)
+        H_new = H + self.alpha * xp.tensordot(w, S, axes=1)
+        return State(theta=theta, server={**server, "H": 0.5 * (H_new + H_new.T)}, clients=state.clients,
+                     round=state.round + 1)
+
+    def step(self, problem, state, g, Hs, up, info):
+        """x^{k+1} = x^k - lr Hs^{-1} grad f(x^k); returns it and extra server state."""
+        xp = problem.xp
+        return state.theta - self.lr * xp.linalg.solve(Hs, g[:, None])[:, 0], {}
+
+    def step_matrix(self, problem, H, up, info):
+        xp = problem.xp
         if self.option == "project":
             mu = problem.lam if self.mu is None else self.mu
             lam, V = xp.linalg.eigh(H)
@@ -77,11 +110,119 @@ class FedNL(Algorithm):
             Hs = H + simple_mix(up["l"], info.weights) * xp.eye(H.shape[0], dtype=H.dtype)
         else:
             Hs = H
-        Hs = 0.5 * (Hs + Hs.T)
-        theta = state.theta - self.lr * xp.linalg.solve(Hs, g[:, None])[:, 0]
-        # H^{k+1} = H^k + alpha sum_{i in S} w_i S_i with the problem's (unnormalised) weights
-        w = problem.client_weights[xp.asarray(info.sel)]
+        return 0.5 * (Hs + Hs.T)
+
+
+@dataclass(frozen=True)
+class FedNLLS(FedNL):
+    """FedNL-LS (Safaryan et al. 2022, Algorithm 2): FedNL's direction d^k = -[H^k]_mu^{-1} grad f(x^k)
+    with a backtracking (Armijo) line search, which makes it a descent method from any start:
+
+        x^{k+1} = x^k + t_k d^k,  t_k = max{lr c^s : f(x^k + lr c^s d^k) <= f(x^k) + gamma lr c^s <grad f(x^k), d^k>}.
+
+    Clients also send f_i(x^k); every backtracking trial costs the server one broadcast of the trial
+    point and one number per client (counted in ``state.server['ls_trials']``).  If no trial passes
+    within ``max_backtracks`` the model is kept, so f(x^k) never increases.
+
+    paper symbol -> field: c -> c, gamma -> gamma, mu -> mu (default lam); option 'project' by default.
+    """
+
+    name: ClassVar[str] = "fednl-ls"
+    label: ClassVar[str] = "FedNL-LS"
+
+    option: str = "project"
+    c: float = 0.5
+    gamma: float = 0.25
+    max_backtracks: int = 40
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0 < self.c < 1 or not 0 < self.gamma <= 0.5:
+            raise ValueError(f"FedNL-LS needs 0 < c < 1 and 0 < gamma <= 1/2, got c={self.c}, gamma={self.gamma}")
+
+    def client_update(self, problem, down, cstate, sel, rng):
+        up, cstate = super().client_update(problem, down, cstate, sel, rng)
+        thetas = start_stack(problem, down["theta"], len(sel))
+        return {**up, "f": problem.values(thetas, sel)}, cstate
+
+    def step(self, problem, state, g, Hs, up, info):
+        xp = problem.xp
+        direction = -xp.linalg.solve(Hs, g[:, None])[:, 0]
+        f0 = float((info.weights * up["f"]).sum())
+        slope = float(g @ direction)
+        t, trials, step = self.lr, 0, 0.0
+        theta = state.theta
+        while trials < self.max_backtracks and slope < 0:
+            trials += 1
+            trial = state.theta + t * direction
+            if problem.value(trial) <= f0 + self.gamma * t * slope:
+                theta, step = trial, t
+                break
+            t *= self.c
+        return theta, {"ls_trials": state.server.get("ls_trials", 0) + trials, "ls_step": step}
+
+
+@dataclass(frozen=True)
+class FedNLPP(Algorithm):
+    """FedNL-PP (Safaryan et al. 2022, Algorithm 3): FedNL with partial participation.
+
+    Every client i keeps H_i, l_i and g_i = (H_i + l_i I) w_i - grad f_i(w_i) at its last model w_i; the
+    server keeps their weighted sums H, l, g and sets x^{k+1} = (H^k + l^k I)^{-1} g^k.  A participant
+    (w_i = x^{k+1}) updates H_i += alpha C(grad^2 f_i(w_i) - H_i), l_i = ||H_i - grad^2 f_i(w_i)||_F and
+    g_i, and sends C(...), the change of l_i and the change of g_i; the others send nothing and keep
+    their state, which the server's sums still hold.  With every client taking part, the identity
+    compressor and alpha = 1 it is Newton's method (H_i exact, l_i = 0).
+
+    paper symbol -> field: alpha -> alpha, C -> compressor, tau -> the run's ``participants``.  ``lr`` damps
+    the model step: x <- x + lr ((H + l I)^{-1} g - x) (paper: lr = 1).
+    """
+
+    name: ClassVar[str] = "fednl-pp"
+    label: ClassVar[str] = "FedNL-PP"
+    search_space: ClassVar[dict] = {"lr": SECOND_ORDER_LR}
+
+    lr: float = 1.0
+    alpha: float = 1.0
+    compressor: str = "identity"
+    k: int | None = None
+    rank: int | None = None
+
+    def __post_init__(self):
+        make_compressor(self.compressor, self.k, self.rank)
+
+    def init(self, problem, theta0) -> State:
+        xp, n = problem.xp, problem.n_clients
+        thetas = start_stack(problem, theta0, n)
+        H0 = problem.hessians(thetas).dense()
+        l0 = xp.zeros(n, dtype=H0.dtype)                 # H_i^0 = grad^2 f_i(x^0): no error
+        g0 = xp.einsum("nij,nj->ni", H0, thetas) - problem.gradients(thetas)
+        w = problem.client_weights
+        return State(theta=theta0, server={"H": xp.tensordot(w, H0, axes=1), "l": float((w * l0).sum()),
+                                           "g": w @ g0},
+                     clients={"H": H0, "l": l0, "g": g0})
+
+    def client_update(self, problem, down, cstate, sel, rng):
+        xp = problem.xp
+        thetas = start_stack(problem, down["theta"], len(sel))
+        grad = problem.gradients(thetas, sel)
+        diff = problem.hessians(thetas, sel).plus_dense(-cstate["H"], inplace=True)   # grad^2 f_i - H_i
+        comp = make_compressor(self.compressor, self.k, self.rank)
+        msg = comp.encode(xp, diff, rng, support=_support(problem, sel))
+        S = comp.decode(xp, msg, problem.d)
+        H = _add_scaled(cstate["H"], self.alpha, S)
+        err = self.alpha * S - diff                      # H_i^{new} - grad^2 f_i(w_i)
+        l = xp.sqrt(xp.einsum("nij,nij->n", err, err))
+        g = xp.einsum("nij,nj->ni", H, thetas) + l[:, None] * thetas - grad
+        return {**msg, "dl": l - cstate["l"], "dg": g - cstate["g"]}, {"H": H, "l": l, "g": g}
+
+    def server_update(self, problem, state, up, info: RoundInfo) -> State:
+        xp = problem.xp
+        w = problem.client_weights[xp.asarray(info.sel)]       # p_i, not renormalised: sums stay sum_i p_i (.)_i
         S = make_compressor(self.compressor, self.k, self.rank).decode(xp, up, problem.d)
-        H_new = H + self.alpha * xp.tensordot(w, S, axes=1)
-        return State(theta=theta, server={"H": 0.5 * (H_new + H_new.T)}, clients=state.clients,
-                     round=state.round + 1)
+        H = state.server["H"] + self.alpha * xp.tensordot(w, S, axes=1)
+        H = 0.5 * (H + H.T)
+        l = state.server["l"] + float((w * up["dl"]).sum())
+        g = state.server["g"] + w @ up["dg"]
+        x = xp.linalg.solve(H + l * xp.eye(problem.d, dtype=H.dtype), g[:, None])[:, 0]
+        theta = x if self.lr == 1.0 else state.theta + self.lr * (x - state.theta)
+        return State(theta=theta, server={"H": H, "l": l, "g": g}, clients=state.clients, round=state.round + 1)

@@ -1,11 +1,19 @@
 """FedNS (Li et al. 2024): Newton sketch of the client Hessians.
 
 Client i forms A_i = diag(sqrt(s_j / M_i)) X_i with s_j = sigma(m_j)(1 - sigma(m_j)), so
-A_i^T A_i is the loss part of its Hessian, draws a Gaussian sketch S_i (k x M_i, entries
-N(0, 1/k)) and sends S_i A_i and grad f_i.  When k >= M_i a sketch cannot compress, so the
-client sends A_i itself (S_i = I, exact).  Server:
+A_i^T A_i is the loss part of its Hessian, draws a sketch S_i (k x M_i, E[S_i^T S_i] = I) and sends
+S_i A_i and grad f_i.  When k >= M_i a sketch cannot compress, so the client sends A_i itself
+(S_i = I, exact).  Server:
     H = sum_i w_i (S_i A_i)^T (S_i A_i) + lam I,   theta <- theta - lr H^{-1} g.
 Sketch size k = d in the paper's Test 1 (``sketch_size=None``).
+
+Sketches (``sketch``), as in the FedNS paper's variants:
+  'gaussian'    entries N(0, 1/k) (the paper's Test 1; drawn in one call for all clients, the same
+                numbers as one draw per client; drawing them is most of a round's cost)
+  'srht'        subsampled randomized Hadamard transform sqrt(P/k) R H D (P = M_i padded to a power
+                of two, D random signs, R k rows sampled without replacement): no normals to draw
+  'countsketch' each row of A_i added, with a random sign, into one of k buckets: O(nnz(A_i))
+  'identity'    S = I (exact)
 
 paper symbol -> field: k -> sketch_size, eta -> lr.  S_i A_i is sent on the client's
 active features only (the other columns of A_i are zero) together with their indices.
@@ -13,14 +21,37 @@ active features only (the other columns of A_i are zero) together with their ind
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import ClassVar
 
 import numpy as np
+import scipy.sparse as sp
 
 from ..blocks import ActiveBlocks
 from ..mixing import simple_mix
 from .base import Algorithm, RoundInfo, State, start_stack
 from .grids import SECOND_ORDER_LR
+
+SKETCHES = ("gaussian", "srht", "countsketch", "identity")
+
+
+@lru_cache(maxsize=8)
+def _hadamard(n: int) -> np.ndarray:
+    """Sylvester Hadamard matrix of order n (a power of two), entries +-1."""
+    H = np.ones((1, 1))
+    while H.shape[0] < n:
+        H = np.block([[H, H], [H, -H]])
+    return H
+
+
+def _gram(R):
+    """R R^T, exactly symmetric (BLAS syrk on NumPy: half the flops of a general product)."""
+    if isinstance(R, np.ndarray) and R.dtype == np.float64 and R.size:
+        from scipy.linalg.blas import dsyrk
+
+        C = dsyrk(1.0, R.T, trans=1, lower=0)          # upper triangle of (R^T)^T R^T = R R^T
+        return np.triu(C) + np.triu(C, 1).T
+    return R @ R.T
 
 
 @dataclass(frozen=True)
@@ -31,32 +62,58 @@ class FedNS(Algorithm):
 
     lr: float = 1.0
     sketch_size: int | None = None
-    sketch: str = "gaussian"  # 'gaussian' or 'identity' (S = I, exact)
+    sketch: str = "gaussian"
+
+    def __post_init__(self):
+        if self.sketch not in SKETCHES:
+            raise ValueError(f"FedNS sketch must be one of {', '.join(SKETCHES)}, got {self.sketch!r}")
+
+    def sketches(self, problem, sel, k, rng):
+        """Per participant S^T (M x k) or None (S = I), and the common scale of the S^T."""
+        sizes = [int(problem.counts[c]) for c in sel]
+        exact = [self.sketch == "identity" or k >= m for m in sizes]
+        if self.sketch == "gaussian":
+            # one draw for every sketched client: the same stream as one draw per client, in order
+            rows = sum(m for m, e in zip(sizes, exact) if not e)
+            G = rng.standard_normal((rows, k)) if rows else None
+            out, at = [], 0
+            for m, e in zip(sizes, exact):
+                if e:
+                    out.append(None)
+                else:
+                    St = G[at:at + m]
+                    at += m
+                    out.append(St if problem.xp is np else problem.to_backend(St))
+            return out, 1.0 / np.sqrt(k)
+        out = []
+        for m, e in zip(sizes, exact):
+            if e:
+                out.append(None)
+            elif self.sketch == "countsketch":
+                bucket, sign = rng.integers(0, k, m), rng.choice((-1.0, 1.0), m)
+                St = sp.csr_matrix((sign, (np.arange(m), bucket)), shape=(m, k))
+                out.append(St if problem.xp is np else problem.to_backend(St.toarray()))
+            else:  # srht: S^T = sqrt(P/k) (R H D)^T / sqrt(P), the first M rows of the padded transform
+                P = 1 << (m - 1).bit_length()
+                pick = rng.choice(P, k, replace=False)
+                D = rng.choice((-1.0, 1.0), m)
+                St = (_hadamard(P)[pick][:, :m] * D[None, :]).T * (1.0 / np.sqrt(k))
+                out.append(St if problem.xp is np else problem.to_backend(St))
+        return out, 1.0
 
     def client_update(self, problem, down, cstate, sel, rng):
-        xp = problem.xp
         thetas = start_stack(problem, down["theta"], len(sel))
         g = problem.gradients(thetas, sel)
         k = problem.d if self.sketch_size is None else self.sketch_size
-        sketches = []
-        for c in sel:
-            m = int(problem.counts[c])
-            if self.sketch == "identity" or k >= m:
-                sketches.append(None)  # S = I: exact
-            else:
-                # drawn as S^T (M x k), the layout the sparse product consumes without a copy;
-                # these draws dominate FedNS's cost (w8a: 15M normals, ~0.18 s a round here)
-                St = rng.standard_normal((m, k))
-                St *= 1.0 / np.sqrt(k)
-                sketches.append(St if problem.xp is np else problem.to_backend(St))
+        sketches, scale = self.sketches(problem, sel, k, rng)
         # (S_i A_i)^T on the client's active features: what the client sends (and its indices)
-        SAt = problem.sketched_roots(thetas, sketches, sel)
+        SAt = problem.sketched_roots(thetas, sketches, sel, scale=scale)
         return {"grad": g, "SAt": SAt, "active": tuple(problem.active[c] for c in sel)}, cstate
 
     def server_update(self, problem, state, up, info: RoundInfo) -> State:
         xp = problem.xp
         g = simple_mix(up["grad"], info.weights)
-        blocks = ActiveBlocks(tuple(R @ R.T for R in up["SAt"]), up["active"], problem.d, problem.lam)
+        blocks = ActiveBlocks(tuple(_gram(R) for R in up["SAt"]), up["active"], problem.d, problem.lam)
         H = blocks.weighted_sum(info.weights)
         H = 0.5 * (H + H.T)
         theta = state.theta - self.lr * xp.linalg.solve(H, g[:, None])[:, 0]

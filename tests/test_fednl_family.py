@@ -1,0 +1,259 @@
+"""The FedNL family (issue 12): compressors' defining properties and bit counts, the partial
+eigensolver, FedNL-LS's monotone line search, FedNL-PP's reductions, FedNS's sketches, and the
+fast paths (one-product Hessians, certified screening) against their plain definitions."""
+import numpy as np
+import pytest
+
+from fedconvex.algorithms import make_algorithm
+from fedconvex.algorithms.compressors import make_compressor, top_abs_eigh
+from fedconvex.blocks import ActiveBlocks
+from fedconvex.messages import client_problem
+from fedconvex.problem import FederatedLogReg
+from fedconvex.run import run
+from naive import NaiveLogReg, random_data
+
+
+def sym(rng, n, d):
+    A = rng.normal(size=(n, d, d))
+    return A + A.transpose(0, 2, 1)
+
+
+def upper(M):
+    return M[np.triu_indices(M.shape[0])]
+
+
+def problem(rng, n=4, d=6, lam=1e-2, **kw):
+    X, y, parts = random_data(rng, n, d, **kw)
+    return FederatedLogReg(X, y, parts, lam=lam), NaiveLogReg(X, y, parts, lam)
+
+
+# ------------------------------------------------------------------ partial eigensolver
+@pytest.mark.parametrize("n,r", [(40, 1), (40, 3), (25, 2), (6, 2)])
+def test_partial_eigensolver_equals_full_eigh_top_r(rng, n, r):
+    for shift in (-5.0, 0.0, 5.0):           # the dominant end is the bottom, either, the top
+        M = sym(rng, 1, n)[0] + shift * np.eye(n)
+        lam, V = np.linalg.eigh(M)
+        pick = np.argsort(-np.abs(lam))[:r]
+        got_lam, got_V = top_abs_eigh(M, r)
+        np.testing.assert_allclose(got_lam, lam[pick], rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose((got_V * got_lam) @ got_V.T, (V[:, pick] * lam[pick]) @ V[:, pick].T,
+                                   atol=1e-9)
+        np.testing.assert_allclose(got_V.T @ got_V, np.eye(r), atol=1e-10)
+
+
+def test_rank_r_on_a_support_equals_rank_r_on_the_whole_matrix(rng):
+    d, r = 30, 2
+    M = np.zeros((3, d, d))
+    support = (np.arange(0, 30, 2), np.arange(5, 25), np.arange(d))
+    for c, a in enumerate(support):
+        M[c][np.ix_(a, a)] = sym(rng, 1, len(a))[0]
+    comp = make_compressor("rankr", rank=r)
+    dense = comp.decode(np, comp.encode(np, M, rng), d)
+    np.testing.assert_allclose(comp.decode(np, comp.encode(np, M, rng, support=support), d), dense, atol=1e-10)
+    # a wrong support is detected (mass outside it) and the whole matrix is used
+    wrong = (np.arange(3), np.arange(3), np.arange(3))
+    np.testing.assert_allclose(comp.decode(np, comp.encode(np, M, rng, support=wrong), d), dense, atol=1e-10)
+    out = comp.decode(np, comp.encode(np, M, rng), d)
+    assert np.array_equal(out, out.transpose(0, 2, 1))                 # exactly symmetric
+
+
+# --------------------------------------------------------------------------- compressors
+def test_contractive_compressors_keep_topk_guarantee(rng):
+    d, k = 12, 10
+    n = d * (d + 1) // 2
+    M = sym(rng, 5, d)
+    for name in ("topk", "toplek"):
+        comp = make_compressor(name, k=k)
+        msg = comp.encode(np, M, rng)
+        C = comp.decode(np, msg, d)
+        counts = [len(v) for v in msg["values"]]
+        for c in range(5):
+            u, cu = upper(M[c]), upper(C[c])
+            assert np.sum((u - cu) ** 2) <= (1 - k / n) * np.sum(u ** 2) + 1e-12
+            assert np.count_nonzero(cu) == counts[c] <= k
+        assert comp.bits(msg, d).tolist() == [96 * c for c in counts]
+        if name == "toplek":   # fewer entries than TopK whenever fewer suffice, never more
+            assert all(1 <= c <= k for c in counts)
+    # energy concentrated in two entries: TopLEK sends only what the guarantee needs
+    M2 = 1e-3 * sym(rng, 1, d)
+    M2[0, 0, 1] = M2[0, 1, 0] = 5.0
+    M2[0, 3, 3] = 4.0
+    assert len(make_compressor("toplek", k=70).encode(np, M2, rng)["values"][0]) == 2   # of 78
+
+
+class _Start:
+    """An rng whose RandSeqK start is fixed."""
+
+    def __init__(self, start):
+        self.start = start
+
+    def integers(self, low, high, size):
+        return np.full(size, self.start)
+
+
+def test_randseqk_is_exactly_unbiased_over_every_start(rng):
+    d, k = 5, 4
+    n = d * (d + 1) // 2
+    M = sym(rng, 1, d)
+    comp = make_compressor("randseqk", k=k)
+    # the start is uniform over the n upper entries: the average over all of them is the expectation
+    mean = sum(comp.decode(np, comp.encode(np, M, _Start(s)), d)[0] for s in range(n)) / n
+    np.testing.assert_allclose(mean, M[0], rtol=1e-12, atol=1e-12)
+    msg = comp.encode(np, M, rng)
+    assert np.count_nonzero(upper(comp.decode(np, msg, d)[0])) == k
+    assert comp.bits(msg, d).tolist() == [64 * k + 32]
+
+
+def test_randk_and_natural_are_unbiased_and_natural_has_omega_one_eighth(rng):
+    d = 4
+    M = sym(rng, 1, d)
+    nat, rk = make_compressor("natural"), make_compressor("randk", k=3)
+    nat_draws = np.array([nat.decode(np, nat.encode(np, M, rng), d)[0] for _ in range(3000)])
+    rk_draws = np.array([rk.decode(np, rk.encode(np, M, rng), d)[0] for _ in range(3000)])
+    scale = np.abs(M).max()
+    np.testing.assert_allclose(nat_draws.mean(0), M[0], atol=0.03 * scale)
+    np.testing.assert_allclose(rk_draws.mean(0), M[0], atol=0.25 * scale)
+    # every draw is a signed power of two next to the entry, and the variance is at most ||x||^2 / 8
+    U = upper(M[0])
+    one = upper(nat_draws[0])
+    assert np.all(np.sign(one) == np.sign(U)) and np.all(np.abs(one) / np.abs(U) <= 2)
+    assert np.all(np.abs(one) / np.abs(U) >= 0.5)
+    assert np.all(np.log2(np.abs(one)) == np.round(np.log2(np.abs(one))))
+    var = np.mean([np.sum((upper(D) - U) ** 2) for D in nat_draws])
+    assert var <= np.sum(U ** 2) / 8 * 1.05
+    msg = nat.encode(np, M, rng)
+    assert nat.bits(msg, d).tolist() == [12 * d * (d + 1) // 2]
+    assert msg["code"].dtype == np.int16
+
+
+def test_bits_formulas(rng):
+    d = 7
+    M = sym(rng, 2, d)
+    assert make_compressor("identity").bits({"S": M}, d).tolist() == [64 * 28] * 2
+    rank = make_compressor("rankr", rank=2)
+    assert rank.bits(rank.encode(np, M, rng), d).tolist() == [64 * 2 * 8] * 2
+    top = make_compressor("topk", k=5)
+    assert top.bits(top.encode(np, M, rng), d).tolist() == [96 * 5] * 2
+
+
+# ------------------------------------------------------------------------ FedNL-LS / -PP
+def test_fednl_ls_is_monotone_from_far_away_and_converges(rng):
+    pb, ref = problem(rng, n=4, d=6, lam=1e-2, sizes=[15, 20, 10, 25])
+    theta0 = 8.0 * np.ones(pb.d)                     # far from the optimum
+    for kw in ({}, dict(compressor="rankr", rank=1)):
+        # f_star = 0 makes the history's f_gap the objective itself
+        state, hist = run(pb, make_algorithm("fednl-ls", **kw), theta0, 30, f_star=0.0)
+        f = [h["f_gap"] for h in hist]
+        assert all(b <= a for a, b in zip(f, f[1:]))
+        assert f[-1] < f[0] and hist[-1]["grad_norm"] < 1e-8
+        assert state.server["ls_trials"] >= 30
+
+
+def test_fednl_ls_takes_the_unit_step_near_the_optimum_like_fednl(rng):
+    pb, ref = problem(rng)
+    theta0 = rng.normal(size=pb.d) * 0.05
+    ls, _ = run(pb, make_algorithm("fednl-ls"), theta0, 4)
+    plain, _ = run(pb, make_algorithm("fednl", option="project"), theta0, 4)
+    np.testing.assert_allclose(ls.theta, plain.theta, rtol=1e-12)
+
+
+def test_fednl_pp_with_every_client_identity_alpha_one_is_newton(rng):
+    pb, ref = problem(rng)
+    theta = rng.normal(size=pb.d) * 0.3
+    state, _ = run(pb, make_algorithm("fednl-pp"), theta, 3)
+    for _ in range(3):
+        theta = ref.newton_step(theta)
+    np.testing.assert_allclose(state.theta, theta, rtol=1e-9)
+
+
+@pytest.mark.parametrize("participants", [None, 2])
+def test_fednl_pp_server_sums_are_the_client_states_and_absent_clients_keep_theirs(rng, participants):
+    pb, ref = problem(rng, n=5)
+    theta0 = rng.normal(size=pb.d) * 0.3
+    alg = make_algorithm("fednl-pp", compressor="rankr", rank=1)
+    before = run(pb, alg, theta0, 3, participants=participants, seed=4)[0]
+    after = run(pb, alg, theta0, 4, participants=participants, seed=4)[0]
+    w = pb.client_weights
+    for st in (before, after):
+        np.testing.assert_allclose(st.server["H"], np.tensordot(w, st.clients["H"], 1), atol=1e-12)
+        np.testing.assert_allclose(st.server["g"], w @ st.clients["g"], atol=1e-12)
+        assert st.server["l"] == pytest.approx(float(w @ st.clients["l"]), abs=1e-12)
+    changed = [i for i in range(5) if not np.array_equal(before.clients["H"][i], after.clients["H"][i])]
+    assert len(changed) <= (participants or 5)
+    # the model is (H + l I)^{-1} g of the server's sums
+    H, l, g = after.server["H"], after.server["l"], after.server["g"]
+    np.testing.assert_allclose(after.theta, np.linalg.solve(H + l * np.eye(pb.d), g), rtol=1e-10)
+
+
+# ------------------------------------------------------------------------------- FedNS
+def test_fedns_gaussian_draws_are_the_per_client_draws(rng):
+    pb, ref = problem(rng, n=3, d=5, sizes=[30, 40, 20], density=0.6)
+    theta = rng.normal(size=pb.d)
+    alg = make_algorithm("fedns", sketch_size=4)
+    up, _ = alg.client_update(pb, {"theta": theta}, {}, np.arange(3), np.random.default_rng(7))
+    draw = np.random.default_rng(7)
+    for c in range(3):
+        St = draw.standard_normal((int(pb.counts[c]), 4)) / 2.0
+        rows = np.arange(pb.row_offsets[c], pb.row_offsets[c + 1])
+        m = pb.y_host[rows] * (pb.X[rows] @ theta)
+        s = 1 / (1 + np.exp(-m)) * (1 - 1 / (1 + np.exp(-m))) / len(rows)
+        Ac = pb.X[rows][:, pb.active_host[c]].toarray() * np.sqrt(s)[:, None]
+        np.testing.assert_allclose(up["SAt"][c], Ac.T @ St, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize("sketch", ["srht", "countsketch"])
+def test_fedns_cheap_sketches_are_unbiased(rng, sketch):
+    X, y, parts = random_data(rng, 2, 4, sizes=[40, 40], density=0.8)
+    pb, ref = FederatedLogReg(X, y, parts, lam=1e-2), NaiveLogReg(X, y, parts, 1e-2)
+    theta = rng.normal(size=4)
+    alg = make_algorithm("fedns", sketch_size=8, sketch=sketch)
+    Hs = []
+    for seed in range(400):
+        up, _ = alg.client_update(pb, {"theta": theta}, {}, np.arange(2), np.random.default_rng(seed))
+        Hs.append(ActiveBlocks(tuple(R @ R.T for R in up["SAt"]), up["active"], 4, pb.lam).weighted_sum(
+            np.full(2, .5)))
+    H = ref.H(theta)
+    assert np.linalg.norm(Hs[0] - H) > 1e-3 * np.linalg.norm(H)
+    assert np.linalg.norm(np.mean(Hs, 0) - H) < 0.06 * np.linalg.norm(H)
+    with pytest.raises(ValueError, match="sketch"):
+        make_algorithm("fedns", sketch="fourier")
+
+
+# ------------------------------------------------------------------------ fast paths
+def test_one_product_hessians_equal_the_per_client_products(rng):
+    pb, ref = problem(rng, n=5, d=9, sizes=[4, 9, 1, 12, 6], density=0.4)
+    T = rng.normal(size=(5, 9))
+    assert pb._plan is not None
+    H = pb.hessians(T)
+    for c in range(5):
+        np.testing.assert_allclose(H.dense()[c], ref.H_i(c, T[c]), rtol=1e-12, atol=1e-15)
+        assert np.array_equal(H.blocks[c], H.blocks[c].T)
+    with pytest.raises(ValueError):
+        H.blocks[0][0, 0] = 1.0                         # the certified numbers cannot be changed in place
+    sub = pb.hessians(T[[3, 0]], np.array([3, 0]))
+    np.testing.assert_allclose(sub.dense(), H.dense()[[3, 0]], rtol=1e-13)
+    w = rng.random(5)
+    loop = ActiveBlocks(tuple(np.array(b) for b in H.blocks), H.active, H.d, H.shift)   # the plain path
+    np.testing.assert_allclose(H.weighted_sum(w), loop.weighted_sum(w), rtol=1e-13)
+    np.testing.assert_allclose(H.plus_dense(np.ones((5, 9, 9))), loop.plus_dense(np.ones((5, 9, 9))), rtol=1e-13)
+    sub_loop = ActiveBlocks(tuple(np.array(b) for b in sub.blocks), sub.active, sub.d, sub.shift)
+    np.testing.assert_allclose(sub.weighted_sum(w[:2]), sub_loop.weighted_sum(w[:2]), rtol=1e-13)
+    np.testing.assert_allclose(H.weighted_sum(np.full(5, 0.2)), loop.weighted_sum(np.full(5, 0.2)), rtol=1e-13)
+    G = rng.normal(size=(5, 9))
+    np.testing.assert_allclose(H.solve(G), loop.solve(G), rtol=1e-12)
+
+
+def test_screening_trusts_only_its_own_factorisation(rng):
+    pb, _ = problem(rng)
+    T = rng.normal(size=(pb.n_clients, pb.d))
+    H = pb.hessians(T)
+    up = {"P": H}
+    assert H.certificate.get("pd_shift") is None
+    H.solve(pb.gradients(T))                              # the client step factorises B_c + lam I
+    assert H.certificate["pd_shift"] == pb.lam
+    assert all(client_problem(up, k, pb.d) is None for k in range(pb.n_clients))
+    # the same numbers without the certificate are factorised by the server: same verdict
+    plain = ActiveBlocks(tuple(np.array(b) for b in H.blocks), H.active, H.d, H.shift)
+    assert all(client_problem({"P": plain}, k, pb.d) is None for k in range(pb.n_clients))
+    bad = ActiveBlocks(tuple(-np.array(b) - np.eye(len(b)) for b in H.blocks), H.active, H.d, H.shift)
+    assert client_problem({"P": bad}, 1, pb.d).endswith("is not positive semidefinite")

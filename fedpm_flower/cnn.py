@@ -118,5 +118,5 @@ def in_process(cfg) -> np.ndarray:
     with tempfile.TemporaryDirectory() as tmp:
         ck = os.path.join(tmp, "ck.pt")
         run_experiment(exp, checkpoint=ck)
-        params = torch.load(ck, weights_only=False)["server"]["params"]
+        params = torch.load(ck, weights_only=True)["server"]["params"]
     return torch.cat([p.detach().reshape(-1) for p in params.values()]).numpy().astype(np.float64)

@@ -47,13 +47,13 @@ def data_hash(clients, x_test=None, y_test=None) -> str:
 
 def fingerprint(exp) -> dict:
     """Flat dict of everything that shapes the run of ``exp`` (values are plain JSON-like types)."""
-    fp = {"model": exp.model, "num_classes": int(exp.num_classes), "in_channels": int(exp.in_channels),
+    fp = {f"run.{k}": v for k, v in (exp.meta or {}).get("fingerprint", {}).items()}
+    fp.update({"model": exp.model, "num_classes": int(exp.num_classes), "in_channels": int(exp.in_channels),
           "image_size": int(exp.image_size), "seed": int(exp.seed), "n_clients": len(exp.clients),
           "participants": None if exp.participants is None else int(exp.participants),
           "client_sizes": [len(c) for c in exp.clients],
-          "data_hash": data_hash(exp.clients, exp.x_test, exp.y_test)}
+          "data_hash": data_hash(exp.clients, exp.x_test, exp.y_test)})
     fp.update({f"config.{k}": v for k, v in asdict(exp.cfg).items()})
-    fp.update({f"run.{k}": v for k, v in (exp.meta or {}).get("fingerprint", {}).items()})
     return fp
 
 

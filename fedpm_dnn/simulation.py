@@ -148,9 +148,11 @@ def reply_shapes(cfg, params: dict, blocks: dict) -> dict:
     return shapes
 
 
-def screen_replies(cfg, replies, sel, shapes, round_):
-    """Usable replies (others rejected and logged); raises when every client diverged."""
-    kept, rejected = screen(replies, sel, shapes, {"foof"} if cfg.name == "fedpm" else (), round_)
+def screen_replies(cfg, replies, sel, shapes, round_, n_clients=None, max_ratio=None):
+    """Usable replies (others rejected and logged); raises when every client diverged.
+    ``max_ratio``: the server's magnitude guard (fedconvex.screening; None = off)."""
+    kept, rejected = screen(replies, sel, shapes, {"foof"} if cfg.name == "fedpm" else (), round_,
+                            n_clients=n_clients, max_ratio=max_ratio)
     if not kept and rejected and all("NaN or Inf" in r for _, r in rejected):
         raise ArithmeticError(f"{cfg.name} diverged at round {round_} (lr={cfg.lr:g}): every client returned "
                               "non-finite parameters")

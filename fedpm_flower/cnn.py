@@ -92,7 +92,8 @@ class CnnServer:
         parts = sorted(replies)
         unpacked = [unflatten(replies[p]) for p in parts]
         try:
-            kept, rejected = screen_replies(self.mcfg, unpacked, np.array(parts), self.shapes, round_)
+            kept, rejected = screen_replies(self.mcfg, unpacked, parts, self.shapes, round_,
+                                            n_clients=self.cfg.clients, max_ratio=self.cfg.max_ratio or None)
         except ArithmeticError as exc:
             log.warning("round %d: %s; round skipped", round_, exc)
             return {"used": 0, "rejected": len(parts)}

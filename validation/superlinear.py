@@ -22,6 +22,7 @@ from concurrent.futures.process import BrokenProcessPool
 import numpy as np
 
 from fedconvex.algorithms import PAPER_TEST1, REGISTRY
+from fedconvex.data import paper_split_sizes
 from validation import common, report
 from validation.progress import Progress
 from fedconvex.run import Diverged
@@ -54,8 +55,12 @@ def parse_args(argv=None):
         stem = os.path.splitext(os.path.basename(args.dataset))[0]
         args.out = os.path.join("results", f"superlinear-{stem}")
     common.check_problem_args(p, args)
-    if args.participants is not None and args.clients is not None and args.participants > args.clients:
-        p.error(f"--participants {args.participants} exceeds --clients {args.clients}")
+    if args.participants is not None:
+        paper = paper_split_sizes(args.dataset)
+        clients = args.clients or (paper[0] if paper else 10)   # as common.build_split chooses
+        if args.participants > clients:
+            p.error(f"--participants {args.participants} exceeds the {clients} clients"
+                    + (" (--clients)" if args.clients else ""))
     if not args.no_cache and (os.path.isdir(args.cache) or (os.path.lexists(args.cache) and not os.path.isfile(args.cache))):
         p.error(f"--cache {args.cache}: is not a regular file; give a JSON file path (or --no-cache)")
     common.check_out_arg(p, args.out)

@@ -50,7 +50,16 @@ DNN = ["--data-dir", "{W}/data", "--clients", "3", "--local-epochs", "1", "--foo
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
+def one_thread():
+    """The DNN runs here are tiny: one torch thread avoids spin-waiting on a busy machine."""
+    was = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(was)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, one_thread):
     """A working folder: data, a foreign folder, a file, a previous result, a DNN run to resume."""
     w = tmp_path_factory.mktemp("base")
     cifar_pickle(str(w / "data" / "cifar-10-batches-py"))
@@ -474,7 +483,7 @@ def test_kill_9_then_resume_gives_the_uninterrupted_history(base, tmp_path, caps
     assert dnn.main(args + ["--out", str(full)]) == 0
     killed = tmp_path / "killed"
     p = subprocess.Popen([sys.executable, "-m", "validation.dnn", *args, "--out", str(killed)],
-                         env={**os.environ, "PYTHONPATH": ROOT}, cwd=ROOT, stdout=subprocess.DEVNULL,
+                         env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}, cwd=ROOT, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not (killed / "checkpoint.pt").exists() and p.poll() is None and time.time() < deadline:

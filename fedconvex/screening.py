@@ -1,8 +1,11 @@
 """Server-side screening of client replies (shared by fedconvex, fedpm_dnn and the Flower apps).
 
-A reply is rejected -- with a logged reason naming the client -- when an array has the wrong
-shape, contains NaN/Inf, or a preconditioner is not symmetric positive semidefinite within a
-tolerance.  The round then completes with the remaining clients (their weights renormalised);
+A reply is rejected -- with a logged reason naming the client -- when an array is not a real
+floating-point array, has the wrong shape, contains NaN/Inf, or a preconditioner is not symmetric
+positive semidefinite within a tolerance; when its client id is not an integer in range, is
+claimed twice in the round, or is not the sender's; and, with the optional magnitude guard
+(``max_ratio`` R), when its preconditioner trace or parameter norm exceeds R times the round's
+(lower) median -- a valid but enormous preconditioner would otherwise let one client set the model.  The round then completes with the remaining clients (their weights renormalised);
 with none left the caller skips the round and keeps the model.
 
 PSD test: a Cholesky factorisation of M + tol * max(1, max|M|) I must succeed, i.e. no
@@ -29,6 +32,23 @@ def default_tol(M) -> float:
     name = str(M.dtype).split(".")[-1]
     eps = {"float16": 9.77e-4, "bfloat16": 7.8e-3, "float32": 1.19e-7}.get(name, 2.2e-16)
     return max(PSD_TOL, 64 * eps)
+
+
+def dtype_problem(a, kinds="f") -> str | None:
+    """None if ``a`` is a numpy/torch/cupy array whose dtype kind is in ``kinds`` ('f' real floating
+    point, 'iu' integer), else the reason."""
+    dtype = getattr(a, "dtype", None)
+    if dtype is None or not hasattr(a, "shape"):
+        return f"is a {type(a).__name__}, not an array"
+    if "torch" in type(a).__module__:
+        kind = "c" if a.is_complex() else "f" if a.is_floating_point() else "b" if dtype.__repr__().endswith("bool") \
+            else "i"
+    else:
+        kind = np.dtype(dtype).kind
+    if kind not in kinds:
+        expected = "a real floating-point" if kinds == "f" else "an integer"
+        return f"has dtype {str(dtype).replace('torch.', '')}, expected {expected} array"
+    return None
 
 
 def _finite(xp, a) -> bool:
@@ -91,9 +111,14 @@ def reply_problem(reply: dict, shapes: dict, psd_keys=()) -> str | None:
         if key not in reply:
             return f"missing {key!r}"
         value = reply[key]
+        if isinstance(value, dict) and isinstance(shape, dict) and set(value) != set(shape):
+            return f"{key} has entries {sorted(map(str, value))}, expected {sorted(map(str, shape))}"
         items = value.items() if isinstance(value, dict) else [(None, value)]
         for sub, a in items:
             name = key if sub is None else f"{key}[{sub}]"
+            bad_dtype = dtype_problem(a)
+            if bad_dtype:
+                return f"{name} {bad_dtype}"
             expected = shape.get(sub) if isinstance(shape, dict) else shape
             if expected is not None and tuple(a.shape) != tuple(expected):
                 return f"{name} has shape {tuple(a.shape)}, expected {tuple(expected)}"
@@ -106,17 +131,94 @@ def reply_problem(reply: dict, shapes: dict, psd_keys=()) -> str | None:
     return None
 
 
-def screen(replies: list, clients, shapes: dict, psd_keys=(), round_: int | None = None):
-    """Indices of the usable replies, and (client, reason) for the rejected ones (logged)."""
+def lower_median(values) -> float:
+    v = sorted(values)
+    return v[(len(v) - 1) // 2]
+
+
+def magnitude_outliers(values, max_ratio: float) -> list:
+    """Positions whose value exceeds ``max_ratio`` x the lower median of ``values`` (the lower
+    median, so that with two replies the smaller one is the reference)."""
+    if max_ratio is None or len(values) < 2:
+        return []
+    ref = lower_median(values)
+    return [k for k, v in enumerate(values) if v > max_ratio * ref]
+
+
+def _norm(a) -> float:
+    xp = namespace(a)
+    return float(xp.sqrt(xp.sum(a.to(xp.float64) ** 2 if is_torch(xp) else xp.asarray(a, dtype=xp.float64) ** 2)))
+
+
+def _trace(a) -> float:
+    xp = namespace(a)
+    return float(xp.sum(xp.diagonal(a.to(xp.float64) if is_torch(xp) else xp.asarray(a, dtype=xp.float64))))
+
+
+def magnitudes(reply: dict, psd_keys=()) -> tuple:
+    """(sum of the preconditioner traces, norm of everything else) of a usable reply."""
+    trace, sq = 0.0, 0.0
+    for key, value in reply.items():
+        for a in (value.values() if isinstance(value, dict) else [value]):
+            if key in psd_keys:
+                trace += _trace(a)
+            else:
+                sq += _norm(a) ** 2
+    return trace, sq ** 0.5
+
+
+def id_problems(clients, n_clients: int | None = None, senders=None) -> list:
+    """Per reply, None or why its client id cannot be trusted (not an integer, out of range,
+    claimed twice, or not the sender's)."""
+    ids = list(clients)
+    out = []
+    for k, c in enumerate(ids):
+        if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer)):
+            out.append(f"client id {c!r} is not an integer")
+        elif n_clients is not None and not 0 <= int(c) < n_clients:
+            out.append(f"client id {int(c)} is outside 0..{n_clients - 1}")
+        elif sum(1 for d in ids if not isinstance(d, (bool, np.bool_)) and isinstance(d, (int, np.integer))
+                 and int(d) == int(c)) > 1:
+            out.append(f"client id {int(c)} is claimed by more than one reply")
+        elif senders is not None and senders[k] != c:
+            out.append(f"claims client id {int(c)} but was sent by {senders[k]!r}")
+        else:
+            out.append(None)
+    return out
+
+
+def screen(replies: list, clients, shapes: dict, psd_keys=(), round_: int | None = None, *,
+           n_clients: int | None = None, senders=None, max_ratio: float | None = None):
+    """Indices of the usable replies, and (client, reason) for the rejected ones (logged).
+
+    ``n_clients``: ids must lie in 0..n_clients-1; ``senders``: the id each reply must carry
+    (the transport's sender); ``max_ratio``: the magnitude guard (None = off)."""
     kept, rejected = [], []
-    for k, (reply, client) in enumerate(zip(replies, clients)):
-        problem = reply_problem(reply, shapes, psd_keys)
+    where = f"round {round_}: " if round_ is not None else ""
+
+    def reject(k, client, problem):
+        rejected.append((int(client) if isinstance(client, (int, np.integer)) else client, problem))
+        log.warning("%sclient %s rejected: %s", where, client, problem)
+
+    clients = list(clients)
+    for k, (reply, client, bad_id) in enumerate(zip(replies, clients, id_problems(clients, n_clients, senders))):
+        problem = bad_id or (reply_problem(reply, shapes, psd_keys) if isinstance(reply, dict)
+                             else f"reply is a {type(reply).__name__}, not a mapping")
         if problem is None:
             kept.append(k)
         else:
-            rejected.append((int(client), problem))
-            log.warning("%sclient %s rejected: %s", f"round {round_}: " if round_ is not None else "", client, problem)
+            reject(k, client, problem)
+    if max_ratio is not None and len(kept) > 1:
+        mags = [magnitudes(replies[k], psd_keys) for k in kept]
+        out = set()
+        for what, vals in (("preconditioner trace", [m[0] for m in mags]), ("parameter norm", [m[1] for m in mags])):
+            ref = lower_median(vals)
+            for pos in magnitude_outliers(vals, max_ratio):
+                if pos not in out:
+                    out.add(pos)
+                    reject(kept[pos], clients[kept[pos]],
+                           f"{what} {vals[pos]:.3g} exceeds {max_ratio:g} x the round's median {ref:.3g}")
+        kept = [k for pos, k in enumerate(kept) if pos not in out]
     if not kept and len(replies):
-        log.warning("%sno usable client reply: round skipped, model unchanged",
-                    f"round {round_}: " if round_ is not None else "")
+        log.warning("%sno usable client reply: round skipped, model unchanged", where)
     return kept, rejected

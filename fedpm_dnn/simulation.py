@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import checkpoint as _ck
 from . import foof
 from .augment import normalize
 from .client import ClientData, foof_matrices, local_train
@@ -134,12 +135,6 @@ def _load(model, params):
             p.copy_(params[name])
 
 
-def _checkpoint(path, payload):
-    tmp = path + ".tmp"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
-
-
 def reply_shapes(cfg, params: dict, blocks: dict) -> dict:
     """What a usable reply of this method looks like (for fedconvex.screening)."""
     shapes = {"params": {k: tuple(v.shape) for k, v in params.items()}}
@@ -153,9 +148,11 @@ def reply_shapes(cfg, params: dict, blocks: dict) -> dict:
     return shapes
 
 
-def screen_replies(cfg, replies, sel, shapes, round_):
-    """Usable replies (others rejected and logged); raises when every client diverged."""
-    kept, rejected = screen(replies, sel, shapes, {"foof"} if cfg.name == "fedpm" else (), round_)
+def screen_replies(cfg, replies, sel, shapes, round_, n_clients=None, max_ratio=None):
+    """Usable replies (others rejected and logged); raises when every client diverged.
+    ``max_ratio``: the server's magnitude guard (fedconvex.screening; None = off)."""
+    kept, rejected = screen(replies, sel, shapes, {"foof"} if cfg.name == "fedpm" else (), round_,
+                            n_clients=n_clients, max_ratio=max_ratio)
     if not kept and rejected and all("NaN or Inf" in r for _, r in rejected):
         raise ArithmeticError(f"{cfg.name} diverged at round {round_} (lr={cfg.lr:g}): every client returned "
                               "non-finite parameters")
@@ -181,12 +178,19 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
     shapes = reply_shapes(cfg, state["params"], blocks)
     client_state = [dict() for _ in range(n)]
     history = []
+    fp = _ck.fingerprint(exp) if checkpoint else None
     if resume and checkpoint and os.path.isfile(checkpoint):
-        ck = torch.load(checkpoint, map_location=dev, weights_only=False)
-        if ck["config"] != asdict(cfg) or ck["seed"] != exp.seed or ck["n_clients"] != n:
-            raise ValueError(f"{checkpoint}: written by a different configuration; remove it or drop --resume")
+        ck = _ck.load(checkpoint, map_location=dev)   # weights_only: a checkpoint never runs code
+        diff = _ck.first_difference(ck["fingerprint"], fp)
+        if diff:
+            raise ValueError(f"{checkpoint}: written by a different configuration ({diff}); remove it or drop --resume")
+        _ck.check_structure(checkpoint, ck, state, n)
         state, client_state, history = ck["server"], ck["clients"], ck["history"]
-        rng.bit_generator.state = ck["np_rng"]
+        try:
+            rng.bit_generator.state = ck["np_rng"]
+        except (TypeError, ValueError, KeyError) as exc:
+            raise _ck.CheckpointError(f"{checkpoint}: damaged checkpoint (random generator state: {exc}); "
+                                      "remove it or choose another --out") from None
     wall0 = time.perf_counter() - (history[-1]["wall_seconds"] if history else 0.0)
     for t in range(len(history) + 1, exp.rounds + 1):
         _reset_peak_memory(dev)
@@ -227,9 +231,9 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
                "rejected": len(rejected)}
         history.append(row)
         if checkpoint:
-            _checkpoint(checkpoint, {"config": asdict(cfg), "seed": exp.seed, "n_clients": n, "server": state,
-                                     "clients": client_state, "history": history,
-                                     "np_rng": rng.bit_generator.state})
+            _ck.save(checkpoint, {"format": _ck.FORMAT, "fingerprint": fp, "config": asdict(cfg), "seed": exp.seed,
+                                  "n_clients": n, "server": state, "clients": client_state, "history": history,
+                                  "np_rng": rng.bit_generator.state})
         if on_round:
             on_round(row, history)
     return history

@@ -59,25 +59,49 @@ def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
     nodes = _wait_for_nodes(grid, cfg.clients, cfg.timeout)
     history, start = [], time.perf_counter()
     bytes_up = bytes_down = 0
+    owner: dict = {}   # partition id -> the node that first claimed it: a node is held to its claim
     for t in range(1, cfg.rounds + 1):
         down = server.broadcast()
         msgs = [Message(content=RecordDict({"arrays": _arrays(down), "config": ConfigRecord({"round": t})}),
                         dst_node_id=node, message_type="train") for node in nodes]
-        replies, dropped = {}, 0
+        replies, dropped, spoofed = {}, 0, 0
         received = list(grid.send_and_receive(msgs, timeout=cfg.timeout))
+        claims: dict = {}
         for reply in received:
+            src = reply.metadata.src_node_id
             if reply.has_error():
                 dropped += 1
-                log.warning("round %d: node %s failed: %s", t, reply.metadata.src_node_id, reply.error.reason)
+                log.warning("round %d: node %s failed: %s", t, src, reply.error.reason)
                 continue
-            p = int(reply.content["metrics"]["partition-id"])
-            replies[p] = _numpy(reply.content["arrays"])
-            bytes_up += sum(a.nbytes for a in replies[p].values())
+            try:
+                p = reply.content["metrics"]["partition-id"]
+                arrays = _numpy(reply.content["arrays"])
+            except Exception as exc:  # a reply without the records a client of ours sends
+                spoofed += 1
+                log.warning("round %d: node %s rejected: malformed reply (%s)", t, src, exc)
+                continue
+            if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < cfg.clients:
+                spoofed += 1
+                log.warning("round %d: node %s rejected: partition id %r is not an integer in 0..%d",
+                            t, src, p, cfg.clients - 1)
+                continue
+            mine = [q for q, node in owner.items() if node == src]
+            why = (f"claims partition {p}, which belongs to node {owner[p]}" if owner.get(p, src) != src else
+                   f"claims partition {p} but earlier claimed {mine[0]}" if mine and mine[0] != p else
+                   f"partition {p} already replied this round" if p in claims else None)
+            if why:
+                spoofed += 1
+                log.warning("round %d: node %s rejected: %s", t, src, why)
+                continue
+            owner[p] = claims[p] = src
+            replies[p] = arrays
+            bytes_up += sum(a.nbytes for a in arrays.values())
         dropped += len(msgs) - len(received)
         if len(msgs) > len(received):
             log.warning("round %d: %d of %d clients did not reply (dropped)", t, len(msgs) - len(received), len(msgs))
         bytes_down += sum(a.nbytes for a in down.values()) * len(msgs)
         used = server.step(replies, t)
+        used["rejected"] += spoofed
         history.append({"round": t, **used, "dropped": dropped, "seconds": time.perf_counter() - start,
                         "bytes_up_per_client": bytes_up / max(1, t * cfg.clients),
                         "bytes_down_per_client": bytes_down / max(1, t * cfg.clients)})

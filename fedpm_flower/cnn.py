@@ -92,7 +92,8 @@ class CnnServer:
         parts = sorted(replies)
         unpacked = [unflatten(replies[p]) for p in parts]
         try:
-            kept, rejected = screen_replies(self.mcfg, unpacked, np.array(parts), self.shapes, round_)
+            kept, rejected = screen_replies(self.mcfg, unpacked, parts, self.shapes, round_,
+                                            n_clients=self.cfg.clients, max_ratio=self.cfg.max_ratio or None)
         except ArithmeticError as exc:
             log.warning("round %d: %s; round skipped", round_, exc)
             return {"used": 0, "rejected": len(parts)}
@@ -118,5 +119,5 @@ def in_process(cfg) -> np.ndarray:
     with tempfile.TemporaryDirectory() as tmp:
         ck = os.path.join(tmp, "ck.pt")
         run_experiment(exp, checkpoint=ck)
-        params = torch.load(ck, weights_only=False)["server"]["params"]
+        params = torch.load(ck, weights_only=True)["server"]["params"]
     return torch.cat([p.detach().reshape(-1) for p in params.values()]).numpy().astype(np.float64)

@@ -21,6 +21,8 @@ class FlowerRunConfig:
     seed: int = 0
     precond_dtype: str = "float64"   # how preconditioners travel: float64 | float32 | float16
     timeout: float = 120.0           # seconds the server waits for replies in a round
+    max_ratio: float = 1000.0        # magnitude guard: reject a reply whose preconditioner trace or
+                                     # parameter norm exceeds this x the round's median (0 = off)
     out: str = ""                    # where the ServerApp writes its result JSON
 
     def to_run_config(self) -> dict:

@@ -1,8 +1,10 @@
 """Local deployment: one SuperLink and N SuperNodes on 127.0.0.1 as child processes, then ``flwr run``.
 
 Every process started here is stopped by pid when the run ends -- normally, on an error, or on
-Ctrl-C / SIGTERM.  Telemetry is off and FLWR_HOME is a private temporary folder, so nothing
-outside loopback is contacted and the user's ~/.flwr is untouched.
+Ctrl-C / SIGTERM -- and the private temporary folder is removed.  Telemetry is off and FLWR_HOME
+is inside that folder, so nothing outside loopback is contacted and the user's ~/.flwr is
+untouched.  The Flower executables are taken from the folder of ``sys.executable`` (the
+virtualenv's bin/, which need not be on PATH), else from PATH.
 """
 from __future__ import annotations
 
@@ -67,16 +69,39 @@ def _toml_value(v):
     return repr(v)
 
 
+def executable(name: str) -> str:
+    """``name`` next to the running interpreter (a virtualenv's bin/), else on PATH."""
+    here = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), name)
+    if os.path.isfile(here) and os.access(here, os.X_OK):
+        return here
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"{name} not found next to {sys.executable} nor on PATH; pip install -e '.[flower]'")
+    return found
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(path, errors="replace") as fh:
+            lines = [ln.strip() for ln in fh.read().splitlines() if ln.strip()]
+        return lines[-1][-300:] if lines else "(empty log)"
+    except OSError:
+        return "(no log)"
+
+
 class LocalFederation:
     """Context manager owning the SuperLink and SuperNode processes."""
 
     def __init__(self, clients: int, workdir: str | None = None, log_dir: str | None = None):
         self.clients = clients
+        self.own_dir = workdir is None   # a folder we made is removed when the federation stops
         self.dir = workdir or tempfile.mkdtemp(prefix="fedpm-flower-")
         self.log_dir = log_dir or os.path.join(self.dir, "logs")
         self.procs: list[subprocess.Popen] = []
+        bindir = os.path.dirname(os.path.abspath(sys.executable))
+        # SuperExec starts flwr-serverapp / flwr-clientapp by name: they must be found on PATH
         self.env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_HOME": os.path.join(self.dir, "flwr-home"),
-                    "PYTHONUNBUFFERED": "1"}
+                    "PYTHONUNBUFFERED": "1", "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
         self.control = self.fleet = None
 
     def _start(self, name, args):
@@ -87,15 +112,22 @@ class LocalFederation:
         return p
 
     def __enter__(self):
+        try:
+            return self._enter()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _enter(self):
         os.makedirs(self.log_dir, exist_ok=True)
         os.makedirs(self.env["FLWR_HOME"], exist_ok=True)
         # flwr 1.42 serves the Runtime, Control and Fleet APIs on one HTTP address
         port = free_port()
         self.fleet = self.control = port
-        self._start("superlink", ["flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(port),
+        self._start("superlink", [executable("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
                                   "--database", ":flwr-in-memory-state:"])
         for i in range(self.clients):
-            self._start(f"supernode-{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.fleet}",
+            self._start(f"supernode-{i}", [executable("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.fleet}",
                                            "--host", "127.0.0.1", "--port", str(free_port()),
                                            "--node-config", f"partition-id={i} num-partitions={self.clients}"])
         self._wait_listening(port, 60.0)
@@ -115,8 +147,8 @@ class LocalFederation:
                     return
             if self.procs[0].poll() is not None or time.time() - start > timeout:
                 self.stop()
-                raise RuntimeError(f"the SuperLink did not start listening on 127.0.0.1:{port}; "
-                                   f"see {self.log_dir}/superlink.log")
+                raise RuntimeError(f"the SuperLink did not start listening on 127.0.0.1:{port}: "
+                                   f"{_last_line(os.path.join(self.log_dir, 'superlink.log'))}")
             time.sleep(0.2)
 
     def _on_signal(self, signum, frame):
@@ -178,9 +210,13 @@ class LocalFederation:
                 pass
 
     def __exit__(self, *exc):
-        self.stop()
-        for s, h in getattr(self, "_old", {}).items():
-            signal.signal(s, h)
+        try:
+            self.stop()
+        finally:
+            for s, h in getattr(self, "_old", {}).items():
+                signal.signal(s, h)
+            if self.own_dir:
+                shutil.rmtree(self.dir, ignore_errors=True)
         return False
 
     def kill_node(self, i: int) -> None:
@@ -199,7 +235,7 @@ class LocalFederation:
         app = write_app(os.path.join(self.dir, "app"), FlowerRunConfig(**{**cfg.to_run_config(), "out": out}))
         if os.path.exists(out):
             os.remove(out)
-        submit = subprocess.run(["flwr", "run", app, "fedpm"], env=self.env, cwd=self.dir, capture_output=True,
+        submit = subprocess.run([executable("flwr"), "run", app, "fedpm"], env=self.env, cwd=self.dir, capture_output=True,
                                 text=True, timeout=120)
         if submit.returncode != 0:
             text = [ln.strip(" │╭╮╰╯─") for ln in (submit.stdout + submit.stderr).splitlines()]
@@ -210,9 +246,9 @@ class LocalFederation:
         while not os.path.exists(out):
             dead = [p.args[0] for p in self.procs[:1] if p.poll() is not None]   # the SuperLink must live
             if dead:
-                raise RuntimeError(f"{dead[0]} exited early; see the logs in {self.log_dir}")
+                raise RuntimeError(f"the SuperLink exited early: {_last_line(os.path.join(self.log_dir, 'superlink.log'))}")
             if time.time() - start > timeout:
-                raise TimeoutError(f"no result after {timeout:.0f}s; see the logs in {self.log_dir}")
+                raise TimeoutError(f"no result after {timeout:.0f}s (see --timeout)")
             time.sleep(0.5)
         time.sleep(0.2)  # the ServerApp replaces the file atomically; let a just-written one settle
         with open(out) as fh:

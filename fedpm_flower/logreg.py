@@ -14,7 +14,7 @@ from fedconvex.blocks import ActiveBlocks
 from fedconvex.data import load_dataset, sequential_split
 from fedconvex.problem import FederatedLogReg
 from fedconvex.run import blas_single_thread
-from fedconvex.screening import psd_problem, reply_problem
+from fedconvex.screening import dtype_problem, id_problems, lower_median, magnitude_outliers, psd_problem, reply_problem
 
 log = logging.getLogger("fedpm.server")
 METHODS = ("fedpm", "localnewton", "fedavg")
@@ -56,13 +56,21 @@ def client_train(cfg, partition: int, theta: np.ndarray, round_: int) -> dict:
 
 
 def reply_issue(cfg, reply: dict, d: int) -> str | None:
-    """None if a client's reply is usable, else the reason (shape, NaN/Inf, preconditioner)."""
+    """None if a client's reply is usable, else the reason (dtype, shape, NaN/Inf, preconditioner)."""
+    if not isinstance(reply, dict):
+        return f"reply is a {type(reply).__name__}, not a mapping"
     problem = reply_problem(reply, {"theta": (d,)})
     if problem or cfg.method != "fedpm":
         return problem
     if "P_block" not in reply or "P_active" not in reply:
         return "missing the preconditioner"
     B, a = reply["P_block"], reply["P_active"]
+    bad = dtype_problem(B)
+    if bad:
+        return f"preconditioner block {bad}"
+    bad = dtype_problem(a, "iu")
+    if bad:
+        return f"preconditioner feature indices {bad}"
     if a.ndim != 1 or (len(a) and (a.min() < 0 or a.max() >= d or len(np.unique(a)) != len(a))):
         return f"preconditioner feature indices are not distinct values in 0..{d - 1}"
     if B.shape != (len(a), len(a)):
@@ -93,13 +101,28 @@ class Server:
     def step(self, replies: dict, round_: int) -> dict:
         """replies: partition -> arrays.  Screens, then applies the method's server update."""
         kept, rejected = [], []
-        for p in sorted(replies):
-            issue = reply_issue(self.cfg, replies[p], self.d)
+        ids = sorted(replies, key=lambda p: (0, p, "") if isinstance(p, (int, np.integer)) else (1, 0, repr(p)))
+        for p, bad_id in zip(ids, id_problems(ids, self.cfg.clients)):
+            issue = bad_id or reply_issue(self.cfg, replies[p], self.d)
             if issue:
                 rejected.append(p)
-                log.warning("round %d: client %d rejected: %s", round_, p, issue)
+                log.warning("round %d: client %s rejected: %s", round_, p, issue)
             else:
                 kept.append(p)
+        if self.cfg.max_ratio and len(kept) > 1:
+            out = set()
+            checks = [("parameter norm", [float(np.linalg.norm(replies[p]["theta"])) for p in kept])]
+            if self.cfg.method == "fedpm":
+                checks.insert(0, ("preconditioner trace",
+                                  [float(np.trace(replies[p]["P_block"].astype(np.float64))) for p in kept]))
+            for what, vals in checks:
+                for pos in magnitude_outliers(vals, self.cfg.max_ratio):
+                    if kept[pos] not in out:
+                        out.add(kept[pos])
+                        rejected.append(kept[pos])
+                        log.warning("round %d: client %s rejected: %s %.3g exceeds %g x the round's median %.3g",
+                                    round_, kept[pos], what, vals[pos], self.cfg.max_ratio, lower_median(vals))
+            kept = [p for p in kept if p not in out]
         if not kept:
             log.warning("round %d: no usable client reply, round skipped, model unchanged", round_)
             return {"used": 0, "rejected": len(rejected)}

@@ -71,7 +71,8 @@ def test_dirichlet_split_and_sampling_from_a_file_path(tmp_path):
 @pytest.mark.parametrize("args,fragment", [
     (["--rounds", "0"], "--rounds: must be a positive integer"),
     (["--methods", "fedpm,fedxyz"], "unknown method(s) fedxyz"),
-    (["--lam", "-1"], "--lam: must be a number >= 0"),
+    (["--lam", "-1"], "--lam: must be a number > 0"),
+    (["--lam", "0"], "--lam: must be a number > 0"),
     (["--init", "far"], "invalid choice: 'far'"),
     (["--dataset", "nowhere.svm"], "nowhere.svm: neither a bundled dataset"),
     (["--clients", "100000"], "exceeds the 32561 rows"),

@@ -206,7 +206,7 @@ def test_bad_replies_are_rejected_and_the_round_goes_on(caplog, tmp_path):
     from fedpm_dnn.models import make_model
     torch.manual_seed(0)
     initial = make_model("cnn", 3, image_size=16).state_dict()
-    params = torch.load(ck, weights_only=False)["server"]["params"]
+    params = torch.load(ck, weights_only=True)["server"]["params"]
     assert all(torch.equal(params[k], initial[k]) for k in params)
 
 

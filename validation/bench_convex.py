@@ -22,8 +22,8 @@ Every run pins BLAS to one thread (fedconvex.run does), so the numbers are per c
 """
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -32,7 +32,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from fedconvex.algorithms import make_algorithm
-from fedconvex.data import load_dataset, paper_split_sizes, sequential_split
+from fedconvex.data import BUNDLED, load_dataset, paper_split_sizes, sequential_split
 from fedconvex.problem import FederatedLogReg
 from fedconvex.reference import initial_point, solve_optimum
 from fedconvex.run import Diverged, run
@@ -112,7 +112,10 @@ def naive_fedpm_round(Xs, ys, theta, lam, lr=1.0):
 
 
 def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False):
+    from validation.common import check_fits
+
     ds = load_dataset(dataset)
+    check_fits(ds, dataset)
     n_clients, per_client = paper_split_sizes(dataset) or (10, ds.n // 10)
     parts = sequential_split(ds.n, n_clients, per_client)
     problem = FederatedLogReg(ds.X, ds.y, parts, lam=1e-3)
@@ -164,12 +167,20 @@ def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m validation.bench_convex", description=__doc__.split("\n")[0])
-    p.add_argument("--dataset", default="w8a")
+    from validation.common import OneLineParser, USER_ERRORS, fail
+
+    prog = "python -m validation.bench_convex"
+    p = OneLineParser(prog=prog, description=__doc__.split("\n")[0])
+    p.add_argument("--dataset", default="w8a", help=f"bundled name ({', '.join(BUNDLED)}) or a LibSVM file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--all-methods", action="store_true", help="also time every method (see the module doc)")
     args = p.parse_args(argv)
-    r = measure(args.dataset, all_methods=args.all_methods)
+    if args.dataset not in BUNDLED and not os.path.isfile(args.dataset):
+        p.error(f"--dataset {args.dataset}: neither a bundled dataset ({', '.join(BUNDLED)}) nor a file")
+    try:
+        r = measure(args.dataset, all_methods=args.all_methods)
+    except USER_ERRORS as exc:
+        fail(prog, exc)
     if args.json:
         print(json.dumps(r))
         return 0

@@ -11,7 +11,6 @@ of the paper's 100-round, 10-client, 5-local-epoch run on the full dataset.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -69,16 +68,27 @@ def measure(model, device, sizes=None, repeats=None):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m validation.bench_dnn", description=__doc__.split("\n")[0])
-    p.add_argument("--models", default="cnn,resnet18gn")
+    from validation.common import OneLineParser
+
+    p = OneLineParser(prog="python -m validation.bench_dnn", description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="cnn,resnet18gn", help=f"comma-separated, from {', '.join(CLASSES)}")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    import torch
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in CLASSES]
+    if unknown or not models:
+        p.error(f"--models: unknown model(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(CLASSES)}")
+    try:
+        import torch
+    except ImportError:
+        p.error("torch is not installed: pip install -e '.[dnn]'")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is visible to torch")
 
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else \
         ("cpu" if args.device == "auto" else args.device)
-    results = [measure(m, device) for m in args.models.split(",")]
+    results = [measure(m, device) for m in models]
     if args.json:
         print(json.dumps(results))
         return 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import os
 import sys
 
@@ -20,25 +21,58 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+MAX_INT = 2 ** 31 - 1  # counts (rounds, clients, rows, ...) far beyond any run that fits in memory
+
+
+def _number(text, kind=float):
+    try:
+        v = kind(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+    if kind is float and not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return v
+
+
 def positive_int(text):
-    v = int(text)
+    v = _number(text, int)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    if v > MAX_INT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_INT}, got {text}")
+    return v
+
+
+def seed_int(text):
+    """A random seed: an integer in 0 .. 2**32 - 1 (what NumPy and torch accept alike)."""
+    v = _number(text, int)
+    if not 0 <= v < 2 ** 32:
+        raise argparse.ArgumentTypeError(f"must be an integer in 0..{2 ** 32 - 1}, got {text}")
     return v
 
 
 def nonneg_float(text):
-    v = float(text)
+    v = _number(text)
     if not v >= 0:
         raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
     return v
 
 
 def positive_float(text):
-    v = float(text)
+    v = _number(text)
     if not v > 0:
         raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
     return v
+
+
+def check_out_arg(parser, path, flag="--out"):
+    """Refuse, as one parser error, an output path that cannot receive results without loss."""
+    from validation.outputs import OutputError, check_out
+
+    try:
+        check_out(path, flag)
+    except OutputError as exc:
+        parser.error(str(exc))
 
 
 def add_problem_args(p: argparse.ArgumentParser) -> None:
@@ -49,12 +83,41 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", choices=("sequential", "shuffled", "dirichlet"), default="sequential",
                    help="sequential = the paper's file-order split")
     p.add_argument("--alpha", type=positive_float, default=0.5, help="Dirichlet concentration for --split dirichlet")
-    p.add_argument("--lam", type=nonneg_float, default=1e-3, help="L2 regularisation lambda")
+    p.add_argument("--lam", type=positive_float, default=1e-3,
+                   help="L2 regularisation lambda (> 0: the problem must have a unique optimum)")
     p.add_argument("--weighting", choices=("uniform", "samples"), default="uniform",
                    help="client weights in f and in the mixing (paper: uniform 1/N)")
     p.add_argument("--init", choices=("paper", "zero"), default="paper", help="theta0 = theta* + N(0, 0.1^2 I), or 0")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--backend", default="numpy", help="numpy or cupy")
+
+
+def check_problem_args(parser, args) -> None:
+    """Cross-flag consistency of add_problem_args, as one parser error naming the flag."""
+    if args.n_features is not None and args.dataset in BUNDLED:
+        parser.error(f"--n-features applies to a LibSVM file given by path, not to the bundled {args.dataset} "
+                     f"({BUNDLED[args.dataset][1]} features)")
+    if args.per_client is not None and args.split == "dirichlet":
+        parser.error("--per-client does not apply to --split dirichlet (client sizes follow the Dirichlet draw)")
+    if os.path.isdir(args.dataset):
+        parser.error(f"--dataset {args.dataset}: is a folder; give a bundled name ({', '.join(BUNDLED)}) or a LibSVM file")
+
+
+def memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 * 2 ** 30
+
+
+def check_fits(ds, dataset: str) -> None:
+    """The reference solution builds dense d x d Hessians: refuse a d whose matrices cannot fit."""
+    need = 3 * 8 * ds.d * ds.d
+    have = memory_bytes()
+    if need > have // 2:
+        raise DataError(f"--dataset {dataset}: {ds.d} features (largest feature index); the dense {ds.d} x {ds.d} "
+                        f"Hessians need {need / 2 ** 30:.3g} GiB, more than half of this machine's "
+                        f"{have / 2 ** 30:.3g} GiB; pass --n-features or fix the file")
 
 
 def build_split(args, ds):
@@ -79,6 +142,7 @@ def build_problem(args):
     """(problem, dataset, theta*, f*, theta0) for the parsed arguments."""
     xp = get_backend(args.backend)
     ds = load_dataset(args.dataset, args.n_features)
+    check_fits(ds, args.dataset)
     parts = build_split(args, ds)
     problem = FederatedLogReg(ds.X, ds.y, parts, lam=args.lam, weighting=args.weighting, xp=xp)
     theta_star, f_star, gnorm = solve_optimum(problem)

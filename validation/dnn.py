@@ -13,12 +13,14 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import sys
 import time
 
 import numpy as np
 
 from validation import common
+from validation.outputs import sigterm_as_exit
 from validation.progress import Progress
 
 PROG = "python -m validation.dnn"
@@ -48,7 +50,7 @@ def parse_args(argv=None):
                    help="clients sampled per round (default: the preset's, else all)")
     p.add_argument("--rounds", type=common.positive_int, default=100)
     p.add_argument("--local-epochs", type=common.positive_int, default=None, help="default 5 (or the preset's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=common.seed_int, default=0)
     p.add_argument("--foof-samples", choices=("64", "256", "1024", "all"), default=None)
     p.add_argument("--train-subset", type=common.positive_int, default=None,
                    help="class-balanced subset of the training set (for CPU-sized runs)")
@@ -59,7 +61,7 @@ def parse_args(argv=None):
     p.add_argument("--quiet", action="store_true")
     g = p.add_argument_group("hyper-parameters (override the preset)")
     g.add_argument("--lr", type=common.positive_float)
-    g.add_argument("--clip", type=float, help="gradient-norm clip; 0 = none")
+    g.add_argument("--clip", type=common.nonneg_float, help="gradient-norm clip; 0 = none")
     g.add_argument("--weight-decay", type=common.nonneg_float)
     g.add_argument("--mu", type=common.nonneg_float, help="FedProx proximal coefficient")
     g.add_argument("--momentum", type=common.nonneg_float, help="FedAvgM server momentum")
@@ -78,7 +80,35 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.out is None:
         args.out = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")
+    check_args(p, args)
     return args
+
+
+def check_args(p, args):
+    """Cross-flag consistency and the output folder, checked before any data is read."""
+    from fedpm_dnn.presets import PRESETS
+
+    if args.preset is not None:
+        setting = PRESETS[args.preset]["setting"]
+        if setting.get("dataset", args.dataset) != args.dataset:
+            p.error(f"--preset {args.preset} is for --dataset {setting['dataset']}, not {args.dataset}")
+    if args.participants is not None and args.participants > args.clients and args.dataset != "femnist":
+        p.error(f"--participants {args.participants} exceeds --clients {args.clients}")
+    common.check_out_arg(p, args.out)
+    ckpt = os.path.join(args.out, "checkpoint.pt")
+    if args.resume and not os.path.isfile(ckpt):
+        p.error(f"--resume: {ckpt} does not exist; drop --resume to start a new run")
+    if not args.resume and os.path.exists(ckpt):
+        p.error(f"{ckpt} exists: pass --resume to continue it, or choose another --out")
+
+
+# flags that do not change what a run computes (where it writes, how it reports, how many rounds)
+NOT_IN_FINGERPRINT = {"out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir"}
+
+
+def run_fingerprint(args) -> dict:
+    """The flags that shape the run, for the checkpoint's fingerprint (fedpm_dnn.checkpoint)."""
+    return {k: v for k, v in sorted(vars(args).items()) if k not in NOT_IN_FINGERPRINT}
 
 
 def balanced_subset(labels, n, num_classes, seed):
@@ -125,6 +155,9 @@ def build(args):
         parts = natural[:args.clients] if args.clients else natural
     else:
         if args.train_subset:
+            if not data.num_classes <= args.train_subset <= len(y):
+                raise ValueError(f"--train-subset {args.train_subset}: must be between the {data.num_classes} "
+                                 f"classes and the {len(y)} training images")
             keep = balanced_subset(y, args.train_subset, data.num_classes, args.seed)
             x, y = x[keep], y[keep]
         parts = make_partition(args.split, y, args.clients or 10, args.alpha, seed=args.seed)
@@ -133,6 +166,9 @@ def build(args):
         participants = None   # the preset samples more clients than this run has: everyone takes part
     xt, yt = data.x_test, data.y_test
     if args.test_subset:
+        if not data.num_classes <= args.test_subset <= len(yt):
+            raise ValueError(f"--test-subset {args.test_subset}: must be between the {data.num_classes} "
+                             f"classes and the {len(yt)} test images")
         keep = balanced_subset(yt, args.test_subset, data.num_classes, args.seed)
         xt, yt = xt[keep], yt[keep]
     if participants and participants > len(parts):
@@ -188,6 +224,28 @@ def summarize(desc, history, command):
                                              "numpy": np.__version__}}
 
 
+def open_out(out) -> bool:
+    """Create ``out`` (marked as ours) if needed; True when this run created it."""
+    from validation.outputs import is_ours, mark
+
+    created = not os.path.exists(out)
+    os.makedirs(out, exist_ok=True)
+    if created or not is_ours(out):   # new, or empty (check_args refused anything else)
+        mark(out)
+    return created
+
+
+def fail_run(args, exc):
+    # keep what the run reached, and say why it stopped (a re-run would stop the same way)
+    summary_path = os.path.join(args.out, "summary.json")
+    if isinstance(exc, ArithmeticError) and os.path.isfile(summary_path):
+        with open(summary_path) as fh:
+            partial = json.load(fh)
+        partial["failed"] = str(exc)
+        write_atomic(summary_path, json.dumps(partial, indent=2))
+    common.fail(PROG, exc)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
@@ -202,10 +260,12 @@ def main(argv=None) -> int:
         exp, desc = build(args)
     except (DatasetError, ValueError, OSError) as exc:
         common.fail(PROG, exc)
+    exp.meta["fingerprint"] = run_fingerprint(args)
     ckpt = os.path.join(args.out, "checkpoint.pt")
-    if os.path.exists(ckpt) and not args.resume:
-        common.fail(PROG, FileExistsError(f"{ckpt} exists: pass --resume to continue it, or choose another --out"))
-    os.makedirs(args.out, exist_ok=True)
+    try:
+        created = open_out(args.out)
+    except OSError as exc:
+        common.fail(PROG, exc)
     bar = Progress(args.rounds, f"{args.method}", enabled=not args.quiet)
 
     def on_round(row, history):
@@ -216,16 +276,15 @@ def main(argv=None) -> int:
 
     start = time.perf_counter()
     try:
-        history = run_experiment(exp, checkpoint=ckpt, resume=args.resume, on_round=on_round)
-    except (ArithmeticError, ValueError) as exc:
-        # keep what the run reached, and say why it stopped (a re-run would stop the same way)
-        summary_path = os.path.join(args.out, "summary.json")
-        if isinstance(exc, ArithmeticError) and os.path.isfile(summary_path):
-            with open(summary_path) as fh:
-                partial = json.load(fh)
-            partial["failed"] = str(exc)
-            write_atomic(summary_path, json.dumps(partial, indent=2))
-        common.fail(PROG, exc)
+        with sigterm_as_exit():   # SIGTERM unwinds like Ctrl-C, so the cleanup below runs
+            history = run_experiment(exp, checkpoint=ckpt, resume=args.resume, on_round=on_round)
+    except BaseException as exc:
+        # a folder this run created and no round completed: remove it, as if never started
+        if created and not os.path.exists(ckpt):
+            shutil.rmtree(args.out, ignore_errors=True)
+        if not isinstance(exc, (ArithmeticError, ValueError)):
+            raise
+        fail_run(args, exc)
     summary = summarize(desc, history, command)
     write_outputs(args.out, history, summary)
     print(f"{args.method}: best test accuracy {summary['best_test_acc']:.4f}, final {summary['final_test_acc']:.4f} "

@@ -9,8 +9,6 @@ import csv
 import json
 import math
 import os
-import shutil
-import tempfile
 
 from fedconvex.run import COLUMNS
 
@@ -113,26 +111,12 @@ def plot_convergence(histories: dict, labels: dict, title: str, path_stem: str, 
     return paths
 
 
-class AtomicDir:
-    """Write into a temporary sibling folder; replace ``path`` only when everything succeeded."""
+def AtomicDir(path: str):
+    """Write into a temporary sibling folder; replace ``path`` only when everything succeeded
+    and only when it is a previous result of ours (see validation.outputs)."""
+    from validation.outputs import ResultDir
 
-    def __init__(self, path: str):
-        self.path = os.path.abspath(path)
-
-    def __enter__(self) -> str:
-        parent = os.path.dirname(self.path)
-        os.makedirs(parent, exist_ok=True)
-        self.tmp = tempfile.mkdtemp(prefix=".partial-", dir=parent)
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            return False
-        if os.path.isdir(self.path):
-            shutil.rmtree(self.path)
-        os.replace(self.tmp, self.path)
-        return False
+    return ResultDir(path)
 
 
 def dump_json(path, obj) -> None:

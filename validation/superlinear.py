@@ -9,19 +9,24 @@ is tuned over its log grid (cached; see validation/tuning.py) unless --lr fixes 
 """
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import os
 import platform
 import shlex
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 
 from fedconvex.algorithms import PAPER_TEST1, REGISTRY
+from fedconvex.data import paper_split_sizes
 from validation import common, report
 from validation.progress import Progress
-from validation.tuning import TuningCache, tune
+from fedconvex.run import Diverged
+from validation.tuning import DIVERGENCE_FACTOR, TuningCache, score_floor, tune
 
 PROG = "python -m validation.superlinear"
 
@@ -49,6 +54,16 @@ def parse_args(argv=None):
     if args.out is None:
         stem = os.path.splitext(os.path.basename(args.dataset))[0]
         args.out = os.path.join("results", f"superlinear-{stem}")
+    common.check_problem_args(p, args)
+    if args.participants is not None:
+        paper = paper_split_sizes(args.dataset)
+        clients = args.clients or (paper[0] if paper else 10)   # as common.build_split chooses
+        if args.participants > clients:
+            p.error(f"--participants {args.participants} exceeds the {clients} clients"
+                    + (" (--clients)" if args.clients else ""))
+    if not args.no_cache and (os.path.isdir(args.cache) or (os.path.lexists(args.cache) and not os.path.isfile(args.cache))):
+        p.error(f"--cache {args.cache}: is not a regular file; give a JSON file path (or --no-cache)")
+    common.check_out_arg(p, args.out)
     return args
 
 
@@ -72,7 +87,18 @@ def _run_method(method):
     params, hist, trials = tune(c["problem"], method, fixed, c["theta0"], c["theta_star"], c["f_star"],
                                 c["args"].rounds, participants=c["args"].participants, seed=c["args"].seed,
                                 cached=cached)
+    if c["args"].lr is not None:
+        check_not_diverging(method, c["args"].lr, hist, c["f_star"])
     return method, key, params, hist, trials, cached is not None, time.perf_counter() - start
+
+
+def check_not_diverging(method, lr, hist, f_star):
+    """A fixed --lr whose gap grows by the tuner's divergence factor is an error, not a result."""
+    start = max(hist[0]["f_gap"], score_floor(f_star))
+    worst = max(r["f_gap"] for r in hist)
+    if not math.isfinite(worst) or worst > DIVERGENCE_FACTOR * start:
+        raise Diverged(f"{method} diverged with --lr {lr:g}: |f - f*| grew from {hist[0]['f_gap']:.3g} to "
+                       f"{worst:.3g}; choose a smaller --lr")
 
 
 def main(argv=None) -> int:
@@ -80,6 +106,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         problem, ds, theta_star, f_star, gnorm, theta0 = common.build_problem(args)
+        if args.participants is not None and args.participants > problem.n_clients:
+            raise ValueError(f"--participants {args.participants} exceeds the {problem.n_clients} clients")
     except common.USER_ERRORS as exc:
         common.fail(PROG, exc)
     desc = problem.describe()
@@ -94,17 +122,21 @@ def main(argv=None) -> int:
     try:
         jobs = min(args.jobs, len(args.methods))
         if jobs > 1 and "fork" in mp.get_all_start_methods() and args.backend == "numpy":
-            with mp.get_context("fork").Pool(jobs) as pool:
+            # a pool that notices a worker killed from outside (BrokenProcessPool), unlike mp.Pool
+            with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")) as pool:
                 # the slowest methods first so the two workers finish together
                 cost = {"fedns": 0, "fednl": 1, "localnewton": 2, "fedadam": 3, "fedavgm": 4}
                 order = sorted(args.methods, key=lambda m: cost.get(m, 9))
-                for res in pool.imap_unordered(_run_method, order):
+                for fut in as_completed([pool.submit(_run_method, m) for m in order]):
+                    res = fut.result()
                     results[res[0]] = res
                     bar.update(1, f"{res[0]} {res[6]:.1f}s")
         else:
             for m in args.methods:
                 results[m] = _run_method(m)
                 bar.update(1, f"{m} {results[m][6]:.1f}s")
+    except BrokenProcessPool:
+        common.fail(PROG, RuntimeError("a worker process ended abnormally (killed?); nothing was written"))
     except common.USER_ERRORS as exc:
         common.fail(PROG, exc)
     cache = TuningCache(None if args.no_cache else args.cache)
@@ -112,7 +144,10 @@ def main(argv=None) -> int:
     for m in args.methods:
         _, key, params, hist, trials, was_cached, _ = results[m]
         if not was_cached and args.lr is None:
-            cache.put(key, params)
+            try:
+                cache.put(key, params)
+            except OSError as exc:
+                common.fail(PROG, OSError(f"--cache {args.cache}: cannot be written ({exc.strerror or exc})"))
         histories[m] = hist
         summ = report.method_summary(REGISTRY[m].label, params, hist, trials, was_cached)
         summ["f_gap_str"], summ["dist_str"] = f"{summ['final_f_gap']:.2e}", f"{summ['final_dist']:.2e}"

@@ -39,6 +39,9 @@ def _quiet_server():
         logger.disabled = was
 
 
+DIVERGENCE_FACTOR = 1e6  # a run whose gap grows by this factor over its start is diverging
+
+
 def score_floor(f_star: float) -> float:
     return 1e-15 * max(1.0, abs(f_star))
 
@@ -72,7 +75,7 @@ def _race_stop(rounds: int, floor: float, best: float, initial_gap: float):
     def stop(row):
         nonlocal total
         gap = row["f_gap"]
-        if not math.isfinite(gap) or gap > 1e6 * max(initial_gap, floor):
+        if not math.isfinite(gap) or gap > DIVERGENCE_FACTOR * max(initial_gap, floor):
             raise _Abort("diverging")
         total += math.log10(max(gap, floor))
         # best achievable final score if every remaining round sat at the floor

@@ -89,8 +89,12 @@ def parse_libsvm(lines, source: str, n_features: int | None = None) -> Dataset:
     if len(label_set) < 2:
         raise DataError(f"{source}: only one label ({next(iter(label_set)):g}); binary classification needs two")
     d = n_features if n_features is not None else (max(indices) + 1 if indices else 1)
+    try:
+        cols = np.asarray(indices, dtype=np.int32)
+    except OverflowError:
+        raise DataError(f"{source}: a feature index exceeds {np.iinfo(np.int32).max}") from None
     X = sp.csr_matrix(
-        (np.asarray(values, dtype=np.float64), np.asarray(indices, dtype=np.int32), np.asarray(indptr, dtype=np.int64)),
+        (np.asarray(values, dtype=np.float64), cols, np.asarray(indptr, dtype=np.int64)),
         shape=(len(raw_labels), d),
     )
     lo, hi = sorted(label_set)

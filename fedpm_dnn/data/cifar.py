@@ -45,14 +45,46 @@ CIFAR10_STATS = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
 CIFAR100_STATS = ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))
 
 
+# The only callables a CIFAR batch may name: numpy's array / dtype reconstruction (both module
+# names numpy has used) and the codec Python 3 uses for bytes in protocol-2 pickles.  Everything
+# else -- os.system, builtins.eval, any class -- is refused before it is looked up.
+_ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+            ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+            ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+            ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+
+
+class _Refused(Exception):
+    pass
+
+
+class _DataOnlyUnpickler(pickle.Unpickler):
+    """Unpickles numpy arrays, dicts, lists, tuples, bytes, str and numbers; nothing that runs code."""
+
+    def find_class(self, module, name):
+        if (module, name) not in _ALLOWED:
+            raise _Refused(f"{module}.{name}")
+        return super().find_class(module, name)
+
+
+def safe_unpickle(fh):
+    return _DataOnlyUnpickler(fh, encoding="bytes").load()
+
+
 def _unpickle(path):
     if not os.path.isfile(path):
         raise DatasetError(f"{path}: missing (expected the python-pickle CIFAR release)")
     try:
         with open(path, "rb") as fh:
-            return pickle.load(fh, encoding="bytes")
+            d = safe_unpickle(fh)
+    except _Refused as exc:
+        raise DatasetError(f"{path}: refused: the pickle names {exc}, which a CIFAR batch never does "
+                           "(loading it could run code)") from None
     except Exception as exc:  # truncated or foreign file
         raise DatasetError(f"{path}: not a CIFAR pickle batch ({type(exc).__name__}: {exc})") from None
+    if not isinstance(d, dict):
+        raise DatasetError(f"{path}: not a CIFAR pickle batch (holds a {type(d).__name__}, not a dict)")
+    return d
 
 
 def _batch(path, label_key):
@@ -60,11 +92,18 @@ def _batch(path, label_key):
     try:
         data = np.asarray(d[b"data"], dtype=np.uint8)
         labels = np.asarray(d[label_key], dtype=np.int64)
-    except (KeyError, TypeError):
-        raise DatasetError(f"{path}: no {label_key.decode()!r}/'data' entries") from None
+    except (KeyError, TypeError, ValueError, OverflowError):
+        raise DatasetError(f"{path}: no {label_key.decode()!r}/'data' entries of integers") from None
     if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
         raise DatasetError(f"{path}: data of shape {data.shape} with {len(labels)} labels; expected (n, 3072)")
     return data.reshape(-1, 3, 32, 32), labels
+
+
+def _names(path, key, k):
+    names = _unpickle(path).get(key)
+    if not isinstance(names, list) or len(names) != k or not all(isinstance(c, (bytes, str)) for c in names):
+        raise DatasetError(f"{path}: {key.decode()!r} is not a list of {k} class names")
+    return tuple(c.decode("utf-8", "replace") if isinstance(c, bytes) else c for c in names)
 
 
 def load_cifar_pickle(root: str, which: str = "cifar10") -> ImageData:
@@ -73,13 +112,13 @@ def load_cifar_pickle(root: str, which: str = "cifar10") -> ImageData:
         parts = [_batch(os.path.join(root, f"data_batch_{i}"), b"labels") for i in range(1, 6)]
         xt, yt = _batch(os.path.join(root, "test_batch"), b"labels")
         meta = os.path.join(root, "batches.meta")
-        classes = tuple(c.decode() for c in _unpickle(meta)[b"label_names"]) if os.path.isfile(meta) else CIFAR10_CLASSES
+        classes = _names(meta, b"label_names", 10) if os.path.isfile(meta) else CIFAR10_CLASSES
         stats = CIFAR10_STATS
     elif which == "cifar100":
         parts = [_batch(os.path.join(root, "train"), b"fine_labels")]
         xt, yt = _batch(os.path.join(root, "test"), b"fine_labels")
         meta = os.path.join(root, "meta")
-        classes = tuple(c.decode() for c in _unpickle(meta)[b"fine_label_names"]) if os.path.isfile(meta) \
+        classes = _names(meta, b"fine_label_names", 100) if os.path.isfile(meta) \
             else tuple(str(i) for i in range(100))
         stats = CIFAR100_STATS
     else:

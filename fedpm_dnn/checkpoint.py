@@ -1,0 +1,136 @@
+"""Checkpoints that run no code and resume only the run that wrote them.
+
+* Loading uses ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain
+  containers (dict, list, str, int, float, bool, None) only, so a crafted file cannot execute
+  code; anything else is refused.
+* Every checkpoint stores a *fingerprint* of what shapes the run (model, method and its
+  hyper-parameters, seed, participants, number of clients, a hash of every client's data and of
+  the test set, and whatever the caller adds in ``Experiment.meta["fingerprint"]`` -- the CLI adds
+  its flags: dataset, split, alpha, subsets, ...).  Resuming with any difference is refused with
+  the first differing entry named.  The number of rounds is not part of it: a finished run may be
+  extended.
+* A truncated, corrupted or structurally wrong file is one ``CheckpointError`` naming the file.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import asdict
+
+import numpy as np
+import torch
+
+FORMAT = 2
+
+
+class CheckpointError(ValueError):
+    """The checkpoint cannot be used; the message names the file and why."""
+
+
+def _tensor_digest(h, t: torch.Tensor) -> None:
+    a = t.detach().to("cpu").contiguous().numpy()
+    h.update(f"{a.dtype}{a.shape}".encode())
+    h.update(np.ascontiguousarray(a).view(np.uint8).reshape(-1).tobytes())
+
+
+def data_hash(clients, x_test=None, y_test=None) -> str:
+    """SHA-256 of every client's images and labels (in client order) and of the test set."""
+    h = hashlib.sha256()
+    for c in clients:
+        _tensor_digest(h, c.x)
+        _tensor_digest(h, c.y)
+    for t in (x_test, y_test):
+        if t is not None:
+            _tensor_digest(h, t)
+    return h.hexdigest()
+
+
+def fingerprint(exp) -> dict:
+    """Flat dict of everything that shapes the run of ``exp`` (values are plain JSON-like types)."""
+    fp = {f"run.{k}": v for k, v in (exp.meta or {}).get("fingerprint", {}).items()}
+    fp.update({"model": exp.model, "num_classes": int(exp.num_classes), "in_channels": int(exp.in_channels),
+          "image_size": int(exp.image_size), "seed": int(exp.seed), "n_clients": len(exp.clients),
+          "participants": None if exp.participants is None else int(exp.participants),
+          "client_sizes": [len(c) for c in exp.clients],
+          "data_hash": data_hash(exp.clients, exp.x_test, exp.y_test)})
+    fp.update({f"config.{k}": v for k, v in asdict(exp.cfg).items()})
+    return fp
+
+
+def _show(key: str) -> str:
+    if key.startswith("run."):
+        return "--" + key[4:].replace("_", "-")
+    if key.startswith("config."):
+        return key[7:].replace("_", " ")
+    return {"data_hash": "the data (partition, subsets or files)", "client_sizes": "client sizes",
+            "n_clients": "number of clients"}.get(key, key.replace("_", " "))
+
+
+def first_difference(saved: dict, now: dict) -> str | None:
+    """'<what>: checkpoint has X, this run Y' for the first differing entry, or None."""
+    order = list(now) + [k for k in saved if k not in now]
+    for key in order:
+        a, b = saved.get(key, "(absent)"), now.get(key, "(absent)")
+        if a != b:
+            if key == "data_hash":
+                return f"{_show(key)} differ"
+            return f"{_show(key)}: checkpoint has {a!r}, this run {b!r}"
+    return None
+
+
+def save(path: str, payload: dict) -> None:
+    """Write atomically (a kill leaves the previous checkpoint or the new one, never half of one)."""
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        torch.save(payload, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def load(path: str, map_location=None) -> dict:
+    """The checkpoint's contents, loaded without running code; CheckpointError if unusable."""
+    try:
+        ck = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # truncated, corrupted, foreign, or holding arbitrary objects
+        text = str(exc)
+        if "weights_only" in text or "Unsupported global" in text or "GLOBAL" in text:
+            why = "it holds objects other than tensors and plain containers; refused, since loading it could run code"
+        else:
+            why = f"truncated or corrupted ({type(exc).__name__})"
+        raise CheckpointError(f"{path}: not a usable checkpoint: {why}; remove it or choose another --out") from None
+    if not isinstance(ck, dict) or ck.get("format") != FORMAT or not isinstance(ck.get("fingerprint"), dict):
+        raise CheckpointError(f"{path}: not a checkpoint of this version (no fingerprint); remove it or choose "
+                              "another --out")
+    return ck
+
+
+def check_structure(path: str, ck: dict, fresh_state: dict, n_clients: int) -> None:
+    """The loaded state must look like the one this run would build (names, shapes, dtypes)."""
+    def bad(why):
+        return CheckpointError(f"{path}: damaged checkpoint ({why}); remove it or choose another --out")
+
+    for key in ("server", "clients", "history", "np_rng"):
+        if key not in ck:
+            raise bad(f"no {key!r} entry")
+    server = ck["server"]
+    if not isinstance(server, dict) or set(server) != set(fresh_state):
+        raise bad("server state entries differ")
+    params, fresh = server.get("params"), fresh_state["params"]
+    if not isinstance(params, dict) or list(params) != list(fresh):
+        raise bad("parameter names differ")
+    for k, v in fresh.items():
+        p = params[k]
+        if not isinstance(p, torch.Tensor) or p.shape != v.shape or p.dtype != v.dtype:
+            raise bad(f"parameter {k} is not a {v.dtype} tensor of shape {tuple(v.shape)}")
+    if not isinstance(ck["clients"], list) or len(ck["clients"]) != n_clients or \
+            not all(isinstance(c, dict) for c in ck["clients"]):
+        raise bad(f"client states are not {n_clients} dicts")
+    hist = ck["history"]
+    if not isinstance(hist, list) or not all(isinstance(r, dict) and r.get("round") == i + 1 for i, r in enumerate(hist)):
+        raise bad("history is not rounds 1, 2, ...")
+    if server.get("round") != len(hist):
+        raise bad(f"server round {server.get('round')!r} but {len(hist)} history rows")
+    rng = ck["np_rng"]
+    if not isinstance(rng, dict) or not isinstance(rng.get("state"), dict):
+        raise bad("no random generator state")

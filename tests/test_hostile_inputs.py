@@ -1,0 +1,502 @@
+"""Hostile and mistaken inputs, one table: every case must end with exit code 2, exactly one
+stderr line naming the cause, no traceback, and the working folder (the output folder and every
+pre-existing file) exactly as it was.  The server cases check that the reply is rejected with a
+reason naming the client and that the round completes with the others.
+
+The commands run in-process (``main(argv)``), on tiny generated data."""
+import hashlib
+import logging
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from validation import bench_convex, bench_dnn, dnn, flower, outputs, superlinear  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROGS = {superlinear: "python -m validation.superlinear", dnn: "python -m validation.dnn",
+         flower: "python -m validation.flower", bench_convex: "python -m validation.bench_convex",
+         bench_dnn: "python -m validation.bench_dnn"}
+
+
+class Evil:
+    """Unpickling this creates a folder: proof that loading ran code."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return os.mkdir, (self.path,)
+
+
+def cifar_pickle(root, n=30, seed=0):
+    g = np.random.default_rng(seed)
+    os.makedirs(root)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(os.path.join(root, name), "wb") as fh:
+            pickle.dump({b"data": g.integers(0, 256, (n, 3072), dtype=np.uint8),
+                         b"labels": g.integers(0, 10, n).tolist()}, fh)
+
+
+DNN = ["--data-dir", "{W}/data", "--clients", "3", "--local-epochs", "1", "--foof-samples", "64", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """The DNN runs here are tiny: one torch thread avoids spin-waiting on a busy machine."""
+    was = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(was)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, one_thread):
+    """A working folder: data, a foreign folder, a file, a previous result, a DNN run to resume."""
+    w = tmp_path_factory.mktemp("base")
+    cifar_pickle(str(w / "data" / "cifar-10-batches-py"))
+    (w / "foreign").mkdir()
+    (w / "foreign" / "notes.txt").write_text("my thesis\n")
+    (w / "file.txt").write_text("a file\n")
+    (w / "tiny.svm").write_text("".join(f"{1 if i % 3 else 0} {1 + i % 4}:1 {5 + i % 3}:0.5\n" for i in range(60)))
+    (w / "bad.svm").write_text("-1 1:1\n+1 2:1\n+1 3:oops\n")
+    (w / "nan.svm").write_text("-1 1:1\n+1 2:nan\n")
+    (w / "empty.svm").write_text("")
+    (w / "onelabel.svm").write_text("1 1:1\n1 2:1\n")
+    (w / "binary.svm").write_bytes(bytes(range(256)) * 4)
+    (w / "bigindex.svm").write_text("1 1:1 1000000000:1\n-1 2:1\n1 3:1\n-1 4:1\n")
+    (w / "hugeindex.svm").write_text("1 1:1 10000000000:1\n-1 2:1\n")
+    (w / "app").mkdir()
+    (w / "app" / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
+    os.symlink(w / "foreign", w / "link")
+    # crafted data and checkpoints that would run code (create PWNED) if unpickled carelessly
+    evil_dir = w / "evil" / "cifar-10-batches-py"
+    shutil.copytree(w / "data" / "cifar-10-batches-py", evil_dir)
+    with open(evil_dir / "data_batch_1", "wb") as fh:
+        pickle.dump({b"data": Evil(str(w / "PWNED")), b"labels": [0]}, fh)
+    # a finished DNN run (1 round) to resume
+    run = [a.replace("{W}", str(w)) for a in DNN] + ["--rounds", "1", "--out", str(w / "run")]
+    assert dnn.main(run) == 0
+    for name, damage in [("trunc", "truncate"), ("crafted", "evil"), ("old", "old")]:
+        shutil.copytree(w / "run", w / name)
+        ck = w / name / "checkpoint.pt"
+        if damage == "truncate":
+            ck.write_bytes(ck.read_bytes()[:1500])
+        elif damage == "evil":
+            torch.save({"format": 2, "fingerprint": {}, "x": Evil(str(w / "PWNED"))}, str(ck))
+        else:   # a checkpoint from before fingerprints
+            ck_data = torch.load(str(ck), weights_only=True)
+            del ck_data["fingerprint"]
+            ck_data.pop("format")
+            torch.save(ck_data, str(ck))
+    return w
+
+
+@pytest.fixture
+def work(base, tmp_path):
+    w = tmp_path / "w"
+    shutil.copytree(base, w, symlinks=True)
+    os.remove(w / "link")
+    os.symlink(w / "foreign", w / "link")
+    return w
+
+
+def snapshot(root):
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for d in dirs:
+            p = os.path.join(dirpath, d)
+            out[os.path.relpath(p, root)] = "link" if os.path.islink(p) else "dir"
+        for f in files:
+            p = os.path.join(dirpath, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, root)] = (hashlib.sha256(fh.read()).hexdigest(), os.stat(p).st_mtime_ns)
+    return out
+
+
+S = ["--dataset", "a9a", "--clients", "8", "--per-client", "50", "--rounds", "2", "--quiet", "--no-cache",
+     "--jobs", "1", "--methods", "fedpm"]
+OUT = ["--out", "{W}/out"]
+D = DNN + ["--rounds", "1"]
+
+CASES = [
+    # ---------------------------------------------------------------- validation.superlinear
+    ("sl-rounds-0", superlinear, S + OUT + ["--rounds", "0"], "--rounds: must be a positive integer"),
+    ("sl-rounds-text", superlinear, S + OUT + ["--rounds", "many"], "--rounds: must be an integer"),
+    ("sl-rounds-huge", superlinear, S + OUT + ["--rounds", "99999999999"], "--rounds: must be at most"),
+    ("sl-lam-0", superlinear, S + OUT + ["--lam", "0"], "--lam: must be a number > 0"),
+    ("sl-lam-inf", superlinear, S + OUT + ["--lam", "inf"], "--lam: must be a finite number"),
+    ("sl-lam-nan", superlinear, S + OUT + ["--lam", "nan"], "--lam: must be a finite number"),
+    ("sl-lam-neg", superlinear, S + OUT + ["--lam", "-1"], "--lam: must be a number > 0"),
+    ("sl-alpha-inf", superlinear, S[:4] + S[6:] + OUT + ["--split", "dirichlet", "--alpha", "inf"],
+     "--alpha: must be a finite number"),
+    ("sl-alpha-0", superlinear, S + OUT + ["--alpha", "0"], "--alpha: must be a number > 0"),
+    ("sl-lr-diverges", superlinear, ["--dataset", "{W}/tiny.svm", "--clients", "3", "--rounds", "3", "--quiet",
+                                      "--jobs", "1", "--methods", "fedavg", "--lr", "1e9"] + OUT,
+     "fedavg diverged with --lr 1e+09"),
+    ("sl-lr-nan", superlinear, S + OUT + ["--lr", "nan"], "--lr: must be a finite number"),
+    ("sl-lr-neg", superlinear, S + OUT + ["--lr", "-1"], "--lr: must be a number > 0"),
+    ("sl-seed-neg", superlinear, S + OUT + ["--seed", "-1"], "--seed: must be an integer in 0..4294967295"),
+    ("sl-seed-big", superlinear, S + OUT + ["--seed", str(2 ** 32)], "--seed: must be an integer in 0.."),
+    ("sl-participants-gt-clients", superlinear, S + OUT + ["--participants", "20"], "--participants 20 exceeds the 8 clients (--clients)"),
+    ("sl-participants-gt-paper", superlinear, ["--dataset", "a9a", "--participants", "100", "--quiet"] + OUT,
+     "--participants 100 exceeds the 80 clients"),
+    ("sl-participants-0", superlinear, S + OUT + ["--participants", "0"], "--participants: must be a positive integer"),
+    ("sl-n-features-bundled", superlinear, S + OUT + ["--n-features", "5"], "--n-features applies to a LibSVM file"),
+    ("sl-method-unknown", superlinear, S[:-1] + ["fedpm,fedxyz"] + OUT, "unknown method(s) fedxyz"),
+    ("sl-method-none", superlinear, S[:-1] + [","] + OUT, "unknown method(s) (none given)"),
+    ("sl-dataset-missing", superlinear, S[2:] + OUT + ["--dataset", "nowhere.svm"], "nowhere.svm: neither a bundled"),
+    ("sl-dataset-folder", superlinear, S[2:] + OUT + ["--dataset", "{W}/foreign"], "is a folder"),
+    ("sl-dataset-malformed", superlinear, ["--dataset", "{W}/bad.svm", "--quiet"] + OUT, "bad.svm:3: token '3:oops'"),
+    ("sl-dataset-nan", superlinear, ["--dataset", "{W}/nan.svm", "--quiet"] + OUT, "is not finite"),
+    ("sl-dataset-empty", superlinear, ["--dataset", "{W}/empty.svm", "--quiet"] + OUT, "no samples (empty file)"),
+    ("sl-dataset-one-label", superlinear, ["--dataset", "{W}/onelabel.svm", "--quiet"] + OUT, "only one label"),
+    ("sl-dataset-binary", superlinear, ["--dataset", "{W}/binary.svm", "--quiet"] + OUT, "binary.svm"),
+    ("sl-dataset-feature-1e9", superlinear, ["--dataset", "{W}/bigindex.svm", "--clients", "2", "--quiet"] + OUT,
+     "1000000000 features"),
+    ("sl-dataset-feature-1e10", superlinear, ["--dataset", "{W}/hugeindex.svm", "--quiet"] + OUT,
+     "a feature index exceeds 2147483647"),
+    ("sl-clients-too-many", superlinear, S[:2] + OUT + ["--clients", "100000", "--quiet"], "cannot give 100000 clients"),
+    ("sl-per-client-too-many", superlinear, S[:4] + OUT + ["--per-client", "10000", "--quiet"], "exceeds the 32561 rows"),
+    ("sl-per-client-dirichlet", superlinear, S + OUT + ["--split", "dirichlet"], "--per-client does not apply"),
+    ("sl-cache-folder", superlinear, [a for a in S if a != "--no-cache"] + ["--cache", "{W}/foreign"] + OUT,
+     "--cache {W}/foreign: is not a regular file"),
+    ("sl-out-foreign", superlinear, S + ["--out", "{W}/foreign"], "is not a previous result of this tool"),
+    ("sl-out-file", superlinear, S + ["--out", "{W}/file.txt"], "exists and is not a folder"),
+    ("sl-out-symlink", superlinear, S + ["--out", "{W}/link"], "is a symbolic link"),
+    ("sl-out-inside-file", superlinear, S + ["--out", "{W}/file.txt/sub"], "is not a folder"),
+    ("sl-backend", superlinear, S + OUT + ["--backend", "jax"], "unknown backend 'jax'"),
+    ("sl-init", superlinear, S + OUT + ["--init", "far"], "invalid choice: 'far'"),
+    ("sl-local-steps-0", superlinear, S + OUT + ["--local-steps", "0"], "--local-steps: must be a positive integer"),
+    ("sl-jobs-0", superlinear, S + OUT + ["--jobs", "0"], "--jobs: must be a positive integer"),
+    ("sl-split", superlinear, S + OUT + ["--split", "random"], "invalid choice: 'random'"),
+    ("sl-unknown-flag", superlinear, S + OUT + ["--bogus"], "unrecognized arguments: --bogus"),
+    # ---------------------------------------------------------------- validation.dnn
+    ("dnn-data-missing", dnn, D + OUT + ["--data-dir", "/nonexistent"], "/nonexistent: no such folder"),
+    ("dnn-data-file", dnn, D + OUT + ["--data-dir", "{W}/file.txt"], "no such folder"),
+    ("dnn-data-crafted-pickle", dnn, D + OUT + ["--data-dir", "{W}/evil"], "refused: the pickle names posix.mkdir"),
+    ("dnn-alpha-inf", dnn, D + OUT + ["--alpha", "inf"], "--alpha: must be a finite number"),
+    ("dnn-alpha-0", dnn, D + OUT + ["--alpha", "0"], "--alpha: must be a number > 0"),
+    ("dnn-lr-nan", dnn, D + OUT + ["--lr", "nan"], "--lr: must be a finite number"),
+    ("dnn-clip-neg", dnn, D + OUT + ["--clip", "-1"], "--clip: must be a number >= 0"),
+    ("dnn-weight-decay-inf", dnn, D + OUT + ["--weight-decay", "inf"], "--weight-decay: must be a finite number"),
+    ("dnn-seed-neg", dnn, D + OUT + ["--seed", "-1"], "--seed: must be an integer in 0.."),
+    ("dnn-rounds-0", dnn, DNN + OUT + ["--rounds", "0"], "--rounds: must be a positive integer"),
+    ("dnn-clients-0", dnn, D + OUT + ["--clients", "0"], "--clients: must be a positive integer"),
+    ("dnn-batch-0", dnn, D + OUT + ["--batch-size", "0"], "--batch-size: must be a positive integer"),
+    ("dnn-preset-other-dataset", dnn, D + OUT + ["--preset", "cifar100-a0.1"], "is for --dataset cifar100"),
+    ("dnn-preset-no-row", dnn, D + OUT + ["--preset", "cifar10-foof-64", "--method", "fedavg"], "has no row for 'fedavg'"),
+    ("dnn-participants", dnn, D + OUT + ["--participants", "5"], "--participants 5 exceeds --clients 3"),
+    ("dnn-train-subset-small", dnn, D + OUT + ["--train-subset", "5"], "--train-subset 5: must be between"),
+    ("dnn-train-subset-big", dnn, D + OUT + ["--train-subset", "1000000"], "--train-subset 1000000: must be between"),
+    ("dnn-test-subset-big", dnn, D + OUT + ["--test-subset", "1000000"], "--test-subset 1000000: must be between"),
+    ("dnn-too-many-clients", dnn, D + OUT + ["--clients", "1000"], "samples cannot give 1000 clients"),
+    ("dnn-out-foreign", dnn, D + ["--out", "{W}/foreign"], "is not a previous result of this tool"),
+    ("dnn-out-file", dnn, D + ["--out", "{W}/file.txt"], "exists and is not a folder"),
+    ("dnn-resume-nothing", dnn, D + OUT + ["--resume"], "--resume: {W}/out/checkpoint.pt does not exist"),
+    ("dnn-checkpoint-no-resume", dnn, D + ["--out", "{W}/run"], "exists: pass --resume"),
+    ("dnn-resume-alpha", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/run", "--alpha", "0.5"],
+     "different configuration (--alpha: checkpoint has 0.1, this run 0.5)"),
+    ("dnn-resume-model", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/run", "--model", "resnet18gn"],
+     "(--model: checkpoint has 'cnn', this run 'resnet18gn')"),
+    ("dnn-resume-subset", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/run", "--train-subset", "100"],
+     "(--train-subset: checkpoint has None, this run 100)"),
+    ("dnn-resume-method", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/run", "--method", "fedavg"],
+     "(--method: checkpoint has 'fedpm', this run 'fedavg')"),
+    ("dnn-resume-seed", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/run", "--seed", "1"],
+     "(--seed: checkpoint has 0, this run 1)"),
+    ("dnn-resume-truncated", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/trunc"], "truncated or corrupted"),
+    ("dnn-resume-crafted", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/crafted"], "could run code"),
+    ("dnn-resume-old-format", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/old"], "no fingerprint"),
+    ("dnn-device", dnn, D + OUT + ["--device", "tpu"], "invalid choice: 'tpu'"),
+    # ---------------------------------------------------------------- validation.flower
+    ("fl-impossible-split", flower, ["--dataset", "{W}/tiny.svm", "--clients", "1000", "--mode", "deployment"] + OUT,
+     "60 rows cannot give 1000 clients"),
+    ("fl-cnn-dataset", flower, ["--problem", "cnn", "--dataset", "w8a"] + OUT, "--dataset does not apply"),
+    ("fl-max-ratio", flower, ["--max-ratio", "0.5"] + OUT, "--max-ratio 0.5: must be >= 1"),
+    ("fl-timeout-inf", flower, ["--timeout", "inf"] + OUT, "--timeout: must be a finite number"),
+    ("fl-timeout-0", flower, ["--timeout", "0"] + OUT, "--timeout: must be a number > 0"),
+    ("fl-lr-inf", flower, ["--lr", "inf"] + OUT, "--lr: must be a finite number"),
+    ("fl-lam-nan", flower, ["--lam", "nan"] + OUT, "--lam: must be a finite number"),
+    ("fl-dataset-missing", flower, ["--dataset", "nowhere.svm"] + OUT, "nowhere.svm: neither a bundled"),
+    ("fl-dataset-big-index", flower, ["--dataset", "{W}/bigindex.svm", "--clients", "2"] + OUT, "1000000000 features"),
+    ("fl-method", flower, ["--method", "scaffold"] + OUT, "invalid choice: 'scaffold'"),
+    ("fl-mode", flower, ["--mode", "cloud"] + OUT, "invalid choice: 'cloud'"),
+    ("fl-out-foreign", flower, ["--out", "{W}/foreign"], "is not a previous result of this tool"),
+    ("fl-out-file", flower, ["--out", "{W}/file.txt"], "exists and is not a folder"),
+    ("fl-write-app-foreign", flower, ["--write-app", "{W}/app"], "is not a FedPM Flower app"),
+    ("fl-write-app-file", flower, ["--write-app", "{W}/file.txt"], "exists and is not a folder"),
+    # ---------------------------------------------------------------- validation.bench_*
+    ("bc-dataset-missing", bench_convex, ["--dataset", "nope"], "--dataset nope: neither a bundled dataset"),
+    ("bc-dataset-folder", bench_convex, ["--dataset", "{W}/foreign"], "neither a bundled dataset"),
+    ("bc-dataset-tiny", bench_convex, ["--dataset", "{W}/onelabel.svm"], "only one label"),
+    ("bc-dataset-big-index", bench_convex, ["--dataset", "{W}/bigindex.svm"], "1000000000 features"),
+    ("bc-flag", bench_convex, ["--rounds", "3"], "unrecognized arguments: --rounds 3"),
+    ("bd-models", bench_dnn, ["--models", "cnn,vgg"], "--models: unknown model(s) vgg"),
+    ("bd-models-none", bench_dnn, ["--models", ","], "unknown model(s) (none given)"),
+    ("bd-device", bench_dnn, ["--device", "tpu"], "invalid choice: 'tpu'"),
+]
+
+
+@pytest.mark.parametrize("name,module,argv,fragment", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_clear_line_and_changes_nothing(work, capsys, name, module, argv, fragment):
+    argv = [a.replace("{W}", str(work)) for a in argv]
+    fragment = fragment.replace("{W}", str(work))
+    before = snapshot(work)
+    capsys.readouterr()
+    try:
+        rc = module.main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2, err
+    assert "Traceback" not in err
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"{PROGS[module]}: error: ") and fragment in lines[0], lines[0]
+    assert snapshot(work) == before
+    assert not (work / "PWNED").exists()
+
+
+def test_the_catalogue_is_large_enough():
+    assert len(CASES) >= 60
+    assert {m for _, m, _, _ in CASES} == set(PROGS)
+
+
+# ------------------------------------------------------------------------ the server
+def _reply(rng, d=4, scale=1.0):
+    A = rng.normal(size=(d, d))
+    return {"params": {"w": rng.normal(size=(2, d))}, "foof": {"fc": scale * (A @ A.T + np.eye(d))}}
+
+
+SHAPES = {"params": {"w": (2, 4)}, "foof": {"fc": (4, 4)}}
+
+
+def _bad(kind):
+    def f(r):
+        r = {"params": dict(r["params"]), "foof": dict(r["foof"])}
+        if kind == "complex-P":
+            r["foof"]["fc"] = r["foof"]["fc"].astype(np.complex128)
+        elif kind == "int-P":
+            r["foof"]["fc"] = np.eye(4, dtype=np.int64)
+        elif kind == "int-params":
+            r["params"]["w"] = np.ones((2, 4), dtype=np.int32)
+        elif kind == "bool-params":
+            r["params"]["w"] = np.ones((2, 4), dtype=bool)
+        elif kind == "list-params":
+            r["params"]["w"] = [[1.0] * 4] * 2
+        elif kind == "extra-block":
+            r["foof"]["evil"] = np.eye(4)
+        elif kind == "huge-P":
+            r["foof"]["fc"] = 1e12 * np.eye(4)
+        elif kind == "huge-params":
+            r["params"]["w"] = 1e12 * np.ones((2, 4))
+        elif kind == "not-a-dict":
+            return [r]
+        return r
+    return f
+
+
+SERVER_CASES = [
+    ("complex-P", {}, "foof[fc] has dtype complex128, expected a real floating-point array"),
+    ("int-P", {}, "foof[fc] has dtype int64"),
+    ("int-params", {}, "params[w] has dtype int32"),
+    ("bool-params", {}, "params[w] has dtype bool"),
+    ("list-params", {}, "params[w] is a list, not an array"),
+    ("extra-block", {}, "foof has entries"),
+    ("not-a-dict", {}, "reply is a list, not a mapping"),
+    ("huge-P", {"max_ratio": 100.0}, "preconditioner trace"),
+    ("huge-params", {"max_ratio": 100.0}, "parameter norm"),
+]
+
+
+@pytest.mark.parametrize("kind,kw,reason", SERVER_CASES, ids=[c[0] for c in SERVER_CASES])
+def test_server_rejects_each_hostile_reply_and_goes_on(caplog, kind, kw, reason):
+    from fedconvex.screening import screen
+
+    rng = np.random.default_rng(0)
+    replies = [_reply(rng) for _ in range(4)]
+    replies[2] = _bad(kind)(replies[2])
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        kept, rejected = screen(replies, [0, 1, 2, 3], SHAPES, {"foof"}, 1, n_clients=4, **kw)
+    assert kept == [0, 1, 3] and [c for c, _ in rejected] == [2]
+    assert reason in rejected[0][1]
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 1 and "\n" not in logged[0] and logged[0].startswith("round 1: client 2 rejected: ")
+
+
+@pytest.mark.parametrize("ids,senders,reason", [
+    ([0, 1, 1, 3], None, "client id 1 is claimed by more than one reply"),
+    ([0, 1, 9, 3], None, "client id 9 is outside 0..3"),
+    ([0, 1, -1, 3], None, "client id -1 is outside 0..3"),
+    ([0, 1, "2", 3], None, "client id '2' is not an integer"),
+    ([0, 1, True, 3], None, "client id True is not an integer"),
+    ([0, 1, 2, 3], [0, 1, 3, 3], "claims client id 2 but was sent by 3"),
+], ids=["duplicate", "out-of-range", "negative", "string", "bool", "not-the-sender"])
+def test_server_rejects_untrusted_client_ids(ids, senders, reason):
+    from fedconvex.screening import screen
+
+    rng = np.random.default_rng(1)
+    replies = [_reply(rng) for _ in range(4)]
+    kept, rejected = screen(replies, ids, SHAPES, {"foof"}, 1, n_clients=4, senders=senders)
+    assert reason in {r for _, r in rejected}
+    assert 0 in kept and 3 in kept or ids[1] == ids[2]
+
+
+def guarded_d(cfg):
+    from fedconvex.data import load_dataset
+
+    return load_dataset(cfg.dataset).d
+
+
+def test_a_huge_preconditioner_cannot_set_the_model(base):
+    """P = 1e12 I is valid (symmetric PSD) but would make its client's parameters the model."""
+    from fedpm_flower.config import FlowerRunConfig
+    from fedpm_flower.logreg import Server, client_train
+
+    cfg = FlowerRunConfig(method="fedpm", dataset=str(base / "tiny.svm"), clients=3, rounds=1)
+    honest = Server(cfg)
+    replies = {p: client_train(cfg, p, honest.theta, 1) for p in range(3)}
+    two = Server(cfg)
+    two.step({0: replies[0], 1: replies[1]}, 1)
+    attacked = dict(replies)
+    attacked[2] = {**replies[2], "theta": np.full(guarded_d(cfg), 50.0), "P_block": 1e12 * np.eye(len(replies[2]["P_active"]))}
+    guarded = Server(cfg)
+    assert guarded.step(attacked, 1) == {"used": 2, "rejected": 1}
+    np.testing.assert_allclose(guarded.theta, two.theta, rtol=1e-12)
+    unguarded = Server(FlowerRunConfig(**{**cfg.to_run_config(), "max_ratio": 0.0}))
+    unguarded.step(attacked, 1)
+    assert np.abs(unguarded.theta[replies[2]["P_active"]] - 50).max() < 1e-3   # without the guard it wins
+
+
+@pytest.mark.parametrize("corrupt,reason", [
+    (lambda r: {**r, "P_block": r["P_block"].astype(np.complex64)}, "preconditioner block has dtype complex64"),
+    (lambda r: {**r, "P_block": r["P_block"].astype(np.int64)}, "preconditioner block has dtype int64"),
+    (lambda r: {**r, "P_active": r["P_active"].astype(np.float64)}, "preconditioner feature indices has dtype float64"),
+    (lambda r: {**r, "theta": r["theta"].astype(np.complex128)}, "theta has dtype complex128"),
+], ids=["complex-block", "int-block", "float-indices", "complex-theta"])
+def test_flower_logreg_server_dtype_checks(base, caplog, corrupt, reason):
+    from fedpm_flower.config import FlowerRunConfig
+    from fedpm_flower.logreg import Server, client_train
+
+    cfg = FlowerRunConfig(method="fedpm", dataset=str(base / "tiny.svm"), clients=3, rounds=1)
+    server = Server(cfg)
+    replies = {p: client_train(cfg, p, server.theta, 1) for p in range(3)}
+    replies[1] = corrupt(replies[1])
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        assert server.step(replies, 1) == {"used": 2, "rejected": 1}
+    assert f"client 1 rejected: {reason}" in caplog.text
+
+
+def test_flower_logreg_server_rejects_foreign_partition_ids(base, caplog):
+    from fedpm_flower.config import FlowerRunConfig
+    from fedpm_flower.logreg import Server, client_train
+
+    cfg = FlowerRunConfig(method="fedpm", dataset=str(base / "tiny.svm"), clients=3, rounds=1)
+    server = Server(cfg)
+    replies = {p: client_train(cfg, p, server.theta, 1) for p in range(3)}
+    replies[7] = replies[2]
+    replies["x"] = replies[2]
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        assert server.step(replies, 1) == {"used": 3, "rejected": 2}
+    assert "client id 7 is outside 0..2" in caplog.text and "client id 'x' is not an integer" in caplog.text
+
+
+# ------------------------------------------------------------------------ outputs and interruptions
+def test_a_previous_result_is_replaced_only_when_the_new_one_is_complete(tmp_path):
+    out = tmp_path / "res"
+    with outputs.ResultDir(str(out)) as tmp:
+        open(os.path.join(tmp, "summary.json"), "w").write("1")
+    assert (out / "summary.json").read_text() == "1" and (out / outputs.MARKER).exists()
+    with pytest.raises(KeyboardInterrupt):   # Ctrl-C while writing the new result
+        with outputs.ResultDir(str(out)) as tmp:
+            open(os.path.join(tmp, "summary.json"), "w").write("2")
+            raise KeyboardInterrupt
+    assert (out / "summary.json").read_text() == "1"
+    with outputs.ResultDir(str(out)) as tmp:
+        open(os.path.join(tmp, "summary.json"), "w").write("3")
+    assert (out / "summary.json").read_text() == "3"
+    assert sorted(os.listdir(tmp_path)) == ["res"]
+
+
+def test_a_legacy_result_folder_is_ours_and_a_stale_partial_of_a_dead_process_is_removed(tmp_path):
+    legacy = tmp_path / "superlinear-a9a"
+    legacy.mkdir()
+    for f in ("history.csv", "summary.json", "convergence.png"):
+        (legacy / f).write_text("x")
+    outputs.check_out(str(legacy))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".partial-{dead.pid}-abc"
+    stale.mkdir()
+    foreign = tmp_path / ".partial-notours"
+    foreign.mkdir()
+    with outputs.ResultDir(str(tmp_path / "new")) as tmp:
+        open(os.path.join(tmp, "a"), "w").write("a")
+    assert not stale.exists() and foreign.exists()
+
+
+def _killed(method):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_killed_worker_is_one_line_and_nothing_is_written(base, tmp_path, capsys, monkeypatch):
+    """The parallel workers are forked: one of them killed (-9) must not hang the run."""
+    monkeypatch.setattr(superlinear, "_run_method", _killed)
+    out = tmp_path / "o"
+    with pytest.raises(SystemExit) as exc:
+        superlinear.main(["--dataset", str(base / "tiny.svm"), "--clients", "3", "--rounds", "2", "--quiet",
+                          "--no-cache", "--jobs", "2", "--methods", "fedpm,fedavg", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "a worker process ended abnormally" in err[0]
+    assert os.listdir(tmp_path) == []
+
+
+def test_sigterm_while_writing_leaves_no_partial_folder(tmp_path):
+    code = ("import os, signal, sys, time\n"
+            "from validation.outputs import ResultDir\n"
+            "with ResultDir(sys.argv[1]) as tmp:\n"
+            "    open(os.path.join(tmp, 'started'), 'w').write('1')\n"
+            "    time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "o")], env={**os.environ, "PYTHONPATH": ROOT})
+    deadline = time.time() + 30
+    while not any(n.startswith(".partial-") for n in os.listdir(tmp_path)) and time.time() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 128 + signal.SIGTERM
+    assert os.listdir(tmp_path) == []
+
+
+def test_kill_9_then_resume_gives_the_uninterrupted_history(base, tmp_path, capsys):
+    """The CLI killed with SIGKILL after its first checkpoint, then --resume: the same history as a
+    run that was never interrupted (timings and memory aside)."""
+    args = [a.replace("{W}", str(base)) for a in DNN] + ["--rounds", "3"]
+    full = tmp_path / "full"
+    assert dnn.main(args + ["--out", str(full)]) == 0
+    killed = tmp_path / "killed"
+    p = subprocess.Popen([sys.executable, "-m", "validation.dnn", *args, "--out", str(killed)],
+                         env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}, cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (killed / "checkpoint.pt").exists() and p.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    p.kill()
+    p.wait()
+    assert dnn.main(args + ["--out", str(killed), "--resume"]) == 0
+
+    def rows(folder):
+        lines = (folder / "history.csv").read_text().splitlines()
+        head = lines[0].split(",")
+        keep = [i for i, c in enumerate(head) if "seconds" not in c and c != "peak_memory_mb"]
+        return [[ln.split(",")[i] for i in keep] for ln in lines]
+
+    assert rows(killed) == rows(full) and len(rows(full)) == 4
+    assert sorted(os.listdir(killed)) == sorted(os.listdir(full))

@@ -22,6 +22,8 @@ from validation.progress import Progress
 
 # FedPM preconditioner codecs measured on the CNN (fedconvex/codecs.py; sym is lossless, so not re-run)
 CNN_CODECS = ("fp16", "lowrank:0.1", "delta:topk:0.05")
+CONVEX_CODECS = ("none", "sym", "fp16", "bf16", "lowrank:0.1", "lowrank:0.3", "delta:identity", "delta:topk:0.05",
+                 "delta:rankr:0.05")
 
 
 def codec_slug(codec: str) -> str:
@@ -53,6 +55,10 @@ PROFILES = {
 def plan(profile: str) -> list[Run]:
     p = PROFILES[profile]
     runs = [Run(f"superlinear-{d}", "superlinear", ("--dataset", d, "--quiet")) for d in ("w8a", "a9a")]
+    # FedPM (K = 1, lr 1: Newton) per preconditioner codec; FedNL comes from superlinear-<dataset>
+    runs += [Run(f"compression-{d}-{codec_slug(c)}", "superlinear", (
+        "--dataset", d, "--methods", "fedpm", "--lr", "1", "--rounds", "15", "--precond-codec", c, "--quiet"))
+        for d in ("w8a", "a9a") for c in CONVEX_CODECS]
     model = {"cifar10": "cnn", "cifar100": "resnet18gn"}
     for ds in p["datasets"]:
         for alpha in ("1.0", "0.1"):

@@ -155,9 +155,9 @@ def test_cnn_server_rejects_a_bad_preconditioner(caplog):
 # ---------------------------------------------------------------- preconditioner codecs (issue 13)
 @pytest.mark.slow
 def test_sym_codec_simulation_gives_the_uncompressed_model(tmp_path):
-    cfg = FlowerRunConfig(method="fedpm", dataset="a9a", clients=3, rounds=2, precond_codec="sym",
+    cfg = FlowerRunConfig(method="fedpm", dataset="a9a", clients=3, rounds=2, precond_codec="sym", timeout=600,
                           out=str(tmp_path / "sym.json"))
-    result = run_flower(cfg, "simulation", 300)
+    result = run_flower(cfg, "simulation", 600)
     np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)
     assert [h["used"] for h in result["history"]] == [3, 3]
 
@@ -167,8 +167,8 @@ def test_cnn_sym_codec_simulation_gives_the_in_process_model(tmp_path):
     from fedpm_flower.cnn import in_process as cnn_in_process
 
     cfg = FlowerRunConfig(problem="cnn", method="fedpm", clients=3, rounds=2, lr=0.1, precond_codec="sym",
-                          out=str(tmp_path / "r.json"))
-    result = run_flower(cfg, "simulation", 300)
+                          timeout=600, out=str(tmp_path / "r.json"))
+    result = run_flower(cfg, "simulation", 600)
     np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg), rtol=1e-5, atol=1e-6)
 
 

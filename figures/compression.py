@@ -17,7 +17,7 @@ import numpy as np
 
 from validation.experiments import CNN_CODECS, CONVEX_CODECS, codec_slug
 
-from .results import read_summary, runs_matching
+from .results import read_history, read_summary, runs_matching
 
 TARGET = 1e-10
 MiB = 2 ** 20
@@ -70,24 +70,36 @@ def cnn_points(root):
                for c in CNN_CODECS]
     out = []
     for label, pattern in groups:
-        sums = [read_summary(f) for f in runs_matching(root, pattern).values()]
-        sums = [s for s in sums if s.get("best_test_acc") is not None]
-        if sums:
+        folders = list(runs_matching(root, pattern).values())
+        sums = [read_summary(f) for f in folders]
+        keep = [k for k, s in enumerate(sums) if s.get("best_test_acc") is not None]
+        if keep:
+            sums = [sums[k] for k in keep]
+            curves = [list(read_history(folders[k])["test_acc"]) for k in keep]
             accs = [s["best_test_acc"] for s in sums]
             up = float(np.mean([s["bytes_up_per_round"] for s in sums])) / MiB
-            out.append((label, float(np.mean(accs)), accs, up, [s.get("rounds_done") for s in sums]))
+            out.append((label, float(np.mean(accs)), accs, up, [s.get("rounds_done") for s in sums], curves))
     return out
 
 
+def _best_until(curves, r):
+    """Mean over seeds of the best accuracy within the first r rounds."""
+    return float(np.mean([max(c[:r]) for c in curves]))
+
+
 def cnn_table(points):
-    header = ["method / codec", "best acc. [%] (mean)", "per seed", "uplink MiB/client/round",
-              "vs FedPM none", "Δacc vs FedPM none [pt]", "rounds done"]
+    """Accuracy is compared within the rounds every run has (R); runs cut short say so in 'rounds done'."""
+    R = min(min(len(c) for c in p[5]) for p in points)
+    header = ["method / codec", f"best acc. [%] in rounds 1..{R} (mean)", "per seed (all rounds done)",
+              "uplink MiB/client/round", "vs FedPM none", f"Δacc vs FedPM none [pt] (rounds 1..{R})", "rounds done"]
     ref = next((p for p in points if p[0] == "FedPM none"), None)
+    ref_acc = _best_until(ref[5], R) if ref else None
     rows = []
-    for label, acc, accs, up, done in points:
-        rows.append([label, f"{100 * acc:.2f}", " / ".join(f"{100 * a:.2f}" for a in accs), f"{up:.3f}",
+    for label, acc, accs, up, done, curves in points:
+        a = _best_until(curves, R)
+        rows.append([label, f"{100 * a:.2f}", " / ".join(f"{100 * x:.2f}" for x in accs), f"{up:.3f}",
                      f"{100 * up / ref[3]:.0f} %" if ref else "–",
-                     f"{100 * (acc - ref[1]):+.2f}" if ref else "–", "/".join(str(d) for d in done)])
+                     f"{100 * (a - ref_acc):+.2f}" if ref else "–", "/".join(str(d) for d in done)])
     return header, rows
 
 
@@ -95,7 +107,7 @@ def pareto_figure(points, out_dir, note=""):
     from .draw import plt, save
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for label, acc, accs, up, _ in points:
+    for label, acc, accs, up, *_ in points:
         ax.scatter([up] * len(accs), [100 * a for a in accs], s=12, alpha=0.4)
         ax.scatter([up], [100 * acc], s=50, marker="o" if "FedPM" in label else "s", label=label)
     ax.set_xlabel("uplink MiB per client per round")

@@ -147,6 +147,9 @@ def resnet_table(codecs=("none", "sym", "fp16", "bf16", "lowrank:0.1", "lowrank:
 
 
 def build(root, out, write_table, note="", log=print):
+    if not runs_matching(root, r"compression-.+"):
+        log(f"skipped the compression tables and figure: no compression-* results under {root}")
+        return []
     os.makedirs(out, exist_ok=True)
     produced = []
     header, rows = convex_table(root)

@@ -83,13 +83,13 @@ def cnn_points(root):
 
 
 def _best_until(curves, r):
-    """Mean over seeds of the best accuracy within the first r rounds."""
-    return float(np.mean([max(c[:r]) for c in curves]))
+    """Mean over the seeds that ran r rounds of the best accuracy within those r rounds."""
+    return float(np.mean([max(c[:r]) for c in curves if len(c) >= r]))
 
 
 def cnn_table(points):
     """Accuracy is compared within the rounds every run has (R); runs cut short say so in 'rounds done'."""
-    R = min(min(len(c) for c in p[5]) for p in points)
+    R = min(max(len(c) for c in p[5]) for p in points)   # seeds with fewer rounds are left out of that column
     header = ["method / codec", f"best acc. [%] in rounds 1..{R} (mean)", "per seed (all rounds done)",
               "uplink MiB/client/round", "vs FedPM none", f"Δacc vs FedPM none [pt] (rounds 1..{R})", "rounds done"]
     ref = next((p for p in points if p[0] == "FedPM none"), None)

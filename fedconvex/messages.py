@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .backend import namespace
 from .blocks import ActiveBlocks
+from .codecs import DecodeProblems
 from .screening import psd_problem
 
 
@@ -24,6 +25,10 @@ def _certified_psd(v: ActiveBlocks) -> bool:
 def client_problem(up: dict, k: int, d: int) -> str | None:
     """None if participant k's part of ``up`` is usable, else the reason."""
     for key, v in up.items():
+        if isinstance(v, DecodeProblems):     # payloads the server could not decode (fedconvex.codecs)
+            if v[k] is not None:
+                return v[k]
+            continue
         if isinstance(v, ActiveBlocks):
             B, a = v.blocks[k], v.active[k]
             xp = namespace(B)

@@ -134,6 +134,8 @@ def _run(problem, algorithm, theta0, rounds: int, *, participants: int | None = 
         state = replace(state, clients=_scatter(state.clients, sel, cstate, problem.n_clients))
         sent = up
         rejected = []
+        if hasattr(algorithm, "receive"):   # decode compressed payloads before screening (fedconvex.codecs)
+            up, state = algorithm.receive(problem, state, up, info)
         if screen or tamper is not None:
             up, info, rejected = screen_message(up, info, problem.d, t, tamper,
                                                 label=f"{algorithm.label} (lr={algorithm.lr:g})")

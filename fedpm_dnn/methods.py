@@ -39,6 +39,9 @@ class MethodConfig:
     # Weight decay: 'coupled' (default) adds wd * theta to the gradient before preconditioning and
     # clipping, as torch.optim.SGD(weight_decay=...) does; 'decoupled' shrinks theta by lr * wd after the step.
     weight_decay_mode: str = "coupled"
+    # how FedPM's matrices travel: 'none' (as precond_dtype says) or a codec of fedconvex.codecs
+    # (sym, fp16, bf16, lowrank:R, delta:identity|topk:K|rankr:R), see fedpm_dnn/wire.py
+    precond_codec: str = "none"
 
     def __post_init__(self):
         if self.name not in METHODS:
@@ -58,6 +61,11 @@ class MethodConfig:
             raise ValueError(f"weight_decay_mode must be coupled or decoupled, got {self.weight_decay_mode!r}")
         if self.precond_dtype not in ("float32", "float16"):
             raise ValueError(f"precond_dtype must be float32 or float16, got {self.precond_dtype!r}")
+        from fedconvex.codecs import validate
+
+        validate(self.precond_codec)
+        if self.precond_codec != "none" and self.precond_dtype != "float32":
+            raise ValueError("precond_dtype float16 and a precond_codec exclude each other (use the codec fp16)")
 
     @property
     def uses_foof(self) -> bool:

@@ -25,6 +25,7 @@ from .client import ClientData, foof_matrices, local_train
 from .methods import MethodConfig
 from .models import make_model
 from .server import aggregate, init_server_state
+from .wire import decode_replies, encode_foof
 from fedconvex.screening import screen
 
 HISTORY_COLUMNS = ("round", "test_acc", "train_loss", "client_seconds", "server_seconds", "bytes_up", "bytes_down",
@@ -119,7 +120,9 @@ def client_round(cfg, model, blocks, data, cs: dict, params: dict, control, gen)
     reply = {"params": local}
     if cfg.uses_foof:   # matrices at the end of the round: mixing now, local steps next round
         cs["foof"] = foof_matrices(model, blocks, data, cfg.foof_samples, gen, cs.setdefault("foof_static", {}))
-        if cfg.name == "fedpm":
+        if cfg.name == "fedpm" and cfg.precond_codec != "none":
+            reply["foof"] = encode_foof(cfg, cs, cs["foof"])
+        elif cfg.name == "fedpm":
             wire = torch.float16 if cfg.precond_dtype == "float16" else torch.float32
             reply["foof"] = {k: v.to(wire) for k, v in cs["foof"].items()}
     if cfg.name == "scaffold":
@@ -157,6 +160,17 @@ def screen_replies(cfg, replies, sel, shapes, round_, n_clients=None, max_ratio=
         raise ArithmeticError(f"{cfg.name} diverged at round {round_} (lr={cfg.lr:g}): every client returned "
                               "non-finite parameters")
     return kept, rejected
+
+
+def screen_decoded(cfg, state, replies, sel, shapes, round_, n_clients=None, max_ratio=None):
+    """Decode FedPM's compressed matrices (if any), then screen: (kept, rejected, state, replies)."""
+    if cfg.name != "fedpm" or cfg.precond_codec == "none":
+        return (*screen_replies(cfg, replies, sel, shapes, round_, n_clients, max_ratio), state, replies)
+    replies, bad, state = decode_replies(cfg, state, replies, sel, shapes, round_)
+    ok = [k for k, r in enumerate(replies) if r is not None]
+    kept, rejected = screen_replies(cfg, [replies[k] for k in ok], np.asarray(sel)[ok], shapes, round_, n_clients,
+                                    max_ratio)
+    return [ok[k] for k in kept], bad + rejected, state, replies
 
 
 def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool = False, on_round=None,
@@ -208,7 +222,8 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
             losses.append(loss)
             replies.append(tamper(t, int(i), reply) if tamper is not None else reply)
         start = time.perf_counter()
-        kept, rejected = screen_replies(cfg, replies, sel, shapes, t)
+        up_bytes = sum(tensor_bytes(r) for r in replies) // len(replies)   # as sent (before decoding)
+        kept, rejected, state, replies = screen_decoded(cfg, state, replies, sel, shapes, t, n_clients=n)
         if kept:
             w = sizes[sel[kept]] if cfg.weighting == "samples" else np.ones(len(kept))
             weights = torch.as_tensor(w / w.sum(), dtype=torch.float32, device=dev)
@@ -225,7 +240,7 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
         prev = history[-1] if history else {"bytes_up": 0, "bytes_down": 0}
         row = {"round": t, "test_acc": acc, "train_loss": float(np.average(losses, weights=sizes[sel])),
                "client_seconds": client_seconds, "server_seconds": server_seconds,
-               "bytes_up": prev["bytes_up"] + sum(tensor_bytes(r) for r in replies) // len(replies),
+               "bytes_up": prev["bytes_up"] + up_bytes,
                "bytes_down": prev["bytes_down"] + tensor_bytes(down),
                "peak_memory_mb": _peak_memory_mb(dev), "wall_seconds": time.perf_counter() - wall0,
                "rejected": len(rejected)}

@@ -15,7 +15,7 @@ from fedpm_dnn.data.synthetic import MEAN, STD, synthetic_task
 from fedpm_dnn.methods import MethodConfig
 from fedpm_dnn.models import make_model
 from fedpm_dnn.server import aggregate, init_server_state
-from fedpm_dnn.simulation import client_generator, client_round, reply_shapes, screen_replies
+from fedpm_dnn.simulation import client_generator, client_round, reply_shapes, screen_decoded
 
 log = logging.getLogger("fedpm.server")
 CLASSES, IMAGE = 3, 16
@@ -23,8 +23,14 @@ _CACHE = {}
 
 
 def method_config(cfg) -> MethodConfig:
+    from fedconvex.codecs import parse
+
+    codec = parse(cfg.precond_codec)
+    if codec is not None and codec.stateful:
+        raise ValueError(f"precond codec {cfg.precond_codec!r}: the delta codecs are simulator-only (per-node estimates)")
     return MethodConfig(cfg.method, lr=cfg.lr, local_epochs=cfg.local_steps, batch_size=16, damping=1.0, clip=1.0,
-                        weight_decay=1e-4, precond_dtype="float16" if cfg.precond_dtype == "float16" else "float32")
+                        weight_decay=1e-4, precond_dtype="float16" if cfg.precond_dtype == "float16" else "float32",
+                        precond_codec=cfg.precond_codec)
 
 
 def task(cfg):
@@ -61,7 +67,8 @@ def client_train(cfg, partition: int, params: dict, round_: int, state: dict) ->
         for k, v in cs.get(key, {}).items():
             state[f"{key}/{k}"] = v.numpy()
     out = {f"params/{k}": v.numpy() for k, v in reply["params"].items()}
-    out.update({f"foof/{k}": v.numpy() for k, v in reply.get("foof", {}).items()})
+    for k, v in reply.get("foof", {}).items():   # a matrix, or a codec's payload (dict of arrays)
+        out.update({f"foof/{k}/{f}": a.numpy() for f, a in v.items()} if isinstance(v, dict) else {f"foof/{k}": v.numpy()})
     return out, loss
 
 
@@ -70,6 +77,17 @@ def unflatten(arrays: dict) -> dict:
     for k, v in arrays.items():
         group, name = k.split("/", 1)
         reply.setdefault(group, {})[name] = torch.as_tensor(v)
+    return reply
+
+
+def regroup_payloads(reply: dict) -> dict:
+    """foof entries 'block/field' -> {block: {field: array}} (a codec's payloads)."""
+    if "foof" in reply:
+        grouped = {}
+        for k, v in reply["foof"].items():
+            block, _, field = k.rpartition("/")
+            grouped.setdefault(block, {})[field] = v
+        reply["foof"] = grouped
     return reply
 
 
@@ -90,10 +108,12 @@ class CnnServer:
 
     def step(self, replies: dict, round_: int) -> dict:
         parts = sorted(replies)
-        unpacked = [unflatten(replies[p]) for p in parts]
+        unpacked = [regroup_payloads(unflatten(replies[p])) if self.mcfg.precond_codec != "none"
+                    else unflatten(replies[p]) for p in parts]
         try:
-            kept, rejected = screen_replies(self.mcfg, unpacked, parts, self.shapes, round_,
-                                            n_clients=self.cfg.clients, max_ratio=self.cfg.max_ratio or None)
+            kept, rejected, self.state, unpacked = screen_decoded(
+                self.mcfg, self.state, unpacked, np.array(parts), self.shapes, round_, n_clients=self.cfg.clients,
+                max_ratio=self.cfg.max_ratio or None)
         except ArithmeticError as exc:
             log.warning("round %d: %s; round skipped", round_, exc)
             return {"used": 0, "rejected": len(parts)}

@@ -20,6 +20,7 @@ class FlowerRunConfig:
     lam: float = 1e-3
     seed: int = 0
     precond_dtype: str = "float64"   # how preconditioners travel: float64 | float32 | float16
+    precond_codec: str = "none"      # or a stateless codec of fedconvex.codecs: sym, fp16, bf16, lowrank:R
     timeout: float = 120.0           # seconds the server waits for replies in a round
     max_ratio: float = 1000.0        # magnitude guard: reject a reply whose preconditioner trace or
                                      # parameter norm exceeds this x the round's median (0 = off)

@@ -11,6 +11,7 @@ import numpy as np
 from fedconvex.algorithms import make_algorithm
 from fedconvex.algorithms.base import RoundInfo
 from fedconvex.blocks import ActiveBlocks
+from fedconvex.codecs import CodecError, parse as parse_codec
 from fedconvex.data import load_dataset, sequential_split
 from fedconvex.problem import FederatedLogReg
 from fedconvex.run import blas_single_thread
@@ -24,7 +25,11 @@ _LOCAL = {}
 def algorithm(cfg):
     if cfg.method not in METHODS:
         raise ValueError(f"method {cfg.method!r} is not available on Flower; choose {', '.join(METHODS)}")
-    return make_algorithm(cfg.method, lr=cfg.lr, local_steps=cfg.local_steps)
+    codec = parse_codec(cfg.precond_codec)
+    if codec is not None and (codec.stateful or cfg.precond_dtype != "float64"):
+        raise ValueError(f"precond codec {cfg.precond_codec!r} on Flower: only stateless codecs (sym, fp16, bf16, "
+                         "lowrank:R) with precond_dtype float64")
+    return make_algorithm(cfg.method, lr=cfg.lr, local_steps=cfg.local_steps, precond_codec=cfg.precond_codec)
 
 
 def split(cfg, n_rows):
@@ -49,9 +54,30 @@ def client_train(cfg, partition: int, theta: np.ndarray, round_: int) -> dict:
     with blas_single_thread():
         up, _ = alg.client_update(problem, {"theta": theta}, {}, np.array([0]), rng)
     out = {"theta": np.ascontiguousarray(up["theta"][0])}
-    if "P" in up:
+    if "P" in up and hasattr(up["P"], "payloads"):    # a codec's payload (fedconvex.codecs)
+        out.update({f"P_code/{k}": np.ascontiguousarray(v) for k, v in up["P"].payloads[0].items()})
+        out["P_active"] = np.asarray(up["P"].active[0], dtype=np.int64)
+    elif "P" in up:
         out["P_block"] = np.ascontiguousarray(up["P"].blocks[0], dtype=cfg.precond_dtype)
         out["P_active"] = np.asarray(up["P"].active[0], dtype=np.int64)
+    return out
+
+
+def decode_reply(cfg, reply: dict) -> dict:
+    """With a codec: the reply with its payload decoded into P_block (float64), or with the reason it
+    cannot be ('P_problem').  Runs before screening."""
+    codec = parse_codec(cfg.precond_codec)
+    if codec is None or cfg.method != "fedpm":
+        return reply
+    out = {k: v for k, v in reply.items() if not k.startswith("P_code/")}
+    payload = {k.split("/", 1)[1]: v for k, v in reply.items() if k.startswith("P_code/")}
+    try:
+        a = reply.get("P_active")
+        if a is None or a.ndim != 1:
+            raise CodecError("missing or malformed feature indices")
+        out["P_block"] = np.asarray(codec.decode(payload, len(a), None, cfg.lam)[0], dtype=np.float64)
+    except (CodecError, ValueError, TypeError, IndexError) as exc:
+        out["P_problem"] = f"undecodable preconditioner payload: {exc}"
     return out
 
 
@@ -62,6 +88,8 @@ def reply_issue(cfg, reply: dict, d: int) -> str | None:
     problem = reply_problem(reply, {"theta": (d,)})
     if problem or cfg.method != "fedpm":
         return problem
+    if "P_problem" in reply:
+        return reply["P_problem"]
     if "P_block" not in reply or "P_active" not in reply:
         return "missing the preconditioner"
     B, a = reply["P_block"], reply["P_active"]
@@ -101,6 +129,8 @@ class Server:
     def step(self, replies: dict, round_: int) -> dict:
         """replies: partition -> arrays.  Screens, then applies the method's server update."""
         kept, rejected = [], []
+        # a codec's payload is decoded first: what is screened is what would be mixed
+        replies = {p: decode_reply(self.cfg, r) if isinstance(r, dict) else r for p, r in replies.items()}
         ids = sorted(replies, key=lambda p: (0, p, "") if isinstance(p, (int, np.integer)) else (1, 0, repr(p)))
         for p, bad_id in zip(ids, id_problems(ids, self.cfg.clients)):
             issue = bad_id or reply_issue(self.cfg, replies[p], self.d)

@@ -16,7 +16,7 @@ import sys
 
 from validation.experiments import DNN_METHODS, PROFILES, ensure
 
-from . import draw
+from . import compression, draw
 from .results import best_by_seed, read_summary, runs_matching
 from .tables import LABELS, accuracy_table, max_pvalue, to_latex, to_markdown
 
@@ -107,6 +107,8 @@ def build_all(root, out, profile, log=print):
                                 "Profiling, CIFAR-10 α=0.1" + (f" ({note})" if note else ""), "tab:profiling")
     else:
         log("skipped the profiling table: no main-cifar10-a0.1 results")
+    # FedPM with compressed preconditioners (issue 13)
+    produced += compression.build(root, out, write_table, note, log)
     return produced
 
 

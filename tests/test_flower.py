@@ -150,3 +150,42 @@ def test_cnn_server_rejects_a_bad_preconditioner(caplog):
     with caplog.at_level(logging.WARNING, logger="fedpm.server"):
         assert server.step(replies, 1) == {"used": 1, "rejected": 1}
     assert "client 1 rejected: preconditioner foof[fc3] is not positive semidefinite" in caplog.text
+
+
+# ---------------------------------------------------------------- preconditioner codecs (issue 13)
+@pytest.mark.slow
+def test_sym_codec_simulation_gives_the_uncompressed_model(tmp_path):
+    cfg = FlowerRunConfig(method="fedpm", dataset="a9a", clients=3, rounds=2, precond_codec="sym", timeout=600,
+                          out=str(tmp_path / "sym.json"))
+    result = run_flower(cfg, "simulation", 600)
+    np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)
+    assert [h["used"] for h in result["history"]] == [3, 3]
+
+
+@pytest.mark.slow
+def test_cnn_sym_codec_simulation_gives_the_in_process_model(tmp_path):
+    from fedpm_flower.cnn import in_process as cnn_in_process
+
+    cfg = FlowerRunConfig(problem="cnn", method="fedpm", clients=3, rounds=2, lr=0.1, precond_codec="sym",
+                          timeout=600, out=str(tmp_path / "r.json"))
+    result = run_flower(cfg, "simulation", 600)
+    np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg), rtol=1e-5, atol=1e-6)
+
+
+def test_codec_payloads_are_decoded_and_malformed_ones_rejected(caplog):
+    cfg = FlowerRunConfig(method="fedpm", dataset="a9a", clients=3, rounds=1, precond_codec="sym")
+    server = Server(cfg)
+    replies = {p: client_train(cfg, p, server.theta, 1) for p in range(3)}
+    n = len(replies[0]["P_active"])
+    assert replies[0]["P_code/upper"].shape == (n * (n + 1) // 2,) and "P_block" not in replies[0]
+    replies[2]["P_code/upper"] = replies[2]["P_code/upper"][:-1]
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        assert server.step(replies, 1) == {"used": 2, "rejected": 1}
+    assert "client 2 rejected: undecodable preconditioner payload" in caplog.text
+
+
+def test_delta_codecs_are_refused_on_flower():
+    from fedpm_flower.logreg import algorithm
+
+    with pytest.raises(ValueError, match="stateless"):
+        algorithm(FlowerRunConfig(method="fedpm", precond_codec="delta:topk:0.1"))

@@ -8,6 +8,7 @@ DIR/checkpoint.pt every round; ``--resume`` continues a killed run to the identi
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -24,6 +25,15 @@ from validation.outputs import sigterm_as_exit
 from validation.progress import Progress
 
 PROG = "python -m validation.dnn"
+
+
+def _codec(spec):
+    from fedconvex.codecs import validate
+
+    try:
+        return validate(spec)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv=None):
@@ -71,6 +81,9 @@ def parse_args(argv=None):
     g.add_argument("--refresh-every", type=common.positive_int, help="recompute FOOF matrices every s local steps")
     g.add_argument("--weighting", choices=("uniform", "samples"))
     g.add_argument("--precond-dtype", choices=("float32", "float16"), help="dtype FedPM's matrices travel in")
+    g.add_argument("--precond-codec", default=None, type=_codec,
+                   help="how FedPM's matrices travel (default none): sym, fp16, bf16, lowrank:R, delta:identity, "
+                        "delta:topk:K, delta:rankr:R (R, K: a count or a fraction); see fedconvex/codecs.py")
     g.add_argument("--clip-stage", choices=("update", "gradient"),
                    help="clip the preconditioned step (default: the reading under which the appendix's damping 1e-4 "
                         "with clip 1.0 is stable) or the raw gradient before preconditioning")
@@ -138,7 +151,7 @@ def build(args):
     cfg = method_config(args.preset, args.method, lr=args.lr, clip=clip, weight_decay=args.weight_decay, mu=args.mu,
                         momentum=args.momentum, server_lr=args.server_lr, damping=args.damping,
                         batch_size=args.batch_size, refresh_every=args.refresh_every, weighting=args.weighting,
-                        precond_dtype=args.precond_dtype, local_epochs=args.local_epochs, clip_stage=args.clip_stage,
+                        precond_dtype=args.precond_dtype, precond_codec=args.precond_codec, local_epochs=args.local_epochs, clip_stage=args.clip_stage,
                         weight_decay_mode=args.weight_decay_mode,
                         foof_samples=None if args.foof_samples in (None, "all") else int(args.foof_samples))
     if args.clip == 0:  # explicit "no clipping" overrides a preset's clip

@@ -23,6 +23,16 @@ from dataclasses import dataclass
 
 from validation.progress import Progress
 
+# FedPM preconditioner codecs measured on the CNN (fedconvex/codecs.py; sym is lossless, so not re-run)
+CNN_CODECS = ("fp16", "lowrank:0.1", "delta:topk:0.05")
+CONVEX_CODECS = ("none", "sym", "fp16", "bf16", "lowrank:0.1", "lowrank:0.3", "delta:identity", "delta:topk:0.05",
+                 "delta:rankr:0.05")
+
+
+def codec_slug(codec: str) -> str:
+    return codec.replace(":", "-")
+
+
 DNN_METHODS = ("fedavg", "fedavgm", "fedprox", "scaffold", "fedadam", "localnewton", "fedpm")
 ABLATION_METHODS = ("fedavg", "localnewton", "fedpm")
 
@@ -51,6 +61,10 @@ PROFILES = {
 def plan(profile: str) -> list[Run]:
     p = PROFILES[profile]
     runs = [Run(f"superlinear-{d}", "superlinear", ("--dataset", d, "--quiet")) for d in ("w8a", "a9a")]
+    # FedPM (K = 1, lr 1: Newton) per preconditioner codec; FedNL comes from superlinear-<dataset>
+    runs += [Run(f"compression-{d}-{codec_slug(c)}", "superlinear", (
+        "--dataset", d, "--methods", "fedpm", "--lr", "1", "--rounds", "15", "--precond-codec", c, "--quiet"))
+        for d in ("w8a", "a9a") for c in CONVEX_CODECS]
     model = {"cifar10": "cnn", "cifar100": "resnet18gn"}
     for ds in p["datasets"]:
         for alpha in p.get("alphas", ("1.0", "0.1")):
@@ -84,6 +98,14 @@ def plan(profile: str) -> list[Run]:
             runs.append(Run(f"foof-{k}-fedpm-s{s}", "dnn", (
                 "--dataset", "cifar10", "--method", "fedpm", "--preset", f"cifar10-foof-{k}", "--foof-samples", k,
                 "--rounds", str(p["rounds"]), "--seed", str(s), *p["subset"]), p["rounds"]))
+    # preconditioner codecs (issue 13): FedPM on CIFAR-10 alpha = 0.1 per codec, beside the main runs'
+    # FedAvg and uncompressed FedPM (main-cifar10-a0.1-*)
+    for codec in CNN_CODECS:
+        for s in p["seeds"]:
+            runs.append(Run(f"compression-cifar10-a0.1-{codec_slug(codec)}-s{s}", "dnn", (
+                "--dataset", "cifar10", "--model", "cnn", "--method", "fedpm", "--preset", "cifar10-a0.1",
+                "--alpha", "0.1", "--precond-codec", codec, "--rounds", str(p["rounds"]), "--seed", str(s),
+                *p["subset"]), p["rounds"]))
     return runs
 
 

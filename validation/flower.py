@@ -23,6 +23,21 @@ from validation import common
 PROG = "python -m validation.flower"
 
 
+def _codec(spec):
+    import argparse
+
+    from fedconvex.codecs import parse
+
+    try:
+        codec = parse(spec)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if codec is not None and codec.stateful:
+        raise argparse.ArgumentTypeError(f"{spec}: the delta codecs keep per-client estimates; use them in "
+                                         "validation.superlinear / validation.dnn")
+    return spec
+
+
 def parse_args(argv=None):
     p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--problem", choices=("logreg", "cnn"), default="logreg")
@@ -35,6 +50,9 @@ def parse_args(argv=None):
     p.add_argument("--local-steps", type=common.positive_int, default=1)
     p.add_argument("--lam", type=common.nonneg_float, default=1e-3)
     p.add_argument("--precond-dtype", choices=("float64", "float32", "float16"), default="float64")
+    p.add_argument("--precond-codec", default="none", type=_codec,
+                   help="how FedPM's preconditioners travel: none, sym, fp16, bf16, lowrank:R (the delta codecs "
+                        "need per-node estimates and are simulator-only); see fedconvex/codecs.py")
     p.add_argument("--mode", choices=("simulation", "deployment"), default="simulation")
     p.add_argument("--timeout", type=common.positive_float, default=300.0)
     p.add_argument("--max-ratio", type=common.nonneg_float, default=1000.0,
@@ -149,7 +167,8 @@ def main(argv=None) -> int:
 
     cfg = FlowerRunConfig(problem=args.problem, method=args.method, dataset=args.dataset, clients=args.clients,
                           rounds=args.rounds, lr=lr, local_steps=args.local_steps, lam=args.lam,
-                          precond_dtype=args.precond_dtype, timeout=args.timeout, max_ratio=args.max_ratio, out="")
+                          precond_dtype=args.precond_dtype, precond_codec=args.precond_codec, timeout=args.timeout,
+                          max_ratio=args.max_ratio, out="")
     try:
         check_split(cfg)
         with ResultDir(args.out) as tmp:

@@ -31,6 +31,17 @@ from validation.tuning import DIVERGENCE_FACTOR, TuningCache, score_floor, tune
 PROG = "python -m validation.superlinear"
 
 
+def _codec(spec):
+    import argparse
+
+    from fedconvex.codecs import validate
+
+    try:
+        return validate(spec)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_args(argv=None):
     p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
     common.add_problem_args(p)
@@ -39,6 +50,9 @@ def parse_args(argv=None):
     p.add_argument("--local-steps", type=common.positive_int, default=1, help="K local steps (paper Test 1: 1)")
     p.add_argument("--participants", type=common.positive_int, default=None, help="clients sampled per round")
     p.add_argument("--lr", type=common.positive_float, default=None, help="fix every method's learning rate")
+    p.add_argument("--precond-codec", type=_codec, default="none",
+                   help="how FedPM's preconditioners travel: none, sym, fp16, bf16, lowrank:R, delta:identity, "
+                        "delta:topk:K, delta:rankr:R (R, K: a count or a fraction); see fedconvex/codecs.py")
     p.add_argument("--out", default=None, help="output folder (default results/superlinear-<dataset>)")
     p.add_argument("--jobs", type=common.positive_int, default=min(2, os.cpu_count() or 1),
                    help="methods run in parallel worker processes")
@@ -76,6 +90,8 @@ def _run_method(method):
     fixed = {"local_steps": c["args"].local_steps}
     if c["args"].lr is not None:
         fixed["lr"] = c["args"].lr
+    if c["args"].precond_codec != "none" and method == "fedpm":
+        fixed["precond_codec"] = c["args"].precond_codec
     key = TuningCache.key(data=c["fingerprint"], split=c["split_desc"], method=method, fixed=fixed,
                           rounds=c["args"].rounds, participants=c["args"].participants, seed=c["args"].seed,
                           init=c["args"].init, lam=c["args"].lam, weighting=c["args"].weighting,
@@ -157,6 +173,7 @@ def main(argv=None) -> int:
                "split": args.split, "f_star": f_star, "theta_star_grad_norm": gnorm, "init": args.init,
                "seed": args.seed, "rounds": args.rounds, "local_steps": args.local_steps,
                "participants": args.participants or problem.n_clients, "backend": args.backend,
+               "precond_codec": args.precond_codec,
                "command": command.strip(), "wall_seconds": None,
                "versions": {"python": platform.python_version(), "numpy": np.__version__},
                "methods": methods}

@@ -1,0 +1,129 @@
+"""FedPM's preconditioners on the wire in fedconvex: encoding on the clients, decoding on the server.
+
+With a codec (``FedPM(precond_codec=...)``, see fedconvex.codecs) a client sends, per participant,
+its parameters, its active feature indices and the codec's payload of its Hessian block B_c
+(P_c = E_c B_c E_c^T + lam I: the damping lam is never sent, both sides add it).
+
+Lossless codecs (``sym``) keep FedPM's client step untouched and only change the framing, so
+the mixed model is bit-identical to the uncompressed one.  For a lossy codec the client takes
+its last local Newton step with the *decoded* block B~_c, the very matrix the server mixes with:
+
+    theta_c = theta_c' - lr (B~_c + lam I)^{-1} g_c,   theta = (sum w_c P~_c)^{-1} sum w_c P~_c theta_c,
+
+so with K = 1 the round is theta - lr P~^{-1} g (an inexact Newton step with the exact gradient,
+fixed point theta*).  Mixing with P~ after steps taken with P would move the fixed point.
+
+The server decodes every payload *before* screening (``receive``); a payload that does not decode
+becomes a rejection of that client (``DecodeProblems``), never an exception.  The ``delta``
+codec's estimates A_hat_c live in ``State.clients['precond_hat']`` (client side) and
+``State.server['precond_hat']`` (server side), both object arrays over the N clients.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .blocks import ActiveBlocks
+from .codecs import CodecError, DecodeProblems, parse, payload_nbytes
+from .local import newton_steps
+from .backend import nbytes
+
+HAT = "precond_hat"
+
+
+@dataclass(frozen=True, eq=False)
+class EncodedBlocks:
+    """Per participant: the codec payload of its block and its active feature indices."""
+
+    payloads: tuple
+    active: tuple
+    d: int
+
+    def __len__(self):
+        return len(self.payloads)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(payload_nbytes(p) + nbytes(a) for p, a in zip(self.payloads, self.active))
+
+    def take(self, idx) -> "EncodedBlocks":
+        return EncodedBlocks(tuple(self.payloads[i] for i in idx), tuple(self.active[i] for i in idx), self.d)
+
+
+def _empty_hats(n):
+    return np.empty(n, dtype=object)
+
+
+def init_state(alg, problem, state):
+    """Add the delta codec's (empty) estimates to an initial state."""
+    codec = parse(alg.precond_codec)
+    if codec is None or not codec.stateful:
+        return state
+    n = problem.n_clients
+    return replace(state, server={**state.server, HAT: _empty_hats(n)},
+                   clients={**state.clients, HAT: _empty_hats(n)})
+
+
+def client_update(alg, problem, down, cstate, sel, start):
+    """FedPM's client step with the codec; returns (message, new client state)."""
+    codec = parse(alg.precond_codec)
+    lam = problem.lam
+    if codec.lossless:
+        thetas, P = newton_steps(problem, start, sel, alg.lr, alg.local_steps)
+        enc = EncodedBlocks(tuple(codec.encode(B) for B in P.blocks), P.active, P.d)
+        return {"theta": thetas, "P": enc}, cstate
+    thetas, _ = newton_steps(problem, start, sel, alg.lr, alg.local_steps - 1)
+    g = problem.gradients(thetas, sel)
+    H = problem.hessians(thetas, sel)
+    hats = cstate.get(HAT)
+    new_hats = _empty_hats(len(sel)) if hats is not None else None
+    payloads, decoded = [], []
+    for k, B in enumerate(H.blocks):
+        prev = hats[k] if hats is not None else None
+        p = codec.encode(B, prev)
+        est, hat = codec.decode(p, B.shape[0], prev, lam)   # exactly what the server will compute
+        payloads.append(p)
+        decoded.append(np.asarray(est, dtype=B.dtype))
+        if new_hats is not None:
+            new_hats[k] = hat
+    Pt = ActiveBlocks(tuple(decoded), H.active, H.d, H.shift, H.flat)
+    thetas = thetas - alg.lr * Pt.solve(g)
+    new_cstate = dict(cstate)
+    if new_hats is not None:
+        new_cstate[HAT] = new_hats
+    return {"theta": thetas, "P": EncodedBlocks(tuple(payloads), H.active, H.d)}, new_cstate
+
+
+def receive(alg, problem, state, up, info):
+    """Decode the participants' payloads (server side).  Returns (message with an ActiveBlocks 'P'
+    and per-client ``DecodeProblems``, state with the updated server estimates)."""
+    enc = up["P"]
+    if not isinstance(enc, EncodedBlocks):
+        return up, state
+    codec = parse(alg.precond_codec)
+    hats = state.server.get(HAT)
+    if hats is not None:
+        hats = hats.copy()
+    blocks, active, problems = [], [], []
+    like = up["theta"]
+    for k, (payload, a) in enumerate(zip(enc.payloads, enc.active)):
+        client = int(info.sel[k])
+        try:
+            a = np.asarray(a)
+            if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
+                raise CodecError("feature indices are not a 1-d integer array")
+            prev = hats[client] if hats is not None else None
+            est, hat = codec.decode(payload, a.shape[0], prev, problem.lam)
+            blocks.append(np.asarray(est, dtype=like.dtype))
+            active.append(a)
+            problems.append(None)
+            if hats is not None:
+                hats[client] = hat
+        except (CodecError, ValueError, TypeError, IndexError) as exc:
+            blocks.append(np.zeros((0, 0), dtype=like.dtype))
+            active.append(np.zeros(0, dtype=np.int64))
+            problems.append(f"undecodable preconditioner payload: {exc}")
+    P = ActiveBlocks(tuple(blocks), tuple(active), enc.d, problem.lam)
+    new_state = state if hats is None else replace(state, server={**state.server, HAT: hats})
+    return {**up, "P": P, "decode": DecodeProblems(problems)}, new_state

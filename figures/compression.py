@@ -1,0 +1,179 @@
+"""Issue 13: FedPM with compressed preconditioners (fedconvex/codecs.py), measured as accuracy per byte.
+
+Three tables and one figure:
+  compression_convex   w8a / a9a, K = 1: rounds to ||theta - theta*|| < 1e-10 and the uplink bytes per
+                       client spent until then, per codec, beside FedNL (from the Test 1 run)
+  compression_cnn      CIFAR-10 alpha = 0.1: best accuracy (mean over seeds) vs uplink MiB per client
+                       per round, per codec, beside FedAvg and uncompressed FedPM; + the Pareto plot
+  compression_resnet   ResNet18-GN at CIFAR-100 size: bytes per client per round per codec (by formula
+                       from the FOOF block sizes; no training)
+"""
+from __future__ import annotations
+
+import csv
+import os
+
+import numpy as np
+
+from validation.experiments import CNN_CODECS, CONVEX_CODECS, codec_slug
+
+from .results import read_history, read_summary, runs_matching
+
+TARGET = 1e-10
+MiB = 2 ** 20
+
+
+def _convex_rows(folder, method):
+    with open(os.path.join(folder, "history.csv"), newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["method"] == method]
+    return [(int(r["round"]), float(r["dist"]), float(r["bytes_up"])) for r in rows]
+
+
+def _to_target(rows):
+    for t, dist, b in rows:
+        if dist < TARGET:
+            return t, b
+    return None, None
+
+
+def convex_table(root):
+    header = ["dataset", "method / codec", f"rounds to dist < {TARGET:g}", "uplink MiB per client until then",
+              "uplink KiB per client per round", "vs FedPM none"]
+    rows = []
+    for ds in ("w8a", "a9a"):
+        base_rate = None
+        entries = []
+        for codec in CONVEX_CODECS:
+            folder = os.path.join(root, f"compression-{ds}-{codec_slug(codec)}")
+            if os.path.isfile(os.path.join(folder, "history.csv")):
+                entries.append((f"FedPM {codec}", _convex_rows(folder, "fedpm")))
+        t1 = os.path.join(root, f"superlinear-{ds}")
+        if os.path.isfile(os.path.join(t1, "history.csv")):
+            entries.append(("FedNL (Test 1, tuned)", _convex_rows(t1, "fednl")))
+        for label, hist in entries:
+            if not hist:
+                continue
+            t, b = _to_target(hist)
+            per_round = hist[-1][2] / max(1, hist[-1][0])
+            if label == "FedPM none":
+                base_rate = per_round
+            rows.append([ds, label, "not reached" if t is None else str(t),
+                         "–" if b is None else f"{b / MiB:.3f}", f"{per_round / 1024:.1f}",
+                         f"{100 * per_round / base_rate:.0f} %" if base_rate else "–"])
+    return header, rows
+
+
+def cnn_points(root):
+    """[(label, mean best acc, [accs], mean MiB up per client per round)] for FedAvg, FedPM none and each codec."""
+    groups = [("FedAvg", r"main-cifar10-a0\.1-fedavg-s\d+"), ("FedPM none", r"main-cifar10-a0\.1-fedpm-s\d+")]
+    groups += [(f"FedPM {c}", rf"compression-cifar10-a0\.1-{codec_slug(c).replace('.', '[.]')}-s\d+")
+               for c in CNN_CODECS]
+    out = []
+    for label, pattern in groups:
+        folders = list(runs_matching(root, pattern).values())
+        sums = [read_summary(f) for f in folders]
+        keep = [k for k, s in enumerate(sums) if s.get("best_test_acc") is not None]
+        if keep:
+            sums = [sums[k] for k in keep]
+            curves = [list(read_history(folders[k])["test_acc"]) for k in keep]
+            accs = [s["best_test_acc"] for s in sums]
+            up = float(np.mean([s["bytes_up_per_round"] for s in sums])) / MiB
+            out.append((label, float(np.mean(accs)), accs, up, [s.get("rounds_done") for s in sums], curves))
+    return out
+
+
+def _best_until(curves, r):
+    """Mean over the seeds that ran r rounds of the best accuracy within those r rounds."""
+    return float(np.mean([max(c[:r]) for c in curves if len(c) >= r]))
+
+
+def cnn_table(points):
+    """Accuracy is compared within the rounds every run has (R); runs cut short say so in 'rounds done'."""
+    R = min(max(len(c) for c in p[5]) for p in points)   # seeds with fewer rounds are left out of that column
+    header = ["method / codec", f"best acc. [%] in rounds 1..{R} (mean)", "per seed (all rounds done)",
+              "uplink MiB/client/round", "vs FedPM none", f"Δacc vs FedPM none [pt] (rounds 1..{R})", "rounds done"]
+    ref = next((p for p in points if p[0] == "FedPM none"), None)
+    ref_acc = _best_until(ref[5], R) if ref else None
+    rows = []
+    for label, acc, accs, up, done, curves in points:
+        a = _best_until(curves, R)
+        rows.append([label, f"{100 * a:.2f}", " / ".join(f"{100 * x:.2f}" for x in accs), f"{up:.3f}",
+                     f"{100 * up / ref[3]:.0f} %" if ref else "–",
+                     f"{100 * (a - ref_acc):+.2f}" if ref else "–", "/".join(str(d) for d in done)])
+    return header, rows
+
+
+def pareto_figure(points, out_dir, note=""):
+    from .draw import plt, save
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, acc, accs, up, *_ in points:
+        ax.scatter([up] * len(accs), [100 * a for a in accs], s=12, alpha=0.4)
+        ax.scatter([up], [100 * acc], s=50, marker="o" if "FedPM" in label else "s", label=label)
+    ax.set_xlabel("uplink MiB per client per round")
+    ax.set_ylabel("best test accuracy [%]")
+    ax.set_title("CIFAR-10 α=0.1: accuracy vs upload" + (f"\n({note})" if note else ""), fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return save(fig, out_dir, "compression_pareto")
+
+
+def resnet_table(codecs=("none", "sym", "fp16", "bf16", "lowrank:0.1", "lowrank:0.02", "delta:topk:0.01",
+                         "delta:rankr:0.01"), model_name="resnet18gn", classes=100, title="ResNet18-GN, CIFAR-100"):
+    """Bytes per client per round of FedPM (float32 parameters and matrices) by codec, from the block sizes."""
+    import torch
+
+    from fedconvex.codecs import parse
+    from fedpm_dnn import foof
+    from fedpm_dnn.models import make_model
+
+    model = make_model(model_name, classes)
+    params = sum(p.numel() for p in model.parameters()) * 4
+    widths = [b.module.weight[0].numel() + (1 if b.has_bias else 0) for b in foof.foof_blocks(model).values()]
+    del torch
+    header = ["codec", "matrices MiB", "total MiB/client/round (params + matrices)", "vs uncompressed total",
+              "matrices vs uncompressed matrices"]
+    full = sum(4 * n * n for n in widths)
+    rows = []
+    for spec in codecs:
+        c = parse(spec)
+        mat = full if c is None else sum(c.payload_bytes(n, 4) for n in widths)
+        note = " (steady state; first upload as sym)" if c is not None and c.stateful else ""
+        rows.append([spec + note, f"{mat / MiB:.1f}", f"{(params + mat) / MiB:.1f}",
+                     f"{100 * (params + mat) / (params + full):.1f} %", f"{100 * mat / full:.1f} %"])
+    caption = (f"{title}: {len(widths)} FOOF blocks (largest {max(widths)}), "
+               f"parameters {params / MiB:.1f} MiB (float32)")
+    return header, rows, caption
+
+
+def build(root, out, write_table, note="", log=print):
+    if not runs_matching(root, r"compression-.+"):
+        log(f"skipped the compression tables and figure: no compression-* results under {root}")
+        return []
+    os.makedirs(out, exist_ok=True)
+    produced = []
+    header, rows = convex_table(root)
+    if rows:
+        produced += write_table(out, "table_compression_convex", header, rows,
+                                "FedPM (K=1, lr 1) per preconditioner codec vs FedNL: rounds to ||θ−θ*|| < 1e-10 "
+                                "and uplink bytes per client", "tab:compression_convex")
+    else:
+        log(f"skipped the convex compression table: no compression-w8a-* / -a9a-* results under {root}")
+    points = cnn_points(root)
+    if points:
+        header, rows = cnn_table(points)
+        produced += write_table(out, "table_compression_cnn", header, rows,
+                                "CIFAR-10 α=0.1, SimpleCNN: best accuracy vs uplink per codec"
+                                + (f" ({note})" if note else ""), "tab:compression_cnn")
+        produced += pareto_figure(points, out, note)
+    else:
+        log(f"skipped the CNN compression table and Pareto plot: no CIFAR-10 α=0.1 FedPM results under {root}")
+    try:
+        header, rows, caption = resnet_table()
+        produced += write_table(out, "table_compression_resnet", header, rows, caption, "tab:compression_resnet")
+        header, rows, caption = resnet_table(("none", "sym", "fp16", "lowrank:0.1", "delta:topk:0.05"), "cnn", 10,
+                                             "SimpleCNN, CIFAR-10 (by formula)")
+        produced += write_table(out, "table_compression_cnn_bytes", header, rows, caption, "tab:compression_cnn_bytes")
+    except ImportError:
+        log("skipped the ResNet18-GN bytes table: torch is not installed")
+    return produced

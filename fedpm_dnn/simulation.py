@@ -214,6 +214,7 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
                 engine = VectorizedEngine(model, blocks, exp.clients, dev, exp.client_chunk)
             out = engine.round(cfg, sel, [client_state[i] for i in sel], state["params"], state.get("control"),
                                [client_generator(exp.seed, t, int(i)) for i in sel])
+            exp.meta["client_chunk"] = engine.last_chunk
             if str(dev).startswith("cuda"):
                 torch.cuda.synchronize(dev)
             client_seconds = time.perf_counter() - start

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from validation import bench_convex
 
 
@@ -10,3 +12,15 @@ def test_benchmark_reports_ratios_and_matches_the_naive_loop(capsys):
         assert r[key] > 0
     assert r["naive_vs_ours_relative_difference"] < 1e-10   # same algorithm, same iterates
     assert r["rounds_to_1e-9"] <= 12
+
+
+def test_dnn_benchmark_prints_both_engines(capsys):
+    pytest.importorskip("torch")
+    from validation import bench_dnn
+
+    assert bench_dnn.main(["--models", "cnn", "--sizes", "2,20,1,2", "--repeats", "1", "--threads", "1", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["device"] == "cpu" and r["torch_threads"] == 1
+    for key in ("images_per_second_sequential", "images_per_second_vectorized", "fedpm_over_fedavg",
+                "foof_seconds_share", "peak_memory_mb", "projected_100_round_minutes"):
+        assert r[key] > 0

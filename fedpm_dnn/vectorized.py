@@ -1,8 +1,9 @@
 """Vectorized engine: the round's participants trained together on one device, clients as a batch axis.
 
 The participants' parameters are stacked on a leading client axis and every local step is one
-``vmap``-ed ``functional_call`` forward (grouped convolutions, batched matrix products) and one
-backward for all of them -- FedJAX's ``ClientBlock`` recipe in PyTorch.  The result is the
+forward (``stacked.StackedModel``: grouped convolutions, batched matrix products; other layer types
+through ``vmap`` over ``functional_call``) and one backward for all of them -- FedJAX's
+``ClientBlock`` recipe in PyTorch.  The result is the
 sequential engine's (``client.local_train`` / ``simulation.client_round``), client by client:
 
 * random streams: each client's generator is consumed on the CPU in exactly the sequential order
@@ -29,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
-from . import batched_foof, foof
+from . import batched_foof, foof, stacked
 
 STATS_BATCH = 512   # the sequential path's plain-data chunk (client.ClientData.plain_batches)
 PAD = 4             # augment.random_crop_flip's padding
@@ -99,9 +100,13 @@ def _clip_(grads: list, max_norm: float):
 def _per_client_bytes(model, cfg, sample, blocks) -> int:
     """Rough memory of one client in the stack: parameters and their per-step copies, FOOF factors,
     and the activations of a training batch and of a statistics chunk (from one forward's outputs)."""
-    sizes = []
-    hooks = [m.register_forward_hook(lambda mod, inp, out: sizes.append(out.numel() if torch.is_tensor(out) else 0))
-             for m in model.modules() if not list(m.children())]
+    sizes, patches = [], [0]
+
+    def hook(mod, inp, out):
+        sizes.append(out.numel() if torch.is_tensor(out) else 0)
+        if isinstance(mod, torch.nn.Conv2d):   # the unfolded patches of a FOOF Gram product: D x L per image
+            patches[0] = max(patches[0], mod.weight[0].numel() * out[0, 0].numel())
+    hooks = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
     try:
         with torch.no_grad():
             model(sample[:1])
@@ -111,7 +116,8 @@ def _per_client_bytes(model, cfg, sample, blocks) -> int:
     act = sum(sizes) + sample[:1].numel() * 3
     params = sum(p.numel() for p in model.parameters())
     mats = sum((b.module.weight[0].numel() + 1) ** 2 for b in blocks.values()) if cfg.uses_foof else 0
-    return 4 * (8 * params + 3 * act * cfg.batch_size + act * STATS_BATCH) + 8 * 3 * mats
+    stats = (act + 2 * patches[0]) * STATS_BATCH if cfg.uses_foof else 0
+    return 4 * (8 * params + 3 * act * cfg.batch_size + stats) + 8 * 3 * mats
 
 
 def auto_client_chunk(model, cfg, sample, blocks, device, participants: int) -> int:
@@ -148,26 +154,38 @@ class VectorizedEngine:
         # every client's images in one tensor: a step gathers all participants' batches at once
         self.x_all = torch.cat([c.x for c in clients]).to(device)
         self.y_all = torch.cat([c.y for c in clients]).to(device)
-        self.stats = {i: torch.tensor([list(c.mean), list(c.std)], dtype=torch.float32) for i, c in enumerate(clients)}
+        # every client's (mean, std) per channel, on the device: (clients, 2, C)
+        self.stats = torch.tensor([[list(c.mean), list(c.std)] for c in clients], dtype=torch.float32).to(device)
         self.names = [k for k, _ in model.named_parameters()]
         self.input_blocks = batched_foof.input_blocks(model, blocks, self._plain([0], 0, 1)[0])
         self.capture = batched_foof.StackedCapture(blocks)
 
-        def fwd(p, x):
-            return functional_call(model, p, (x,))
+        if stacked.supported(model):   # Linear / Conv2d / GroupNorm: the grouped formulation
+            self.forward = stacked.StackedModel(model)
 
-        def fwd_capture(p, x):
-            self.capture.store = {}
-            functional_call(model, p, (x,))
-            return dict(self.capture.store)
+            def stacked_capture(p, x):
+                K, B = x.shape[:2]
+                self.capture.store = {}
+                self.forward(p, x)
+                return {k: v.view(K, B, *v.shape[1:]) for k, v in self.capture.store.items()}
 
-        self.forward = vmap(fwd)
-        self.forward_capture = vmap(fwd_capture)
+            self.forward_capture = stacked_capture
+        else:                          # any other layer: torch.func.vmap over functional_call
+            def fwd(p, x):
+                return functional_call(model, p, (x,))
+
+            def fwd_capture(p, x):
+                self.capture.store = {}
+                functional_call(model, p, (x,))
+                return dict(self.capture.store)
+
+            self.forward = vmap(fwd)
+            self.forward_capture = vmap(fwd_capture)
 
     # --- inputs -------------------------------------------------------------------------------------------------
     def _norm(self, sel, x):
         """Standardise (K, b, C, H, W) floats with each client's mean and std (augment.standardize)."""
-        ms = torch.stack([self.stats[i] for i in sel]).to(self.device, x.dtype)     # (K, 2, C)
+        ms = self.stats[torch.as_tensor(list(sel), device=self.device)].to(x.dtype)     # (K, 2, C)
         shape = (len(sel), 1, -1, 1, 1)
         return (x - ms[:, 0].view(shape)) / ms[:, 1].view(shape)
 
@@ -194,7 +212,7 @@ class VectorizedEngine:
                                           lambda s, e: self._plain(sel, s, e, subsets), counts, skip, STATS_BATCH)
         out = []
         for j, (sub, st) in enumerate(zip(subsets, statics)):
-            mats = {k: A[k][j] for k in A}
+            mats = {k: A[k][j].clone() for k in A}   # own storage: a view would save the whole stack
             if sub is None and st is not None:
                 if cached[j]:
                     mats.update(st)

@@ -42,22 +42,29 @@ def rel(a, b):
 
 
 def assert_same(r_vec, r_seq, tol=1e-5):
+    """Parameters and FOOF matrices within ``tol``; SCAFFOLD's dcontrol, a difference of nearby
+    parameters divided by steps * lr, loses digits to cancellation: within 1e-4."""
     assert r_vec.keys() == r_seq.keys()
     for key, rs in r_seq.items():
+        assert rs.keys() == r_vec[key].keys()
         for part, vals in rs.items():
             for name, v in vals.items():
-                assert rel(r_vec[key][part][name].double(), v.double()) <= tol, (key, part, name)
+                assert rel(r_vec[key][part][name].double(), v.double()) <= (1e-4 if part == "dcontrol" else tol), \
+                    (key, part, name)
 
 
 CFG = dict(lr=0.05, local_epochs=2, batch_size=16, mu=0.01, server_lr=0.03, clip=1.0, damping=0.5)
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_every_method_gives_the_sequential_replies(method):
+def test_every_method_gives_the_sequential_replies(method, tmp_path):
     cfg = MethodConfig(method, **CFG)
-    h_seq, r_seq = run(cfg, "sequential")
-    h_vec, r_vec = run(cfg, "vectorized", chunk=2)      # two chunks: 2 + 1 participants
+    h_seq, r_seq = run(cfg, "sequential", str(tmp_path / "seq.pt"))
+    h_vec, r_vec = run(cfg, "vectorized", str(tmp_path / "vec.pt"), chunk=2)   # two chunks: 2 + 1 participants
     assert_same(r_vec, r_seq)
+    m_seq, m_vec = (torch.load(tmp_path / f, weights_only=False)["server"]["params"] for f in ("seq.pt", "vec.pt"))
+    for name, v in m_seq.items():   # the global model after two rounds
+        assert rel(m_vec[name].double(), v.double()) <= 1e-5, name
     for a, b in zip(h_vec, h_seq):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
         assert a["bytes_up"] == b["bytes_up"]

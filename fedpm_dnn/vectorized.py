@@ -24,8 +24,6 @@ when the whole stack does not fit in memory (chosen from the free device memory 
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
@@ -356,7 +354,3 @@ class VectorizedEngine:
             reply = finish_reply(cfg, cs, local, n_steps[j], params, control, end[j] if end is not None else None)
             results.append((reply, float(loss_sum[j]) / max(seen[j], 1)))
         return results
-
-
-def chunk_count(k: int, chunk: int) -> int:
-    return math.ceil(k / max(chunk, 1))

@@ -49,6 +49,8 @@ class Experiment:
     in_channels: int = 3
     image_size: int = 32
     meta: dict = field(default_factory=dict)
+    engine: str = "sequential"    # or "vectorized": the participants trained together (fedpm_dnn.vectorized)
+    client_chunk: int | None = None   # vectorized: clients per chunk (None: from the free device memory)
 
 
 def tensor_bytes(obj) -> int:
@@ -117,9 +119,17 @@ def client_round(cfg, model, blocks, data, cs: dict, params: dict, control, gen)
                                  client_control=cs.get("control"), foof_A=cs.get("foof"), blocks=blocks,
                                  foof_static=cs.get("foof_static"))
     local = {k: v.detach().clone() for k, v in model.named_parameters()}
+    end = foof_matrices(model, blocks, data, cfg.foof_samples, gen, cs.setdefault("foof_static", {})) \
+        if cfg.uses_foof else None
+    return finish_reply(cfg, cs, local, steps, params, control, end), loss
+
+
+def finish_reply(cfg, cs: dict, local: dict, steps: int, params: dict, control, end_foof):
+    """The reply of a client that trained to ``local`` in ``steps`` steps (both engines build it here);
+    ``end_foof``: its FOOF matrices at the end of the round (FOOF methods)."""
     reply = {"params": local}
     if cfg.uses_foof:   # matrices at the end of the round: mixing now, local steps next round
-        cs["foof"] = foof_matrices(model, blocks, data, cfg.foof_samples, gen, cs.setdefault("foof_static", {}))
+        cs["foof"] = end_foof
         if cfg.name == "fedpm" and cfg.precond_codec != "none":
             reply["foof"] = encode_foof(cfg, cs, cs["foof"])
         elif cfg.name == "fedpm":
@@ -129,7 +139,7 @@ def client_round(cfg, model, blocks, data, cs: dict, params: dict, control, gen)
         new_c = {k: cs["control"][k] - control[k] + (params[k] - local[k]) / (steps * cfg.lr) for k in local}
         reply["dcontrol"] = {k: new_c[k] - cs["control"][k] for k in local}
         cs["control"] = new_c
-    return reply, loss
+    return reply
 
 
 def _load(model, params):
@@ -205,6 +215,9 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
         except (TypeError, ValueError, KeyError) as exc:
             raise _ck.CheckpointError(f"{checkpoint}: damaged checkpoint (random generator state: {exc}); "
                                       "remove it or choose another --out") from None
+    if exp.engine not in ("sequential", "vectorized"):
+        raise ValueError(f"engine must be sequential or vectorized, got {exp.engine!r}")
+    engine = None
     wall0 = time.perf_counter() - (history[-1]["wall_seconds"] if history else 0.0)
     for t in range(len(history) + 1, exp.rounds + 1):
         _reset_peak_memory(dev)
@@ -212,7 +225,21 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
         sel = np.sort(rng.choice(n, k, replace=False)) if k < n else np.arange(n)
         replies, client_seconds, losses = [], 0.0, []
         down = {"params": state["params"], **({"control": state["control"]} if cfg.name == "scaffold" else {})}
-        for i in sel:
+        if exp.engine == "vectorized":
+            start = time.perf_counter()
+            if engine is None:
+                from .vectorized import VectorizedEngine
+                engine = VectorizedEngine(model, blocks, exp.clients, dev, exp.client_chunk)
+            out = engine.round(cfg, sel, [client_state[i] for i in sel], state["params"], state.get("control"),
+                               [client_generator(exp.seed, t, int(i)) for i in sel])
+            exp.meta["client_chunk"] = engine.last_chunk
+            if str(dev).startswith("cuda"):
+                torch.cuda.synchronize(dev)
+            client_seconds = time.perf_counter() - start
+            for i, (reply, loss) in zip(sel, out):
+                losses.append(loss)
+                replies.append(tamper(t, int(i), reply) if tamper is not None else reply)
+        for i in (sel if exp.engine == "sequential" else ()):
             start = time.perf_counter()
             reply, loss = client_round(cfg, model, blocks, exp.clients[i], client_state[i], state["params"],
                                        state.get("control"), client_generator(exp.seed, t, int(i)))

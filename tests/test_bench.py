@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from validation import bench_convex
 
 
@@ -29,3 +31,15 @@ def test_all_methods_rows_on_a_small_problem():
         assert by[label]["rounds_to_1e-9"] is not None and by[label]["seconds_to_1e-9"] > 0
         assert by[label]["round_vs_fedpm"] > 0
     json.dumps(rows)   # serialisable as it is
+
+
+def test_dnn_benchmark_prints_both_engines(capsys):
+    pytest.importorskip("torch")
+    from validation import bench_dnn
+
+    assert bench_dnn.main(["--models", "cnn", "--sizes", "2,20,1,2", "--repeats", "1", "--threads", "1", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["device"] == "cpu" and r["torch_threads"] == 1
+    for key in ("images_per_second_sequential", "images_per_second_vectorized", "fedpm_over_fedavg",
+                "foof_seconds_share", "peak_memory_mb", "projected_100_round_minutes"):
+        assert r[key] > 0

@@ -239,7 +239,8 @@ def test_femnist_rounds_sample_participants_from_every_writer(tmp_path, rng):
 
     make_leaf(str(tmp_path), rng, users=tuple(f"w{i}" for i in range(14)))
     exp, _ = dnn.build(dnn.parse_args(["--dataset", "femnist", "--data-dir", str(tmp_path), "--preset", "femnist",
-                                       "--method", "fedavg", "--device", "cpu", "--rounds", "3", "--local-epochs", "1"]))
+                                       "--method", "fedavg", "--device", "cpu", "--rounds", "3", "--local-epochs", "1",
+                                       "--engine", "sequential"]))  # the spy watches client_round
     seen = []
     import fedpm_dnn.simulation as sim
     original = sim.client_round

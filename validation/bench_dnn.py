@@ -1,17 +1,23 @@
-"""Benchmark the DNN simulator: local-training throughput and FedPM / FedAvg round time.
+"""Benchmark the DNN simulator: both engines' throughput, FedPM / FedAvg round time, projected paper run times.
 
     python -m validation.bench_dnn                 # both models, sizes chosen for the device
-    python -m validation.bench_dnn --json
+    python -m validation.bench_dnn --json          # one JSON object
+    python -m validation.bench_dnn --threads 2     # torch CPU threads (default: all cores)
+    python -m validation.bench_dnn --sizes 10,128,2,2 --repeats 1   # smaller: clients,images,epochs,rounds
 
-Measured in one run on synthetic CIFAR-shaped data (the speed does not depend on pixel
-values): images/s of local training (FedAvg's SGD steps), the mean wall time of a FedAvg and
-of a FedPM round (FOOF statistics, per-step preconditioning, mixing included), their ratio
-(paper: 1.23x on CIFAR-10, 1.61x on CIFAR-100; our target <= 1.10x), and the projected time
-of the paper's 100-round, 10-client, 5-local-epoch run on the full dataset.
+Measured in one run on the current device, on synthetic CIFAR-shaped data (the speed does not
+depend on pixel values), for SimpleCNN at CIFAR-10 size and ResNet18-GN at CIFAR-100 size:
+local-training images/s of FedAvg rounds with the sequential engine (clients one after another)
+and the vectorized engine (all participants in one stack), the mean wall time of a FedAvg and
+a FedPM round with each engine and their ratio (paper: 1.23x on CIFAR-10, 1.61x on CIFAR-100),
+the share of the FedPM round spent in FOOF statistics and factorisations, the peak memory of a
+vectorized FedPM round, and the projected time of the paper's 100-round run (50,000 images,
+10 clients, 5 local epochs) from the measured FedPM round time per image.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -21,14 +27,22 @@ import numpy as np
 # FOOF statistics are computed once per round, so the ratio depends on the epochs per round.
 # Only rounds after the first are timed (the first also builds each client's initial matrices).
 SIZES = {
-    ("cnn", "cpu"): (10, 300, 5, 3), ("resnet18gn", "cpu"): (1, 64, 5, 2),
+    ("cnn", "cpu"): (10, 300, 5, 3), ("resnet18gn", "cpu"): (2, 32, 1, 2),
     ("cnn", "cuda"): (10, 5000, 5, 3), ("resnet18gn", "cuda"): (10, 5000, 5, 3),
 }
 CLASSES = {"cnn": 10, "resnet18gn": 100}
-PAPER = {"cnn": dict(ratio=1.23, minutes=None), "resnet18gn": dict(ratio=1.61, minutes=None)}
+PAPER = {"cnn": 1.23, "resnet18gn": 1.61}
+PAPER_IMAGES, PAPER_EPOCHS, PAPER_ROUNDS = 50000, 5, 100
 
 
-def _experiment(model, method, device, clients, per_client, epochs, rounds, seed=0):
+def _sync(device):
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def _experiment(model, method, device, clients, per_client, epochs, rounds, engine, chunk=None, seed=0):
     import torch
 
     from fedpm_dnn.client import ClientData
@@ -44,27 +58,100 @@ def _experiment(model, method, device, clients, per_client, epochs, rounds, seed
     yt = torch.randint(0, k, (256,), generator=g).to(device)
     cfg = MethodConfig(method, lr=0.05, clip=1.0, local_epochs=epochs, damping=1.0)
     return Experiment(cfg=cfg, model=model, num_classes=k, clients=data, x_test=xt, y_test=yt, mean=(0.5,) * 3,
-                      std=(0.25,) * 3, rounds=rounds, seed=seed, device=device)
+                      std=(0.25,) * 3, rounds=rounds, seed=seed, device=device, engine=engine, client_chunk=chunk)
 
 
-def measure(model, device, sizes=None, repeats=None):
+class FoofTimer:
+    """Wall time spent in FOOF statistics and factorisations (both engines' entry points wrapped)."""
+
+    def __init__(self, device):
+        self.device, self.seconds, self.saved = device, 0.0, []
+
+    def _wrap(self, owner, name):
+        fn = getattr(owner, name)
+        self.saved.append((owner, name, fn))
+
+        def timed(*a, **kw):
+            _sync(self.device)
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                _sync(self.device)
+                self.seconds += time.perf_counter() - t
+        setattr(owner, name, timed)
+
+    def __enter__(self):
+        from fedpm_dnn import batched_foof, client, foof, simulation, vectorized
+
+        self._wrap(vectorized.VectorizedEngine, "foof_for")
+        self._wrap(batched_foof, "factorize_stacked")
+        self._wrap(simulation, "foof_matrices")
+        self._wrap(client, "foof_matrices")
+        self._wrap(foof, "factorize")
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, fn in reversed(self.saved):
+            setattr(owner, name, fn)
+
+
+def _rounds(model, method, device, size, engine, chunk=None):
+    """Per-round seconds (rounds after the first), FOOF seconds in those rounds, peak MB, chunk used."""
     from fedpm_dnn.simulation import run_experiment
 
+    clients, per_client, epochs, rounds = size
+    exp = _experiment(model, method, device, clients, per_client, epochs, rounds, engine, chunk)
+    foof_s = []
+    with FoofTimer(device) as timer:
+        def on_round(row, history):
+            foof_s.append(timer.seconds)
+        hist = run_experiment(exp, on_round=on_round)
+    per_round_foof = np.diff([0.0] + foof_s)
+    keep = slice(1, None) if len(hist) > 1 else slice(None)
+    secs = [r["client_seconds"] + r["server_seconds"] for r in hist][keep]
+    return secs, list(per_round_foof[keep]), max(r["peak_memory_mb"] for r in hist), exp.meta.get("client_chunk")
+
+
+def measure(model, device, sizes=None, repeats=None, chunk=None):
     if repeats is None:  # ResNet rounds on a CPU take minutes: one repeat there
         repeats = 1 if (model == "resnet18gn" and not device.startswith("cuda")) else 2
-    clients, per_client, epochs, rounds = sizes or SIZES[(model, "cuda" if device.startswith("cuda") else "cpu")]
-    times = {"fedavg": [], "fedpm": []}
-    for _ in range(repeats):  # alternate the methods so machine drift hits both alike
-        for method in ("fedavg", "fedpm"):
-            hist = run_experiment(_experiment(model, method, device, clients, per_client, epochs, rounds))
-            times[method] += [r["client_seconds"] + r["server_seconds"] for r in hist[1:] or hist]
-    avg, pm = float(np.median(times["fedavg"])), float(np.median(times["fedpm"]))
+    size = sizes or SIZES[(model, "cuda" if device.startswith("cuda") else "cpu")]
+    clients, per_client, epochs, _ = size
+    times = {(e, m): [] for e in ("sequential", "vectorized") for m in ("fedavg", "fedpm")}
+    foof_share, peak, used = [], 0.0, None
+    for _ in range(repeats):  # alternate engines and methods so machine drift hits all alike
+        for engine in ("sequential", "vectorized"):
+            for method in ("fedavg", "fedpm"):
+                secs, fs, mb, ch = _rounds(model, method, device, size, engine, chunk)
+                times[(engine, method)] += secs
+                if engine == "vectorized" and method == "fedpm":
+                    foof_share += [f / s for f, s in zip(fs, secs)]
+                    peak, used = max(peak, mb), ch
+    med = {k: float(np.median(v)) for k, v in times.items()}
     images = clients * per_client * epochs
-    full_round = avg * 50000 * 5 / images          # paper: 10 clients, 5 local epochs over all 50k images
-    return {"model": model, "device": device, "clients": clients, "samples_per_client": per_client,
-            "local_epochs": epochs, "images_per_second": images / avg, "fedavg_round_seconds": avg,
-            "fedpm_round_seconds": pm, "fedpm_over_fedavg": pm / avg, "paper_ratio": PAPER[model]["ratio"],
-            "projected_paper_run_minutes_fedpm": 100 * full_round * pm / avg / 60}
+    paper_images = PAPER_IMAGES * PAPER_EPOCHS
+
+    def projected(engine):   # 100 rounds, every client's 5 epochs over all 50,000 images, FedPM
+        return PAPER_ROUNDS * med[(engine, "fedpm")] * paper_images / images / 60
+
+    return {"model": model, "dataset_size_of": "cifar10" if model == "cnn" else "cifar100",
+            "clients": clients, "samples_per_client": per_client, "local_epochs": epochs,
+            "client_chunk": used,
+            "images_per_second_sequential": images / med[("sequential", "fedavg")],
+            "images_per_second_vectorized": images / med[("vectorized", "fedavg")],
+            "vectorized_speedup": med[("sequential", "fedavg")] / med[("vectorized", "fedavg")],
+            "fedavg_round_seconds_sequential": med[("sequential", "fedavg")],
+            "fedpm_round_seconds_sequential": med[("sequential", "fedpm")],
+            "fedavg_round_seconds_vectorized": med[("vectorized", "fedavg")],
+            "fedpm_round_seconds_vectorized": med[("vectorized", "fedpm")],
+            "fedpm_over_fedavg": med[("vectorized", "fedpm")] / med[("vectorized", "fedavg")],
+            "fedpm_over_fedavg_sequential": med[("sequential", "fedpm")] / med[("sequential", "fedavg")],
+            "paper_ratio": PAPER[model],
+            "foof_seconds_share": float(np.median(foof_share)),
+            "peak_memory_mb": peak,
+            "projected_100_round_minutes": projected("vectorized"),
+            "projected_100_round_minutes_sequential": projected("sequential")}
 
 
 def main(argv=None) -> int:
@@ -73,6 +160,11 @@ def main(argv=None) -> int:
     p = OneLineParser(prog="python -m validation.bench_dnn", description=__doc__.split("\n")[0])
     p.add_argument("--models", default="cnn,resnet18gn", help=f"comma-separated, from {', '.join(CLASSES)}")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    p.add_argument("--client-chunk", type=int, default=None, help="vectorized: clients per chunk (default: auto)")
+    p.add_argument("--sizes", default=None,
+                   help="clients,samples_per_client,local_epochs,rounds for every model (default: per model and device)")
+    p.add_argument("--repeats", type=int, default=None, help="runs per engine and method (default 2; ResNet on CPU 1)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -80,27 +172,48 @@ def main(argv=None) -> int:
     if unknown or not models:
         p.error(f"--models: unknown model(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(CLASSES)}")
     try:
+        sizes = tuple(int(v) for v in args.sizes.split(",")) if args.sizes else None
+    except ValueError:
+        sizes = ()
+    if sizes is not None and (len(sizes) != 4 or min(sizes) < 1):
+        p.error("--sizes takes four positive integers: clients,samples_per_client,local_epochs,rounds")
+    for flag, v in (("--threads", args.threads), ("--client-chunk", args.client_chunk), ("--repeats", args.repeats)):
+        if v is not None and v < 1:
+            p.error(f"{flag} must be a positive integer, got {v}")
+    try:
         import torch
     except ImportError:
         p.error("torch is not installed: pip install -e '.[dnn]'")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is visible to torch")
 
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else \
         ("cpu" if args.device == "auto" else args.device)
-    results = [measure(m, device) for m in models]
+    name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
+    out = {"command": "python -m validation.bench_dnn " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "device": device, "device_name": name, "torch_threads": torch.get_num_threads(),
+           "torch": torch.__version__, "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+           "results": [measure(m, device, sizes, args.repeats, args.client_chunk) for m in models]}
+    cnn = next((r for r in out["results"] if r["model"] == "cnn"), None)
+    if cnn:   # the headline keys: SimpleCNN, CIFAR-10 setting
+        out.update({k: cnn[k] for k in ("images_per_second_sequential", "images_per_second_vectorized",
+                                        "fedpm_over_fedavg", "foof_seconds_share", "peak_memory_mb",
+                                        "projected_100_round_minutes")})
     if args.json:
-        print(json.dumps(results))
+        print(json.dumps(out))
         return 0
-    name = torch.cuda.get_device_name(0) if device == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
-    print(f"device: {name}")
-    for r in results:
-        print(f"{r['model']:<11} {r['clients']} clients x {r['samples_per_client']} images x {r['local_epochs']} epoch: "
-              f"{r['images_per_second']:.0f} img/s local training; round FedAvg {r['fedavg_round_seconds']:.3f}s, "
-              f"FedPM {r['fedpm_round_seconds']:.3f}s -> FedPM/FedAvg {r['fedpm_over_fedavg']:.2f}x "
-              f"(paper {r['paper_ratio']:.2f}x, target <= 1.10x); projected 100-round paper run "
-              f"{r['projected_paper_run_minutes_fedpm']:.0f} min")
-    print("reproduce: python -m validation.bench_dnn" + (" --json" if args.json else ""))
+    print(f"device: {name}, torch threads pinned to {out['torch_threads']}")
+    for r in out["results"]:
+        print(f"{r['model']:<11} {r['clients']} clients x {r['samples_per_client']} images x {r['local_epochs']} epochs "
+              f"(client chunk {r['client_chunk']}): local training sequential {r['images_per_second_sequential']:.0f} "
+              f"img/s, vectorized {r['images_per_second_vectorized']:.0f} img/s ({r['vectorized_speedup']:.2f}x); "
+              f"FedPM/FedAvg vectorized {r['fedpm_over_fedavg']:.2f}x, sequential "
+              f"{r['fedpm_over_fedavg_sequential']:.2f}x (paper {r['paper_ratio']:.2f}x); FOOF share "
+              f"{r['foof_seconds_share']:.0%}; peak {r['peak_memory_mb']:.0f} MB; projected 100-round "
+              f"{r['dataset_size_of']} run {r['projected_100_round_minutes']:.0f} min vectorized, "
+              f"{r['projected_100_round_minutes_sequential']:.0f} min sequential")
+    print("reproduce: python -m validation.bench_dnn " + " ".join(argv if argv is not None else sys.argv[1:]))
     return 0
 
 

@@ -25,6 +25,7 @@ from validation.outputs import sigterm_as_exit
 from validation.progress import Progress
 
 PROG = "python -m validation.dnn"
+DEFAULT_ENGINE = "vectorized"
 
 
 def _codec(spec):
@@ -66,6 +67,11 @@ def parse_args(argv=None):
                    help="class-balanced subset of the training set (for CPU-sized runs)")
     p.add_argument("--test-subset", type=common.positive_int, default=None, help="first N test images (class order kept balanced)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--engine", choices=("sequential", "vectorized"), default=DEFAULT_ENGINE,
+                   help="vectorized: the round's participants trained together on the device, clients as a batch "
+                        "axis (same models as sequential, client by client)")
+    p.add_argument("--client-chunk", type=common.positive_int, default=None,
+                   help="vectorized: clients per chunk (default: as many as fit in the free device memory)")
     p.add_argument("--out", default=None, help="output folder (default results/dnn-<dataset>-<method>-s<seed>)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--quiet", action="store_true")
@@ -192,14 +198,14 @@ def build(args):
     exp = Experiment(cfg=cfg, model=args.model, num_classes=data.num_classes, clients=clients, x_test=to(xt),
                      y_test=to(yt), mean=data.mean, std=data.std, rounds=args.rounds,
                      participants=participants, seed=args.seed, device=device, in_channels=x.shape[1],
-                     image_size=x.shape[2])
+                     image_size=x.shape[2], engine=args.engine, client_chunk=args.client_chunk)
     desc = {"dataset": data.name, "train_samples": int(len(y)), "test_samples": int(len(yt)),
             "num_classes": data.num_classes, "clients": len(parts), "alpha": args.alpha if natural is None else None,
             "partition": args.split if natural is None else "natural (writers)", "participants": participants or len(parts),
             "augment": args.augment, "client_sizes": [int(len(p)) for p in parts],
             "class_counts": partition_table(y, parts, data.num_classes).tolist(),
             "preset": args.preset, "preset_table": PRESETS[args.preset]["table"] if args.preset else None,
-            "device": device, "config": cfg.__dict__}
+            "device": device, "engine": args.engine, "config": cfg.__dict__}
     if data.source == "jpeg":
         desc["note"] = "CIFAR-10 JPEG copy (lossy re-encoding): accuracies are close to, not identical with, the original"
     return exp, desc

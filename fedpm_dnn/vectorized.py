@@ -1,0 +1,356 @@
+"""Vectorized engine: the round's participants trained together on one device, clients as a batch axis.
+
+The participants' parameters are stacked on a leading client axis and every local step is one
+forward (``stacked.StackedModel``: grouped convolutions, batched matrix products; other layer types
+through ``vmap`` over ``functional_call``) and one backward for all of them -- FedJAX's
+``ClientBlock`` recipe in PyTorch.  The result is the
+sequential engine's (``client.local_train`` / ``simulation.client_round``), client by client:
+
+* random streams: each client's generator is consumed on the CPU in exactly the sequential order
+  (first-participation FOOF subset, per epoch ``randperm``, per batch the crop offsets oy, ox and
+  the flip mask, refresh subsets, end-of-round subset) before training; the draws are then applied
+  in batch;
+* unequal client sizes: batches are padded to ``batch_size`` with a mask (a last partial batch, a
+  client smaller than one batch); a client that has taken all its steps drops out of the stack
+  (no update) while the others go on;
+* the step: gradient (+ FedProx mu (theta - theta_g), + SCAFFOLD c - c_i, + coupled weight decay),
+  per-client clipping of the raw gradient or of the step direction, FOOF preconditioning with
+  batched Cholesky solves, theta -= lr direction, decoupled weight decay;
+* FOOF matrices from batched Gram products (``batched_foof``) with the same first-layer cache.
+
+Replies are built by ``simulation.finish_reply``, shared with the sequential engine, so the message
+format, codecs and screening apply unchanged.  Clients are processed in chunks of ``client_chunk``
+when the whole stack does not fit in memory (chosen from the free device memory by default).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, vmap
+
+from . import batched_foof, foof, stacked
+
+STATS_BATCH = 512   # the sequential path's plain-data chunk (client.ClientData.plain_batches)
+PAD = 4             # augment.random_crop_flip's padding
+
+
+def _subset(cfg, n, gen):
+    """The FOOF-sample draw of client.foof_matrices (None: the whole data, cache allowed)."""
+    if cfg.foof_samples is None or cfg.foof_samples >= n:
+        return None
+    return torch.randperm(n, generator=gen)[:cfg.foof_samples]
+
+
+def client_schedule(cfg, data, gen, first_foof: bool) -> dict:
+    """Every draw the sequential client makes from ``gen`` in one round, in the same order."""
+    n, B = len(data), cfg.batch_size
+    sched = {"first": _subset(cfg, n, gen) if first_foof else None, "steps": [], "refresh": {}}
+    steps = 0
+    for _ in range(cfg.local_epochs):
+        order = torch.randperm(n, generator=gen)
+        for s in range(0, n, B):
+            idx = order[s:s + B]
+            b = len(idx)
+            if data.augment:
+                oy = torch.randint(0, 2 * PAD + 1, (b,), generator=gen)
+                ox = torch.randint(0, 2 * PAD + 1, (b,), generator=gen)
+                flip = torch.rand(b, generator=gen) < 0.5
+            else:   # an offset of PAD in the padded image, no flip: the image itself
+                oy = ox = torch.full((b,), PAD, dtype=torch.long)
+                flip = torch.zeros(b, dtype=torch.bool)
+            sched["steps"].append((idx, oy, ox, flip))
+            steps += 1
+            if cfg.uses_foof and cfg.refresh_every and steps % cfg.refresh_every == 0:
+                sched["refresh"][steps] = _subset(cfg, n, gen)
+    sched["end"] = _subset(cfg, n, gen) if cfg.uses_foof else None
+    return sched
+
+
+def _pad(rows, width, fill=0, dtype=torch.long):
+    out = torch.full((len(rows), width), fill, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
+def crop_flip(x, oy, ox, flip, padding=PAD):
+    """augment.random_crop_flip with the draws given: x (N, C, H, W) float, oy/ox (N,), flip (N,) bool."""
+    b, c, h, w = x.shape
+    dev = x.device
+    padded = F.pad(x, (padding, padding, padding, padding))
+    rows = (oy[:, None] + torch.arange(h, device=dev)[None, :])[:, None, :, None]
+    cols = (ox[:, None] + torch.arange(w, device=dev)[None, :])[:, None, None, :]
+    out = padded[torch.arange(b, device=dev)[:, None, None, None], torch.arange(c, device=dev)[None, :, None, None],
+                 rows, cols]
+    return torch.where(flip[:, None, None, None], out.flip(3), out)
+
+
+def _clip_(grads: list, max_norm: float):
+    """torch.nn.utils.clip_grad_norm_ per client: grads are (K, ...) stacks."""
+    K = grads[0].shape[0]
+    norms = torch.stack([torch.linalg.vector_norm(g.reshape(K, -1), dim=1) for g in grads], 1)
+    total = torch.linalg.vector_norm(norms, dim=1)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef.view(K, *([1] * (g.dim() - 1))))
+
+
+def _per_client_bytes(model, cfg, sample, blocks) -> int:
+    """Rough memory of one client in the stack: parameters and their per-step copies, FOOF factors,
+    and the activations of a training batch and of a statistics chunk (from one forward's outputs)."""
+    sizes, patches = [], [0]
+
+    def hook(mod, inp, out):
+        sizes.append(out.numel() if torch.is_tensor(out) else 0)
+        if isinstance(mod, torch.nn.Conv2d):   # the unfolded patches of a FOOF Gram product: D x L per image
+            patches[0] = max(patches[0], mod.weight[0].numel() * out[0, 0].numel())
+    hooks = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
+    try:
+        with torch.no_grad():
+            model(sample[:1])
+    finally:
+        for h in hooks:
+            h.remove()
+    act = sum(sizes) + sample[:1].numel() * 3
+    params = sum(p.numel() for p in model.parameters())
+    mats = sum((b.module.weight[0].numel() + 1) ** 2 for b in blocks.values()) if cfg.uses_foof else 0
+    stats = (act + 2 * patches[0]) * STATS_BATCH if cfg.uses_foof else 0
+    return 4 * (8 * params + 3 * act * cfg.batch_size + stats) + 8 * 3 * mats
+
+
+def auto_client_chunk(model, cfg, sample, blocks, device, participants: int) -> int:
+    """Clients per chunk: as many as fit in 70 % of the free device memory (CUDA: mem_get_info;
+    CPU: MemAvailable), at least one."""
+    if str(device).startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+    else:
+        free = None
+        try:
+            with open("/proc/meminfo") as fh:
+                for line in fh:
+                    if line.startswith("MemAvailable:"):
+                        free = int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        if free is None:
+            return participants
+    per = _per_client_bytes(model, cfg, sample, blocks)
+    return max(1, min(participants, int(0.7 * free // max(per, 1))))
+
+
+class VectorizedEngine:
+    """Trains a list of participants together; ``round(...)`` returns what client_round returns, per client."""
+
+    def __init__(self, model, blocks: dict, clients: list, device, client_chunk: int | None = None):
+        self.model, self.blocks, self.clients, self.device = model, blocks, clients, device
+        self.client_chunk = client_chunk
+        self.last_chunk = None
+        self.offsets, total = [], 0
+        for c in clients:
+            self.offsets.append(total)
+            total += len(c)
+        # every client's images in one tensor: a step gathers all participants' batches at once
+        self.x_all = torch.cat([c.x for c in clients]).to(device)
+        self.y_all = torch.cat([c.y for c in clients]).to(device)
+        # every client's (mean, std) per channel, on the device: (clients, 2, C)
+        self.stats = torch.tensor([[list(c.mean), list(c.std)] for c in clients], dtype=torch.float32).to(device)
+        self.names = [k for k, _ in model.named_parameters()]
+        self.input_blocks = batched_foof.input_blocks(model, blocks, self._plain([0], 0, 1)[0])
+        self.capture = batched_foof.StackedCapture(blocks)
+
+        if stacked.supported(model):   # Linear / Conv2d / GroupNorm: the grouped formulation
+            self.forward = stacked.StackedModel(model)
+
+            def stacked_capture(p, x):
+                K, B = x.shape[:2]
+                self.capture.store = {}
+                self.forward(p, x)
+                return {k: v.view(K, B, *v.shape[1:]) for k, v in self.capture.store.items()}
+
+            self.forward_capture = stacked_capture
+        else:                          # any other layer: torch.func.vmap over functional_call
+            def fwd(p, x):
+                return functional_call(model, p, (x,))
+
+            def fwd_capture(p, x):
+                self.capture.store = {}
+                functional_call(model, p, (x,))
+                return dict(self.capture.store)
+
+            self.forward = vmap(fwd)
+            self.forward_capture = vmap(fwd_capture)
+
+    # --- inputs -------------------------------------------------------------------------------------------------
+    def _norm(self, sel, x):
+        """Standardise (K, b, C, H, W) floats with each client's mean and std (augment.standardize)."""
+        ms = self.stats[torch.as_tensor(list(sel), device=self.device)].to(x.dtype)     # (K, 2, C)
+        shape = (len(sel), 1, -1, 1, 1)
+        return (x - ms[:, 0].view(shape)) / ms[:, 1].view(shape)
+
+    def _plain(self, sel, s, e, subsets=None):
+        """Normalised plain images of rows s:e of each client (padded rows repeat the client's first image)."""
+        rows = []
+        for j, i in enumerate(sel):
+            n = len(self.clients[i])
+            idx = torch.arange(s, e) if subsets is None or subsets[j] is None else subsets[j][s:e]
+            idx = torch.where(idx < n, idx, torch.zeros_like(idx)) if len(idx) else idx
+            rows.append(self.offsets[i] + _pad([idx], e - s)[0])
+        g = torch.stack(rows).to(self.device)
+        return self._norm(sel, self.x_all[g].float().div_(255.0))
+
+    # --- FOOF --------------------------------------------------------------------------------------------------
+    def foof_for(self, sel, params, subsets, statics):
+        """client.foof_matrices for the clients ``sel`` at their stacked ``params``; updates the statics."""
+        counts = torch.tensor([len(self.clients[i]) if sub is None else len(sub) for i, sub in zip(sel, subsets)],
+                              device=self.device)
+        cached = [sub is None and st is not None and len(st) > 0 for sub, st in zip(subsets, statics)]
+        skip = set(self.input_blocks) if all(cached) else set()
+        with self.capture:
+            A = batched_foof.stacked_foof(self.forward_capture, self.capture, self.blocks, params,
+                                          lambda s, e: self._plain(sel, s, e, subsets), counts, skip, STATS_BATCH)
+        out = []
+        for j, (sub, st) in enumerate(zip(subsets, statics)):
+            mats = {k: A[k][j].clone() for k in A}   # own storage: a view would save the whole stack
+            if sub is None and st is not None:
+                if cached[j]:
+                    mats.update(st)
+                else:
+                    st.update({k: mats[k] for k in self.input_blocks})
+            out.append({k: mats[k] for k in self.blocks})
+        return out
+
+    # --- one round --------------------------------------------------------------------------------------------
+    def round(self, cfg, sel, states: list, params: dict, control, gens: list):
+        """Local training of the participants ``sel``: [(reply, loss)] in the order of ``sel``."""
+        from .simulation import finish_reply
+
+        k = len(sel)
+        sample = self._plain([sel[0]], 0, 1)[0]
+        chunk = self.client_chunk or auto_client_chunk(self.model, cfg, sample, self.blocks, self.device, k)
+        self.last_chunk = min(chunk, k)
+        results = []
+        for s in range(0, k, chunk):
+            idx = list(range(s, min(k, s + chunk)))
+            results += self._chunk(cfg, [int(sel[j]) for j in idx], [states[j] for j in idx], params, control,
+                                   [gens[j] for j in idx], finish_reply)
+        return results
+
+    def _chunk(self, cfg, sel, states, params, control, gens, finish_reply):
+        K, B, dev = len(sel), cfg.batch_size, self.device
+        dtype = params[self.names[0]].dtype
+        scheds = [client_schedule(cfg, self.clients[i], g, cfg.uses_foof and "foof" not in cs)
+                  for i, g, cs in zip(sel, gens, states)]
+        P = {n: params[n].detach().unsqueeze(0).repeat(K, *([1] * params[n].dim())).contiguous() for n in self.names}
+        factors = None
+        if cfg.uses_foof:
+            first = [j for j, cs in enumerate(states) if "foof" not in cs]
+            if first:   # first participation: matrices at the received model
+                sub = [sel[j] for j in first]
+                mats = self.foof_for(sub, {n: P[n][:len(first)] for n in self.names}, [scheds[j]["first"] for j in first],
+                                     [states[j].setdefault("foof_static", {}) for j in first])
+                for j, m in zip(first, mats):
+                    states[j]["foof"] = m
+            factors = batched_foof.factorize_stacked(
+                {b: torch.stack([cs["foof"][b] for cs in states]) for b in self.blocks}, cfg.damping, dtype)
+        if cfg.name == "scaffold":
+            for cs in states:
+                if "control" not in cs:
+                    cs["control"] = {n: torch.zeros_like(v) for n, v in params.items()}
+            cc = {n: torch.stack([cs["control"][n] for cs in states]) for n in self.names}
+        n_steps = [len(sc["steps"]) for sc in scheds]
+        T = max(n_steps)
+        # the whole schedule as (T, K, B) tensors, moved to the device once
+        gidx = torch.zeros(T, K, B, dtype=torch.long)
+        mask = torch.zeros(T, K, B, dtype=torch.bool)
+        oy = torch.full((T, K, B), PAD, dtype=torch.long)
+        ox = torch.full((T, K, B), PAD, dtype=torch.long)
+        flip = torch.zeros(T, K, B, dtype=torch.bool)
+        for j, (i, sc) in enumerate(zip(sel, scheds)):
+            for t, (ix, a, b_, f) in enumerate(sc["steps"]):
+                m = len(ix)
+                gidx[t, j, :m] = ix + self.offsets[i]
+                gidx[t, j, m:] = self.offsets[i]
+                mask[t, j, :m] = True
+                oy[t, j, :m], ox[t, j, :m], flip[t, j, :m] = a, b_, f
+        gidx, mask, oy, ox, flip = (v.to(dev) for v in (gidx, mask, oy, ox, flip))
+        counts = mask.sum(2)                                                # (T, K)
+        loss_sum = torch.zeros(K, dtype=torch.float64, device=dev)
+        steps_t = torch.tensor(n_steps)
+        blocks = list(self.blocks.items())
+        for t in range(T):
+            act = (steps_t > t).nonzero().flatten()
+            full = len(act) == K
+            ids = None if full else act.to(dev)
+            sub_sel = sel if full else [sel[j] for j in act.tolist()]
+            Pk = {n: (P[n] if full else P[n].index_select(0, ids)).detach().requires_grad_(True) for n in self.names}
+            g_t = gidx[t] if full else gidx[t].index_select(0, ids)
+            m_t = mask[t] if full else mask[t].index_select(0, ids)
+            c_t = (counts[t] if full else counts[t].index_select(0, ids)).to(dtype)
+            kk, C, H, W = g_t.shape[0], *self.x_all.shape[1:]
+            x = self.x_all[g_t.reshape(-1)].float().div_(255.0)
+            sel_o = (lambda v: v[t] if full else v[t].index_select(0, ids))
+            x = crop_flip(x, sel_o(oy).reshape(-1), sel_o(ox).reshape(-1), sel_o(flip).reshape(-1))
+            x = self._norm(sub_sel, x.view(kk, B, C, H, W))
+            y = self.y_all[g_t.reshape(-1)]
+            out = self.forward(Pk, x)
+            ce = F.cross_entropy(out.reshape(kk * B, -1), y, reduction="none").view(kk, B)
+            loss = (ce * m_t).sum(1) / c_t
+            grads = torch.autograd.grad(loss.sum(), [Pk[n] for n in self.names])
+            with torch.no_grad():
+                G = dict(zip(self.names, [g.detach() for g in grads]))
+                for n in self.names:
+                    p, g = Pk[n], G[n]
+                    if cfg.name == "fedprox" and cfg.mu:
+                        g.add_(p - params[n], alpha=cfg.mu)
+                    if cfg.name == "scaffold":
+                        g.add_(control[n] - (cc[n] if full else cc[n].index_select(0, ids)))
+                    if cfg.weight_decay and cfg.weight_decay_mode == "coupled":
+                        g.add_(p, alpha=cfg.weight_decay)
+                if cfg.clip is not None and cfg.clip_stage == "gradient":
+                    _clip_(list(G.values()), cfg.clip)
+                if factors is not None:
+                    for bname, block in blocks:
+                        wn = foof.param_name(bname, "weight")
+                        bn = foof.param_name(bname, "bias")
+                        gw = G[wn].reshape(kk, G[wn].shape[1], -1)
+                        Th = torch.cat([gw, G[bn][:, :, None]], 2) if block.has_bias else gw
+                        Lf = factors[bname] if full else factors[bname].index_select(0, ids)
+                        D = torch.cholesky_solve(Th.transpose(1, 2), Lf).transpose(1, 2)
+                        if block.has_bias:
+                            G[wn].copy_(D[:, :, :-1].reshape(G[wn].shape))
+                            G[bn].copy_(D[:, :, -1])
+                        else:
+                            G[wn].copy_(D.reshape(G[wn].shape))
+                if cfg.clip is not None and cfg.clip_stage == "update":
+                    _clip_(list(G.values()), cfg.clip)
+                decay = cfg.lr * cfg.weight_decay if cfg.weight_decay_mode == "decoupled" else 0.0
+                for n in self.names:
+                    new = Pk[n].detach().add_(G[n], alpha=-cfg.lr) if full else Pk[n].detach().add(G[n], alpha=-cfg.lr)
+                    if decay:
+                        new.mul_(1.0 - decay)
+                    if not full:
+                        P[n].index_copy_(0, ids, new)
+                loss_sum.index_add_(0, act.to(dev), (loss.detach() * c_t).to(torch.float64))
+            if cfg.uses_foof and cfg.refresh_every and (t + 1) % cfg.refresh_every == 0:
+                due = [j for j in act.tolist()]
+                if due:
+                    mats = self.foof_for([sel[j] for j in due], {n: P[n][due] for n in self.names},
+                                         [scheds[j]["refresh"][t + 1] for j in due],
+                                         [states[j].get("foof_static") for j in due])
+                    new_f = batched_foof.factorize_stacked({b: torch.stack([m[b] for m in mats]) for b in self.blocks},
+                                                           cfg.damping, dtype)
+                    for b in self.blocks:
+                        factors[b][due] = new_f[b]
+        end = None
+        if cfg.uses_foof:   # matrices at the end of the round, on plain data
+            end = self.foof_for(sel, P, [sc["end"] for sc in scheds],
+                                [cs.setdefault("foof_static", {}) for cs in states])
+        if dev != "cpu" and str(dev).startswith("cuda"):
+            torch.cuda.synchronize(dev)
+        results = []
+        seen = [len(self.clients[i]) * cfg.local_epochs for i in sel]
+        for j, cs in enumerate(states):
+            local = {n: P[n][j].clone() for n in self.names}
+            reply = finish_reply(cfg, cs, local, n_steps[j], params, control, end[j] if end is not None else None)
+            results.append((reply, float(loss_sum[j]) / max(seen[j], 1)))
+        return results

@@ -1,0 +1,90 @@
+"""The vectorized engine (clients as a batch axis) trains every method to the sequential engine's models."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fedpm_dnn.client import ClientData  # noqa: E402
+from fedpm_dnn.methods import METHODS, MethodConfig  # noqa: E402
+from fedpm_dnn.simulation import Experiment, run_experiment  # noqa: E402
+
+SIZES = (40, 23, 7, 30)   # unequal clients; 7 is smaller than one batch of 16; 23 ends in a partial batch
+
+
+def experiment(cfg, engine, rounds=2, participants=3, augment=True, chunk=None):
+    g = np.random.default_rng(0)
+    clients = []
+    for i, n in enumerate(SIZES):
+        y = g.integers(0, 3, n)
+        x = g.integers(0, 256, (n, 3, 16, 16)).astype(np.uint8)
+        clients.append(ClientData(torch.as_tensor(x), torch.as_tensor(y), (0.4, 0.5, 0.45), (0.25, 0.3, 0.2),
+                                  augment=augment and i != 1))
+    xt = torch.as_tensor(g.integers(0, 256, (30, 3, 16, 16)).astype(np.uint8))
+    yt = torch.as_tensor(g.integers(0, 3, 30))
+    return Experiment(cfg=cfg, model="cnn", num_classes=3, clients=clients, x_test=xt, y_test=yt,
+                      mean=(0.4, 0.5, 0.45), std=(0.25, 0.3, 0.2), rounds=rounds, participants=participants,
+                      seed=3, image_size=16, engine=engine, client_chunk=chunk)
+
+
+def run(cfg, engine, tmp=None, **kw):
+    replies = {}
+
+    def tamper(t, i, reply):
+        replies[(t, i)] = reply
+        return reply
+
+    hist = run_experiment(experiment(cfg, engine, **kw), checkpoint=tmp, tamper=tamper)
+    return hist, replies
+
+
+def rel(a, b):
+    return float((a - b).norm() / max(float(b.norm()), 1e-12))
+
+
+def assert_same(r_vec, r_seq, tol=1e-5):
+    """Parameters and FOOF matrices within ``tol``; SCAFFOLD's dcontrol, a difference of nearby
+    parameters divided by steps * lr, loses digits to cancellation: within 1e-4."""
+    assert r_vec.keys() == r_seq.keys()
+    for key, rs in r_seq.items():
+        assert rs.keys() == r_vec[key].keys()
+        for part, vals in rs.items():
+            for name, v in vals.items():
+                assert rel(r_vec[key][part][name].double(), v.double()) <= (1e-4 if part == "dcontrol" else tol), \
+                    (key, part, name)
+
+
+CFG = dict(lr=0.05, local_epochs=2, batch_size=16, mu=0.01, server_lr=0.03, clip=1.0, damping=0.5)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_gives_the_sequential_replies(method, tmp_path):
+    cfg = MethodConfig(method, **CFG)
+    h_seq, r_seq = run(cfg, "sequential", str(tmp_path / "seq.pt"))
+    h_vec, r_vec = run(cfg, "vectorized", str(tmp_path / "vec.pt"), chunk=2)   # two chunks: 2 + 1 participants
+    assert_same(r_vec, r_seq)
+    m_seq, m_vec = (torch.load(tmp_path / f, weights_only=False)["server"]["params"] for f in ("seq.pt", "vec.pt"))
+    for name, v in m_seq.items():   # the global model after two rounds
+        assert rel(m_vec[name].double(), v.double()) <= 1e-5, name
+    for a, b in zip(h_vec, h_seq):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        assert a["bytes_up"] == b["bytes_up"]
+
+
+@pytest.mark.parametrize("variant", [dict(clip_stage="gradient", weight_decay_mode="decoupled", weight_decay=0.01),
+                                     dict(foof_samples=20, refresh_every=2),
+                                     dict(refresh_every=3, clip=None)])
+def test_foof_variants_match(variant):
+    cfg = MethodConfig("fedpm", **{**CFG, **variant})
+    _, r_seq = run(cfg, "sequential", participants=None)
+    _, r_vec = run(cfg, "vectorized", participants=None)
+    assert_same(r_vec, r_seq)
+
+
+def test_resume_identity_holds_for_the_vectorized_engine(tmp_path):
+    cfg = MethodConfig("fedpm", **CFG)
+    full, _ = run(cfg, "vectorized", rounds=3)
+    ck = str(tmp_path / "ck.pt")
+    run_experiment(experiment(cfg, "vectorized", rounds=2), checkpoint=ck)
+    resumed = run_experiment(experiment(cfg, "vectorized", rounds=3), checkpoint=ck, resume=True)
+    strip = lambda h: [{k: v for k, v in r.items() if "seconds" not in k and k != "peak_memory_mb"} for r in h]  # noqa
+    assert strip(resumed) == strip(full)

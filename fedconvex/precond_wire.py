@@ -125,5 +125,11 @@ def receive(alg, problem, state, up, info):
             active.append(np.zeros(0, dtype=np.int64))
             problems.append(f"undecodable preconditioner payload: {exc}")
     P = ActiveBlocks(tuple(blocks), tuple(active), enc.d, problem.lam)
+    same_support = hasattr(problem, "blocks_like_hessians") and all(p is None for p in problems) and all(
+        len(a) == len(problem.active[int(c)]) and np.array_equal(a, problem.active[int(c)])
+        for a, c in zip(active, info.sel))
+    if codec.lossless and same_support:
+        # lossless: the server must mix exactly what it would have mixed uncompressed, to the last bit
+        P = problem.blocks_like_hessians(blocks, info.sel)
     new_state = state if hats is None else replace(state, server={**state.server, HAT: hats})
     return {**up, "P": P, "decode": DecodeProblems(problems)}, new_state

@@ -253,6 +253,25 @@ class FederatedLogReg:
         return ActiveBlocks(layout.views(packed), tuple(self.active[c] for c in sel), self.d, self.lam,
                             tuple(self.block_flat[c] for c in sel), packed, layout, cert)
 
+    def blocks_like_hessians(self, blocks, sel) -> ActiveBlocks:
+        """Client blocks on their active features (e.g. decoded from a lossless codec) in the very
+        layout ``hessians`` gives ``sel``, so that sums over them round exactly as sums over the
+        Hessians do (the packed fast path sums in another order than the per-block loop)."""
+        sel = np.asarray(sel)
+        flat = tuple(self.block_flat[c] for c in sel)
+        active = tuple(self.active[c] for c in sel)
+        if self._plan is None:
+            return ActiveBlocks(tuple(blocks), active, self.d, self.lam, flat)
+        layout = self._plan["layout"]
+        if self._rows(sel) is not self._full:
+            layout = layout.take(sel)
+        if [tuple(b.shape) for b in blocks] != [(int(n), int(n)) for n in layout.sizes]:
+            raise ValueError("blocks do not match the clients' active features")
+        packed = np.concatenate([np.asarray(b, dtype=np.float64).reshape(-1) for b in blocks]) if len(blocks) \
+            else np.zeros(0)
+        packed.flags.writeable = False
+        return ActiveBlocks(layout.views(packed), active, self.d, self.lam, flat, packed, layout)
+
     def sketched_roots(self, thetas, sketches, sel=None, scale: float = 1.0):
         """Per client (S_c A_c)^T = A_c^T S_c^T (a_c x k), given S_c^T (M_c x k) (dense, or SciPy sparse
         for CountSketch); ``None`` means S_c = I.  ``scale`` multiplies every sketch (e.g. 1/sqrt(k)).

@@ -76,8 +76,32 @@ def run(problem, algorithm, theta0, rounds: int, **kwargs):
         return _run(problem, algorithm, theta0, rounds, **kwargs)
 
 
-def screen_message(up: dict, info: RoundInfo, d: int, round_: int, tamper=None, label: str = "the method"):
-    """Reject unusable client parts of a stacked message (logged, naming the client).
+def _magnitude_outliers(up: dict, rows: list, max_ratio: float) -> dict:
+    """{position in ``rows``: reason} for replies whose preconditioner trace or parameter norm exceeds
+    ``max_ratio`` x the round's lower median (fedconvex.screening's magnitude guard)."""
+    from .blocks import ActiveBlocks
+    from .screening import lower_median, magnitude_outliers
+
+    checks = []
+    P = up.get("P")
+    if isinstance(P, ActiveBlocks):
+        checks.append(("preconditioner trace", [float(np.trace(to_numpy(P.blocks[k]).astype(np.float64)))
+                                                + P.shift * P.d for k in rows]))
+    if "theta" in up:
+        checks.append(("parameter norm", [float(np.linalg.norm(to_numpy(up["theta"][k]).astype(np.float64)))
+                                          for k in rows]))
+    out = {}
+    for what, vals in checks:
+        for pos in magnitude_outliers(vals, max_ratio):
+            out.setdefault(pos, f"{what} {vals[pos]:.3g} exceeds {max_ratio:g} x the round's median "
+                                f"{lower_median(vals):.3g}")
+    return out
+
+
+def screen_message(up: dict, info: RoundInfo, d: int, round_: int, tamper=None, label: str = "the method",
+                   max_ratio: float | None = None):
+    """Reject unusable client parts of a stacked message (logged, naming the client); with
+    ``max_ratio`` also replies whose preconditioner trace or parameter norm is an outlier.
 
     Returns (message, info) restricted to the usable clients with renormalised weights, and the
     rejected client ids; the message is re-stacked only when something was rejected."""
@@ -91,6 +115,12 @@ def screen_message(up: dict, info: RoundInfo, d: int, round_: int, tamper=None, 
         else:
             rejected.append(int(client))
             reasons.append(problem)
+    if max_ratio and len(rows) > 1:
+        outliers = _magnitude_outliers(up, rows, max_ratio)
+        for pos in sorted(outliers):
+            rejected.append(int(info.sel[rows[pos]]))
+            reasons.append(outliers[pos])
+        rows = [k for pos, k in enumerate(rows) if pos not in outliers]
     if not rejected:
         return up, info, rejected
     if not rows and all("NaN or Inf" in r for r in reasons):
@@ -106,12 +136,13 @@ def screen_message(up: dict, info: RoundInfo, d: int, round_: int, tamper=None, 
 
 
 def _run(problem, algorithm, theta0, rounds: int, *, participants: int | None = None, seed: int = 0,
-         theta_star=None, f_star=None, stop=None, on_round=None, tamper=None, screen: bool = True):
+         theta_star=None, f_star=None, stop=None, on_round=None, tamper=None, screen: bool = True,
+         max_ratio: float | None = None):
     """Run ``rounds`` rounds; returns (final state, list of per-round metric dicts, round 0 first).
 
     ``screen`` (default on) rejects unusable client replies before the server step (see
-    fedconvex.screening); ``tamper(round, up) -> up`` injects faults for tests.
-    ``stop(row) -> bool`` ends the run early (the tuner uses it); ``on_round(t)`` is called
+    fedconvex.screening); ``tamper(round, up) -> up`` injects faults for tests; ``max_ratio`` R turns
+    on the magnitude guard (off by default, as in the paper's runs).  ``stop(row) -> bool`` ends the run early (the tuner uses it); ``on_round(t)`` is called
     after each round (progress bars).  Raises ``Diverged`` when the iterate is not finite.
     bytes_up / bytes_down are per participating client and cumulative; ``seconds`` is the
     cumulative wall time of the rounds themselves (metric evaluation excluded).
@@ -138,7 +169,7 @@ def _run(problem, algorithm, theta0, rounds: int, *, participants: int | None = 
             up, state = algorithm.receive(problem, state, up, info)
         if screen or tamper is not None:
             up, info, rejected = screen_message(up, info, problem.d, t, tamper,
-                                                label=f"{algorithm.label} (lr={algorithm.lr:g})")
+                                                label=f"{algorithm.label} (lr={algorithm.lr:g})", max_ratio=max_ratio)
         if up is not None:
             state = algorithm.server_update(problem, state, up, info)
         else:  # nobody usable: the round is skipped and the model kept

@@ -50,6 +50,7 @@ class Experiment:
     image_size: int = 32
     meta: dict = field(default_factory=dict)
     engine: str = "sequential"    # or "vectorized": the participants trained together (fedpm_dnn.vectorized)
+    max_ratio: float | None = None    # server magnitude guard (fedconvex.screening); None: off, as in the paper
     client_chunk: int | None = None   # vectorized: clients per chunk (None: from the free device memory)
 
 
@@ -250,7 +251,8 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
             replies.append(tamper(t, int(i), reply) if tamper is not None else reply)
         start = time.perf_counter()
         up_bytes = sum(tensor_bytes(r) for r in replies) // len(replies)   # as sent (before decoding)
-        kept, rejected, state, replies = screen_decoded(cfg, state, replies, sel, shapes, t, n_clients=n)
+        kept, rejected, state, replies = screen_decoded(cfg, state, replies, sel, shapes, t, n_clients=n,
+                                                        max_ratio=exp.max_ratio)
         if kept:
             w = sizes[sel[kept]] if cfg.weighting == "samples" else np.ones(len(kept))
             weights = torch.as_tensor(w / w.sum(), dtype=torch.float32, device=dev)

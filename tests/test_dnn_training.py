@@ -290,3 +290,20 @@ def test_decoupled_weight_decay_shrinks_after_the_step():
     direction = _precondition(model, blocks, A, damping, {k: grads[k] + wd * before[k] for k in grads})
     assert torch.allclose(_flat(after), _flat({k: before[k] - lr * direction[k] for k in before}), rtol=1e-5,
                           atol=1e-7)
+
+
+def test_the_dnn_server_magnitude_guard_is_off_by_default_and_rejects_when_on(caplog):
+    import dataclasses
+    import logging
+
+    def inflate(round_, client, reply):
+        if client == 1:
+            reply = {**reply, "foof": {k: v * 1e12 for k, v in reply["foof"].items()}}
+        return reply
+
+    cfg = MethodConfig("fedpm", lr=0.1, local_epochs=1, batch_size=16, foof_samples=20)
+    open_hist = run_experiment(experiment(cfg, rounds=1), tamper=inflate)
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        guarded = run_experiment(dataclasses.replace(experiment(cfg, rounds=1), max_ratio=100.0), tamper=inflate)
+    assert open_hist[0]["rejected"] == 0 and guarded[0]["rejected"] == 1
+    assert "client 1 rejected: preconditioner trace" in caplog.text

@@ -108,3 +108,30 @@ def test_tolerance_follows_the_matrix_precision():
     assert psd_problem(P) is None
     assert psd_problem(P.astype(np.float32)) is None      # float32 rounding is not a reason to reject
     assert psd_problem(-P.astype(np.float32)) == "is not positive semidefinite"
+
+
+def test_the_convex_loop_magnitude_guard_rejects_an_enormous_valid_preconditioner(caplog):
+    """P = 1e12 (B + lam I) is symmetric PD, so only the guard can stop one client setting the model."""
+    from dataclasses import replace
+
+    rng = np.random.default_rng(3)
+    X, y, parts = random_data(rng, 5, 6, sizes=[30, 25, 40, 35, 30])
+    pb = FederatedLogReg(X, y, parts, lam=1e-2)
+    theta0 = rng.normal(size=6)
+
+    def inflate(round_, up):
+        P = up["P"]
+        blocks = (P.blocks[0] * 1e12,) + tuple(P.blocks[1:])
+        return {**up, "P": replace(P, blocks=blocks, packed=None, layout=None, certificate={}),
+                "theta": np.vstack([up["theta"][:1] + 50.0, up["theta"][1:]])}
+
+    alg = make_algorithm("fedpm", lr=1.0)
+    honest, _ = run(pb, alg, theta0, 1, max_ratio=100.0)
+    captured, hist_open = run(pb, alg, theta0, 1, tamper=inflate)
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        guarded, hist = run(pb, alg, theta0, 1, tamper=inflate, max_ratio=100.0)
+    assert hist_open[-1]["rejected"] == 0 and hist[-1]["rejected"] == 1
+    assert "client 0 rejected: preconditioner trace" in caplog.text and "x the round's median" in caplog.text
+    # unguarded, client 0 dictates the model; guarded, the other four mix as without it
+    assert np.linalg.norm(captured.theta - honest.theta) > 10
+    assert np.linalg.norm(guarded.theta - honest.theta) < np.linalg.norm(captured.theta - honest.theta) / 10

@@ -70,6 +70,9 @@ def parse_args(argv=None):
     p.add_argument("--engine", choices=("sequential", "vectorized"), default=DEFAULT_ENGINE,
                    help="vectorized: the round's participants trained together on the device, clients as a batch "
                         "axis (same models as sequential, client by client)")
+    p.add_argument("--max-ratio", type=common.nonneg_float, default=0.0,
+                   help="server magnitude guard: reject a reply whose FOOF-matrix trace or parameter norm exceeds "
+                        "R x the round's median (default 0 = off, as in the paper's runs)")
     p.add_argument("--client-chunk", type=common.positive_int, default=None,
                    help="vectorized: clients per chunk (default: as many as fit in the free device memory)")
     p.add_argument("--out", default=None, help="output folder (default results/dnn-<dataset>-<method>-s<seed>)")
@@ -198,7 +201,8 @@ def build(args):
     exp = Experiment(cfg=cfg, model=args.model, num_classes=data.num_classes, clients=clients, x_test=to(xt),
                      y_test=to(yt), mean=data.mean, std=data.std, rounds=args.rounds,
                      participants=participants, seed=args.seed, device=device, in_channels=x.shape[1],
-                     image_size=x.shape[2], engine=args.engine, client_chunk=args.client_chunk)
+                     image_size=x.shape[2], engine=args.engine, client_chunk=args.client_chunk,
+                     max_ratio=args.max_ratio or None)
     desc = {"dataset": data.name, "train_samples": int(len(y)), "test_samples": int(len(yt)),
             "num_classes": data.num_classes, "clients": len(parts), "alpha": args.alpha if natural is None else None,
             "partition": args.split if natural is None else "natural (writers)", "participants": participants or len(parts),

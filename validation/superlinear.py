@@ -49,6 +49,9 @@ def parse_args(argv=None):
     p.add_argument("--methods", default=",".join(PAPER_TEST1), help="comma-separated; default the paper's eight")
     p.add_argument("--local-steps", type=common.positive_int, default=1, help="K local steps (paper Test 1: 1)")
     p.add_argument("--participants", type=common.positive_int, default=None, help="clients sampled per round")
+    p.add_argument("--max-ratio", type=common.nonneg_float, default=0.0,
+                   help="server magnitude guard: reject a reply whose preconditioner trace or parameter norm exceeds "
+                        "R x the round's median (default 0 = off, as in the paper's runs)")
     p.add_argument("--lr", type=common.positive_float, default=None, help="fix every method's learning rate")
     p.add_argument("--precond-codec", type=_codec, default="none",
                    help="how FedPM's preconditioners travel: none, sym, fp16, bf16, lowrank:R, delta:identity, "
@@ -92,17 +95,18 @@ def _run_method(method):
         fixed["lr"] = c["args"].lr
     if c["args"].precond_codec != "none" and method == "fedpm":
         fixed["precond_codec"] = c["args"].precond_codec
+    guard = {"max_ratio": c["args"].max_ratio} if c["args"].max_ratio else {}   # off: the cache keys stay as they were
     key = TuningCache.key(data=c["fingerprint"], split=c["split_desc"], method=method, fixed=fixed,
                           rounds=c["args"].rounds, participants=c["args"].participants, seed=c["args"].seed,
                           init=c["args"].init, lam=c["args"].lam, weighting=c["args"].weighting,
-                          space={k: list(v) for k, v in REGISTRY[method].search_space.items()})
+                          space={k: list(v) for k, v in REGISTRY[method].search_space.items()}, **guard)
     cached = None if c["args"].no_cache else c["cache"].get(key)
     start = time.perf_counter()
     if c["args"].lr is not None:  # a fixed lr is one run, no search
         cached = fixed
     params, hist, trials = tune(c["problem"], method, fixed, c["theta0"], c["theta_star"], c["f_star"],
                                 c["args"].rounds, participants=c["args"].participants, seed=c["args"].seed,
-                                cached=cached)
+                                cached=cached, max_ratio=c["args"].max_ratio or None)
     if c["args"].lr is not None:
         check_not_diverging(method, c["args"].lr, hist, c["f_star"])
     return method, key, params, hist, trials, cached is not None, time.perf_counter() - start

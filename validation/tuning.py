@@ -88,10 +88,11 @@ def _race_stop(rounds: int, floor: float, best: float, initial_gap: float):
 
 
 def tune(problem, method: str, fixed: dict, theta0, theta_star, f_star, rounds: int, *, participants=None,
-         seed: int = 0, cached: dict | None = None):
-    """Return (params, history, trials) of the best run.  ``cached`` skips the search."""
+         seed: int = 0, cached: dict | None = None, max_ratio: float | None = None):
+    """Return (params, history, trials) of the best run.  ``cached`` skips the search;
+    ``max_ratio`` turns on the server's magnitude guard (fedconvex.run)."""
     floor = score_floor(f_star)
-    kw = dict(participants=participants, seed=seed, theta_star=theta_star, f_star=f_star)
+    kw = dict(participants=participants, seed=seed, theta_star=theta_star, f_star=f_star, max_ratio=max_ratio)
     if cached is not None:
         _, hist = run(problem, make_algorithm(method, **cached), theta0, rounds, **kw)
         return cached, hist, []

@@ -80,7 +80,7 @@ def _magnitude_outliers(up: dict, rows: list, max_ratio: float) -> dict:
     """{position in ``rows``: reason} for replies whose preconditioner trace or parameter norm exceeds
     ``max_ratio`` x the round's lower median (fedconvex.screening's magnitude guard)."""
     from .blocks import ActiveBlocks
-    from .screening import lower_median, magnitude_outliers
+    from .screening import magnitude_rejections
 
     checks = []
     P = up.get("P")
@@ -90,12 +90,7 @@ def _magnitude_outliers(up: dict, rows: list, max_ratio: float) -> dict:
     if "theta" in up:
         checks.append(("parameter norm", [float(np.linalg.norm(to_numpy(up["theta"][k]).astype(np.float64)))
                                           for k in rows]))
-    out = {}
-    for what, vals in checks:
-        for pos in magnitude_outliers(vals, max_ratio):
-            out.setdefault(pos, f"{what} {vals[pos]:.3g} exceeds {max_ratio:g} x the round's median "
-                                f"{lower_median(vals):.3g}")
-    return out
+    return magnitude_rejections(checks, max_ratio)
 
 
 def screen_message(up: dict, info: RoundInfo, d: int, round_: int, tamper=None, label: str = "the method",

@@ -145,6 +145,20 @@ def magnitude_outliers(values, max_ratio: float) -> list:
     return [k for k, v in enumerate(values) if v > max_ratio * ref]
 
 
+def magnitude_rejections(checks, max_ratio: float | None) -> dict:
+    """{position: reason} over ``checks`` = [(what, one value per reply), ...]: the replies whose value
+    exceeds ``max_ratio`` x the round's lower median; the first check that flags a reply names it.
+    The one magnitude guard of the convex loop, the DNN simulator and the Flower servers."""
+    out = {}
+    if not max_ratio:
+        return out
+    for what, vals in checks:
+        for pos in magnitude_outliers(vals, max_ratio):
+            out.setdefault(pos, f"{what} {vals[pos]:.3g} exceeds {max_ratio:g} x the round's median "
+                                f"{lower_median(vals):.3g}")
+    return out
+
+
 def _norm(a) -> float:
     xp = namespace(a)
     return float(xp.sqrt(xp.sum(a.to(xp.float64) ** 2 if is_torch(xp) else xp.asarray(a, dtype=xp.float64) ** 2)))
@@ -210,14 +224,10 @@ def screen(replies: list, clients, shapes: dict, psd_keys=(), round_: int | None
             reject(k, client, problem)
     if max_ratio is not None and len(kept) > 1:
         mags = [magnitudes(replies[k], psd_keys) for k in kept]
-        out = set()
-        for what, vals in (("preconditioner trace", [m[0] for m in mags]), ("parameter norm", [m[1] for m in mags])):
-            ref = lower_median(vals)
-            for pos in magnitude_outliers(vals, max_ratio):
-                if pos not in out:
-                    out.add(pos)
-                    reject(kept[pos], clients[kept[pos]],
-                           f"{what} {vals[pos]:.3g} exceeds {max_ratio:g} x the round's median {ref:.3g}")
+        out = magnitude_rejections((("preconditioner trace", [m[0] for m in mags]),
+                                    ("parameter norm", [m[1] for m in mags])), max_ratio)
+        for pos, reason in out.items():
+            reject(kept[pos], clients[kept[pos]], reason)
         kept = [k for pos, k in enumerate(kept) if pos not in out]
     if not kept and len(replies):
         log.warning("%sno usable client reply: round skipped, model unchanged", where)

@@ -120,10 +120,7 @@ def factorize_stacked(A: dict, damping: float, dtype) -> dict:
     factorisation fails goes through ``foof.factorize`` (nearest-PSD repair or the same error)."""
     out = {}
     for name, M in A.items():
-        M64 = M.to(torch.float64)
-        if not bool(torch.isfinite(M64).all()):
-            raise ArithmeticError(f"FOOF matrix of {name} contains NaN or Inf: local training diverged "
-                                  "(lower --lr or set --clip)")
+        M64 = foof.finite_float64(name, M)
         eye = torch.eye(M.shape[-1], dtype=torch.float64, device=M.device)
         L, info = torch.linalg.cholesky_ex(M64 + damping * eye)
         bad = torch.nonzero(info).flatten().tolist()

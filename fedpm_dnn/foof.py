@@ -169,6 +169,15 @@ def compute_foof(model: nn.Module, blocks: dict, batches, static: dict | None = 
     return {k: out[k] for k in blocks}
 
 
+def finite_float64(name: str, M):
+    """M in float64; NaN/Inf there means the local training that produced it diverged."""
+    M64 = M.to(torch.float64)
+    if not bool(torch.isfinite(M64).all()):
+        raise ArithmeticError(f"FOOF matrix of {name} contains NaN or Inf: local training diverged "
+                              "(lower --lr or set --clip)")
+    return M64
+
+
 def factorize(A: dict, damping: float, dtype=None) -> dict:
     """Cholesky factors of A + damping I (computed once per matrix refresh, used every step).
 
@@ -179,10 +188,7 @@ def factorize(A: dict, damping: float, dtype=None) -> dict:
     by its nearest PSD matrix (negative eigenvalues set to 0) before the damping is added."""
     out = {}
     for name, M in A.items():
-        M64 = M.to(torch.float64)
-        if not bool(torch.isfinite(M64).all()):
-            raise ArithmeticError(f"FOOF matrix of {name} contains NaN or Inf: local training diverged "
-                                  "(lower --lr or set --clip)")
+        M64 = finite_float64(name, M)
         eye = torch.eye(M.shape[0], dtype=torch.float64, device=M.device)
         L, info = torch.linalg.cholesky_ex(M64 + damping * eye)
         if int(info) != 0:

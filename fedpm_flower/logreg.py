@@ -15,7 +15,7 @@ from fedconvex.codecs import CodecError, parse as parse_codec
 from fedconvex.data import load_dataset, sequential_split
 from fedconvex.problem import FederatedLogReg
 from fedconvex.run import blas_single_thread
-from fedconvex.screening import dtype_problem, id_problems, lower_median, magnitude_outliers, psd_problem, reply_problem
+from fedconvex.screening import dtype_problem, id_problems, magnitude_rejections, psd_problem, reply_problem
 
 log = logging.getLogger("fedpm.server")
 METHODS = ("fedpm", "localnewton", "fedavg")
@@ -140,19 +140,15 @@ class Server:
             else:
                 kept.append(p)
         if self.cfg.max_ratio and len(kept) > 1:
-            out = set()
             checks = [("parameter norm", [float(np.linalg.norm(replies[p]["theta"])) for p in kept])]
             if self.cfg.method == "fedpm":
                 checks.insert(0, ("preconditioner trace",
                                   [float(np.trace(replies[p]["P_block"].astype(np.float64))) for p in kept]))
-            for what, vals in checks:
-                for pos in magnitude_outliers(vals, self.cfg.max_ratio):
-                    if kept[pos] not in out:
-                        out.add(kept[pos])
-                        rejected.append(kept[pos])
-                        log.warning("round %d: client %s rejected: %s %.3g exceeds %g x the round's median %.3g",
-                                    round_, kept[pos], what, vals[pos], self.cfg.max_ratio, lower_median(vals))
-            kept = [p for p in kept if p not in out]
+            out = magnitude_rejections(checks, self.cfg.max_ratio)
+            for pos, reason in out.items():
+                rejected.append(kept[pos])
+                log.warning("round %d: client %s rejected: %s", round_, kept[pos], reason)
+            kept = [p for pos, p in enumerate(kept) if pos not in out]
         if not kept:
             log.warning("round %d: no usable client reply, round skipped, model unchanged", round_)
             return {"used": 0, "rejected": len(rejected)}

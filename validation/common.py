@@ -75,6 +75,16 @@ def check_out_arg(parser, path, flag="--out"):
         parser.error(str(exc))
 
 
+def precond_codec(spec):
+    """argparse type of --precond-codec: a codec name of fedconvex.codecs (validated, normalised)."""
+    from fedconvex.codecs import validate
+
+    try:
+        return validate(spec)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="w8a", help=f"bundled name ({', '.join(BUNDLED)}) or path to a LibSVM file")
     p.add_argument("--n-features", type=positive_int, default=None, help="columns of a LibSVM file given by path")

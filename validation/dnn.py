@@ -8,7 +8,6 @@ DIR/checkpoint.pt every round; ``--resume`` continues a killed run to the identi
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -26,15 +25,6 @@ from validation.progress import Progress
 
 PROG = "python -m validation.dnn"
 DEFAULT_ENGINE = "vectorized"
-
-
-def _codec(spec):
-    from fedconvex.codecs import validate
-
-    try:
-        return validate(spec)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv=None):
@@ -90,7 +80,7 @@ def parse_args(argv=None):
     g.add_argument("--refresh-every", type=common.positive_int, help="recompute FOOF matrices every s local steps")
     g.add_argument("--weighting", choices=("uniform", "samples"))
     g.add_argument("--precond-dtype", choices=("float32", "float16"), help="dtype FedPM's matrices travel in")
-    g.add_argument("--precond-codec", default=None, type=_codec,
+    g.add_argument("--precond-codec", default=None, type=common.precond_codec,
                    help="how FedPM's matrices travel (default none): sym, fp16, bf16, lowrank:R, delta:identity, "
                         "delta:topk:K, delta:rankr:R (R, K: a count or a fraction); see fedconvex/codecs.py")
     g.add_argument("--clip-stage", choices=("update", "gradient"),

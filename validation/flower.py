@@ -24,14 +24,13 @@ PROG = "python -m validation.flower"
 
 
 def _codec(spec):
+    """--precond-codec on Flower: the stateless codecs only (a node keeps no per-client estimate)."""
     import argparse
 
     from fedconvex.codecs import parse
 
-    try:
-        codec = parse(spec)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    spec = common.precond_codec(spec)
+    codec = parse(spec)
     if codec is not None and codec.stateful:
         raise argparse.ArgumentTypeError(f"{spec}: the delta codecs keep per-client estimates; use them in "
                                          "validation.superlinear / validation.dnn")

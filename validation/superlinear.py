@@ -31,17 +31,6 @@ from validation.tuning import DIVERGENCE_FACTOR, TuningCache, score_floor, tune
 PROG = "python -m validation.superlinear"
 
 
-def _codec(spec):
-    import argparse
-
-    from fedconvex.codecs import validate
-
-    try:
-        return validate(spec)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def parse_args(argv=None):
     p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
     common.add_problem_args(p)
@@ -53,7 +42,7 @@ def parse_args(argv=None):
                    help="server magnitude guard: reject a reply whose preconditioner trace or parameter norm exceeds "
                         "R x the round's median (default 0 = off, as in the paper's runs)")
     p.add_argument("--lr", type=common.positive_float, default=None, help="fix every method's learning rate")
-    p.add_argument("--precond-codec", type=_codec, default="none",
+    p.add_argument("--precond-codec", type=common.precond_codec, default="none",
                    help="how FedPM's preconditioners travel: none, sym, fp16, bf16, lowrank:R, delta:identity, "
                         "delta:topk:K, delta:rankr:R (R, K: a count or a fraction); see fedconvex/codecs.py")
     p.add_argument("--out", default=None, help="output folder (default results/superlinear-<dataset>)")

@@ -3,6 +3,7 @@
     python -m validation.bench_convex            # table
     python -m validation.bench_convex --json     # {"seconds_per_round", "seconds_to_1e-9", "loop_ratio", ...}
     python -m validation.bench_convex --all-methods [--json]   # plus every method, see below
+    python -m validation.bench_convex --backend cupy           # the same on a GPU (CuPy arrays)
 
 Measured in one run, on this machine:
   * seconds_per_round: median wall time of a FedPM (K=1, lr=1) round from the paper's theta0,
@@ -18,7 +19,9 @@ first-order ones for reference): seconds_per_round (median, from the paper's the
 round_vs_fedpm (that / FedPM's), and seconds_to_1e-9 / rounds_to_1e-9 from theta = 0 within
 ``MAX_ROUNDS`` rounds and ``TIME_CAP`` seconds (null where the method does not get there; "diverged"
 where it blows up; final_grad_norm says how far it got).
-Every run pins BLAS to one thread (fedconvex.run does), so the numbers are per core.
+Every run pins BLAS to one thread (fedconvex.run does), so the numbers are per core.  With
+``--backend cupy`` our rounds run on the GPU (each round synchronised before its clock stops); the
+naive loop stays the host NumPy loop, so loop_ratio there compares a GPU round with the CPU loop.
 """
 from __future__ import annotations
 
@@ -111,14 +114,16 @@ def naive_fedpm_round(Xs, ys, theta, lam, lr=1.0):
     return np.linalg.solve(Pbar, rhs)
 
 
-def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False):
+def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False, backend="numpy"):
+    from fedconvex.backend import get_backend
     from validation.common import check_fits
 
+    xp = get_backend(backend)
     ds = load_dataset(dataset)
     check_fits(ds, dataset)
     n_clients, per_client = paper_split_sizes(dataset) or (10, ds.n // 10)
     parts = sequential_split(ds.n, n_clients, per_client)
-    problem = FederatedLogReg(ds.X, ds.y, parts, lam=1e-3)
+    problem = FederatedLogReg(ds.X, ds.y, parts, lam=1e-3, xp=xp)
     theta_star, f_star, _ = solve_optimum(problem)
     theta0 = initial_point(problem, theta_star, "paper", seed=0)
     alg = make_algorithm("fedpm", lr=1.0, local_steps=1)
@@ -144,13 +149,13 @@ def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False):
     best_naive = float("inf")
     for threads in (1, 2):
         with threadpool_limits(limits=threads, user_api="blas"):
-            theta, times = np.asarray(theta0), []
+            theta, times = problem.to_host(theta0), []
             for _ in range(naive_rounds):
                 start = time.perf_counter()
                 theta = naive_fedpm_round(Xs, ys, theta, problem.lam)
                 times.append(time.perf_counter() - start)
         best_naive = min(best_naive, statistics.median(times))
-    ours_theta = run(problem, alg, theta0, naive_rounds)[0].theta
+    ours_theta = problem.to_host(run(problem, alg, theta0, naive_rounds)[0].theta)
     agree = float(np.linalg.norm(ours_theta - theta) / np.linalg.norm(theta))
     extra = {}
     if all_methods:
@@ -161,9 +166,19 @@ def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False):
             "seconds_to_1e-9": to_target, "rounds_to_1e-9": hist0[-1]["round"],
             "naive_seconds_per_round": best_naive, "loop_ratio": best_naive / per_round,
             "naive_vs_ours_relative_difference": agree,
-            "blas_threads": 1,
+            "blas_threads": 1, "backend": backend, "device": _device_name(xp),
             "command": "python -m validation.bench_convex" + (f" --dataset {dataset}" if dataset != "w8a" else "")
+            + (f" --backend {backend}" if backend != "numpy" else "")
             + (" --all-methods" if all_methods else "")}
+
+
+def _device_name(xp) -> str:
+    if xp is np:
+        return f"cpu ({os.cpu_count()} cores)"
+    try:
+        return xp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    except Exception:  # an unknown CuPy build: name the library instead
+        return xp.__name__
 
 
 def main(argv=None) -> int:
@@ -174,17 +189,20 @@ def main(argv=None) -> int:
     p.add_argument("--dataset", default="w8a", help=f"bundled name ({', '.join(BUNDLED)}) or a LibSVM file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--all-methods", action="store_true", help="also time every method (see the module doc)")
+    p.add_argument("--backend", choices=("numpy", "cupy"), default="numpy",
+                   help="array library of our rounds (cupy: on the GPU)")
     args = p.parse_args(argv)
     if args.dataset not in BUNDLED and not os.path.isfile(args.dataset):
         p.error(f"--dataset {args.dataset}: neither a bundled dataset ({', '.join(BUNDLED)}) nor a file")
     try:
-        r = measure(args.dataset, all_methods=args.all_methods)
+        r = measure(args.dataset, all_methods=args.all_methods, backend=args.backend)
     except USER_ERRORS as exc:
         fail(prog, exc)
     if args.json:
         print(json.dumps(r))
         return 0
-    print(f"FedPM on {r['dataset']}: {r['clients']} clients x {r['per_client']} rows, d={r['d']}, exact Hessians, float64")
+    print(f"FedPM on {r['dataset']}: {r['clients']} clients x {r['per_client']} rows, d={r['d']}, exact Hessians, "
+          f"float64, {r['backend']} on {r['device']}")
     print(f"  seconds per round (median)        {r['seconds_per_round']:.4f} s   (target <= 0.1 s; "
           f"{r['seconds_per_round_without_screening']:.4f} s without screening the replies)")
     print(f"  theta=0 -> ||grad f|| <= 1e-9      {r['seconds_to_1e-9']:.3f} s in {r['rounds_to_1e-9']} rounds (target <= 1 s)")

@@ -25,7 +25,7 @@ import numpy as np
 
 from .algorithms.base import RoundInfo
 from .backend import namespace, nbytes
-from .messages import client_problem, keep, model_norm, preconditioner_trace
+from .messages import client_problem, concat, keep, model_norm, preconditioner_trace
 from .screening import log as server_log
 from .screening import magnitude_rejections
 
@@ -44,15 +44,36 @@ class Delivery:
     extra: dict = field(default_factory=dict)      # front-end measurements for the history row
 
 
-class InProcess:
-    """Clients run here, stacked: ``algorithm.client_update(problem, ...)`` over all participants."""
+def client_rng(seed: int, round_: int, client: int):
+    """Client ``client``'s own random stream in round ``round_``: what a Flower SuperNode draws from, and
+    what ``InProcess(client_seed=seed)`` gives each client so that both runs draw the same numbers."""
+    return np.random.default_rng([int(seed), int(round_), int(client)])
 
-    def __init__(self, problem):
+
+class InProcess:
+    """Clients run here, stacked: ``algorithm.client_update(problem, ...)`` over all participants.
+
+    By default every participant draws from the round's one generator (the paper's runs; their histories
+    depend on it).  With ``client_seed`` each client runs alone with its own stream ``client_rng(client_seed,
+    round, client)`` and the replies are joined (``messages.concat``): the streams a federated deployment
+    has, so methods that draw random numbers (FedNS sketches, random compressors) match a Flower run."""
+
+    def __init__(self, problem, client_seed: int | None = None):
         self.problem = problem
+        self.client_seed = client_seed
 
     def __call__(self, algorithm, down, cstate, sel, rng, round_):
-        up, cstate = algorithm.client_update(self.problem, down, cstate, sel, rng)
-        return Delivery(up=up, cstate=cstate, sel=sel)
+        if self.client_seed is None:
+            up, cstate = algorithm.client_update(self.problem, down, cstate, sel, rng)
+            return Delivery(up=up, cstate=cstate, sel=sel)
+        ups, states = [], []
+        for k, c in enumerate(sel):
+            mine = gather(cstate, [k], len(sel)) if len(sel) > 1 else cstate
+            up, new = algorithm.client_update(self.problem, down, mine, np.asarray([c]),
+                                              client_rng(self.client_seed, round_, c))
+            ups.append(up)
+            states.append(new)
+        return Delivery(up=concat(ups), cstate=concat(states) if isinstance(cstate, dict) else cstate, sel=sel)
 
 
 def message_bytes(msg) -> int:

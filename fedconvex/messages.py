@@ -91,6 +91,36 @@ def model_norm(v, k: int) -> float:
     return float(xp.sqrt(xp.sum(_f64(v[k]) ** 2)))
 
 
+def concat(msgs: list) -> dict:
+    """One stacked message from stacked messages over disjoint clients, in order: the inverse of splitting
+    a message with ``keep`` (used where clients reply one at a time: Flower, per-client random streams).
+    Structure follows the first message: arrays are concatenated along the client axis; ``ActiveBlocks``,
+    encoded payloads and tuples are joined.  Producer certificates are dropped (nothing is certified
+    about a stack assembled from parts), so screening checks every block itself."""
+    from .precond_wire import EncodedBlocks
+
+    out = {}
+    for key, v in msgs[0].items():
+        vs = [m[key] for m in msgs]
+        if isinstance(v, dict):
+            out[key] = concat(vs)
+        elif isinstance(v, ActiveBlocks):
+            flat = tuple(f for x in vs for f in x.flat) if all(x.flat is not None for x in vs) else None
+            out[key] = ActiveBlocks(tuple(b for x in vs for b in x.blocks), tuple(a for x in vs for a in x.active),
+                                    v.d, v.shift, flat)
+        elif isinstance(v, EncodedBlocks):
+            out[key] = EncodedBlocks(tuple(p for x in vs for p in x.payloads), tuple(a for x in vs for a in x.active),
+                                     v.d)
+        elif isinstance(v, DecodeProblems):
+            out[key] = DecodeProblems(tuple(p for x in vs for p in x))
+        elif isinstance(v, (tuple, list)):
+            out[key] = type(v)(e for x in vs for e in x)
+        else:
+            xp = namespace(v)
+            out[key] = xp.cat(vs) if xp.__name__ == "torch" else xp.concatenate(vs)
+    return out
+
+
 def keep(up: dict, rows) -> dict:
     """The message restricted to the participants at positions ``rows``."""
     out = {}

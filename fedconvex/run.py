@@ -42,13 +42,15 @@ def run(problem, algorithm, theta0, rounds: int, **kwargs):
 
 def _run(problem, algorithm, theta0, rounds: int, *, participants: int | None = None, seed: int = 0,
          theta_star=None, f_star=None, stop=None, on_round=None, tamper=None, screen: bool = True,
-         max_ratio: float | None = None):
+         max_ratio: float | None = None, client_streams: bool = False):
     """Run ``rounds`` rounds; returns (final state, list of per-round metric dicts, round 0 first).
 
     ``screen`` (default on) rejects unusable client replies before the server step (see
     fedconvex.screening); ``tamper(round, up) -> up`` injects faults for tests; ``max_ratio`` R turns
     on the magnitude guard (off by default, as in the paper's runs).  ``stop(row) -> bool`` ends the run early (the tuner uses it); ``on_round(t)`` is called
-    after each round (progress bars).  Raises ``Diverged`` when the iterate is not finite.
+    after each round (progress bars).  ``client_streams``: every client
+    draws from its own stream ``fedconvex.driver.client_rng(seed, round, client)``, as on Flower (off by default:
+    the paper's runs share one stream, and their histories depend on it).  Raises ``Diverged`` when the iterate is not finite.
     bytes_up / bytes_down are per participating client and cumulative; ``seconds`` is the
     cumulative wall time of the rounds themselves (metric evaluation excluded).
     """
@@ -59,7 +61,7 @@ def _run(problem, algorithm, theta0, rounds: int, *, participants: int | None = 
     def weights(sel):
         return problem.client_weights[xp.asarray(sel)] if len(sel) < n else problem.client_weights
 
-    driver = Driver(algorithm, problem, InProcess(problem), weights,
+    driver = Driver(algorithm, problem, InProcess(problem, seed if client_streams else None), weights,
                     evaluate=lambda state: metrics(problem, state.theta, theta_star, f_star),
                     n_clients=n, participants=participants, d=problem.d, screen=screen, max_ratio=max_ratio,
                     tamper=tamper, label=f"{algorithm.label} (lr={algorithm.lr:g})",

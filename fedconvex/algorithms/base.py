@@ -45,7 +45,9 @@ class Algorithm:
     search_space: ClassVar[dict] = {}
     # the reply's declaration: field -> 'model' (the client's parameters: norm-checked by the magnitude
     # guard), 'psd' (preconditioners: PSD-checked and trace-checked) or 'data' (finite-checked only).
-    # Screening, byte counting and Flower's encoding follow from it (fedconvex.driver).
+    # Screening, byte counting and Flower's encoding follow from it (fedconvex.driver).  Integer fields
+    # name their range, which a transport that receives replies from outside (Flower) checks before
+    # anything indexes with them: 'features' (0..d-1) or 'entries' (0..d(d+1)/2-1, upper-triangle entries).
     message_fields: ClassVar[dict] = {"theta": "model", "P": "psd"}
 
     lr: float = 1.0

@@ -27,6 +27,9 @@ from .base import Algorithm, RoundInfo, State, start_stack
 from .compressors import make_compressor
 from .grids import SECOND_ORDER_LR
 
+# the compressors' index fields address upper-triangle entries (fedconvex.algorithms.compressors)
+COMPRESSED = {"index": "entries", "start": "entries"}
+
 
 def _support(problem, sel):
     """Each client's active features: grad^2 f_i - H_i vanishes outside them (H_i^0 = grad^2 f_i(x^0) and
@@ -49,6 +52,7 @@ class FedNL(Algorithm):
     name: ClassVar[str] = "fednl"
     label: ClassVar[str] = "FedNL"
     search_space: ClassVar[dict] = {"lr": SECOND_ORDER_LR}
+    message_fields: ClassVar[dict] = COMPRESSED
 
     lr: float = 1.0
     alpha: float = 1.0
@@ -180,6 +184,7 @@ class FedNLPP(Algorithm):
     name: ClassVar[str] = "fednl-pp"
     label: ClassVar[str] = "FedNL-PP"
     search_space: ClassVar[dict] = {"lr": SECOND_ORDER_LR}
+    message_fields: ClassVar[dict] = COMPRESSED
 
     lr: float = 1.0
     alpha: float = 1.0

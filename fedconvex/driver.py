@@ -42,6 +42,7 @@ class Delivery:
     sel: np.ndarray              # client ids that replied, in the order of ``up``'s leading axis
     rejected: list = field(default_factory=list)   # (client id, reason) rejected before stacking
     extra: dict = field(default_factory=dict)      # front-end measurements for the history row
+    wire_bytes: int | None = None  # bytes of ``up`` as they travelled, when that is not its in-memory size
 
 
 def client_rng(seed: int, round_: int, client: int):
@@ -136,10 +137,12 @@ def _magnitude_outliers(up: dict, fields: dict, rows: list, max_ratio: float) ->
 
 
 def screen_message(up: dict, info: RoundInfo, d: int | None, round_: int, tamper=None, label: str = "the method",
-                   max_ratio: float | None = None, fields: dict | None = None):
+                   max_ratio: float | None = None, fields: dict | None = None, own_clients: bool = True):
     """Reject unusable client parts of a stacked message (logged, naming the client); with
     ``max_ratio`` also replies whose preconditioner trace or model norm is an outlier.
-    ``fields``: the algorithm's message declaration (name -> 'model' | 'psd' | 'data').
+    ``fields``: the algorithm's message declaration (name -> 'model' | 'psd' | 'data').  ``own_clients``
+    (the simulators): every client runs our code, so all of them non-finite is divergence; with clients
+    that are not ours (Flower) it is only a round without usable replies.
 
     Returns (message, info) restricted to the usable clients with renormalised weights, and the
     rejected client ids; the message is re-stacked only when something was rejected."""
@@ -163,7 +166,7 @@ def screen_message(up: dict, info: RoundInfo, d: int | None, round_: int, tamper
         rows = [k for pos, k in enumerate(rows) if pos not in outliers]
     if not rejected:
         return up, info, rejected
-    if not rows and all("NaN or Inf" in r for r in reasons):
+    if own_clients and not rows and all("NaN or Inf" in r for r in reasons):
         # in the simulator every client runs our own code: all of them blowing up is divergence
         raise Diverged(f"{label} diverged at round {round_}: every client returned non-finite values "
                        "(learning rate too large)")
@@ -204,6 +207,7 @@ class Driver:
     synchronize: Callable | None = None
     finite: Callable | None = None
     label: str = ""
+    own_clients: bool = True   # False (Flower): all replies non-finite skips the round instead of Diverged
 
     def first_row(self, state) -> dict:
         return {"round": 0, **self.evaluate(state), "bytes_up": 0, "bytes_down": 0, "seconds": 0.0, "rejected": 0}
@@ -224,7 +228,8 @@ class Driver:
                 up, state = alg.receive(self.problem, state, up, info)
             if self.screen or self.tamper is not None:
                 up, info, more = screen_message(up, info, self.d, t, self.tamper, label=self.label,
-                                                max_ratio=self.max_ratio, fields=alg.message_fields)
+                                                max_ratio=self.max_ratio, fields=alg.message_fields,
+                                                own_clients=self.own_clients)
                 rejected += more
         else:
             up = None
@@ -238,7 +243,8 @@ class Driver:
         seconds = time.perf_counter() - start
         if self.finite is not None and not self.finite(state):
             raise Diverged(f"{self.label} diverged at round {t}: parameters are not finite")
-        up_bytes = message_bytes(sent) // len(got.sel) if sent is not None and len(got.sel) else 0
+        sent_bytes = got.wire_bytes if got.wire_bytes is not None else message_bytes(sent) if sent is not None else 0
+        up_bytes = sent_bytes // len(got.sel) if len(got.sel) else 0
         return state, {"bytes_up": up_bytes, "bytes_down": message_bytes(down), "seconds": seconds,
                        "rejected": len(rejected), **got.extra}
 

@@ -1,4 +1,6 @@
-"""Flower ServerApp / ClientApp for FedPM, LocalNewton and FedAvg (flwr 1.42 Message API).
+"""Flower ServerApp / ClientApp (flwr 1.42 Message API): every registered fedconvex method on logistic
+regression through the round driver (fedconvex.driver, transport: fedpm_flower.transport), and the FOOF
+CNN (fedpm_flower.cnn).
 
 ``server_app`` / ``client_app`` read their configuration from the Flower run config
 (deployment: ``flwr run --run-config``); ``make_server_app(cfg)`` / ``make_client_app(cfg)``
@@ -11,32 +13,21 @@ import json
 import logging
 import os
 import time
+from dataclasses import replace
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from . import logreg
+from fedconvex.driver import Driver
+
+from . import logreg, wire
 from .config import FlowerRunConfig
+from .transport import FlowerTransport, numpy, records
 
-
-def _server(cfg):
-    if cfg.problem == "cnn":
-        from .cnn import CnnServer
-
-        return CnnServer(cfg)
-    return logreg.Server(cfg)
 
 log = logging.getLogger("fedpm.server")
-
-
-def _arrays(d: dict) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in d.items()})
-
-
-def _numpy(record: ArrayRecord) -> dict:
-    return {k: record[k].numpy() for k in record.keys()}
 
 
 def _wait_for_nodes(grid: Grid, n: int, timeout: float) -> list:
@@ -55,16 +46,55 @@ def _wait_for_nodes(grid: Grid, n: int, timeout: float) -> list:
 
 
 def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
-    server = _server(cfg)
+    if cfg.problem == "cnn":
+        result = _serve_cnn(grid, cfg)
+    else:
+        state, history = _serve_logreg(grid, cfg)
+        result = {"theta": np.asarray(state.theta).tolist(), "history": history}
+    result["config"] = cfg.to_run_config()
+    if cfg.out:
+        os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
+        tmp = cfg.out + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(result, fh)
+        os.replace(tmp, cfg.out)
+    return result
+
+
+def _serve_logreg(grid: Grid, cfg: FlowerRunConfig):
+    """Any registered method through the round driver: clients on the SuperNodes, state here."""
+    alg = logreg.algorithm(cfg)
+    d, counts = logreg.server_problem(cfg)
+    nodes = _wait_for_nodes(grid, cfg.clients, cfg.timeout)
+    transport = FlowerTransport(grid, cfg, logreg.templates(alg, d, cfg.lam), d, cfg.lam, alg.message_fields)
+    start = logreg.theta0(d)
+    transport.setup(cfg.clients, nodes, start)
+    view = logreg.ServerView(d, cfg.lam, logreg.client_weights(cfg, counts), transport.ask)
+    # per-client state lives on the nodes (their Context.state): the server keeps none of it
+    state = replace(alg.init(view, start), clients={})
+    driver = Driver(alg, view, transport, weights=lambda sel: view.client_weights[np.asarray(sel)],
+                    evaluate=lambda s: {}, n_clients=cfg.clients, participants=cfg.participants or None, d=d,
+                    max_ratio=cfg.max_ratio or None, label=f"{alg.label} (lr={alg.lr:g})",
+                    finite=lambda s: bool(np.all(np.isfinite(s.theta))), own_clients=False)
+    state, history = driver.run(state, cfg.rounds, np.random.default_rng(cfg.seed))
+    for row in history[1:]:
+        row["used"] = row["asked"] - row["dropped"] - row["rejected"]
+    return state, history
+
+
+def _serve_cnn(grid: Grid, cfg: FlowerRunConfig) -> dict:
+    from .cnn import CnnServer
+
+    server = CnnServer(cfg)
     nodes = _wait_for_nodes(grid, cfg.clients, cfg.timeout)
     history, start = [], time.perf_counter()
     bytes_up = bytes_down = 0
     owner: dict = {}   # partition id -> the node that first claimed it: a node is held to its claim
     for t in range(1, cfg.rounds + 1):
         down = server.broadcast()
-        msgs = [Message(content=RecordDict({"arrays": _arrays(down), "config": ConfigRecord({"round": t})}),
+        msgs = [Message(content=RecordDict({"arrays": records(down), "config": ConfigRecord({"round": t})}),
                         dst_node_id=node, message_type="train") for node in nodes]
-        replies, dropped, spoofed = {}, 0, 0
+        replies, dropped, spoofed, round_up = {}, 0, 0, 0
         received = list(grid.send_and_receive(msgs, timeout=cfg.timeout))
         claims: dict = {}
         for reply in received:
@@ -75,7 +105,7 @@ def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
                 continue
             try:
                 p = reply.content["metrics"]["partition-id"]
-                arrays = _numpy(reply.content["arrays"])
+                arrays = numpy(reply.content["arrays"])
             except Exception as exc:  # a reply without the records a client of ours sends
                 spoofed += 1
                 log.warning("round %d: node %s rejected: malformed reply (%s)", t, src, exc)
@@ -95,24 +125,18 @@ def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
                 continue
             owner[p] = claims[p] = src
             replies[p] = arrays
-            bytes_up += sum(a.nbytes for a in arrays.values())
+            round_up += sum(a.nbytes for a in arrays.values())
         dropped += len(msgs) - len(received)
         if len(msgs) > len(received):
             log.warning("round %d: %d of %d clients did not reply (dropped)", t, len(msgs) - len(received), len(msgs))
-        bytes_down += sum(a.nbytes for a in down.values()) * len(msgs)
+        bytes_down += sum(a.nbytes for a in down.values())
         used = server.step(replies, t)
         used["rejected"] += spoofed
+        # cumulative bytes per client that replied (round by round), as the round driver counts them
+        bytes_up += round_up / max(1, len(replies))
         history.append({"round": t, **used, "dropped": dropped, "seconds": time.perf_counter() - start,
-                        "bytes_up_per_client": bytes_up / max(1, t * cfg.clients),
-                        "bytes_down_per_client": bytes_down / max(1, t * cfg.clients)})
-    result = {"theta": server.theta.tolist(), "history": history, "config": cfg.to_run_config()}
-    if cfg.out:
-        os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
-        tmp = cfg.out + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(result, fh)
-        os.replace(tmp, cfg.out)
-    return result
+                        "bytes_up": bytes_up, "bytes_down": bytes_down})
+    return {"theta": server.theta.tolist(), "history": history}
 
 
 def train(msg: Message, context: Context, cfg: FlowerRunConfig) -> Message:
@@ -122,16 +146,49 @@ def train(msg: Message, context: Context, cfg: FlowerRunConfig) -> Message:
         from . import cnn
 
         # the node's FOOF matrices persist between rounds in its Context state
-        state = _numpy(context.state["foof_state"]) if "foof_state" in context.state else {}
-        arrays, _ = cnn.client_train(cfg, partition, _numpy(msg.content["arrays"]), round_, state)
-        context.state["foof_state"] = _arrays(state)
-        metrics = MetricRecord({"partition-id": partition})
+        state = numpy(context.state["foof_state"]) if "foof_state" in context.state else {}
+        arrays, _ = cnn.client_train(cfg, partition, numpy(msg.content["arrays"]), round_, state)
+        context.state["foof_state"] = records(state)
+        return Message(content=RecordDict({"arrays": records(arrays),
+                                           "metrics": MetricRecord({"partition-id": partition})}), reply_to=msg)
+    asked = int(msg.content["config"]["client"])
+    if asked != partition:
+        raise ValueError(f"asked to train client {asked}, but this node holds client {partition}")
+    up, cstate = logreg.client_reply(cfg, partition, numpy(msg.content["arrays"]), _load_state(context), round_)
+    _save_state(context, cstate)
+    block_dtype = None if cfg.precond_dtype == "float64" else cfg.precond_dtype
+    return Message(content=RecordDict({"arrays": records(wire.flatten(up, 0, block_dtype)),
+                                       "metrics": MetricRecord({"client": partition})}), reply_to=msg)
+
+
+def query(msg: Message, context: Context, cfg: FlowerRunConfig) -> Message:
+    """'hello' (setup: this node's client id; its client state initialised at the given model) or a
+    problem oracle at the given model (fedpm_flower.logreg.ORACLES)."""
+    partition = int(context.node_config["partition-id"])
+    op = str(msg.content["config"]["op"])
+    theta = msg.content["arrays"]["theta"].numpy()
+    arrays = {}
+    if op == "hello":
+        _save_state(context, logreg.init_client_state(cfg, partition, theta))
     else:
-        theta = msg.content["arrays"]["theta"].numpy()
-        arrays = logreg.client_train(cfg, partition, theta, round_)
-        metrics = MetricRecord({"partition-id": partition,
-                                "num-examples": int(logreg.local_problem(cfg, partition).n_samples)})
-    return Message(content=RecordDict({"arrays": _arrays(arrays), "metrics": metrics}), reply_to=msg)
+        if int(msg.content["config"]["client"]) != partition:
+            raise ValueError("asked about a client this node does not hold")
+        arrays = wire.flatten(logreg.client_oracle(cfg, partition, op, theta))
+    return Message(content=RecordDict({"arrays": records(arrays), "metrics": MetricRecord({"client": partition})}),
+                   reply_to=msg)
+
+
+def _load_state(context: Context) -> dict:
+    if "cstate-kinds" not in context.state:
+        raise RuntimeError("no client state: the server's setup ('hello') has not reached this node")
+    kinds = dict(context.state["cstate-kinds"])
+    return wire.state_from_row(numpy(context.state["cstate"]), kinds)
+
+
+def _save_state(context: Context, cstate: dict) -> None:
+    arrays, kinds = wire.state_row(cstate)
+    context.state["cstate"] = records(arrays)
+    context.state["cstate-kinds"] = ConfigRecord(kinds)
 
 
 def make_server_app(cfg: FlowerRunConfig | None = None) -> ServerApp:
@@ -157,6 +214,10 @@ def make_client_app(cfg: FlowerRunConfig | None = None) -> ClientApp:
     @app.train()
     def _train(msg: Message, context: Context) -> Message:
         return train(msg, context, cfg or FlowerRunConfig.from_mapping(context.run_config))
+
+    @app.query()
+    def _query(msg: Message, context: Context) -> Message:
+        return query(msg, context, cfg or FlowerRunConfig.from_mapping(context.run_config))
 
     return app
 

@@ -11,7 +11,10 @@ from dataclasses import asdict, dataclass, fields
 @dataclass(frozen=True)
 class FlowerRunConfig:
     problem: str = "logreg"          # logreg
-    method: str = "fedpm"            # fedpm | localnewton | fedavg
+    method: str = "fedpm"            # any registered fedconvex method (logreg); fedpm | localnewton | fedavg (cnn)
+    params: str = ""                 # more hyper-parameters of the method, a JSON object, e.g. '{"compressor": "topk", "k": 50}'
+    participants: int = 0            # clients sampled per round (0: all)
+    weighting: str = "uniform"       # client weights: uniform (1/N) | samples (M_i / M)
     dataset: str = "a9a"             # bundled name or LibSVM path
     clients: int = 3
     rounds: int = 2
@@ -20,7 +23,7 @@ class FlowerRunConfig:
     lam: float = 1e-3
     seed: int = 0
     precond_dtype: str = "float64"   # how preconditioners travel: float64 | float32 | float16
-    precond_codec: str = "none"      # or a stateless codec of fedconvex.codecs: sym, fp16, bf16, lowrank:R
+    precond_codec: str = "none"      # or a codec of fedconvex.codecs (delta: the estimates live on the nodes)
     timeout: float = 120.0           # seconds the server waits for replies in a round
     max_ratio: float = 1000.0        # magnitude guard: reject a reply whose preconditioner trace or
                                      # parameter norm exceeds this x the round's median (0 = off)

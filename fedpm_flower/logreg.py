@@ -1,36 +1,48 @@
-"""Logistic regression on Flower: the fedconvex algorithms, split into what a SuperNode runs and
-what the ServerApp runs.  The client runs ``client_update`` on a one-client problem holding its
-partition; the server screens the replies and calls the same ``server_update`` (FedPM: precond_mix)."""
+"""Logistic regression on Flower, any registered fedconvex method: what a SuperNode runs on its partition
+and what the ServerApp knows of the problem.
+
+A SuperNode holds a one-client ``FederatedLogReg`` of its partition and runs the method's
+``client_update`` on it, with its per-client state (SCAFFOLD's c_i, FedNL's H_i, the delta codec's
+estimates) kept between rounds by the caller (the node's ``Context.state``).  The ServerApp holds no
+data: ``ServerView`` gives the method the dimension, lam, the client weights and, for the methods whose
+server needs client quantities (FedNL's H^0, FedNL-LS's line search, the centralized references), the
+client oracles, answered by the nodes (``ask``).
+"""
 from __future__ import annotations
 
-import logging
-from types import SimpleNamespace
+import json
 
 import numpy as np
+import scipy.sparse as sp
 
 from fedconvex.algorithms import applicable, make_algorithm
-from fedconvex.algorithms.base import RoundInfo
-from fedconvex.blocks import ActiveBlocks
-from fedconvex.codecs import CodecError, parse as parse_codec
+from fedconvex.codecs import parse as parse_codec
 from fedconvex.data import load_dataset, sequential_split
+from fedconvex.driver import client_rng, gather
 from fedconvex.problem import FederatedLogReg
 from fedconvex.run import blas_single_thread
-from fedconvex.screening import dtype_problem, id_problems, magnitude_rejections, psd_problem, reply_problem
 
-log = logging.getLogger("fedpm.server")
-METHODS = ("fedpm", "localnewton", "fedavg")
+from . import wire
+
+ORACLES = ("values", "gradients", "hessians")   # what a node answers besides training: nothing else
 _LOCAL = {}
 
 
+def hyperparameters(cfg) -> dict:
+    """The method's hyper-parameters: the shared settings it has, then ``cfg.params`` (JSON) on top."""
+    shared = applicable(cfg.method, {"lr": cfg.lr, "local_steps": cfg.local_steps, "precond_codec": cfg.precond_codec})
+    extra = json.loads(cfg.params) if cfg.params else {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"params {cfg.params!r}: expected a JSON object of hyper-parameters")
+    return {**shared, **extra}
+
+
 def algorithm(cfg):
-    if cfg.method not in METHODS:
-        raise ValueError(f"method {cfg.method!r} is not available on Flower; choose {', '.join(METHODS)}")
     codec = parse_codec(cfg.precond_codec)
-    if codec is not None and (codec.stateful or cfg.precond_dtype != "float64"):
-        raise ValueError(f"precond codec {cfg.precond_codec!r} on Flower: only stateless codecs (sym, fp16, bf16, "
-                         "lowrank:R) with precond_dtype float64")
-    return make_algorithm(cfg.method, **applicable(cfg.method, {"lr": cfg.lr, "local_steps": cfg.local_steps,
-                                                           "precond_codec": cfg.precond_codec}))
+    if codec is not None and cfg.precond_dtype != "float64":
+        raise ValueError(f"precond codec {cfg.precond_codec!r} with precond_dtype {cfg.precond_dtype}: a codec "
+                         "sets its own precision; use precond_dtype float64")
+    return make_algorithm(cfg.method, **hyperparameters(cfg))
 
 
 def split(cfg, n_rows):
@@ -47,116 +59,100 @@ def local_problem(cfg, partition: int) -> FederatedLogReg:
     return _LOCAL[key]
 
 
-def client_train(cfg, partition: int, theta: np.ndarray, round_: int) -> dict:
-    """One client's update; returns the arrays it sends."""
-    problem = local_problem(cfg, partition)
-    alg = algorithm(cfg)
-    rng = np.random.default_rng([cfg.seed, round_, partition])
+def theta0(d: int) -> np.ndarray:
+    return np.zeros(d)
+
+
+def init_client_state(cfg, partition: int, theta) -> dict:
+    """The node's own rows of the method's initial per-client state (e.g. FedNL's H_i^0 at x^0)."""
     with blas_single_thread():
-        up, _ = alg.client_update(problem, {"theta": theta}, {}, np.array([0]), rng)
-    out = {"theta": np.ascontiguousarray(up["theta"][0])}
-    if "P" in up and hasattr(up["P"], "payloads"):    # a codec's payload (fedconvex.codecs)
-        out.update({f"P_code/{k}": np.ascontiguousarray(v) for k, v in up["P"].payloads[0].items()})
-        out["P_active"] = np.asarray(up["P"].active[0], dtype=np.int64)
-    elif "P" in up:
-        out["P_block"] = np.ascontiguousarray(up["P"].blocks[0], dtype=cfg.precond_dtype)
-        out["P_active"] = np.asarray(up["P"].active[0], dtype=np.int64)
+        return algorithm(cfg).init(local_problem(cfg, partition), theta).clients
+
+
+def client_reply(cfg, partition: int, down: dict, cstate: dict, round_: int):
+    """One client's ``client_update``: (its one-row stacked reply, its new state rows)."""
+    alg = algorithm(cfg)
+    with blas_single_thread():
+        return alg.client_update(local_problem(cfg, partition), down, cstate, np.array([0]),
+                                 client_rng(cfg.seed, round_, partition))
+
+
+def client_oracle(cfg, partition: int, oracle: str, theta) -> dict:
+    """A node's answer to an oracle query at ``theta``, as a one-row message {'value': ...}."""
+    if oracle not in ORACLES:
+        raise ValueError(f"unknown oracle {oracle!r}")
+    problem = local_problem(cfg, partition)
+    with blas_single_thread():
+        return {"value": getattr(problem, oracle)(np.asarray(theta, dtype=np.float64)[None], np.array([0]))}
+
+
+# ------------------------------------------------------------------------------------- server side
+def stand_in(d: int, lam: float) -> FederatedLogReg:
+    """Two samples touching every feature: a problem of the true dimension on which the server learns
+    the structure of the method's messages (``wire.structure``) without any client data."""
+    return FederatedLogReg(sp.csr_matrix(np.vstack([np.ones(d), np.linspace(-1.0, 1.0, d)])), np.array([1.0, -1.0]),
+                           [np.arange(2)], lam=lam)
+
+
+def templates(alg, d: int, lam: float) -> dict:
+    """Wire templates of the method's reply ('train') and of every oracle's answer."""
+    p = stand_in(d, lam)
+    with blas_single_thread():
+        state = alg.init(p, theta0(d))
+        up, _ = alg.client_update(p, alg.broadcast(state), gather(state.clients, [0], 1), np.array([0]),
+                                  np.random.default_rng(0))
+        out = {"train": wire.structure(up)}
+        for oracle in ORACLES:
+            out[oracle] = wire.structure({"value": getattr(p, oracle)(theta0(d)[None], np.array([0]))})
     return out
 
 
-def decode_reply(cfg, reply: dict) -> dict:
-    """With a codec: the reply with its payload decoded into P_block (float64), or with the reason it
-    cannot be ('P_problem').  Runs before screening."""
-    codec = parse_codec(cfg.precond_codec)
-    if codec is None or cfg.method != "fedpm":
-        return reply
-    out = {k: v for k, v in reply.items() if not k.startswith("P_code/")}
-    payload = {k.split("/", 1)[1]: v for k, v in reply.items() if k.startswith("P_code/")}
-    try:
-        a = reply.get("P_active")
-        if a is None or a.ndim != 1:
-            raise CodecError("missing or malformed feature indices")
-        out["P_block"] = np.asarray(codec.decode(payload, len(a), None, cfg.lam)[0], dtype=np.float64)
-    except (CodecError, ValueError, TypeError, IndexError) as exc:
-        out["P_problem"] = f"undecodable preconditioner payload: {exc}"
-    return out
+def client_weights(cfg, counts) -> np.ndarray:
+    counts = np.asarray(counts, dtype=np.float64)
+    return counts / counts.sum() if cfg.weighting == "samples" else np.full(len(counts), 1.0 / len(counts))
 
 
-def reply_issue(cfg, reply: dict, d: int) -> str | None:
-    """None if a client's reply is usable, else the reason (dtype, shape, NaN/Inf, preconditioner)."""
-    if not isinstance(reply, dict):
-        return f"reply is a {type(reply).__name__}, not a mapping"
-    problem = reply_problem(reply, {"theta": (d,)})
-    if problem or cfg.method != "fedpm":
-        return problem
-    if "P_problem" in reply:
-        return reply["P_problem"]
-    if "P_block" not in reply or "P_active" not in reply:
-        return "missing the preconditioner"
-    B, a = reply["P_block"], reply["P_active"]
-    bad = dtype_problem(B)
-    if bad:
-        return f"preconditioner block {bad}"
-    bad = dtype_problem(a, "iu")
-    if bad:
-        return f"preconditioner feature indices {bad}"
-    if a.ndim != 1 or (len(a) and (a.min() < 0 or a.max() >= d or len(np.unique(a)) != len(a))):
-        return f"preconditioner feature indices are not distinct values in 0..{d - 1}"
-    if B.shape != (len(a), len(a)):
-        return f"preconditioner block has shape {B.shape} for {len(a)} features"
-    problem = psd_problem(B)
-    return None if problem is None else f"preconditioner {problem}"
+class ServerView:
+    """The problem as the ServerApp sees it.  ``ask(oracle, thetas, sel)`` returns the stacked answers of
+    the clients ``sel`` at their rows of ``thetas`` (Flower: a query round to the nodes)."""
+
+    xp = np
+
+    def __init__(self, d: int, lam: float, weights, ask):
+        self.d, self.lam = int(d), float(lam)
+        self.client_weights = self.client_weights_host = np.asarray(weights, dtype=np.float64)
+        self.n_clients = len(self.client_weights)
+        self._ask = ask
+
+    def _oracle(self, oracle, thetas, sel):
+        sel = np.arange(self.n_clients) if sel is None else np.asarray(sel)
+        return self._ask(oracle, np.asarray(thetas), sel)
+
+    def values(self, thetas, sel=None):
+        return self._oracle("values", thetas, sel)
+
+    def gradients(self, thetas, sel=None):
+        return self._oracle("gradients", thetas, sel)
+
+    def hessians(self, thetas, sel=None):
+        return self._oracle("hessians", thetas, sel)
+
+    def _stack(self, theta):
+        return np.broadcast_to(theta[None, :], (self.n_clients, self.d)) * 1.0
+
+    def value(self, theta) -> float:
+        return float((self.client_weights * self.values(self._stack(theta))).sum())
+
+    def gradient(self, theta):
+        return (self.client_weights[:, None] * self.gradients(self._stack(theta))).sum(0)
+
+    def hessian(self, theta):
+        H = self.hessians(self._stack(theta)).weighted_sum(self.client_weights)
+        return 0.5 * (H + H.T)
 
 
-class Server:
-    """The ServerApp's state between rounds (global parameters and algorithm state)."""
-
-    def __init__(self, cfg):
-        self.cfg = cfg
-        ds = load_dataset(cfg.dataset)   # only the number of features is read on the server
-        self.d = ds.d
-        self.alg = algorithm(cfg)
-        self.stub = SimpleNamespace(xp=np, d=self.d, lam=cfg.lam, n_clients=cfg.clients,
-                                    client_weights=np.full(cfg.clients, 1.0 / cfg.clients))
-        self.state = self.alg.init(self.stub, np.zeros(self.d))
-
-    @property
-    def theta(self):
-        return self.state.theta
-
-    def broadcast(self) -> dict:
-        return {"theta": self.theta}
-
-    def step(self, replies: dict, round_: int) -> dict:
-        """replies: partition -> arrays.  Screens, then applies the method's server update."""
-        kept, rejected = [], []
-        # a codec's payload is decoded first: what is screened is what would be mixed
-        replies = {p: decode_reply(self.cfg, r) if isinstance(r, dict) else r for p, r in replies.items()}
-        ids = sorted(replies, key=lambda p: (0, p, "") if isinstance(p, (int, np.integer)) else (1, 0, repr(p)))
-        for p, bad_id in zip(ids, id_problems(ids, self.cfg.clients)):
-            issue = bad_id or reply_issue(self.cfg, replies[p], self.d)
-            if issue:
-                rejected.append(p)
-                log.warning("round %d: client %s rejected: %s", round_, p, issue)
-            else:
-                kept.append(p)
-        if self.cfg.max_ratio and len(kept) > 1:
-            checks = [("parameter norm", [float(np.linalg.norm(replies[p]["theta"])) for p in kept])]
-            if self.cfg.method == "fedpm":
-                checks.insert(0, ("preconditioner trace",
-                                  [float(np.trace(replies[p]["P_block"].astype(np.float64))) for p in kept]))
-            out = magnitude_rejections(checks, self.cfg.max_ratio)
-            for pos, reason in out.items():
-                rejected.append(kept[pos])
-                log.warning("round %d: client %s rejected: %s", round_, kept[pos], reason)
-            kept = [p for pos, p in enumerate(kept) if pos not in out]
-        if not kept:
-            log.warning("round %d: no usable client reply, round skipped, model unchanged", round_)
-            return {"used": 0, "rejected": len(rejected)}
-        up = {"theta": np.stack([replies[p]["theta"] for p in kept])}
-        if self.cfg.method == "fedpm":
-            up["P"] = ActiveBlocks(tuple(replies[p]["P_block"].astype(np.float64) for p in kept),
-                                   tuple(replies[p]["P_active"] for p in kept), self.d, self.cfg.lam)
-        info = RoundInfo(sel=np.array(kept), weights=np.full(len(kept), 1.0 / len(kept)), n_clients=self.cfg.clients)
-        self.state = self.alg.server_update(self.stub, self.state, up, info)
-        return {"used": len(kept), "rejected": len(rejected)}
+def server_problem(cfg):
+    """(d, client sample counts) of the run: read from the data file's shape and the split, not from the
+    clients (a client could claim any number of samples to weigh more)."""
+    ds = load_dataset(cfg.dataset)
+    return ds.d, [len(p) for p in split(cfg, ds.n)]

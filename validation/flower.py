@@ -24,34 +24,32 @@ PROG = "python -m validation.flower"
 
 
 def _codec(spec):
-    """--precond-codec on Flower: the stateless codecs only (a node keeps no per-client estimate)."""
-    import argparse
-
-    from fedconvex.codecs import parse
-
-    spec = common.precond_codec(spec)
-    codec = parse(spec)
-    if codec is not None and codec.stateful:
-        raise argparse.ArgumentTypeError(f"{spec}: the delta codecs keep per-client estimates; use them in "
-                                         "validation.superlinear / validation.dnn")
-    return spec
+    """--precond-codec: the delta codecs' per-client estimates live in the nodes' Context state."""
+    return common.precond_codec(spec)
 
 
 def parse_args(argv=None):
     p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--problem", choices=("logreg", "cnn"), default="logreg")
-    p.add_argument("--method", choices=("fedpm", "localnewton", "fedavg"), default="fedpm")
+    from fedconvex.algorithms import REGISTRY
+
+    p.add_argument("--method", choices=sorted(REGISTRY), default="fedpm",
+                   help="any registered fedconvex method on logreg; fedpm, localnewton or fedavg on the cnn")
+    p.add_argument("--params", default="", help="more hyper-parameters of the method as JSON, e.g. "
+                   "'{\"compressor\": \"topk\", \"k\": 50}'")
+    p.add_argument("--participants", type=common.positive_int, default=None, help="clients sampled per round (default all)")
+    p.add_argument("--weighting", choices=("uniform", "samples"), default="uniform")
     p.add_argument("--dataset", default="a9a", help="bundled name or LibSVM path (logreg; the cnn uses a seeded "
                    "synthetic image task so every SuperNode can rebuild its partition)")
     p.add_argument("--clients", type=common.positive_int, default=3)
     p.add_argument("--rounds", type=common.positive_int, default=2)
-    p.add_argument("--lr", type=common.positive_float, default=None, help="default 1 (fedpm, localnewton), 10 (fedavg)")
+    p.add_argument("--lr", type=common.positive_float, default=None, help="default: the method's own (fedavg: 10)")
     p.add_argument("--local-steps", type=common.positive_int, default=1)
     p.add_argument("--lam", type=common.nonneg_float, default=1e-3)
     p.add_argument("--precond-dtype", choices=("float64", "float32", "float16"), default="float64")
     p.add_argument("--precond-codec", default="none", type=_codec,
-                   help="how FedPM's preconditioners travel: none, sym, fp16, bf16, lowrank:R (the delta codecs "
-                        "need per-node estimates and are simulator-only); see fedconvex/codecs.py")
+                   help="how FedPM's preconditioners travel: none, sym, fp16, bf16, lowrank:R, delta:C (logreg; "
+                        "on the cnn the delta codecs are simulator-only); see fedconvex/codecs.py")
     p.add_argument("--mode", choices=("simulation", "deployment"), default="simulation")
     p.add_argument("--timeout", type=common.positive_float, default=300.0)
     p.add_argument("--max-ratio", type=common.nonneg_float, default=1000.0,
@@ -107,16 +105,17 @@ def check_split(cfg) -> None:
 
 
 def in_process(cfg):
-    from fedconvex.algorithms import applicable, make_algorithm
+    """The same run in-process (fedconvex.run), each client drawing from its own random stream as a
+    SuperNode does (``client_streams``): final parameters."""
     from fedconvex.data import load_dataset
     from fedconvex.problem import FederatedLogReg
     from fedconvex.run import run
-    from fedpm_flower.logreg import split
+    from fedpm_flower.logreg import algorithm, split
 
     ds = load_dataset(cfg.dataset)
-    problem = FederatedLogReg(ds.X, ds.y, split(cfg, ds.n), lam=cfg.lam)
-    state, _ = run(problem, make_algorithm(cfg.method, **applicable(cfg.method, {"lr": cfg.lr, "local_steps": cfg.local_steps})), np.zeros(problem.d),
-                   cfg.rounds)
+    problem = FederatedLogReg(ds.X, ds.y, split(cfg, ds.n), lam=cfg.lam, weighting=cfg.weighting)
+    state, _ = run(problem, algorithm(cfg), np.zeros(problem.d), cfg.rounds, participants=cfg.participants or None,
+                   seed=cfg.seed, client_streams=True)
     return state.theta
 
 
@@ -160,15 +159,27 @@ def main(argv=None) -> int:
     if args.problem == "cnn":   # SimpleCNN on the seeded synthetic image task, one local epoch per round
         lr = args.lr if args.lr is not None else 0.1
     else:
-        lr = args.lr if args.lr is not None else (10.0 if args.method == "fedavg" else 1.0)
+        from fedconvex.algorithms import REGISTRY
+
+        # FedAvg's tuned step on a9a (as before); every other method its own default
+        lr = args.lr if args.lr is not None else 10.0 if args.method == "fedavg" else \
+            REGISTRY[args.method].__dataclass_fields__["lr"].default
     from fedconvex.data import DataError
     from validation.outputs import OutputError, ResultDir
 
-    cfg = FlowerRunConfig(problem=args.problem, method=args.method, dataset=args.dataset, clients=args.clients,
+    if args.problem == "cnn" and args.method not in ("fedpm", "localnewton", "fedavg"):
+        common.fail(PROG, ValueError(f"--method {args.method}: the cnn runs fedpm, localnewton or fedavg"))
+    cfg = FlowerRunConfig(problem=args.problem, method=args.method, params=args.params,
+                          participants=args.participants or 0, weighting=args.weighting,
+                          dataset=args.dataset, clients=args.clients,
                           rounds=args.rounds, lr=lr, local_steps=args.local_steps, lam=args.lam,
                           precond_dtype=args.precond_dtype, precond_codec=args.precond_codec, timeout=args.timeout,
                           max_ratio=args.max_ratio, out="")
     try:
+        if args.problem == "logreg":
+            from fedpm_flower.logreg import algorithm
+
+            algorithm(cfg)    # unknown hyper-parameters, bad codec settings: before any process starts
         check_split(cfg)
         with ResultDir(args.out) as tmp:
             final = os.path.abspath(os.path.join(args.out, "result.json"))
@@ -204,7 +215,8 @@ def finish(args, cfg, tmp, final) -> None:
             os.remove(os.path.join(tmp, name))
     last = result["history"][-1]
     print(f"{args.method} on Flower ({args.mode}), {args.clients} clients, {args.rounds} rounds: wall {wall:.1f} s; "
-          f"per client per round {last['bytes_up_per_client'] / 1e3:.1f} kB up, {last['bytes_down_per_client'] / 1e3:.1f} kB down")
+          f"per client per round {last['bytes_up'] / args.rounds / 1e3:.1f} kB up, "
+          f"{last['bytes_down'] / args.rounds / 1e3:.1f} kB down")
     if args.check:
         print(f"largest |theta_flower - theta_in_process| = {result['max_abs_diff_vs_in_process']:.2e}")
     print(f"wrote {final}")

@@ -1,0 +1,135 @@
+"""The round driver's Flower transport: the broadcast goes to the SuperNodes holding the sampled clients,
+their replies come back through ``fedpm_flower.wire``.
+
+Which node holds which client is settled once, at setup (``setup``): every node answers a 'hello' with
+the partition id of its node config, and a node is held to that claim for the whole run.  A reply is
+accepted only from the node that was asked, claiming the client it was asked for, once; then its
+structure is checked against the server's template.  Everything rejected here goes to
+``Delivery.rejected`` with its reason (and is logged); content screening is the driver's.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+
+from fedconvex.driver import Delivery
+from fedconvex.messages import client_problem, concat
+
+from . import wire
+
+log = logging.getLogger("fedpm.server")
+
+
+def records(arrays: dict) -> ArrayRecord:
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+def numpy(record: ArrayRecord) -> dict:
+    return {k: record[k].numpy() for k in record.keys()}
+
+
+class FlowerTransport:
+    def __init__(self, grid, cfg, templates: dict, d: int, shift: float, roles: dict):
+        self.grid, self.cfg = grid, cfg
+        self.templates, self.d, self.shift, self.roles = templates, d, shift, roles
+        self.node_of: dict = {}         # client id -> the node that holds it
+
+    # ------------------------------------------------------------------------------- exchanges
+    def _exchange(self, kind: str, per_client: dict, round_: int, config: dict | None = None):
+        """Send ``per_client[c]`` (arrays) to the node of each client c.  Returns ({client: arrays},
+        [(client, reason)] rejected, number dropped)."""
+        msgs, asked = [], {}
+        for c, arrays in per_client.items():
+            node = self.node_of.get(int(c))
+            if node is None:
+                continue                 # no node holds it (never connected): dropped
+            content = RecordDict({"arrays": records(arrays),
+                                  "config": ConfigRecord({"round": round_, "client": int(c), **(config or {})})})
+            msgs.append(Message(content=content, dst_node_id=node, message_type=kind))
+            asked[node] = int(c)
+        replies = list(self.grid.send_and_receive(msgs, timeout=self.cfg.timeout)) if msgs else []
+        got, rejected, seen = {}, [], set()
+        for reply in replies:
+            src = reply.metadata.src_node_id
+            c = asked.get(src)
+            if c is None or src in seen:
+                log.warning("round %d: node %s rejected: %s", round_, src,
+                            "it was not asked" if c is None else "a second reply this round")
+                continue
+            seen.add(src)
+            if reply.has_error():
+                log.warning("round %d: client %d (node %s) failed: %s", round_, c, src, reply.error.reason)
+                continue                 # counted as dropped
+            try:
+                claim = reply.content["metrics"]["client"]
+                arrays = numpy(reply.content["arrays"])
+            except Exception as exc:     # a reply without the records our ClientApp sends
+                rejected.append((c, f"malformed reply ({type(exc).__name__}: {exc})"))
+                continue
+            if isinstance(claim, bool) or claim != c:
+                rejected.append((c, f"claims client id {claim!r} but node {src} holds client {c}"))
+                continue
+            got[c] = arrays
+        for c, reason in rejected:
+            log.warning("round %d: client %d rejected: %s", round_, c, reason)
+        return got, rejected, len(per_client) - len(got) - len(rejected)
+
+    def setup(self, n_clients: int, nodes: list, theta) -> None:
+        """Learn which node holds which client; every node initialises its client state at ``theta``."""
+        self.node_of = {}
+        msgs = [Message(content=RecordDict({"arrays": records({"theta": theta}), "config": ConfigRecord({"op": "hello"})}),
+                        dst_node_id=node, message_type="query") for node in nodes]
+        for reply in self.grid.send_and_receive(msgs, timeout=self.cfg.timeout):
+            src = reply.metadata.src_node_id
+            if reply.has_error():
+                log.warning("setup: node %s failed: %s", src, reply.error.reason)
+                continue
+            try:
+                c = reply.content["metrics"]["client"]
+            except Exception:
+                c = None
+            if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < n_clients:
+                log.warning("setup: node %s rejected: client id %r is not an integer in 0..%d", src, c, n_clients - 1)
+            elif c in self.node_of:
+                log.warning("setup: node %s rejected: client id %d is held by node %s", src, c, self.node_of[c])
+            elif src not in self.node_of.values():
+                self.node_of[c] = src
+        missing = sorted(set(range(n_clients)) - set(self.node_of))
+        if missing:
+            log.warning("setup: no node holds client(s) %s; they count as dropped", missing)
+
+    # ----------------------------------------------------------------------------- the transport
+    def __call__(self, algorithm, down, cstate, sel, rng, round_):
+        got, rejected, dropped = self._exchange("train", {int(c): down for c in sel}, round_)
+        parts, ok = [], []
+        for c in sorted(got):
+            msg, problem = wire.unflatten(got[c], self.templates["train"], self.d, self.shift, self.roles)
+            if problem:
+                log.warning("round %d: client %d rejected: %s", round_, c, problem)
+                rejected.append((c, problem))
+            else:
+                parts.append(msg)
+                ok.append(c)
+        if dropped:
+            log.warning("round %d: %d of %d clients did not reply (dropped)", round_, dropped, len(sel))
+        up = concat(parts) if parts else None
+        # bytes as they travelled (FedPM's blocks may travel in float16; the server mixes in float64)
+        sent = sum(a.nbytes for c in ok for a in got[c].values())
+        return Delivery(up=up, cstate=None, sel=np.asarray(ok, dtype=np.int64), rejected=rejected,
+                        extra={"asked": len(sel), "dropped": dropped}, wire_bytes=sent)
+
+    def ask(self, oracle: str, thetas, sel) -> object:
+        """The clients' answers to a problem oracle (stacked); every asked client must answer."""
+        got, rejected, _ = self._exchange("query", {int(c): {"theta": thetas[k]} for k, c in enumerate(sel)}, -1,
+                                          {"op": oracle})
+        parts = []
+        for c in (int(c) for c in sel):
+            msg, problem = (None, "no reply") if c not in got else \
+                wire.unflatten(got[c], self.templates[oracle], self.d, self.shift)
+            problem = problem or client_problem(msg, 0, self.d)      # finite; Hessian blocks PSD
+            if problem:
+                raise RuntimeError(f"client {c} did not answer the server's {oracle} query: {problem}")
+            parts.append(msg)
+        return concat(parts)["value"]

@@ -1,0 +1,163 @@
+"""Messages of any fedconvex method on Flower, encoded from their structure -- no method is packed by hand.
+
+A stacked message (``client_update``'s reply, or a problem oracle's answer) is a dict of fields, each
+
+    an array          with a leading client axis      -> 'name'                  the client's row
+    ``ActiveBlocks``  blocks on active features       -> 'name/block', 'name/active'
+    ``EncodedBlocks`` a codec's payloads              -> 'name/active', 'name/code/<key>'
+    a tuple           one entry per client            -> 'name'                  the client's entry
+
+``flatten`` turns one client's part into the flat name -> array mapping an ``ArrayRecord`` carries;
+``unflatten`` rebuilds that client's one-row message and checks its *structure* first: the entries
+the template says, real floating-point or integer dtypes, the template's shapes, integer entries in
+the range the algorithm's ``message_fields`` declares (active features always in 0..d-1, distinct),
+square blocks matching their indices.  The server's template comes from its own run of the method on
+a stand-in problem (``template``): it is never taken from a client.  Content (NaN/Inf, PSD, magnitude)
+is the round driver's screening, after the replies are joined (``fedconvex.messages.concat``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fedconvex.blocks import ActiveBlocks
+from fedconvex.precond_wire import EncodedBlocks
+from fedconvex.screening import dtype_problem
+
+SEP = "/"
+
+
+def structure(up: dict) -> dict:
+    """The template of a stacked message: field -> (kind, dtype kind, shape of one client's part)."""
+    out = {}
+    for name, v in up.items():
+        if SEP in name:
+            raise ValueError(f"message field {name!r}: '/' is reserved for the wire format")
+        if isinstance(v, ActiveBlocks):
+            out[name] = ("blocks", "f", None)
+        elif isinstance(v, EncodedBlocks):
+            out[name] = ("encoded", None, None)
+        elif isinstance(v, (tuple, list)):
+            e = np.asarray(v[0])
+            out[name] = ("tuple", "f" if e.dtype.kind == "f" else "i", e.ndim)
+        elif isinstance(v, np.ndarray):
+            out[name] = ("array", "f" if v.dtype.kind == "f" else "i", tuple(v.shape[1:]))
+        else:
+            raise TypeError(f"message field {name!r}: cannot send a {type(v).__name__}")
+    return out
+
+
+def flatten(up: dict, k: int = 0, block_dtype=None) -> dict:
+    """Client k's part of a stacked message as flat name -> contiguous array.  ``block_dtype``: how
+    ``ActiveBlocks`` travel (FedPM's --precond-dtype); the server reads them back as float64."""
+    out = {}
+    for name, v in up.items():
+        if isinstance(v, ActiveBlocks):
+            out[name + "/block"] = np.asarray(v.blocks[k], dtype=block_dtype or v.blocks[k].dtype)
+            out[name + "/active"] = np.asarray(v.active[k], dtype=np.int64)
+        elif isinstance(v, EncodedBlocks):
+            out[name + "/active"] = np.asarray(v.active[k], dtype=np.int64)
+            out.update({f"{name}/code/{key}": np.asarray(a) for key, a in v.payloads[k].items()})
+        else:
+            out[name] = np.asarray(v[k])
+    return {key: np.ascontiguousarray(a) for key, a in out.items()}
+
+
+def _bound(role, d):
+    return {"features": d, "entries": d * (d + 1) // 2}.get(role)
+
+
+def _indices(a, what, bound, distinct=False):
+    bad = dtype_problem(a, "iu")
+    if bad:
+        return f"{what} {bad}"
+    if a.ndim != 1 and distinct:
+        return f"{what} is not a 1-d array"
+    if a.size and (int(a.min()) < 0 or (bound is not None and int(a.max()) >= bound)):
+        return f"{what} outside 0..{bound - 1}" if bound is not None else f"{what} has negative entries"
+    if distinct and len(np.unique(a)) != len(a):
+        return f"{what} has repeated entries"
+    return None
+
+
+def unflatten(arrays: dict, template: dict, d: int, shift: float, roles: dict | None = None):
+    """(one-client stacked message, None) or (None, the reason the reply is malformed)."""
+    roles = roles or {}
+    expected, msg = set(), {}
+    for name, (kind, dkind, shape) in template.items():
+        if kind == "blocks":
+            keys = (name + "/block", name + "/active")
+        elif kind == "encoded":
+            keys = (name + "/active",)
+        else:
+            keys = (name,)
+        expected.update(keys)
+        for key in keys:
+            if key not in arrays:
+                return None, f"missing {key!r}"
+            if not isinstance(arrays[key], np.ndarray):
+                return None, f"{key} is a {type(arrays[key]).__name__}, not an array"
+        if kind == "blocks":
+            B, a = arrays[name + "/block"], arrays[name + "/active"]
+            bad = _indices(a, f"{name}: feature indices", d, distinct=True) or \
+                (f"{name}: block {dtype_problem(B)}" if dtype_problem(B) else None)
+            if bad:
+                return None, bad
+            if B.shape != (len(a), len(a)):
+                return None, f"{name}: block of shape {B.shape} for {len(a)} features"
+            msg[name] = ActiveBlocks((B.astype(np.float64),), (a,), d, shift)
+        elif kind == "encoded":
+            a = arrays[name + "/active"]
+            bad = _indices(a, f"{name}: feature indices", d, distinct=True)
+            if bad:
+                return None, bad
+            prefix = name + "/code/"
+            payload = {key[len(prefix):]: v for key, v in arrays.items() if key.startswith(prefix)}
+            expected.update(prefix + key for key in payload)    # the codec's decode checks the payload itself
+            msg[name] = EncodedBlocks((payload,), (a,), d)
+        else:
+            a = arrays[name]
+            if dkind == "f":
+                bad = dtype_problem(a)
+                bad = f"{name} {bad}" if bad else None
+            else:
+                bad = _indices(a, name, _bound(roles.get(name), d))
+            if bad:
+                return None, bad
+            if kind == "array" and a.shape != shape:
+                return None, f"{name} has shape {a.shape}, expected {shape}"
+            if kind == "tuple" and a.ndim != shape:
+                return None, f"{name} has {a.ndim} dimensions, expected {shape}"
+            msg[name] = (a,) if kind == "tuple" else a[None]
+    extra = sorted(set(arrays) - expected)
+    if extra:
+        return None, f"unexpected entry {extra[0]!r}"
+    return msg, None
+
+
+# ------------------------------------------------------------------ per-client state in Context.state
+def state_row(cstate: dict) -> tuple[dict, dict]:
+    """A node's one-row client state as (arrays, kinds) for its Context: object rows (the delta codec's
+    estimates, None before the first participation) are kept as their array, or left out when None."""
+    arrays, kinds = {}, {}
+    for key, v in cstate.items():
+        e = v[0]
+        if isinstance(v, np.ndarray) and v.dtype == object:
+            kinds[key] = "none" if e is None else "object"
+            if e is not None:
+                arrays[key] = np.ascontiguousarray(e)
+        else:
+            kinds[key] = "array"
+            arrays[key] = np.ascontiguousarray(e)
+    return arrays, kinds
+
+
+def state_from_row(arrays: dict, kinds: dict) -> dict:
+    out = {}
+    for key, kind in kinds.items():
+        if kind == "array":
+            out[key] = arrays[key][None]
+        else:
+            row = np.empty(1, dtype=object)
+            row[0] = arrays[key] if kind == "object" else None
+            out[key] = row
+    return out

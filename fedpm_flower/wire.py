@@ -123,6 +123,8 @@ def unflatten(arrays: dict, template: dict, d: int, shift: float, roles: dict | 
                 bad = _indices(a, name, _bound(roles.get(name), d))
             if bad:
                 return None, bad
+            if kind == "array" and shape == () and a.shape == (1,):
+                a = a.reshape(())       # Flower's Array carries a scalar as shape (1,)
             if kind == "array" and a.shape != shape:
                 return None, f"{name} has shape {a.shape}, expected {shape}"
             if kind == "tuple" and a.ndim != shape:

@@ -119,8 +119,11 @@ def unflatten(arrays: dict, template: dict, d: int, shift: float, roles: dict | 
             if dkind == "f":
                 bad = dtype_problem(a)
                 bad = f"{name} {bad}" if bad else None
-            else:
-                bad = _indices(a, name, _bound(roles.get(name), d))
+            elif roles.get(name) in ("features", "entries"):
+                bad = _indices(a, name, _bound(roles[name], d))
+            else:   # integer data without a declared range (e.g. Natural's bit codes): its dtype only
+                bad = dtype_problem(a, "iu")
+                bad = f"{name} {bad}" if bad else None
             if bad:
                 return None, bad
             if kind == "array" and shape == () and a.shape == (1,):

@@ -99,9 +99,14 @@ class LocalFederation:
         self.log_dir = log_dir or os.path.join(self.dir, "logs")
         self.procs: list[subprocess.Popen] = []
         bindir = os.path.dirname(os.path.abspath(sys.executable))
+        # the ServerApp and ClientApps must run this very fedpm_flower (a checkout's, not whatever copy is
+        # installed): its folder goes first on their PYTHONPATH
+        code = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        path = os.pathsep.join(p for p in (code, os.environ.get("PYTHONPATH", "")) if p)
         # SuperExec starts flwr-serverapp / flwr-clientapp by name: they must be found on PATH
         self.env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_HOME": os.path.join(self.dir, "flwr-home"),
-                    "PYTHONUNBUFFERED": "1", "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+                    "PYTHONUNBUFFERED": "1", "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+                    "PYTHONPATH": path}
         self.control = self.fleet = None
 
     def _start(self, name, args):

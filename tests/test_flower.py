@@ -1,5 +1,7 @@
-"""FedPM on Flower: same global model as the in-process run, in simulation and in a real local
-deployment; bad or missing replies are tolerated."""
+"""Every registered fedconvex method on Flower: the same global model as the in-process run (each client
+drawing from its own random stream, ``client_streams``), on a loopback grid (fast, every method), in
+Flower's simulation engine and in a real local deployment; bad, spoofed or missing replies are
+rejected with a reason and the round completes with the others."""
 import logging
 import os
 import subprocess
@@ -10,11 +12,24 @@ import pytest
 
 flwr = pytest.importorskip("flwr")
 
+from fedconvex.algorithms import REGISTRY  # noqa: E402
+from fedpm_flower import logreg, wire  # noqa: E402
+from fedpm_flower.apps import serve  # noqa: E402
 from fedpm_flower.config import FlowerRunConfig  # noqa: E402
-from fedpm_flower.logreg import Server, client_train  # noqa: E402
+from flower_loopback import LoopbackGrid  # noqa: E402
 from validation.flower import in_process, run_flower  # noqa: E402
 
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+METHODS = sorted(REGISTRY)
+
+
+def config(method="fedpm", **kw):
+    lr = REGISTRY[method].__dataclass_fields__["lr"].default
+    return FlowerRunConfig(**{"method": method, "dataset": "a9a", "clients": 3, "rounds": 2, "lr": lr, **kw})
+
+
+def loopback(cfg, **kw):
+    return serve(LoopbackGrid(cfg, **kw), cfg)
 
 
 def live_flower_processes():
@@ -31,22 +46,63 @@ def live_flower_processes():
     return alive
 
 
+# ------------------------------------------------------------------- equivalence, every method
+VARIANTS = [  # random client draws, client state, sampling and sample weights through the wire
+    dict(method="fednl", params='{"compressor": "randk", "k": 40}'),
+    dict(method="fednl-pp", params='{"compressor": "natural"}', participants=2, clients=4),
+    dict(method="fedns", params='{"sketch": "countsketch", "sketch_size": 60}', weighting="samples"),
+    dict(method="fedpm", precond_codec="delta:topk:0.1", participants=2, clients=4, rounds=3),
+    dict(method="fedpm", precond_codec="sym"),
+    dict(method="scaffold", lr=1.0, participants=2, clients=5, weighting="samples", rounds=3),
+    dict(method="fedadam", lr=1.0, participants=3, clients=5, rounds=3),
+]
+
+
+@pytest.mark.parametrize("kw", [dict(method=m) for m in METHODS] + VARIANTS,
+                         ids=METHODS + [f"{v['method']}-{i}" for i, v in enumerate(VARIANTS)])
+def test_every_method_on_flower_gives_the_in_process_model(kw):
+    cfg = config(**kw)
+    result = loopback(cfg)
+    np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)
+    expected = min(cfg.participants or cfg.clients, cfg.clients)
+    assert [h["used"] for h in result["history"][1:]] == [expected] * cfg.rounds
+    assert result["history"][-1]["rejected"] == 0
+
+
+def test_bytes_are_counted_per_client_that_replied():
+    full = loopback(config("scaffold"))["history"]
+    dropped = loopback(config("scaffold"), tamper=lambda node, r: None if node == 102 else r)["history"]
+    # SCAFFOLD sends dtheta and dc (2 x 123 float64) per client and round, however many replied
+    assert full[-1]["bytes_up"] == dropped[-1]["bytes_up"] == 2 * 2 * 123 * 8
+    assert [h["dropped"] for h in dropped[1:]] == [1, 1] and [h["used"] for h in dropped[1:]] == [2, 2]
+
+
+def test_per_client_state_lives_on_the_nodes():
+    from fedpm_flower.apps import _load_state
+
+    cfg = config("scaffold", lr=1.0)
+    grid = LoopbackGrid(cfg)
+    serve(grid, cfg)
+    c = [_load_state(grid.contexts[100 + i])["c"] for i in range(3)]
+    assert all(x.shape == (1, 123) for x in c) and not np.allclose(c[0], c[1])   # each node its own c_i
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["fedpm", "localnewton"])
+@pytest.mark.parametrize("method", METHODS)
 def test_simulation_gives_the_in_process_model(tmp_path, method):
-    cfg = FlowerRunConfig(method=method, dataset="a9a", clients=3, rounds=2, out=str(tmp_path / f"{method}.json"))
+    cfg = config(method, out=str(tmp_path / f"{method}.json"))
     result = run_flower(cfg, "simulation", 300)
     np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)
-    assert [h["used"] for h in result["history"]] == [3, 3]
+    assert [h["used"] for h in result["history"][1:]] == [3, 3]
 
 
 @pytest.mark.slow
-def test_deployment_gives_the_in_process_model_and_stops_everything(tmp_path):
+@pytest.mark.parametrize("method", ["scaffold", "fednl"])
+def test_deployment_gives_the_in_process_model_and_stops_everything(tmp_path, method):
     before = set(live_flower_processes())
-    cfg = FlowerRunConfig(method="fedpm", dataset="a9a", clients=3, rounds=2, out=str(tmp_path / "r.json"))
+    cfg = config(method, out=str(tmp_path / "r.json"))
     result = run_flower(cfg, "deployment", 300)
     np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)
-    assert result["history"][-1]["bytes_up_per_client"] > 123 * 8      # parameters + preconditioner block
     time.sleep(1)
     assert set(live_flower_processes()) <= before
 
@@ -55,71 +111,109 @@ def test_deployment_gives_the_in_process_model_and_stops_everything(tmp_path):
 def test_a_supernode_dropping_out_is_tolerated(tmp_path):
     from fedpm_flower.deploy import LocalFederation
 
-    cfg = FlowerRunConfig(method="fedpm", dataset="a9a", clients=3, rounds=2, timeout=20, out=str(tmp_path / "r.json"))
+    cfg = config("fedpm", timeout=20, out=str(tmp_path / "r.json"))
     with LocalFederation(3) as fed:
         result = fed.run(cfg, timeout=240, on_submitted=lambda f: f.kill_node(2))
-    history = result["history"]
+    history = result["history"][1:]
     # whether the killed node had registered (then it is counted as dropped) or not, every round
     # completes with the two that remain
     assert len(history) == 2 and all(h["used"] == 2 for h in history)
     assert np.all(np.isfinite(result["theta"]))
 
 
-def _replies(cfg, theta):
-    return {p: client_train(cfg, p, theta, 1) for p in range(cfg.clients)}
+# ------------------------------------------------------------------------- hostile replies
+def corrupt_arrays(node, fn):
+    """A tamper hook: node ``node``'s (None: every node's) 'train' replies get arrays ``fn(arrays)``."""
+    from fedpm_flower.transport import numpy, records
+
+    def tamper(dst, reply):
+        if node not in (None, dst) or reply.has_error() or reply.metadata.message_type != "train":
+            return reply
+        reply.content["arrays"] = records(fn(numpy(reply.content["arrays"])))
+        return reply
+    return tamper
 
 
-def test_server_rejects_bad_replies_and_renormalises(caplog):
-    cfg = FlowerRunConfig(method="fedpm", dataset="a9a", clients=3, rounds=1)
-    server = Server(cfg)
-    good = _replies(cfg, server.theta)
-    reference = Server(cfg)
-    reference.step({0: good[0], 1: good[1]}, 1)                    # what two clients give
-    bad = dict(good)
-    bad[2] = {**good[2], "P_block": -good[2]["P_block"]}
+def test_a_rejected_reply_is_as_if_its_client_had_dropped_out(caplog):
+    cfg = config("fedpm", rounds=1)
+    two = loopback(cfg, tamper=lambda node, r: None if node == 102 else r)
     with caplog.at_level(logging.WARNING, logger="fedpm.server"):
-        used = server.step(bad, 1)
-    assert used == {"used": 2, "rejected": 1}
-    assert "client 2 rejected: preconditioner is not positive semidefinite" in caplog.text
-    np.testing.assert_allclose(server.theta, reference.theta, rtol=1e-12)
+        bad = loopback(cfg, tamper=corrupt_arrays(102, lambda a: {**a, "P/block": -a["P/block"]}))
+    assert bad["history"][1]["used"] == 2 and bad["history"][1]["rejected"] == 1
+    assert "client 2 rejected: preconditioner P is not positive semidefinite" in caplog.text
+    np.testing.assert_allclose(bad["theta"], two["theta"], rtol=1e-12)
 
 
-@pytest.mark.parametrize("corrupt,reason", [
-    (lambda r: {**r, "theta": r["theta"][:-1]}, "theta has shape (122,), expected (123,)"),
-    (lambda r: {**r, "theta": np.full_like(r["theta"], np.nan)}, "theta contains NaN or Inf"),
-    (lambda r: {**r, "P_active": r["P_active"] + 1000}, "feature indices"),
-    (lambda r: {k: v for k, v in r.items() if k != "P_block"}, "missing the preconditioner"),
-])
-def test_each_kind_of_bad_reply(caplog, corrupt, reason):
-    cfg = FlowerRunConfig(method="fedpm", dataset="a9a", clients=2, rounds=1)
-    server = Server(cfg)
-    replies = _replies(cfg, server.theta)
-    replies[1] = corrupt(replies[1])
+@pytest.mark.parametrize("fn,reason", [
+    (lambda a: {**a, "theta": a["theta"][:-1]}, "theta has shape (122,), expected (123,)"),
+    (lambda a: {**a, "theta": np.full_like(a["theta"], np.nan)}, "theta contains NaN or Inf"),
+    (lambda a: {**a, "P/active": a["P/active"] + 1000}, "P: feature indices outside 0..122"),
+    (lambda a: {k: v for k, v in a.items() if k != "P/block"}, "missing 'P/block'"),
+    (lambda a: {**a, "extra": a["theta"]}, "unexpected entry 'extra'"),
+    (lambda a: {**a, "P/block": a["P/block"].astype(np.complex64)}, "P: block has dtype complex64"),
+    (lambda a: {**a, "P/active": a["P/active"].astype(np.float64)}, "P: feature indices has dtype float64"),
+    (lambda a: {**a, "theta": a["theta"].astype(np.complex128)}, "theta has dtype complex128"),
+], ids=["shape", "nan", "indices", "missing", "extra", "complex-block", "float-indices", "complex-theta"])
+def test_each_kind_of_bad_reply(caplog, fn, reason):
+    cfg = config("fedpm", clients=2, rounds=1)
     with caplog.at_level(logging.WARNING, logger="fedpm.server"):
-        assert server.step(replies, 1)["rejected"] == 1
-    assert f"client 1 rejected: {reason}" in caplog.text or reason in caplog.text
+        result = loopback(cfg, tamper=corrupt_arrays(101, fn))
+    assert result["history"][1]["rejected"] == 1 and result["history"][1]["used"] == 1
+    assert f"client 1 rejected: {reason}" in caplog.text
 
 
 def test_no_usable_reply_keeps_the_model(caplog):
-    cfg = FlowerRunConfig(method="fedpm", dataset="a9a", clients=2, rounds=1)
-    server = Server(cfg)
-    theta = server.theta.copy()
-    replies = {p: {**r, "theta": r["theta"] * np.nan} for p, r in _replies(cfg, theta).items()}
+    cfg = config("fedpm", clients=2, rounds=1)
     with caplog.at_level(logging.WARNING, logger="fedpm.server"):
-        assert server.step(replies, 1) == {"used": 0, "rejected": 2}
-    np.testing.assert_array_equal(server.theta, theta)
+        result = loopback(cfg, tamper=corrupt_arrays(None, lambda a: {**a, "theta": a["theta"] * np.nan}))
+    assert result["history"][1]["used"] == 0 and result["history"][1]["rejected"] == 2
+    np.testing.assert_array_equal(result["theta"], np.zeros(123))
     assert "round skipped, model unchanged" in caplog.text
-    assert server.step({}, 2) == {"used": 0, "rejected": 0}         # every client dropped out
+    everyone_gone = loopback(cfg, tamper=lambda node, r: r if r.metadata.message_type == "query" else None)
+    assert everyone_gone["history"][1]["dropped"] == 2 and np.all(np.asarray(everyone_gone["theta"]) == 0)
 
 
-def test_float16_preconditioners_halve_the_upload():
-    base = FlowerRunConfig(method="fedpm", dataset="a9a", clients=2, rounds=1)
-    theta = np.zeros(123)
-    b64 = client_train(base, 0, theta, 1)["P_block"].nbytes
-    b16 = client_train(FlowerRunConfig(**{**base.to_run_config(), "precond_dtype": "float16"}), 0, theta, 1)["P_block"]
-    assert b16.dtype == np.float16 and b16.nbytes * 4 == b64
+def test_spoofed_client_ids_are_rejected(caplog):
+    cfg = config("fedavg", lr=10.0, rounds=1)
+
+    def spoof(node, reply):
+        if node == 102 and reply.metadata.message_type == "train":
+            reply.content["metrics"]["client"] = 0
+        return reply
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        result = loopback(cfg, tamper=spoof)
+        twice = loopback(cfg, nodes=[0, 1, 1])                      # two nodes claim client 1
+    assert result["history"][1]["rejected"] == 1 and "claims client id 0 but node 102 holds client 2" in caplog.text
+    assert "setup: node 102 rejected: client id 1 is held by node 101" in caplog.text
+    assert twice["history"][1]["used"] == 2 and twice["history"][1]["dropped"] == 1
 
 
+def test_float16_preconditioners_quarter_the_block():
+    cfg = config("fedpm")
+    up, _ = logreg.client_reply(cfg, 0, {"theta": np.zeros(123)}, {}, 1)
+    b64, b16 = wire.flatten(up)["P/block"], wire.flatten(up, 0, "float16")["P/block"]
+    assert b16.dtype == np.float16 and b16.nbytes * 4 == b64.nbytes
+
+
+def test_codec_payloads_are_decoded_and_malformed_ones_rejected(caplog):
+    cfg = config("fedpm", rounds=1, precond_codec="sym")
+    up, _ = logreg.client_reply(cfg, 0, {"theta": np.zeros(123)}, {}, 1)
+    flat = wire.flatten(up)
+    n = len(flat["P/active"])
+    assert flat["P/code/upper"].shape == (n * (n + 1) // 2,) and "P/block" not in flat
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        result = loopback(cfg, tamper=corrupt_arrays(102, lambda a: {**a, "P/code/upper": a["P/code/upper"][:-1]}))
+    assert result["history"][1]["used"] == 2 and "client 2 rejected: undecodable preconditioner payload" in caplog.text
+
+
+def test_out_of_range_compressor_indices_are_rejected_before_decoding(caplog):
+    cfg = config("fednl", rounds=1, params='{"compressor": "topk", "k": 30}')
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        result = loopback(cfg, tamper=corrupt_arrays(101, lambda a: {**a, "index": a["index"] + 10 ** 6}))
+    assert result["history"][1]["used"] == 2 and "client 1 rejected: index outside 0..7625" in caplog.text
+
+
+# ------------------------------------------------------------------------------------ the CNN
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["fedpm", "localnewton"])
 def test_cnn_simulation_gives_the_in_process_model(tmp_path, method):
@@ -137,7 +231,7 @@ def test_cnn_deployment_gives_the_in_process_model(tmp_path):
     cfg = FlowerRunConfig(problem="cnn", method="fedpm", clients=3, rounds=2, lr=0.1, out=str(tmp_path / "r.json"))
     result = run_flower(cfg, "deployment", 300)
     np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg), rtol=1e-5, atol=1e-6)
-    assert result["history"][-1]["bytes_up_per_client"] > result["history"][-1]["bytes_down_per_client"]
+    assert result["history"][-1]["bytes_up"] > result["history"][-1]["bytes_down"]
 
 
 def test_cnn_server_rejects_a_bad_preconditioner(caplog):
@@ -152,16 +246,6 @@ def test_cnn_server_rejects_a_bad_preconditioner(caplog):
     assert "client 1 rejected: preconditioner foof[fc3] is not positive semidefinite" in caplog.text
 
 
-# ---------------------------------------------------------------- preconditioner codecs (issue 13)
-@pytest.mark.slow
-def test_sym_codec_simulation_gives_the_uncompressed_model(tmp_path):
-    cfg = FlowerRunConfig(method="fedpm", dataset="a9a", clients=3, rounds=2, precond_codec="sym", timeout=600,
-                          out=str(tmp_path / "sym.json"))
-    result = run_flower(cfg, "simulation", 600)
-    np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)
-    assert [h["used"] for h in result["history"]] == [3, 3]
-
-
 @pytest.mark.slow
 def test_cnn_sym_codec_simulation_gives_the_in_process_model(tmp_path):
     from fedpm_flower.cnn import in_process as cnn_in_process
@@ -170,22 +254,3 @@ def test_cnn_sym_codec_simulation_gives_the_in_process_model(tmp_path):
                           timeout=600, out=str(tmp_path / "r.json"))
     result = run_flower(cfg, "simulation", 600)
     np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg), rtol=1e-5, atol=1e-6)
-
-
-def test_codec_payloads_are_decoded_and_malformed_ones_rejected(caplog):
-    cfg = FlowerRunConfig(method="fedpm", dataset="a9a", clients=3, rounds=1, precond_codec="sym")
-    server = Server(cfg)
-    replies = {p: client_train(cfg, p, server.theta, 1) for p in range(3)}
-    n = len(replies[0]["P_active"])
-    assert replies[0]["P_code/upper"].shape == (n * (n + 1) // 2,) and "P_block" not in replies[0]
-    replies[2]["P_code/upper"] = replies[2]["P_code/upper"][:-1]
-    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
-        assert server.step(replies, 1) == {"used": 2, "rejected": 1}
-    assert "client 2 rejected: undecodable preconditioner payload" in caplog.text
-
-
-def test_delta_codecs_are_refused_on_flower():
-    from fedpm_flower.logreg import algorithm
-
-    with pytest.raises(ValueError, match="stateless"):
-        algorithm(FlowerRunConfig(method="fedpm", precond_codec="delta:topk:0.1"))

@@ -30,13 +30,14 @@ from .transport import FlowerTransport, numpy, records
 log = logging.getLogger("fedpm.server")
 
 
-def _wait_for_nodes(grid: Grid, n: int, timeout: float) -> list:
-    """The SuperNodes to train on: all n, or after ``timeout`` those that did connect."""
+def _wait_for_nodes(grid: Grid, n: int, timeout: float, every: bool = False) -> list:
+    """The SuperNodes to train on: n of them (``every``: all that are connected once n are), or after
+    ``timeout`` those that did connect."""
     start = time.time()
     while True:
         nodes = list(grid.get_node_ids())
         if len(nodes) >= n:
-            return sorted(nodes)[:n]
+            return sorted(nodes) if every else sorted(nodes)[:n]
         if time.time() - start > timeout:
             if not nodes:
                 raise TimeoutError(f"no SuperNode connected within {timeout:.0f}s")
@@ -65,7 +66,8 @@ def _serve_logreg(grid: Grid, cfg: FlowerRunConfig):
     """Any registered method through the round driver: clients on the SuperNodes, state here."""
     alg = logreg.algorithm(cfg)
     d, counts = logreg.server_problem(cfg)
-    nodes = _wait_for_nodes(grid, cfg.clients, cfg.timeout)
+    # every connected node is asked which client it holds: one claiming a taken or unknown id is refused
+    nodes = _wait_for_nodes(grid, cfg.clients, cfg.timeout, every=True)
     transport = FlowerTransport(grid, cfg, logreg.templates(alg, d, cfg.lam), d, cfg.lam, alg.message_fields)
     start = logreg.theta0(d)
     transport.setup(cfg.clients, nodes, start)

@@ -233,7 +233,10 @@ CASES = [
     ("fl-lam-nan", flower, ["--lam", "nan"] + OUT, "--lam: must be a finite number"),
     ("fl-dataset-missing", flower, ["--dataset", "nowhere.svm"] + OUT, "nowhere.svm: neither a bundled"),
     ("fl-dataset-big-index", flower, ["--dataset", "{W}/bigindex.svm", "--clients", "2"] + OUT, "1000000000 features"),
-    ("fl-method", flower, ["--method", "scaffold"] + OUT, "invalid choice: 'scaffold'"),
+    ("fl-method", flower, ["--method", "nosuch"] + OUT, "invalid choice: 'nosuch'"),
+    ("fl-params", flower, ["--method", "scaffold", "--params", '{"momentum": 0.9}'] + OUT,
+     "scaffold has no hyper-parameter 'momentum'"),
+    ("fl-cnn-method", flower, ["--problem", "cnn", "--method", "scaffold"] + OUT, "the cnn runs fedpm, localnewton or fedavg"),
     ("fl-mode", flower, ["--mode", "cloud"] + OUT, "invalid choice: 'cloud'"),
     ("fl-out-foreign", flower, ["--out", "{W}/foreign"], "is not a previous result of this tool"),
     ("fl-out-file", flower, ["--out", "{W}/file.txt"], "exists and is not a folder"),
@@ -362,57 +365,69 @@ def guarded_d(cfg):
     return load_dataset(cfg.dataset).d
 
 
+def _flower_run(cfg, tamper=None, nodes=None):
+    """One ServerApp run over our ClientApps on a loopback grid (tests/flower_loopback.py)."""
+    from flower_loopback import LoopbackGrid
+
+    from fedpm_flower.apps import serve
+
+    return serve(LoopbackGrid(cfg, nodes=nodes, tamper=tamper), cfg)
+
+
+def _tamper(node, fn):
+    from fedpm_flower.transport import numpy, records
+
+    def tamper(dst, reply):
+        if dst == node and not reply.has_error() and reply.metadata.message_type == "train":
+            reply.content["arrays"] = records(fn(numpy(reply.content["arrays"])))
+        return reply
+    return tamper
+
+
 def test_a_huge_preconditioner_cannot_set_the_model(base):
     """P = 1e12 I is valid (symmetric PSD) but would make its client's parameters the model."""
     from fedpm_flower.config import FlowerRunConfig
-    from fedpm_flower.logreg import Server, client_train
 
     cfg = FlowerRunConfig(method="fedpm", dataset=str(base / "tiny.svm"), clients=3, rounds=1)
-    honest = Server(cfg)
-    replies = {p: client_train(cfg, p, honest.theta, 1) for p in range(3)}
-    two = Server(cfg)
-    two.step({0: replies[0], 1: replies[1]}, 1)
-    attacked = dict(replies)
-    attacked[2] = {**replies[2], "theta": np.full(guarded_d(cfg), 50.0), "P_block": 1e12 * np.eye(len(replies[2]["P_active"]))}
-    guarded = Server(cfg)
-    assert guarded.step(attacked, 1) == {"used": 2, "rejected": 1}
-    np.testing.assert_allclose(guarded.theta, two.theta, rtol=1e-12)
-    unguarded = Server(FlowerRunConfig(**{**cfg.to_run_config(), "max_ratio": 0.0}))
-    unguarded.step(attacked, 1)
-    assert np.abs(unguarded.theta[replies[2]["P_active"]] - 50).max() < 1e-3   # without the guard it wins
+    d = guarded_d(cfg)
+    two = _flower_run(cfg, tamper=lambda node, r: None if node == 102 and r.metadata.message_type == "train" else r)
+
+    def attack(a):
+        return {**a, "theta": np.full(d, 50.0), "P/block": 1e12 * np.eye(len(a["P/active"]))}
+    guarded = _flower_run(cfg, tamper=_tamper(102, attack))        # the magnitude guard is on by default (1000)
+    assert guarded["history"][1]["used"] == 2 and guarded["history"][1]["rejected"] == 1
+    np.testing.assert_allclose(guarded["theta"], two["theta"], rtol=1e-12)
+    unguarded = _flower_run(FlowerRunConfig(**{**cfg.to_run_config(), "max_ratio": 0.0}), tamper=_tamper(102, attack))
+    assert np.abs(np.asarray(unguarded["theta"]) - 50).min() < 1e-3   # without the guard it wins
 
 
 @pytest.mark.parametrize("corrupt,reason", [
-    (lambda r: {**r, "P_block": r["P_block"].astype(np.complex64)}, "preconditioner block has dtype complex64"),
-    (lambda r: {**r, "P_block": r["P_block"].astype(np.int64)}, "preconditioner block has dtype int64"),
-    (lambda r: {**r, "P_active": r["P_active"].astype(np.float64)}, "preconditioner feature indices has dtype float64"),
+    (lambda r: {**r, "P/block": r["P/block"].astype(np.complex64)}, "P: block has dtype complex64"),
+    (lambda r: {**r, "P/block": r["P/block"].astype(np.int64)}, "P: block has dtype int64"),
+    (lambda r: {**r, "P/active": r["P/active"].astype(np.float64)}, "P: feature indices has dtype float64"),
     (lambda r: {**r, "theta": r["theta"].astype(np.complex128)}, "theta has dtype complex128"),
 ], ids=["complex-block", "int-block", "float-indices", "complex-theta"])
 def test_flower_logreg_server_dtype_checks(base, caplog, corrupt, reason):
     from fedpm_flower.config import FlowerRunConfig
-    from fedpm_flower.logreg import Server, client_train
 
     cfg = FlowerRunConfig(method="fedpm", dataset=str(base / "tiny.svm"), clients=3, rounds=1)
-    server = Server(cfg)
-    replies = {p: client_train(cfg, p, server.theta, 1) for p in range(3)}
-    replies[1] = corrupt(replies[1])
     with caplog.at_level(logging.WARNING, logger="fedpm.server"):
-        assert server.step(replies, 1) == {"used": 2, "rejected": 1}
+        result = _flower_run(cfg, tamper=_tamper(101, corrupt))
+    assert result["history"][1]["used"] == 2 and result["history"][1]["rejected"] == 1
     assert f"client 1 rejected: {reason}" in caplog.text
 
 
 def test_flower_logreg_server_rejects_foreign_partition_ids(base, caplog):
+    """Nodes claiming a client id out of range, not an integer, or held by another node take no part."""
     from fedpm_flower.config import FlowerRunConfig
-    from fedpm_flower.logreg import Server, client_train
 
     cfg = FlowerRunConfig(method="fedpm", dataset=str(base / "tiny.svm"), clients=3, rounds=1)
-    server = Server(cfg)
-    replies = {p: client_train(cfg, p, server.theta, 1) for p in range(3)}
-    replies[7] = replies[2]
-    replies["x"] = replies[2]
     with caplog.at_level(logging.WARNING, logger="fedpm.server"):
-        assert server.step(replies, 1) == {"used": 3, "rejected": 2}
-    assert "client id 7 is outside 0..2" in caplog.text and "client id 'x' is not an integer" in caplog.text
+        result = _flower_run(cfg, nodes=[0, 1, 2, 7, "x", 2])
+    assert result["history"][1]["used"] == 3 and result["history"][1]["rejected"] == 0
+    # a node whose configured id is not one of the run's clients fails its setup; a second claim is refused
+    assert "setup: node 103 failed" in caplog.text and "setup: node 104 failed" in caplog.text
+    assert "setup: node 105 rejected: client id 2 is held by node 102" in caplog.text
 
 
 # ------------------------------------------------------------------------ outputs and interruptions

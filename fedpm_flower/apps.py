@@ -138,7 +138,10 @@ def _serve_cnn(grid: Grid, cfg: FlowerRunConfig) -> dict:
         bytes_up += round_up / max(1, len(replies))
         history.append({"round": t, **used, "dropped": dropped, "seconds": time.perf_counter() - start,
                         "bytes_up": bytes_up, "bytes_down": bytes_down})
-    return {"theta": server.theta.tolist(), "history": history}
+    result = {"theta": server.theta.tolist(), "history": history}
+    if cfg.data_dir:    # a prepared data set: the final model's accuracy on the server's test set
+        result["test_acc"] = server.test_accuracy()
+    return result
 
 
 def train(msg: Message, context: Context, cfg: FlowerRunConfig) -> Message:
@@ -149,7 +152,8 @@ def train(msg: Message, context: Context, cfg: FlowerRunConfig) -> Message:
 
         # the node's FOOF matrices persist between rounds in its Context state
         state = numpy(context.state["foof_state"]) if "foof_state" in context.state else {}
-        arrays, _ = cnn.client_train(cfg, partition, numpy(msg.content["arrays"]), round_, state)
+        arrays, _ = cnn.client_train(cfg, partition, numpy(msg.content["arrays"]), round_, state,
+                                     folder=context.node_config.get("data-dir") or None)
         context.state["foof_state"] = records(state)
         return Message(content=RecordDict({"arrays": records(arrays),
                                            "metrics": MetricRecord({"partition-id": partition})}), reply_to=msg)

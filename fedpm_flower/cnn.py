@@ -1,7 +1,8 @@
 """The CNN (FOOF) on Flower: a SuperNode runs fedpm_dnn's ``client_round`` -- the very function the
 in-process simulator runs -- on its partition, keeping its FOOF matrices in the node's state; the
 ServerApp screens the replies and applies fedpm_dnn's ``aggregate`` (FedPM: precond_mix per block).
-Data: the seeded synthetic task (every process rebuilds the same partitions)."""
+Data: the seeded synthetic task (every process rebuilds the same partitions), or a prepared data set
+(``cfg.data_dir``; fedpm_flower.prepared): each SuperNode reads only its own folder."""
 from __future__ import annotations
 
 import logging
@@ -16,6 +17,8 @@ from fedpm_dnn.methods import MethodConfig
 from fedpm_dnn.models import make_model
 from fedpm_dnn.server import aggregate, init_server_state
 from fedpm_dnn.simulation import client_generator, client_round, reply_shapes, screen_decoded
+
+from . import prepared
 
 log = logging.getLogger("fedpm.server")
 CLASSES, IMAGE = 3, 16
@@ -40,27 +43,46 @@ def task(cfg):
     return _CACHE[key]
 
 
-def new_model(seed):
+def shape(cfg) -> tuple:
+    """(classes, channels, image size): the synthetic task's, or a prepared data set's (its server/ meta)."""
+    if not cfg.data_dir:
+        return CLASSES, 3, IMAGE
+    m = prepared.meta(prepared.server_folder(cfg.data_dir))
+    return m["num_classes"], m["channels"], m["image_size"]
+
+
+def new_model(seed, classes=CLASSES, channels=3, image=IMAGE):
     torch.manual_seed(seed)
-    model = make_model("cnn", CLASSES, image_size=IMAGE)
+    model = make_model("cnn", classes, in_channels=channels, image_size=image)
     return model, foof.foof_blocks(model)
 
 
-def client_data(cfg, partition):
+def client_data(cfg, partition, folder=None):
+    """The node's data: its prepared folder (``folder``, from its node config; in simulation, without
+    one, the prepared root's client-<partition>/), else its part of the synthetic task."""
+    folder = folder or (prepared.client_folder(cfg.data_dir, partition) if cfg.data_dir else None)
+    if folder:
+        key = ("data", folder)
+        if key not in _CACHE:
+            x, y, meta = prepared.load(folder, "train.npz")
+            _CACHE[key] = ClientData(torch.as_tensor(x), torch.as_tensor(y), tuple(meta["mean"]), tuple(meta["std"]))
+        return _CACHE[key]
     x, y = task(cfg)[0][partition]
     return ClientData(torch.as_tensor(x), torch.as_tensor(y), MEAN, STD)
 
 
-def client_train(cfg, partition: int, params: dict, round_: int, state: dict) -> tuple[dict, float]:
+def client_train(cfg, partition: int, params: dict, round_: int, state: dict, folder=None) -> tuple[dict, float]:
     """``state`` (name -> numpy array) is the node's persistent FOOF state, updated in place."""
-    model, blocks = _CACHE.setdefault(("model", cfg.seed), new_model(cfg.seed))
+    if ("model", cfg.seed) not in _CACHE:
+        _CACHE[("model", cfg.seed)] = new_model(cfg.seed, *_shape_of(cfg, folder))
+    model, blocks = _CACHE[("model", cfg.seed)]
     cs = {}
     for key in ("foof", "foof_static"):
         entries = {k.split("/", 1)[1]: torch.as_tensor(v) for k, v in state.items() if k.startswith(key + "/")}
         if entries:
             cs[key] = entries
     received = {k.split("/", 1)[1]: torch.as_tensor(v) for k, v in params.items() if k.startswith("params/")}
-    reply, loss = client_round(method_config(cfg), model, blocks, client_data(cfg, partition), cs, received, None,
+    reply, loss = client_round(method_config(cfg), model, blocks, client_data(cfg, partition, folder), cs, received, None,
                                client_generator(cfg.seed, round_, partition))
     state.clear()
     for key in ("foof", "foof_static"):
@@ -70,6 +92,13 @@ def client_train(cfg, partition: int, params: dict, round_: int, state: dict) ->
     for k, v in reply.get("foof", {}).items():   # a matrix, or a codec's payload (dict of arrays)
         out.update({f"foof/{k}/{f}": a.numpy() for f, a in v.items()} if isinstance(v, dict) else {f"foof/{k}": v.numpy()})
     return out, loss
+
+
+def _shape_of(cfg, folder):
+    if folder:     # a SuperNode knows the data set's shape from its own folder
+        m = prepared.meta(folder)
+        return m["num_classes"], m["channels"], m["image_size"]
+    return shape(cfg)
 
 
 def unflatten(arrays: dict) -> dict:
@@ -95,9 +124,18 @@ class CnnServer:
     def __init__(self, cfg):
         self.cfg = cfg
         self.mcfg = method_config(cfg)
-        model, self.blocks = new_model(cfg.seed)   # the same initial model as the in-process simulator
+        model, self.blocks = new_model(cfg.seed, *shape(cfg))   # the same initial model as the in-process simulator
         self.state = init_server_state(self.mcfg, {k: v.detach().clone() for k, v in model.named_parameters()})
         self.shapes = reply_shapes(self.mcfg, self.state["params"], self.blocks)
+
+    def test_accuracy(self) -> float:
+        """The current model's accuracy on the prepared data set's server/ test images."""
+        from fedpm_dnn.simulation import evaluate
+
+        x, y, meta = prepared.load(prepared.server_folder(self.cfg.data_dir), "test.npz")
+        model, _ = new_model(self.cfg.seed, *shape(self.cfg))
+        model.load_state_dict({k: v.detach() for k, v in self.state["params"].items()}, strict=False)
+        return evaluate(model, torch.as_tensor(x), torch.as_tensor(y), tuple(meta["mean"]), tuple(meta["std"]))
 
     @property
     def theta(self) -> np.ndarray:

@@ -16,6 +16,7 @@ class FlowerRunConfig:
     participants: int = 0            # clients sampled per round (0: all)
     weighting: str = "uniform"       # client weights: uniform (1/N) | samples (M_i / M)
     dataset: str = "a9a"             # bundled name or LibSVM path
+    data_dir: str = ""               # cnn: a prepared data set (fedpm_flower.prepared) instead of the synthetic task
     clients: int = 3
     rounds: int = 2
     lr: float = 1.0

@@ -92,8 +92,9 @@ def _last_line(path: str) -> str:
 class LocalFederation:
     """Context manager owning the SuperLink and SuperNode processes."""
 
-    def __init__(self, clients: int, workdir: str | None = None, log_dir: str | None = None):
+    def __init__(self, clients: int, workdir: str | None = None, log_dir: str | None = None, data_dir: str | None = None):
         self.clients = clients
+        self.data_dir = os.path.abspath(data_dir) if data_dir else None   # prepared partitions: node i gets client-i/
         self.own_dir = workdir is None   # a folder we made is removed when the federation stops
         self.dir = workdir or tempfile.mkdtemp(prefix="fedpm-flower-")
         self.log_dir = log_dir or os.path.join(self.dir, "logs")
@@ -134,13 +135,22 @@ class LocalFederation:
         for i in range(self.clients):
             self._start(f"supernode-{i}", [executable("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.fleet}",
                                            "--host", "127.0.0.1", "--port", str(free_port()),
-                                           "--node-config", f"partition-id={i} num-partitions={self.clients}"])
+                                           "--node-config", self.node_config(i)])
         self._wait_listening(port, 60.0)
         with open(os.path.join(self.env["FLWR_HOME"], "config.toml"), "w") as fh:
             fh.write(f'[superlink]\ndefault = "fedpm"\n\n[superlink.fedpm]\naddress = "127.0.0.1:{self.control}"\n'
                      "insecure = true\n")
         self._old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM,)}
         return self
+
+    def node_config(self, i: int) -> str:
+        """SuperNode i's node config: its partition and, with prepared data, the one folder it reads."""
+        conf = f"partition-id={i} num-partitions={self.clients}"
+        if self.data_dir:
+            from .prepared import client_folder
+
+            conf += f" data-dir={json.dumps(client_folder(self.data_dir, i))}"
+        return conf
 
     def _wait_listening(self, port: int, timeout: float) -> None:
         """Block until the SuperLink accepts connections (``flwr run`` fails before that)."""

@@ -50,6 +50,8 @@ def parse_args(argv=None):
     p.add_argument("--precond-codec", default="none", type=_codec,
                    help="how FedPM's preconditioners travel: none, sym, fp16, bf16, lowrank:R, delta:C (logreg; "
                         "on the cnn the delta codecs are simulator-only); see fedconvex/codecs.py")
+    p.add_argument("--data-dir", default="", help="cnn: a data set prepared by `python -m validation.flower prepare` "
+                   "(default: the seeded synthetic image task); in deployment SuperNode i reads only DIR/client-i")
     p.add_argument("--mode", choices=("simulation", "deployment"), default="simulation")
     p.add_argument("--timeout", type=common.positive_float, default=300.0)
     p.add_argument("--max-ratio", type=common.nonneg_float, default=1000.0,
@@ -80,7 +82,16 @@ def parse_args(argv=None):
                 p.error(f"--dataset {args.dataset}: neither a bundled dataset ({', '.join(BUNDLED)}) nor a file")
             args.dataset = os.path.abspath(args.dataset)   # SuperNodes run in another folder
     elif args.dataset != p.get_default("dataset"):
-        p.error("--dataset does not apply to --problem cnn (it trains on a seeded synthetic image task)")
+        p.error("--dataset does not apply to --problem cnn (it trains on a seeded synthetic image task, or on "
+                "--data-dir prepared by `python -m validation.flower prepare`)")
+    if args.data_dir:
+        if args.problem != "cnn":
+            p.error("--data-dir applies to --problem cnn only")
+        if not os.path.isfile(os.path.join(args.data_dir, "server", "meta.json")):
+            p.error(f"--data-dir {args.data_dir}: not a folder written by `python -m validation.flower prepare`")
+        if args.check:
+            p.error("--check compares with the in-process run on the synthetic task; drop --data-dir")
+        args.data_dir = os.path.abspath(args.data_dir)
     common.check_out_arg(p, args.out)
     return args
 
@@ -137,11 +148,16 @@ def run_flower(cfg, mode: str, timeout: float) -> dict:
         return result
     from fedpm_flower.deploy import LocalFederation
 
-    with LocalFederation(cfg.clients) as fed:
+    with LocalFederation(cfg.clients, data_dir=cfg.data_dir or None) as fed:
         return fed.run(cfg, timeout=timeout)
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["prepare"]:
+        from validation import flower_prepare
+
+        return flower_prepare.main(argv[1:])
     args = parse_args(argv)
     if args.write_app:
         from fedpm_flower.deploy import write_app
@@ -171,7 +187,7 @@ def main(argv=None) -> int:
         common.fail(PROG, ValueError(f"--method {args.method}: the cnn runs fedpm, localnewton or fedavg"))
     cfg = FlowerRunConfig(problem=args.problem, method=args.method, params=args.params,
                           participants=args.participants or 0, weighting=args.weighting,
-                          dataset=args.dataset, clients=args.clients,
+                          dataset=args.dataset, data_dir=args.data_dir, clients=args.clients,
                           rounds=args.rounds, lr=lr, local_steps=args.local_steps, lam=args.lam,
                           precond_dtype=args.precond_dtype, precond_codec=args.precond_codec, timeout=args.timeout,
                           max_ratio=args.max_ratio, out="")
@@ -225,6 +241,8 @@ def finish(args, cfg, tmp, final) -> None:
           f"{last['bytes_down'] / args.rounds / 1e3:.1f} kB down")
     if args.check:
         print(f"largest |theta_flower - theta_in_process| = {result['max_abs_diff_vs_in_process']:.2e}")
+    if "test_acc" in result:
+        print(f"test accuracy of the final model: {100 * result['test_acc']:.1f} %")
     print(f"wrote {final}")
 
 

@@ -1,0 +1,74 @@
+"""Write a federated image data set for Flower: each client's partition in a folder of its own.
+
+    python -m validation.flower prepare --dataset cifar10 --data-dir DATA --clients 3 --out DIR
+
+The split is validation.dnn's (RelaySum's capped Dirichlet, --alpha, --seed); --train-subset /
+--test-subset take class-balanced subsets first (CPU-sized runs), as in validation.dnn.  Then start
+SuperNode i with ``--node-config "partition-id=i data-dir='DIR/client-i'"`` (the local deployment of
+validation.flower does that for --data-dir DIR).
+"""
+from __future__ import annotations
+
+import os
+
+from validation import common
+
+PROG = "python -m validation.flower prepare"
+
+
+def parse_args(argv):
+    p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
+    p.add_argument("--dataset", choices=("cifar10", "cifar100"), default="cifar10")
+    p.add_argument("--data-dir", default=None, help="data folder (default: $FEDPM_DATA)")
+    p.add_argument("--cache-dir", default=None)
+    p.add_argument("--clients", type=common.positive_int, default=3)
+    p.add_argument("--alpha", type=common.positive_float, default=0.1, help="Dirichlet concentration")
+    p.add_argument("--split", choices=("relaysum", "dirichlet"), default="relaysum")
+    p.add_argument("--seed", type=common.seed_int, default=0)
+    p.add_argument("--train-subset", type=common.positive_int, default=None)
+    p.add_argument("--test-subset", type=common.positive_int, default=None)
+    p.add_argument("--out", required=True, help="the folder to write (client-<i>/, server/, meta.json)")
+    args = p.parse_args(argv)
+    if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
+        p.error(f"--out {args.out}: exists and is not an empty folder")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        prepare(args)
+    except (ValueError, OSError) as exc:
+        common.fail(PROG, exc)
+    return 0
+
+
+def prepare(args) -> None:
+    import json
+
+    from fedpm_dnn.data import load_image_dataset, partition_table
+    from fedpm_dnn.data.partition import make_partition
+    from fedpm_flower import prepared
+    from validation.dnn import balanced_subset
+
+    data, _ = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
+    x, y, xt, yt = data.x_train, data.y_train, data.x_test, data.y_test
+    if args.train_subset:
+        keep = balanced_subset(y, args.train_subset, data.num_classes, args.seed)
+        x, y = x[keep], y[keep]
+    if args.test_subset:
+        keep = balanced_subset(yt, args.test_subset, data.num_classes, args.seed)
+        xt, yt = xt[keep], yt[keep]
+    parts = make_partition(args.split, y, args.clients, args.alpha, seed=args.seed)
+    meta = {"dataset": data.name, "num_classes": int(data.num_classes), "channels": int(x.shape[1]),
+            "image_size": int(x.shape[2]), "mean": list(data.mean), "std": list(data.std), "clients": len(parts),
+            "split": args.split, "alpha": args.alpha, "seed": args.seed,
+            "client_sizes": [int(len(p)) for p in parts]}
+    os.makedirs(args.out, exist_ok=True)
+    for i, part in enumerate(parts):
+        prepared.write(prepared.client_folder(args.out, i), "train.npz", x[part], y[part], {**meta, "client": i})
+    prepared.write(prepared.server_folder(args.out), "test.npz", xt, yt, meta)
+    with open(os.path.join(args.out, "meta.json"), "w") as fh:
+        json.dump({**meta, "class_counts": partition_table(y, parts, data.num_classes).tolist()}, fh, indent=1)
+    print(f"wrote {len(parts)} client folders ({', '.join(str(len(p)) for p in parts)} images) and server/ "
+          f"({len(yt)} test images) to {args.out}")

@@ -254,3 +254,41 @@ def test_cnn_sym_codec_simulation_gives_the_in_process_model(tmp_path):
                           timeout=600, out=str(tmp_path / "r.json"))
     result = run_flower(cfg, "simulation", 600)
     np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ CIFAR: one folder per client
+def fake_cifar(root, n=40, seed=0):
+    import pickle
+
+    g = np.random.default_rng(seed)
+    os.makedirs(root)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(os.path.join(root, name), "wb") as fh:
+            pickle.dump({b"data": g.integers(0, 256, (n, 3072), dtype=np.uint8), b"labels": (np.arange(n) % 10).tolist()}, fh)
+
+
+def test_prepare_writes_each_clients_partition_and_a_node_reads_only_its_folder(tmp_path, capsys):
+    import torch
+
+    from fedpm_dnn.data import load_image_dataset
+    from fedpm_dnn.data.partition import make_partition
+    from fedpm_flower import cnn, prepared
+    from validation import flower
+
+    fake_cifar(str(tmp_path / "data"))
+    out = tmp_path / "parts"
+    assert flower.main(["prepare", "--data-dir", str(tmp_path / "data"), "--clients", "3", "--out", str(out)]) == 0
+    data, _ = load_image_dataset("cifar10", str(tmp_path / "data"))
+    parts = make_partition("relaysum", data.y_train, 3, 0.1, seed=0)          # validation.dnn's split
+    for i, part in enumerate(parts):
+        x, y, meta = prepared.load(prepared.client_folder(str(out), i), "train.npz")
+        np.testing.assert_array_equal(x, data.x_train[part])
+        np.testing.assert_array_equal(y, data.y_train[part])
+    assert sorted(os.listdir(out)) == ["client-0", "client-1", "client-2", "meta.json", "server"]
+    cfg = FlowerRunConfig(problem="cnn", method="fedpm", clients=3, rounds=1, lr=0.1, data_dir="")
+    # a node is handed its folder in its node config: that folder is its data, whatever its partition id
+    mine = cnn.client_data(cfg, 0, prepared.client_folder(str(out), 2))
+    assert torch.equal(mine.y, torch.as_tensor(data.y_train[parts[2]]))
+    assert cnn._shape_of(cfg, prepared.client_folder(str(out), 2)) == (10, 3, 32)
+    with pytest.raises(SystemExit):     # never over an existing data set
+        flower.main(["prepare", "--data-dir", str(tmp_path / "data"), "--clients", "3", "--out", str(out)])

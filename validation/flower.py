@@ -1,12 +1,16 @@
-"""FedPM on Flower (flwr 1.42): the simulation engine, or a real local deployment.
+"""Any fedconvex method on Flower (flwr 1.42): the simulation engine, or a real local deployment.
 
-    python -m validation.flower --problem logreg --method fedpm --clients 3 --rounds 2 --mode simulation
-    python -m validation.flower --problem logreg --method fedpm --clients 3 --rounds 2 --mode deployment --check
+    python -m validation.flower --problem logreg --method scaffold --clients 3 --rounds 2 --mode simulation --check
+    python -m validation.flower --problem logreg --method fednl --clients 3 --rounds 2 --mode deployment --check
+    python -m validation.flower prepare --dataset cifar10 --data-dir DATA --clients 3 --out PARTS
+    python -m validation.flower --problem cnn --method fedpm --clients 3 --mode deployment --data-dir PARTS
 
 Deployment starts a SuperLink and N SuperNodes on 127.0.0.1 as child processes, submits the app
 with ``flwr run`` and stops every process it started when done (also on error or Ctrl-C).
-``--check`` runs the same algorithm in-process and prints the largest parameter difference.
-Writes OUT/result.json (final parameters, per-round history, configuration, wall time).
+``--check`` runs the same algorithm in-process (each client with its own random stream, as a SuperNode)
+and fails when the models differ beyond round-off.  ``prepare`` (validation/flower_prepare.py) writes each
+client's image partition to its own folder.  Writes OUT/result.json (final parameters, per-round history,
+configuration, wall time).
 """
 from __future__ import annotations
 

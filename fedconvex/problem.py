@@ -19,6 +19,10 @@ from .backend import is_torch, namespace, to_numpy
 from .blocks import ActiveBlocks, Layout
 from .data.libsvm import DataError
 
+# lambda of f_i's L2 term: the FedNL setting the paper's Test 1 follows.  Every front-end's default
+# (the CLIs, Flower's run config, the benchmarks) is this constant.
+DEFAULT_LAM = 1e-3
+
 
 def _xp_asarray(xp, a, dtype=None):
     if is_torch(xp):
@@ -55,7 +59,7 @@ class _Rows:
 
 
 class FederatedLogReg:
-    def __init__(self, X, y, parts, lam: float = 1e-3, weighting: str = "uniform", xp=np):
+    def __init__(self, X, y, parts, lam: float = DEFAULT_LAM, weighting: str = "uniform", xp=np):
         if not lam >= 0:
             raise ValueError(f"lam must be >= 0, got {lam}")
         if weighting not in ("uniform", "samples"):

@@ -215,9 +215,9 @@ def write_atomic(path, text):
 def write_outputs(out, history, summary):
     from fedpm_dnn.simulation import HISTORY_COLUMNS
 
-    lines = [",".join(HISTORY_COLUMNS)] + [",".join(repr(r[c]) if isinstance(r[c], float) else str(r[c])
-                                                    for c in HISTORY_COLUMNS) for r in history]
-    write_atomic(os.path.join(out, "history.csv"), "\n".join(lines) + "\n")
+    from fedconvex.history import history_csv
+
+    write_atomic(os.path.join(out, "history.csv"), history_csv(history, columns=HISTORY_COLUMNS))
     write_atomic(os.path.join(out, "summary.json"), json.dumps(summary, indent=2))
 
 

@@ -87,12 +87,22 @@ class Identity:
 
 
 def _top_order(xp, U, k):
-    """Per row the indices of the k largest |U| (largest first); argpartition, then a sort of k."""
+    """Per row the indices of the k largest |U|, largest first; equal magnitudes in index order.
+
+    The tie rule matters: on binary data (w8a) many Hessian entries are exactly equal, and without a
+    rule the entries kept at the k-th place would depend on the selection algorithm's internals.
+    argpartition finds the k-th magnitude t; every entry above t is kept, then entries equal to t
+    from the lowest index up."""
     A = xp.abs(U)
-    if k < U.shape[1]:
-        part = xp.argpartition(-A, k - 1, axis=1)[:, :k]
+    P, n = A.shape
+    if k < n:
+        t = xp.take_along_axis(A, xp.argpartition(-A, k - 1, axis=1)[:, k - 1:k], 1)
+        above, tied = A > t, A == t
+        room = k - above.sum(1, keepdims=True)
+        keep = above | (tied & (xp.cumsum(tied, axis=1) <= room))
+        part = xp.nonzero(keep)[1].reshape(P, k)          # exactly k per row, in index order
     else:
-        part = xp.broadcast_to(xp.arange(U.shape[1])[None], U.shape)
+        part = xp.broadcast_to(xp.arange(n)[None], A.shape)
     order = xp.argsort(-xp.take_along_axis(A, part, 1), axis=1, kind="stable")
     return xp.take_along_axis(part, order, 1)
 

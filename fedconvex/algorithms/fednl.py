@@ -96,6 +96,21 @@ def problem_einsum(H, thetas):
     return namespace(H).einsum("nij,nj->ni", H, thetas)
 
 
+def _at_least(H, mu):
+    """True if every eigenvalue of the symmetric H is >= mu up to round-off (NumPy): one Cholesky of
+    H - (mu - tol) I, tol = d eps max|H_ii| (the size of eigh's own errors), instead of an
+    eigendecomposition; the projection onto {H >= mu I} then changes H by at most tol."""
+    if not isinstance(H, np.ndarray):
+        return False
+    from scipy.linalg.lapack import dpotrf
+
+    d = H.shape[0]
+    tol = d * np.finfo(np.float64).eps * float(np.abs(np.diagonal(H)).max(initial=0.0))
+    S = np.array(H, order="F")
+    S.flat[::d + 1] -= mu - tol
+    return dpotrf(S, lower=1, clean=0, overwrite_a=1)[1] == 0
+
+
 def _add_scaled(H, alpha, S):
     """H + alpha S in one pass over a large stack (a new array: the old estimate may be shared)."""
     if alpha == 1.0:
@@ -164,6 +179,8 @@ class FedNL(Algorithm):
         xp = problem.xp
         if self.option == "project":
             mu = problem.lam if self.mu is None else self.mu
+            if _at_least(H, mu):
+                return H                        # [H]_mu = H: nothing to clip
             lam, V = xp.linalg.eigh(H)
             Hs = (V * xp.maximum(lam, mu)[None, :]) @ V.T
         elif self.option == "shift":

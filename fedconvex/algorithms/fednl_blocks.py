@@ -108,7 +108,9 @@ def _upper_map(layout: Layout, active):
     for c, a in enumerate(active):
         local[c, a] = np.arange(len(a))
     cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
-    out = {"pos": cat(pos), "mir": cat(mir), "glob": cat(glob),
+    owner_up = np.repeat(np.arange(len(active)), counts)
+    out = {"pos": cat(pos), "mir": cat(mir), "glob": cat(glob), "owner_up": owner_up,
+           "flat_up": owner_up * (d * (d + 1) // 2) + cat(glob),       # into a (P, d(d+1)/2) stack
            "off": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
            "owner": np.repeat(np.arange(len(active)), sizes * sizes), "local": local, "sizes": sizes,
            "boff": np.asarray(layout.offsets[:-1], dtype=np.int64)}
@@ -180,11 +182,11 @@ def encode(comp, diff, layout, active, d, rng):
     decoded update S on the blocks (packed), which the client adds to its estimate."""
     m = _upper_map(layout, active)
     P, n = len(active), d * (d + 1) // 2
-    S = np.zeros_like(diff)
     if isinstance(comp, Identity):
         msg = PackedBlocks(layout.views(diff))
         msg.packed, msg.layout = diff, layout
         return {"blocks": msg, "active": tuple(active)}, diff
+    S = np.zeros_like(diff)
     if isinstance(comp, (TopK, TopLEK)):
         k = min(comp.k, n)
         vals, glob, loc = _top_entries(diff, m, k, d)
@@ -193,7 +195,7 @@ def encode(comp, diff, layout, active, d, rng):
                 _put(S, m, loc[c], vals[c, :len(loc[c])])
             return {"values": vals, "index": glob.astype(np.int32)}, S
         # TopLEK: the fewest entries carrying TopK's guaranteed share of the energy (dense path's rule)
-        energy = np.bincount(np.repeat(np.arange(P), np.diff(m["off"])), weights=diff[m["pos"]] ** 2, minlength=P)
+        energy = np.bincount(m["owner_up"], weights=diff[m["pos"]] ** 2, minlength=P)
         kept = np.cumsum(vals * vals, axis=1)
         needed = energy - (1.0 - k / n) * energy
         counts = np.minimum(1 + (kept < needed[:, None]).sum(1), k)
@@ -219,12 +221,11 @@ def encode(comp, diff, layout, active, d, rng):
     if isinstance(comp, Natural):
         draw = rng.random((P, n))         # every entry's uniform, as the dense path draws them
         U = diff[m["pos"]]
-        owner = np.repeat(np.arange(P), np.diff(m["off"]))
         mant, ex = np.frexp(np.abs(U))
-        up = draw[owner, m["glob"]] < (2.0 * mant - 1.0)
+        up = draw.reshape(-1)[m["flat_up"]] < (2.0 * mant - 1.0)
         code_vals = (ex - 1 + up + _EXP_BIAS).astype(np.int16) * np.sign(U).astype(np.int16)
         code = np.zeros((P, n), dtype=np.int16)   # entries off the block are zero: code 0
-        code[owner, m["glob"]] = code_vals
+        code.reshape(-1)[m["flat_up"]] = code_vals
         _put(S, m, slice(None), _natural_values(code_vals))
         return {"code": code}, S
     if isinstance(comp, RankR):
@@ -284,8 +285,10 @@ def server_sum(comp, msg, w, d):
         return _entry_sum(msg["values"], msg["index"], w, d)
     if isinstance(comp, Natural):
         code = np.asarray(msg["code"])
-        c, u = np.nonzero(code)
-        return _entry_sum([w[c] * _natural_values(code[c, u])], [u], np.ones(1), d)
+        at = np.flatnonzero(code)
+        c, u = np.divmod(at, n)
+        code = code.reshape(-1)[at]
+        return _entry_sum([w[c] * _natural_values(code)], [u], np.ones(1), d)
     if isinstance(comp, RankR):
         V = np.asarray(msg["eigvecs"])                        # (P, d, r)
         coef = (w[:, None] * np.asarray(msg["eigvals"])).reshape(-1)

@@ -247,6 +247,13 @@ class FedNLPP(Algorithm):
     their state, which the server's sums still hold.  With every client taking part, the identity
     compressor and alpha = 1 it is Newton's method (H_i exact, l_i = 0).
 
+    Rounds line up with the paper's iterations: ``init`` is the paper's initialisation (clients upload
+    H_i^0, l_i^0, g_i^0 at x^0), and round t ends with the paper's x^t.  In round 1 the participants
+    re-read x^0, where their update is C(0) = 0 and their l_i, g_i are unchanged, so the server's step
+    uses the initial sums exactly as the paper's first step x^1 = (H^0 + l^0 I)^{-1} g^0 does (that round
+    costs one message per participant which the paper does not send).  With every client taking part
+    this is the paper's Algorithm 3 (tests/test_fednl_family.py checks it against a transcription).
+
     paper symbol -> field: alpha -> alpha, C -> compressor, tau -> the run's ``participants``.  ``lr`` damps
     the model step: x <- x + lr ((H + l I)^{-1} g - x) (paper: lr = 1).
     """

@@ -13,6 +13,11 @@ Newton's method with a one-round-stale Hessian (FedPM with K = 1 uses the fresh 
 With client sampling only participants update their H_i, and the server adds only their
 weighted corrections, so H stays sum_i w_i H_i.  The initial H_i^0 upload is not counted.
 
+Representation: on NumPy problems that pack their Hessians the H_i live on the clients' active blocks
+(fednl_blocks.py: every update stays there, and a round costs what the blocks cost); on other backends
+they are dense (N, d, d) stacks.  Both send the same messages, except that the identity compressor sends
+the difference on the active block (and its feature indices) instead of a d x d matrix.
+
 paper symbol -> field: alpha (Hessian learning rate) -> alpha, mu -> mu (default lam), C -> compressor.
 """
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..backend import namespace
 from ..mixing import simple_mix
 from . import fednl_blocks
 from .base import Algorithm, RoundInfo, State, start_stack
@@ -72,27 +78,21 @@ def _update_sum(comp, problem, up, w):
 
 
 def _norms(diff, hess):
-    """Per client Frobenius norm."""
+    """Per client Frobenius norm of the differences."""
     if hess is not None:
         return fednl_blocks.frobenius(diff, hess.layout, hess.active)
-    return np.sqrt(np.einsum("nij,nij->n", diff, diff)) if isinstance(diff, np.ndarray) else \
-        (diff * diff).sum((1, 2)) ** 0.5
+    return namespace(diff).sqrt((diff * diff).sum((1, 2)))
 
 
-def _with(H, packed):
-    return BlockState(packed, H.layout, H.active, H.d, H.shift) if isinstance(H, BlockState) else packed
+def _with(H, new):
+    """The estimates ``new`` (packed numbers or a dense stack) in H's representation."""
+    return BlockState(new, H.layout, H.active, H.d, H.shift) if isinstance(H, BlockState) else new
 
 
 def _apply(H, thetas):
     """H_i theta_i for every client."""
     if isinstance(H, BlockState):
         return H.blocks().apply(thetas)
-    return problem_einsum(H, thetas)
-
-
-def problem_einsum(H, thetas):
-    from ..backend import namespace
-
     return namespace(H).einsum("nij,nj->ni", H, thetas)
 
 

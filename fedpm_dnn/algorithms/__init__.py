@@ -3,6 +3,8 @@
 Each method follows fedconvex's algorithm protocol (``fedpm_dnn.algorithms.base``); adding one is a
 file here and a line below.
 """
+import dataclasses
+
 from .base import DnnAlgorithm
 from .fedadam import FedAdam
 from .fedavg import FedAvg
@@ -24,25 +26,24 @@ def method_class(name: str):
 
 
 def hyperparameters_of(name: str) -> tuple:
-    return tuple(method_class(name).__dataclass_fields__)
+    """The method's hyper-parameters (its dataclass fields; class constants such as ``label`` excluded)."""
+    return tuple(f.name for f in dataclasses.fields(method_class(name)))
 
 
 def make_method(name: str, **hp) -> DnnAlgorithm:
     """The method ``name`` with hyper-parameters ``hp``; a key the method does not have is an error
     (a misspelt or inapplicable hyper-parameter must not silently fall back to its default)."""
-    cls = method_class(name)
-    unknown = sorted(set(hp) - set(cls.__dataclass_fields__))
+    unknown = sorted(set(hp) - set(hyperparameters_of(name)))
     if unknown:
         raise ValueError(f"{name} has no hyper-parameter {', '.join(map(repr, unknown))}; it takes "
-                         f"{', '.join(sorted(cls.__dataclass_fields__))}")
-    return cls(**hp)
-
+                         f"{', '.join(sorted(hyperparameters_of(name)))}")
+    return method_class(name)(**hp)
 
 
 def applicable(name: str, shared: dict) -> dict:
     """The entries of ``shared`` -- settings given to every method alike (a test's common settings, a
     sweep's grid) -- that method ``name`` takes; the others do not apply to it."""
-    fields = method_class(name).__dataclass_fields__
+    fields = hyperparameters_of(name)
     return {k: v for k, v in shared.items() if k in fields}
 
 

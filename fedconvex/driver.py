@@ -252,11 +252,13 @@ class Driver:
             checkpoint=None):
         """Rounds ``len(history)`` .. ``rounds``; returns (state, history).  Byte and second columns are
         cumulative; ``checkpoint(state, history, rng)`` after every round, then ``on_round(row, history)``;
-        ``stop(row) -> bool`` ends the run early."""
+        ``stop(row) -> bool`` ends the run early.  ``history=[]`` starts at round 1 without a round-0 row
+        (the DNN front-end's history has none: evaluating the initial model costs a test pass)."""
         history = history if history is not None else [self.first_row(state)]
-        for t in range(history[-1]["round"] + 1, rounds + 1):
+        start = {"round": 0, "bytes_up": 0, "bytes_down": 0, "seconds": 0.0}
+        for t in range((history[-1] if history else start)["round"] + 1, rounds + 1):
             state, acc = self.round(state, t, rng)
-            prev = history[-1]
+            prev = history[-1] if history else start
             row = {"round": t, **self.evaluate(state),
                    "bytes_up": prev["bytes_up"] + acc.pop("bytes_up"),
                    "bytes_down": prev["bytes_down"] + acc.pop("bytes_down"),

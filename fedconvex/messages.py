@@ -25,12 +25,12 @@ def _certified_psd(v: ActiveBlocks) -> bool:
 
 
 def _items(up: dict):
-    """(name, value) over a message, nested dicts flattened to 'outer/inner' (DNN messages hold a dict
-    of tensors per field)."""
+    """(name, value) over a message, nested dicts flattened to 'outer[inner]' (DNN messages hold a dict
+    of tensors per field; the name is the one fedconvex.screening.reply_problem gives the same entry)."""
     for key, v in up.items():
         if isinstance(v, dict):
             for sub, a in v.items():
-                yield key, f"{key}/{sub}", a
+                yield key, f"{key}[{sub}]", a
         else:
             yield key, key, v
 

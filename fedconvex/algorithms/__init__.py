@@ -1,4 +1,6 @@
 """Registry of the federated algorithms: name -> class (one line per method)."""
+import dataclasses
+
 from .base import Algorithm, RoundInfo, State
 from .centralized import GradientDescent, Newton
 from .fedadam import FedAdam
@@ -26,22 +28,26 @@ def _cls(name: str):
         raise ValueError(f"unknown method {name!r}; choose from {', '.join(sorted(REGISTRY))}") from None
 
 
+def hyperparameters(name: str) -> tuple:
+    """The names of method ``name``'s hyper-parameters (its dataclass fields; class constants excluded)."""
+    return tuple(f.name for f in dataclasses.fields(_cls(name)))
+
+
 def make_algorithm(name: str, **params) -> Algorithm:
     """The method ``name`` with hyper-parameters ``params``; a key the method does not have is an error
     (a misspelt hyper-parameter must not silently fall back to its default)."""
-    cls = _cls(name)
-    unknown = sorted(set(params) - set(cls.__dataclass_fields__))
+    unknown = sorted(set(params) - set(hyperparameters(name)))
     if unknown:
         raise ValueError(f"{name} has no hyper-parameter {', '.join(map(repr, unknown))}; it takes "
-                         f"{', '.join(sorted(cls.__dataclass_fields__))}")
-    return cls(**params)
+                         f"{', '.join(sorted(hyperparameters(name)))}")
+    return _cls(name)(**params)
 
 
 def applicable(name: str, shared: dict) -> dict:
     """The entries of ``shared`` -- settings a command line gives every method alike, such as the number
     of local steps -- that method ``name`` has; the others do not apply to it."""
-    fields = _cls(name).__dataclass_fields__
+    fields = hyperparameters(name)
     return {k: v for k, v in shared.items() if k in fields}
 
 
-__all__ = ["Algorithm", "PAPER_TEST1", "REGISTRY", "RoundInfo", "State", "applicable", "make_algorithm"]
+__all__ = ["Algorithm", "PAPER_TEST1", "REGISTRY", "RoundInfo", "State", "applicable", "hyperparameters", "make_algorithm"]

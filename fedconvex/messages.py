@@ -97,6 +97,8 @@ def concat(msgs: list) -> dict:
     Structure follows the first message: arrays are concatenated along the client axis; ``ActiveBlocks``,
     encoded payloads and tuples are joined.  Producer certificates are dropped (nothing is certified
     about a stack assembled from parts), so screening checks every block itself."""
+    from .algorithms.fednl_blocks import BlockState
+    from .blocks import Layout
     from .precond_wire import EncodedBlocks
 
     out = {}
@@ -104,6 +106,10 @@ def concat(msgs: list) -> dict:
         vs = [m[key] for m in msgs]
         if isinstance(v, dict):
             out[key] = concat(vs)
+        elif isinstance(v, BlockState):        # FedNL's per-client estimates on the active blocks
+            active = [a for x in vs for a in x.active]
+            layout = Layout([len(a) for a in active], [f for x in vs for f in x.layout.flat], v.d)
+            out[key] = BlockState(np.concatenate([x.packed for x in vs]), layout, active, v.d, v.shift)
         elif isinstance(v, ActiveBlocks):
             flat = tuple(f for x in vs for f in x.flat) if all(x.flat is not None for x in vs) else None
             out[key] = ActiveBlocks(tuple(b for x in vs for b in x.blocks), tuple(a for x in vs for a in x.active),

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedconvex.blocks import ActiveBlocks
+from fedconvex.algorithms.fednl_blocks import BlockState
+from fedconvex.blocks import ActiveBlocks, Layout
 from fedconvex.precond_wire import EncodedBlocks
 from fedconvex.screening import dtype_problem
 
@@ -141,18 +142,24 @@ def unflatten(arrays: dict, template: dict, d: int, shift: float, roles: dict | 
 
 # ------------------------------------------------------------------ per-client state in Context.state
 def state_row(cstate: dict) -> tuple[dict, dict]:
-    """A node's one-row client state as (arrays, kinds) for its Context: object rows (the delta codec's
-    estimates, None before the first participation) are kept as their array, or left out when None."""
+    """A node's one-row client state as (arrays, kinds) for its Context: arrays keep their row; object
+    rows (the delta codec's estimates, None before the first participation) their array, or nothing
+    when None; FedNL's packed block estimates (``BlockState``) their numbers and feature indices."""
     arrays, kinds = {}, {}
     for key, v in cstate.items():
-        e = v[0]
-        if isinstance(v, np.ndarray) and v.dtype == object:
-            kinds[key] = "none" if e is None else "object"
-            if e is not None:
-                arrays[key] = np.ascontiguousarray(e)
-        else:
+        if isinstance(v, BlockState):
+            kinds[key] = f"blocks:{v.d}:{v.shift!r}"
+            arrays[key] = np.ascontiguousarray(v.packed)
+            arrays[key + "/active"] = np.asarray(v.active[0], dtype=np.int64)
+        elif isinstance(v, np.ndarray) and v.dtype == object:
+            kinds[key] = "none" if v[0] is None else "object"
+            if v[0] is not None:
+                arrays[key] = np.ascontiguousarray(v[0])
+        elif isinstance(v, np.ndarray):
             kinds[key] = "array"
-            arrays[key] = np.ascontiguousarray(e)
+            arrays[key] = np.ascontiguousarray(v[0])
+        else:
+            raise TypeError(f"client state {key!r}: cannot keep a {type(v).__name__} in a node's Context")
     return arrays, kinds
 
 
@@ -161,6 +168,11 @@ def state_from_row(arrays: dict, kinds: dict) -> dict:
     for key, kind in kinds.items():
         if kind == "array":
             out[key] = arrays[key][None]
+        elif kind.startswith("blocks:"):
+            _, d, shift = kind.split(":")
+            a, d = arrays[key + "/active"], int(d)
+            layout = Layout([len(a)], [(a[:, None] * d + a[None, :]).reshape(-1)], d)
+            out[key] = BlockState(np.array(arrays[key]), layout, [a], d, float(shift))
         else:
             row = np.empty(1, dtype=object)
             row[0] = arrays[key] if kind == "object" else None

@@ -35,8 +35,9 @@ from .compressors import Identity, make_compressor
 from .fednl_blocks import BlockState
 from .grids import SECOND_ORDER_LR
 
-# the compressors' index fields address upper-triangle entries (fedconvex.algorithms.compressors)
-COMPRESSED = {"index": "entries", "start": "entries"}
+# the compressors' index fields address upper-triangle entries (fedconvex.algorithms.compressors); the
+# identity compressor on the active blocks (fednl_blocks) sends each block with its feature indices
+COMPRESSED = {"index": "entries", "start": "entries", "active": "features"}
 
 
 def _support(problem, sel):

@@ -90,8 +90,9 @@ def client_oracle(cfg, partition: int, oracle: str, theta) -> dict:
 def stand_in(d: int, lam: float) -> FederatedLogReg:
     """Two samples touching every feature: a problem of the true dimension on which the server learns
     the structure of the method's messages (``wire.structure``) without any client data."""
-    return FederatedLogReg(sp.csr_matrix(np.vstack([np.ones(d), np.linspace(-1.0, 1.0, d)])), np.array([1.0, -1.0]),
-                           [np.arange(2)], lam=lam)
+    rows = 2 if d != 2 else 3        # never as many samples as features: sample-sized dimensions stay apart
+    X = np.vstack([np.ones(d)] + [np.linspace(-1.0, 1.0, d) * (k + 1) for k in range(rows - 1)])
+    return FederatedLogReg(sp.csr_matrix(X), np.array([1.0, -1.0, 1.0][:rows]), [np.arange(rows)], lam=lam)
 
 
 def templates(alg, d: int, lam: float) -> dict:

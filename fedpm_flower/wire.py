@@ -39,7 +39,7 @@ def structure(up: dict) -> dict:
             out[name] = ("encoded", None, None)
         elif isinstance(v, (tuple, list)):
             e = np.asarray(v[0])
-            out[name] = ("tuple", "f" if e.dtype.kind == "f" else "i", e.ndim)
+            out[name] = ("tuple", "f" if e.dtype.kind == "f" else "i", tuple(e.shape))   # the stand-in's shape
         elif isinstance(v, np.ndarray):
             out[name] = ("array", "f" if v.dtype.kind == "f" else "i", tuple(v.shape[1:]))
         else:
@@ -131,13 +131,30 @@ def unflatten(arrays: dict, template: dict, d: int, shift: float, roles: dict | 
                 a = a.reshape(())       # Flower's Array carries a scalar as shape (1,)
             if kind == "array" and a.shape != shape:
                 return None, f"{name} has shape {a.shape}, expected {shape}"
-            if kind == "tuple" and a.ndim != shape:
-                return None, f"{name} has {a.ndim} dimensions, expected {shape}"
+            if kind == "tuple" and a.ndim != len(shape):
+                return None, f"{name} has {a.ndim} dimensions, expected {len(shape)}"
             msg[name] = (a,) if kind == "tuple" else a[None]
     extra = sorted(set(arrays) - expected)
     if extra:
         return None, f"unexpected entry {extra[0]!r}"
-    return msg, None
+    return msg, _tied(msg, template, roles)
+
+
+def _tied(msg, template, roles):
+    """Per-client entries sized by the client's active features (FedNS's S_i A_i rows, FedNL's blocks)
+    must match its feature indices: the dimensions that the stand-in's entry had equal to its number of
+    active features (all of them) must here equal the client's number."""
+    feats = [n for n, (kind, _, _) in template.items() if kind == "tuple" and roles.get(n) == "features"]
+    if not feats:
+        return None
+    n_stand, n = template[feats[0]][2][0], len(msg[feats[0]][0])
+    for name, (kind, dkind, shape) in template.items():
+        if kind == "tuple" and dkind == "f":
+            got = msg[name][0].shape
+            for i, s in enumerate(shape):
+                if s == n_stand and got[i] != n:
+                    return f"{name} has shape {got} for {n} features"
+    return None
 
 
 # ------------------------------------------------------------------ per-client state in Context.state

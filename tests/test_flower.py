@@ -206,6 +206,18 @@ def test_codec_payloads_are_decoded_and_malformed_ones_rejected(caplog):
     assert result["history"][1]["used"] == 2 and "client 2 rejected: undecodable preconditioner payload" in caplog.text
 
 
+@pytest.mark.parametrize("method,fn,reason", [
+    ("fednl", lambda a: {**a, "blocks": a["blocks"][:-1]}, "blocks has shape"),
+    ("fednl", lambda a: {**a, "active": a["active"] + 500}, "active outside 0..122"),
+    ("fedns", lambda a: {**a, "SAt": a["SAt"][:-1]}, "SAt has shape"),
+], ids=["fednl-block", "fednl-active", "fedns-rows"])
+def test_entries_sized_by_the_active_features_must_match_them(caplog, method, fn, reason):
+    cfg = config(method, rounds=1)
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        result = loopback(cfg, tamper=corrupt_arrays(101, fn))
+    assert result["history"][1]["used"] == 2 and f"client 1 rejected: {reason}" in caplog.text
+
+
 def test_out_of_range_compressor_indices_are_rejected_before_decoding(caplog):
     cfg = config("fednl", rounds=1, params='{"compressor": "topk", "k": 30}')
     with caplog.at_level(logging.WARNING, logger="fedpm.server"):

@@ -25,7 +25,7 @@ from .client import ClientData, foof_matrices, local_train
 from .methods import MethodConfig
 from .models import make_model
 from .server import aggregate, init_server_state
-from .wire import decode_replies, encode_foof
+from .wire import acknowledge, commit, decode_replies, encode_foof
 from fedconvex.screening import screen
 
 HISTORY_COLUMNS = ("round", "test_acc", "train_loss", "client_seconds", "server_seconds", "bytes_up", "bytes_down",
@@ -177,11 +177,13 @@ def screen_decoded(cfg, state, replies, sel, shapes, round_, n_clients=None, max
     """Decode FedPM's compressed matrices (if any), then screen: (kept, rejected, state, replies)."""
     if cfg.name != "fedpm" or cfg.precond_codec == "none":
         return (*screen_replies(cfg, replies, sel, shapes, round_, n_clients, max_ratio), state, replies)
-    replies, bad, state = decode_replies(cfg, state, replies, sel, shapes, round_)
+    replies, bad, state, pending = decode_replies(cfg, state, replies, sel, shapes, round_)
     ok = [k for k, r in enumerate(replies) if r is not None]
     kept, rejected = screen_replies(cfg, [replies[k] for k in ok], np.asarray(sel)[ok], shapes, round_, n_clients,
                                     max_ratio)
-    return [ok[k] for k in kept], bad + rejected, state, replies
+    kept = [ok[k] for k in kept]
+    state = commit(state, pending, np.asarray(sel)[kept])   # delta: only accepted replies move A_hat
+    return kept, bad + rejected, state, replies
 
 
 def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool = False, on_round=None,
@@ -253,6 +255,7 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
         up_bytes = sum(tensor_bytes(r) for r in replies) // len(replies)   # as sent (before decoding)
         kept, rejected, state, replies = screen_decoded(cfg, state, replies, sel, shapes, t, n_clients=n,
                                                         max_ratio=exp.max_ratio)
+        acknowledge(cfg, state, client_state, sel)   # delta codec: what the server now holds (fedpm_dnn.wire)
         if kept:
             w = sizes[sel[kept]] if cfg.weighting == "samples" else np.ones(len(kept))
             weights = torch.as_tensor(w / w.sum(), dtype=torch.float32, device=dev)

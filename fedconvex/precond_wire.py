@@ -20,13 +20,14 @@ codec's estimates A_hat_c live in ``State.clients['precond_hat']`` (client side)
 
 They advance on acknowledged rounds only (fedconvex.codecs: ``resync``).  ``receive`` decodes into
 ``State.server['precond_hat_pending']``; ``commit`` -- called by ``FedPM.server_update``, i.e. after
-screening, with the kept clients -- moves the kept clients' pending estimates to ``precond_hat`` and
-writes each one's acknowledgement (the digest of what the server now holds) to
-``State.clients['precond_ack']``: the simulator's stand-in for the 8 bytes the server returns to
-that client (not counted in ``bytes_down``).  The client keeps the estimate of its last upload in
+screening, with the kept clients -- moves the kept clients' pending estimates to ``precond_hat``.
+Every participant is acknowledged with the digest of what the server holds for it after the round
+(``receive`` writes the digest of the unchanged estimate, ``commit`` that of the new one for the kept
+clients) in ``State.clients['precond_ack']``: the simulator's stand-in for the 8 bytes the server
+returns to that client (not counted in ``bytes_down``).  The client keeps the estimate of its last upload in
 ``State.clients['precond_hat_pending']`` and resolves it against the acknowledgement at its next
 participation (``client_update``; ``client_estimate`` for inspection).  A round skipped because no reply
-was usable commits nothing and acknowledges nothing, which the client reads as a rejection.
+was usable commits nothing; its participants read their acknowledgement as a rejection.
 """
 from __future__ import annotations
 
@@ -171,5 +172,15 @@ def receive(alg, problem, state, up, info):
     if codec.lossless and same_support:
         # lossless: the server must mix exactly what it would have mixed uncompressed, to the last bit
         P = problem.blocks_like_hessians(blocks, info.sel)
-    new_state = state if pending is None else replace(state, server={**state.server, PENDING: pending})
+    new_state = state
+    if pending is not None:
+        # every participant is acknowledged with what the server holds for it *now* (a rejection leaves
+        # that unchanged); ``commit`` updates the kept ones.  Also when no reply is usable and
+        # server_update never runs, the client learns where the server stands.
+        from .codecs import digest
+
+        acks = state.clients[ACK].copy()
+        for c in np.asarray(info.sel).tolist():
+            acks[c] = digest(hats[c])
+        new_state = replace(state, server={**state.server, PENDING: pending}, clients={**state.clients, ACK: acks})
     return {**up, "P": P, "decode": DecodeProblems(problems)}, new_state

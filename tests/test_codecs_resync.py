@@ -229,3 +229,71 @@ def test_dnn_delta_identity_with_a_rejected_round_equals_uncompressed(tmp_path, 
     assert [r["rejected"] for r in h0] == [r["rejected"] for r in h1] == [0, 1, 0, 0]
     # float32 estimates: A_hat + (A - A_hat) equals A to round-off, not bit for bit
     assert torch.allclose(p1, p0, rtol=1e-4, atol=1e-5), float((p1 - p0).abs().max())
+
+
+def test_server_that_lost_its_estimates_gets_full_uploads_again(logreg):
+    """The server forgets every A_hat after round 2: round 3's deltas are undecodable (rejected), the
+    acknowledgement says 'no estimate', round 4's uploads are full, and both copies agree again."""
+    from fedconvex.algorithms.base import RoundInfo
+    from fedconvex.run import screen_message
+
+    pb, theta0 = logreg
+    alg = FedPM(lr=0.8, local_steps=2, precond_codec="delta:topk:0.3")
+    state = alg.init(pb, theta0)
+    sel = np.arange(pb.n_clients)
+    w = pb.client_weights / pb.client_weights.sum()
+    for t in (1, 2, 3, 4):
+        if t == 3:
+            state = state.__class__(theta=state.theta, clients=state.clients, round=state.round,
+                                    server={**state.server, "precond_hat": np.empty(pb.n_clients, dtype=object)})
+        up, cs = alg.client_update(pb, alg.broadcast(state), state.clients, sel, None)
+        state = state.__class__(theta=state.theta, server=state.server, clients=cs, round=state.round)
+        info = RoundInfo(sel=sel, weights=w, n_clients=pb.n_clients)
+        full = ["full" in p for p in up["P"].payloads]
+        assert all(full) == (t in (1, 4)) and any(full) == (t in (1, 4))
+        dec, state = alg.receive(pb, state, up, info)
+        kept, info2, rejected = screen_message(dec, info, pb.d, t)
+        assert rejected == ([] if t != 3 else list(sel))
+        if kept is not None:
+            state = alg.server_update(pb, state, kept, info2)
+        if t == 3:
+            assert all(precond_wire.client_estimate(state.clients, c) is None for c in sel)
+    assert all(estimates_agree(state, c) and state.server["precond_hat"][c] is not None for c in sel)
+
+
+def test_dnn_server_that_lost_its_estimates_gets_full_uploads_again():
+    torch = pytest.importorskip("torch")
+    from fedpm_dnn import foof
+    from fedpm_dnn.methods import MethodConfig
+    from fedpm_dnn.models import make_model
+    from fedpm_dnn.server import aggregate, init_server_state
+    from fedpm_dnn.simulation import client_generator, client_round, reply_shapes, screen_decoded
+    from fedpm_dnn.wire import acknowledge, client_estimate
+    from test_dnn_training import synthetic
+
+    clients, _, _ = synthetic()
+    cfg = MethodConfig("fedpm", lr=0.3, local_epochs=1, batch_size=16, damping=1.0, clip=1.0,
+                       precond_codec="delta:topk:0.05")
+    torch.manual_seed(0)
+    model = make_model("cnn", 3, image_size=16)
+    blocks = foof.foof_blocks(model)
+    state = init_server_state(cfg, dict(model.named_parameters()))
+    shapes = reply_shapes(cfg, state["params"], blocks)
+    cstates = [{} for _ in clients]
+    sel = np.arange(len(clients))
+    for t in (1, 2, 3, 4):
+        if t == 3:
+            state = {k: v for k, v in state.items() if k != "foof_hat"}      # the server forgot every A_hat
+        replies = [client_round(cfg, model, blocks, clients[i], cstates[i], state["params"], None,
+                                client_generator(0, t, i))[0] for i in sel]
+        full = [all("full" in p for p in r["foof"].values()) for r in replies]
+        assert all(full) == (t in (1, 4)) and any(full) == (t in (1, 4))
+        kept, rejected, state, dec = screen_decoded(cfg, state, replies, sel, shapes, t)
+        acknowledge(cfg, state, cstates, sel)
+        assert len(rejected) == (len(sel) if t == 3 else 0)
+        if kept:
+            state = aggregate(cfg, state, [dec[k] for k in kept], torch.full((len(kept),), 1 / len(kept)),
+                              len(clients), blocks)
+    for i in sel:
+        assert codecs.digest(state["foof_hat"][int(i)]) == codecs.digest(client_estimate(cstates[i])) \
+            != codecs.NO_ESTIMATE

@@ -114,8 +114,14 @@ def check_structure(path: str, ck: dict, fresh_state: dict, n_clients: int) -> N
         if key not in ck:
             raise bad(f"no {key!r} entry")
     server = ck["server"]
-    if not isinstance(server, dict) or set(server) != set(fresh_state):
+    optional = {"foof_hat"}   # the delta codec's estimates (fedpm_dnn.wire), present from round 1 on
+    if not isinstance(server, dict) or set(server) - optional != set(fresh_state) - optional:
         raise bad("server state entries differ")
+    hats = server.get("foof_hat", {})
+    if not isinstance(hats, dict) or not all(
+            isinstance(c, int) and 0 <= c < n_clients and isinstance(h, dict)
+            and all(isinstance(m, torch.Tensor) for m in h.values()) for c, h in hats.items()):
+        raise bad("delta-codec estimates are not {client: {block: tensor}}")
     params, fresh = server.get("params"), fresh_state["params"]
     if not isinstance(params, dict) or list(params) != list(fresh):
         raise bad("parameter names differ")

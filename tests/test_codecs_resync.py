@@ -297,3 +297,21 @@ def test_dnn_server_that_lost_its_estimates_gets_full_uploads_again():
     for i in sel:
         assert codecs.digest(state["foof_hat"][int(i)]) == codecs.digest(client_estimate(cstates[i])) \
             != codecs.NO_ESTIMATE
+
+
+def test_dnn_delta_run_resumes_to_the_uninterrupted_history(tmp_path):
+    """The estimates, pending estimates and acknowledgements live in the checkpoint: a delta run killed
+    after round 2 and resumed has the uninterrupted run's history."""
+    pytest.importorskip("torch")
+    from fedpm_dnn.methods import MethodConfig
+    from fedpm_dnn.simulation import run_experiment
+    from test_dnn_training import _strip, experiment
+
+    cfg = MethodConfig("fedpm", lr=0.3, local_epochs=1, batch_size=16, damping=1.0, clip=1.0,
+                       precond_codec="delta:topk:0.05")
+    tamper = _dnn_tamper("nan-payload", who=1, when=2)     # round 2 rejects client 1: its state matters
+    full = run_experiment(experiment(cfg, rounds=4), tamper=tamper)
+    ck = str(tmp_path / "ck.pt")
+    run_experiment(experiment(cfg, rounds=2), checkpoint=ck, tamper=tamper)
+    resumed = run_experiment(experiment(cfg, rounds=4), checkpoint=ck, resume=True, tamper=tamper)
+    assert _strip(resumed) == _strip(full)

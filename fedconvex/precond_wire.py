@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .blocks import ActiveBlocks
-from .codecs import NO_ESTIMATE, CodecError, DecodeProblems, parse, payload_nbytes, resync
+from .codecs import NO_ESTIMATE, CodecError, DecodeProblems, digest, parse, payload_nbytes, resync
 from .local import newton_steps
 from .backend import nbytes
 
@@ -89,12 +89,10 @@ def client_estimate(clients: dict, c: int):
 def commit(alg, state, info):
     """Server side, after screening: the kept clients' (``info.sel``) pending estimates become the
     server's, and every kept client is acknowledged with their digest.  Rejected clients keep the
-    server's previous estimate and acknowledgement.  No-op for stateless codecs."""
+    server's previous estimate and the acknowledgement ``receive`` gave them.  No-op for stateless codecs."""
     codec = parse(getattr(alg, "precond_codec", "none"))
     if codec is None or not codec.stateful or PENDING not in state.server:
         return state
-    from .codecs import digest
-
     hats, pending, acks = state.server[HAT].copy(), state.server[PENDING].copy(), state.clients[ACK].copy()
     for c in np.asarray(info.sel).tolist():
         hats[c] = pending[c]
@@ -177,8 +175,6 @@ def receive(alg, problem, state, up, info):
         # every participant is acknowledged with what the server holds for it *now* (a rejection leaves
         # that unchanged); ``commit`` updates the kept ones.  Also when no reply is usable and
         # server_update never runs, the client learns where the server stands.
-        from .codecs import digest
-
         acks = state.clients[ACK].copy()
         for c in np.asarray(info.sel).tolist():
             acks[c] = digest(hats[c])

@@ -28,7 +28,9 @@ def namespace(*arrays) -> types.ModuleType:
             import torch
 
             mod = torch
-        elif hasattr(a, "__array_namespace__") and type(a).__module__.startswith("cupy"):
+        elif type(a).__module__.startswith("cupy"):
+            # by module, not by __array_namespace__: a CuPy ndarray need not carry it, and taking one
+            # for a NumPy array sends device arrays into host code (seen on an H100 with CuPy 14.2)
             mod = importlib.import_module("cupy")
         elif hasattr(a, "__array_namespace__") and not isinstance(a, np.ndarray):
             mod = a.__array_namespace__()

@@ -5,7 +5,9 @@ part, and only when a reply is rejected is the message re-stacked from the remai
 """
 from __future__ import annotations
 
-from .backend import namespace
+import numpy as np
+
+from .backend import namespace, to_numpy
 from .blocks import ActiveBlocks
 from .codecs import DecodeProblems
 from .screening import psd_problem
@@ -22,9 +24,21 @@ def _certified_psd(v: ActiveBlocks) -> bool:
                 and cert["pd_shift"] <= v.shift)
 
 
-def client_problem(up: dict, k: int, d: int) -> str | None:
-    """None if participant k's part of ``up`` is usable, else the reason."""
+def _items(up: dict):
+    """(name, value) over a message, nested dicts flattened to 'outer[inner]' (DNN messages hold a dict
+    of tensors per field; the name is the one fedconvex.screening.reply_problem gives the same entry)."""
     for key, v in up.items():
+        if isinstance(v, dict):
+            for sub, a in v.items():
+                yield key, f"{key}[{sub}]", a
+        else:
+            yield key, key, v
+
+
+def client_problem(up: dict, k: int, d: int | None, psd_keys=()) -> str | None:
+    """None if participant k's part of ``up`` is usable, else the reason.  Fields named in ``psd_keys``
+    hold stacks of matrices that must be symmetric PSD (an ``ActiveBlocks`` stack always must)."""
+    for field, key, v in _items(up):
         if isinstance(v, DecodeProblems):     # payloads the server could not decode (fedconvex.codecs)
             if v[k] is not None:
                 return v[k]
@@ -32,13 +46,17 @@ def client_problem(up: dict, k: int, d: int) -> str | None:
         if isinstance(v, ActiveBlocks):
             B, a = v.blocks[k], v.active[k]
             xp = namespace(B)
-            if a.ndim != 1 or (a.shape[0] and (int(xp.min(a)) < 0 or int(xp.max(a)) >= d)):
+            if a.ndim != 1 or (a.shape[0] and d is not None and (int(xp.min(a)) < 0 or int(xp.max(a)) >= d)):
                 return f"{key}: feature indices outside 0..{d - 1}"
             if tuple(B.shape) != (a.shape[0], a.shape[0]):
                 return f"{key}: block of shape {tuple(B.shape)} for {a.shape[0]} features"
             if _certified_psd(v):
                 continue                      # the stack's own factorisation already proved it
             problem = psd_problem(B, shift=v.shift)   # P_c = B + shift I must be PSD; also reports NaN / Inf
+            if problem:
+                return f"preconditioner {key} {problem}"
+        elif field in psd_keys:
+            problem = psd_problem(v[k])       # also reports NaN / Inf
             if problem:
                 return f"preconditioner {key} {problem}"
         else:
@@ -49,11 +67,37 @@ def client_problem(up: dict, k: int, d: int) -> str | None:
     return None
 
 
+def _f64(a):
+    xp = namespace(a)
+    return a.to(xp.float64) if xp.__name__ == "torch" else xp.asarray(a, dtype=xp.float64)
+
+
+def preconditioner_trace(v, k: int) -> float:
+    """Trace of participant k's preconditioner(s) in field value ``v`` (a stack, a dict of stacks, or
+    ``ActiveBlocks`` whose matrices are B_k + shift I)."""
+    if isinstance(v, ActiveBlocks):
+        return float(np.trace(to_numpy(v.blocks[k]).astype(np.float64))) + v.shift * v.d
+    if isinstance(v, dict):
+        return sum(preconditioner_trace(a, k) for a in v.values())
+    xp = namespace(v)
+    return float(xp.sum(xp.diagonal(_f64(v[k]))))
+
+
+def model_norm(v, k: int) -> float:
+    """Euclidean norm of participant k's part of field value ``v`` (an array stack or a dict of them)."""
+    if isinstance(v, dict):
+        return float(np.sqrt(sum(model_norm(a, k) ** 2 for a in v.values())))
+    xp = namespace(v)
+    return float(xp.sqrt(xp.sum(_f64(v[k]) ** 2)))
+
+
 def keep(up: dict, rows) -> dict:
     """The message restricted to the participants at positions ``rows``."""
     out = {}
     for key, v in up.items():
-        if isinstance(v, ActiveBlocks):
+        if isinstance(v, dict):
+            out[key] = keep(v, rows)
+        elif isinstance(v, ActiveBlocks):
             out[key] = v.take(rows)
         elif isinstance(v, (tuple, list)):
             out[key] = type(v)(v[r] for r in rows)

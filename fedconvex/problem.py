@@ -19,6 +19,10 @@ from .backend import is_torch, namespace, to_numpy
 from .blocks import ActiveBlocks, Layout
 from .data.libsvm import DataError
 
+# lambda of f_i's L2 term: the FedNL setting the paper's Test 1 follows.  Every front-end's default
+# (the CLIs, Flower's run config, the benchmarks) is this constant.
+DEFAULT_LAM = 1e-3
+
 
 def _xp_asarray(xp, a, dtype=None):
     if is_torch(xp):
@@ -32,6 +36,16 @@ def _sparse_module(xp):
     import cupyx.scipy.sparse as csp  # the CuPy backend; same API as scipy.sparse
 
     return csp
+
+
+def _unique_bounded(keys, bound):
+    """np.unique(keys, return_inverse=True) for integer keys in [0, bound): a mark array instead of a
+    sort (linear time; the Hessian plan's keys run to millions)."""
+    mark = np.zeros(bound, dtype=bool)
+    mark[keys] = True
+    uniq = np.flatnonzero(mark)
+    rank = np.cumsum(mark, dtype=np.int64) - 1
+    return uniq, rank[keys]
 
 
 class _Rows:
@@ -55,7 +69,7 @@ class _Rows:
 
 
 class FederatedLogReg:
-    def __init__(self, X, y, parts, lam: float = 1e-3, weighting: str = "uniform", xp=np):
+    def __init__(self, X, y, parts, lam: float = DEFAULT_LAM, weighting: str = "uniform", xp=np):
         if not lam >= 0:
             raise ValueError(f"lam must be >= 0, got {lam}")
         if weighting not in ("uniform", "samples"):
@@ -116,7 +130,7 @@ class FederatedLogReg:
         layout = Layout(sizes, self.block_flat, d, persistent=True)
         nnz_client = self._row_client[self._nnz_row]
         keys = nnz_client * d + X.indices.astype(np.int64)
-        uniq, inv = np.unique(keys, return_inverse=True)
+        uniq, inv = _unique_bounded(keys, self.n_clients * d)
         local = inv - np.searchsorted(uniq, np.arange(self.n_clients) * d)[nnz_client]  # index in active set
         pos_parts, row_parts, val_parts = [], [], []
         for k in np.unique(rownnz):
@@ -131,7 +145,7 @@ class FederatedLogReg:
             row_parts.append(np.repeat(rows, len(iu)))
             val_parts.append((v[:, iu] * v[:, ju]).ravel())
         pos = np.concatenate(pos_parts) if pos_parts else np.zeros(0, dtype=np.int64)
-        upos, pid = np.unique(pos, return_inverse=True)
+        upos, pid = _unique_bounded(pos, layout.total)
         Q = sp.csr_matrix((np.concatenate(val_parts) if val_parts else np.zeros(0),
                            (pid.ravel(), np.concatenate(row_parts) if row_parts else pid.ravel())),
                           shape=(len(upos), X.shape[0]))

@@ -53,6 +53,7 @@ def fingerprint(exp) -> dict:
           "participants": None if exp.participants is None else int(exp.participants),
           "client_sizes": [len(c) for c in exp.clients],
           "data_hash": data_hash(exp.clients, exp.x_test, exp.y_test)})
+    fp["config.name"] = exp.cfg.name
     fp.update({f"config.{k}": v for k, v in asdict(exp.cfg).items()})
     return fp
 

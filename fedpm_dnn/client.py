@@ -1,7 +1,7 @@
 """Client-side local training shared by every DNN method.
 
 One loop of minibatch SGD over the client's data for ``local_epochs`` epochs; methods differ
-only in how the gradient is corrected before the step:
+only in how the gradient is corrected before the step (the method's ``grad_hook``):
   FedProx  g += mu (theta - theta_global)
   SCAFFOLD g += c - c_i
   all      g += weight_decay * theta            (weight_decay_mode 'coupled', the default)
@@ -59,9 +59,30 @@ def foof_matrices(model, blocks, data: ClientData, samples, generator, static: d
     return foof.compute_foof(model, blocks, data.plain_batches(idx), static)
 
 
-def local_train(model, cfg, data: ClientData, generator, *, global_params=None, control=None, client_control=None,
-                foof_A=None, blocks=None, foof_static=None):
-    """Train ``model`` in place; returns (mean training loss, number of steps, seconds)."""
+def client_round(alg, model, blocks, data, cs: dict, down: dict, gen):
+    """One client's round on the sequential engine, shared by the in-process simulator and the Flower
+    ClientApp: load the global model, train locally, and build the reply.  ``cs`` is the client's
+    persistent state (FOOF matrices and first-layer cache, the method's own entries), updated in place."""
+    _load(model, down["params"])
+    if alg.uses_foof and "foof" not in cs:   # first participation: matrices at the received model
+        cs["foof"] = foof_matrices(model, blocks, data, alg.foof_samples, gen, cs.setdefault("foof_static", {}))
+    loss, steps, _ = local_train(model, alg, data, gen, hook=alg.grad_hook(down, cs), foof_A=cs.get("foof"),
+                                 blocks=blocks, foof_static=cs.get("foof_static"))
+    local = {k: v.detach().clone() for k, v in model.named_parameters()}
+    end = foof_matrices(model, blocks, data, alg.foof_samples, gen, cs.setdefault("foof_static", {})) \
+        if alg.uses_foof else None
+    return alg.finish_reply(cs, local, steps, down, end), loss
+
+
+def _load(model, params):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(params[name])
+
+
+def local_train(model, cfg, data: ClientData, generator, *, hook=None, foof_A=None, blocks=None, foof_static=None):
+    """Train ``model`` in place with the method ``cfg``'s settings; returns (mean training loss, number
+    of steps, seconds).  ``hook(name, p, g)``: the method's gradient correction (``grad_hook``)."""
     start = time.perf_counter()
     params = [p for p in model.parameters()]
     named = dict(model.named_parameters())
@@ -81,10 +102,8 @@ def local_train(model, cfg, data: ClientData, generator, *, global_params=None, 
                 for name, p in named.items():
                     if p.grad is None:
                         continue
-                    if cfg.name == "fedprox" and cfg.mu:
-                        p.grad.add_(p - global_params[name], alpha=cfg.mu)
-                    if cfg.name == "scaffold":
-                        p.grad.add_(control[name] - client_control[name])
+                    if hook is not None:
+                        hook(name, p, p.grad)
                     if cfg.weight_decay and cfg.weight_decay_mode == "coupled":
                         p.grad.add_(p, alpha=cfg.weight_decay)
                 if cfg.clip is not None and cfg.clip_stage == "gradient":

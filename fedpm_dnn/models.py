@@ -67,9 +67,11 @@ class ResNet18GN(nn.Module):
         return self.fc(x)
 
 
+MODELS = {"cnn": lambda num_classes, in_channels, image_size, groups: SimpleCNN(num_classes, in_channels, image_size),
+          "resnet18gn": lambda num_classes, in_channels, image_size, groups: ResNet18GN(num_classes, in_channels, groups)}
+
+
 def make_model(name: str, num_classes: int, in_channels: int = 3, image_size: int = 32, groups: int = 2):
-    if name == "cnn":
-        return SimpleCNN(num_classes, in_channels, image_size)
-    if name == "resnet18gn":
-        return ResNet18GN(num_classes, in_channels, groups)
-    raise ValueError(f"unknown model {name!r}; choose cnn or resnet18gn")
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose {' or '.join(MODELS)}")
+    return MODELS[name](num_classes, in_channels, image_size, groups)

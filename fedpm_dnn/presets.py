@@ -2,11 +2,11 @@
 
 Each preset names its table; values are (lr, grad clip or None, weight decay -- or mu for
 FedProx --, FedAvgM momentum, damping, FedAdam server lr).  ``method_config`` turns a preset
-row into a MethodConfig; explicit command-line flags override it.
+row into a method object (``fedpm_dnn.algorithms``); explicit command-line flags override it.
 """
 from __future__ import annotations
 
-from .methods import MethodConfig
+from .algorithms import hyperparameters_of, make_method
 
 N = None  # "No" clipping
 
@@ -99,8 +99,8 @@ for _ds, _vals in {"cifar10": {64: (0.5, 1.0, 1e-4), 256: (0.5, N, 1e-4), 1024: 
             foof_samples=None if _k == "all" else _k)
 
 
-def method_config(preset: str | None, method: str, **overrides) -> MethodConfig:
-    """MethodConfig for ``method`` from a preset row (if given), then explicit overrides."""
+def method_config(preset: str | None, method: str, **overrides):
+    """The method ``method`` from a preset row (if given), then explicit overrides (None: not given)."""
     base = {}
     if preset is not None:
         if preset not in PRESETS:
@@ -110,9 +110,9 @@ def method_config(preset: str | None, method: str, **overrides) -> MethodConfig:
             raise ValueError(f"preset {preset!r} ({PRESETS[preset]['table']}) has no row for {method!r}")
         base = dict(rows[method])
         setting = PRESETS[preset]["setting"]
-        if "local_epochs" in setting:
-            base["local_epochs"] = setting["local_epochs"]
-        if "foof_samples" in setting:
-            base["foof_samples"] = setting["foof_samples"]
-    base.update({k: v for k, v in overrides.items() if v is not None})
-    return MethodConfig(method, **base)
+        takes = hyperparameters_of(method)
+        base.update({k: setting[k] for k in ("local_epochs", "foof_samples") if k in setting and k in takes})
+    # a command-line setting the method does not take (--mu for FedAvg) does not apply to it, as before;
+    # the preset rows themselves must fit (make_method rejects an unknown key)
+    given = {k: v for k, v in overrides.items() if v is not None and k in hyperparameters_of(method)}
+    return make_method(method, **{**base, **given})

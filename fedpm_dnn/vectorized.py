@@ -13,12 +13,12 @@ sequential engine's (``client.local_train`` / ``simulation.client_round``), clie
 * unequal client sizes: batches are padded to ``batch_size`` with a mask (a last partial batch, a
   client smaller than one batch); a client that has taken all its steps drops out of the stack
   (no update) while the others go on;
-* the step: gradient (+ FedProx mu (theta - theta_g), + SCAFFOLD c - c_i, + coupled weight decay),
+* the step: gradient (+ the method's ``grad_hook`` on the stacks, + coupled weight decay),
   per-client clipping of the raw gradient or of the step direction, FOOF preconditioning with
   batched Cholesky solves, theta -= lr direction, decoupled weight decay;
 * FOOF matrices from batched Gram products (``batched_foof``) with the same first-layer cache.
 
-Replies are built by ``simulation.finish_reply``, shared with the sequential engine, so the message
+Replies are built by the method's ``finish_reply``, shared with the sequential engine, so the message
 format, codecs and screening apply unchanged.  Clients are processed in chunks of ``client_chunk``
 when the whole stack does not fit in memory (chosen from the free device memory by default).
 """
@@ -220,10 +220,8 @@ class VectorizedEngine:
         return out
 
     # --- one round --------------------------------------------------------------------------------------------
-    def round(self, cfg, sel, states: list, params: dict, control, gens: list):
+    def round(self, cfg, sel, states: list, down: dict, gens: list):
         """Local training of the participants ``sel``: [(reply, loss)] in the order of ``sel``."""
-        from .simulation import finish_reply
-
         k = len(sel)
         sample = self._plain([sel[0]], 0, 1)[0]
         chunk = self.client_chunk or auto_client_chunk(self.model, cfg, sample, self.blocks, self.device, k)
@@ -231,12 +229,13 @@ class VectorizedEngine:
         results = []
         for s in range(0, k, chunk):
             idx = list(range(s, min(k, s + chunk)))
-            results += self._chunk(cfg, [int(sel[j]) for j in idx], [states[j] for j in idx], params, control,
-                                   [gens[j] for j in idx], finish_reply)
+            results += self._chunk(cfg, [int(sel[j]) for j in idx], [states[j] for j in idx], down,
+                                   [gens[j] for j in idx])
         return results
 
-    def _chunk(self, cfg, sel, states, params, control, gens, finish_reply):
+    def _chunk(self, cfg, sel, states, down, gens):
         K, B, dev = len(sel), cfg.batch_size, self.device
+        params = down["params"]
         dtype = params[self.names[0]].dtype
         scheds = [client_schedule(cfg, self.clients[i], g, cfg.uses_foof and "foof" not in cs)
                   for i, g, cs in zip(sel, gens, states)]
@@ -252,11 +251,9 @@ class VectorizedEngine:
                     states[j]["foof"] = m
             factors = batched_foof.factorize_stacked(
                 {b: torch.stack([cs["foof"][b] for cs in states]) for b in self.blocks}, cfg.damping, dtype)
-        if cfg.name == "scaffold":
-            for cs in states:
-                if "control" not in cs:
-                    cs["control"] = {n: torch.zeros_like(v) for n, v in params.items()}
-            cc = {n: torch.stack([cs["control"][n] for cs in states]) for n in self.names}
+        # the per-client tensors the method's gradient hook reads (SCAFFOLD's control), stacked
+        per_client = {key: {n: torch.stack([cs[key][n] for cs in states]) for n in self.names}
+                      for key in cfg.client_tensors}
         n_steps = [len(sc["steps"]) for sc in scheds]
         T = max(n_steps)
         # the whole schedule as (T, K, B) tensors, moved to the device once
@@ -298,12 +295,12 @@ class VectorizedEngine:
             grads = torch.autograd.grad(loss.sum(), [Pk[n] for n in self.names])
             with torch.no_grad():
                 G = dict(zip(self.names, [g.detach() for g in grads]))
+                hook = cfg.grad_hook(down, {key: {n: v if full else v.index_select(0, ids) for n, v in s.items()}
+                                            for key, s in per_client.items()})
                 for n in self.names:
                     p, g = Pk[n], G[n]
-                    if cfg.name == "fedprox" and cfg.mu:
-                        g.add_(p - params[n], alpha=cfg.mu)
-                    if cfg.name == "scaffold":
-                        g.add_(control[n] - (cc[n] if full else cc[n].index_select(0, ids)))
+                    if hook is not None:
+                        hook(n, p, g)
                     if cfg.weight_decay and cfg.weight_decay_mode == "coupled":
                         g.add_(p, alpha=cfg.weight_decay)
                 if cfg.clip is not None and cfg.clip_stage == "gradient":
@@ -351,6 +348,6 @@ class VectorizedEngine:
         seen = [len(self.clients[i]) * cfg.local_epochs for i in sel]
         for j, cs in enumerate(states):
             local = {n: P[n][j].clone() for n in self.names}
-            reply = finish_reply(cfg, cs, local, n_steps[j], params, control, end[j] if end is not None else None)
+            reply = cfg.finish_reply(cs, local, n_steps[j], down, end[j] if end is not None else None)
             results.append((reply, float(loss_sum[j]) / max(seen[j], 1)))
         return results

@@ -1,6 +1,7 @@
 """The CNN (FOOF) on Flower: a SuperNode runs fedpm_dnn's ``client_round`` -- the very function the
-in-process simulator runs -- on its partition, keeping its FOOF matrices in the node's state; the
-ServerApp screens the replies and applies fedpm_dnn's ``aggregate`` (FedPM: precond_mix per block).
+in-process simulator's sequential engine runs -- on its partition, keeping its FOOF matrices in the
+node's state; the ServerApp screens the replies and applies the method's ``server_update``
+(``fedpm_dnn.transport.server_step``; FedPM: precond_mix per block).
 Data: the seeded synthetic task (every process rebuilds the same partitions)."""
 from __future__ import annotations
 
@@ -9,28 +10,32 @@ import logging
 import numpy as np
 import torch
 
+from types import SimpleNamespace
+
 from fedpm_dnn import foof
-from fedpm_dnn.client import ClientData
+from fedpm_dnn.algorithms import applicable, make_method
+from fedpm_dnn.client import ClientData, client_round
 from fedpm_dnn.data.synthetic import MEAN, STD, synthetic_task
-from fedpm_dnn.methods import MethodConfig
 from fedpm_dnn.models import make_model
-from fedpm_dnn.server import aggregate, init_server_state
-from fedpm_dnn.simulation import client_generator, client_round, reply_shapes, screen_decoded
+from fedpm_dnn.task import client_generator
+from fedpm_dnn.transport import server_step
 
 log = logging.getLogger("fedpm.server")
 CLASSES, IMAGE = 3, 16
 _CACHE = {}
 
 
-def method_config(cfg) -> MethodConfig:
+def method_config(cfg):
+    """The fedpm_dnn method object for the run's settings (those the method takes)."""
     from fedconvex.codecs import parse
 
     codec = parse(cfg.precond_codec)
     if codec is not None and codec.stateful:
         raise ValueError(f"precond codec {cfg.precond_codec!r}: the delta codecs are simulator-only (per-node estimates)")
-    return MethodConfig(cfg.method, lr=cfg.lr, local_epochs=cfg.local_steps, batch_size=16, damping=1.0, clip=1.0,
-                        weight_decay=1e-4, precond_dtype="float16" if cfg.precond_dtype == "float16" else "float32",
-                        precond_codec=cfg.precond_codec)
+    settings = dict(lr=cfg.lr, local_epochs=cfg.local_steps, batch_size=16, damping=1.0, clip=1.0, weight_decay=1e-4,
+                    precond_dtype="float16" if cfg.precond_dtype == "float16" else "float32",
+                    precond_codec=cfg.precond_codec)
+    return make_method(cfg.method, **applicable(cfg.method, settings))
 
 
 def task(cfg):
@@ -60,8 +65,8 @@ def client_train(cfg, partition: int, params: dict, round_: int, state: dict) ->
         if entries:
             cs[key] = entries
     received = {k.split("/", 1)[1]: torch.as_tensor(v) for k, v in params.items() if k.startswith("params/")}
-    reply, loss = client_round(method_config(cfg), model, blocks, client_data(cfg, partition), cs, received, None,
-                               client_generator(cfg.seed, round_, partition))
+    reply, loss = client_round(method_config(cfg), model, blocks, client_data(cfg, partition), cs,
+                               {"params": received}, client_generator(cfg.seed, round_, partition))
     state.clear()
     for key in ("foof", "foof_static"):
         for k, v in cs.get(key, {}).items():
@@ -95,33 +100,28 @@ class CnnServer:
     def __init__(self, cfg):
         self.cfg = cfg
         self.mcfg = method_config(cfg)
-        model, self.blocks = new_model(cfg.seed)   # the same initial model as the in-process simulator
-        self.state = init_server_state(self.mcfg, {k: v.detach().clone() for k, v in model.named_parameters()})
-        self.shapes = reply_shapes(self.mcfg, self.state["params"], self.blocks)
+        model, blocks = new_model(cfg.seed)   # the same initial model as the in-process simulator
+        self.task = SimpleNamespace(blocks=blocks, n_clients=cfg.clients)   # what the server step sees
+        self.state = self.mcfg.init(self.task, {k: v.detach().clone() for k, v in model.named_parameters()})
 
     @property
     def theta(self) -> np.ndarray:
-        return torch.cat([p.detach().reshape(-1) for p in self.state["params"].values()]).numpy().astype(np.float64)
+        return torch.cat([p.detach().reshape(-1) for p in self.state.theta.values()]).numpy().astype(np.float64)
 
     def broadcast(self) -> dict:
-        return {f"params/{k}": v.detach().numpy() for k, v in self.state["params"].items()}
+        return {f"params/{k}": v.detach().numpy() for k, v in self.state.theta.items()}
 
     def step(self, replies: dict, round_: int) -> dict:
         parts = sorted(replies)
-        unpacked = [regroup_payloads(unflatten(replies[p])) if self.mcfg.precond_codec != "none"
-                    else unflatten(replies[p]) for p in parts]
+        encoded = getattr(self.mcfg, "precond_codec", "none") != "none"   # payloads, not matrices
+        unpacked = [regroup_payloads(unflatten(replies[p])) if encoded else unflatten(replies[p]) for p in parts]
         try:
-            kept, rejected, self.state, unpacked = screen_decoded(
-                self.mcfg, self.state, unpacked, np.array(parts), self.shapes, round_, n_clients=self.cfg.clients,
-                max_ratio=self.cfg.max_ratio or None)
+            self.state, used, rejected = server_step(self.mcfg, self.task, self.state, unpacked, parts, round_,
+                                                     max_ratio=self.cfg.max_ratio or None)
         except ArithmeticError as exc:
             log.warning("round %d: %s; round skipped", round_, exc)
             return {"used": 0, "rejected": len(parts)}
-        if kept:
-            weights = torch.full((len(kept),), 1.0 / len(kept))
-            self.state = aggregate(self.mcfg, self.state, [unpacked[k] for k in kept], weights, self.cfg.clients,
-                                   self.blocks)
-        return {"used": len(kept), "rejected": len(rejected)}
+        return {"used": used, "rejected": rejected}
 
 
 def in_process(cfg) -> np.ndarray:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from fedconvex.algorithms import make_algorithm
+from fedconvex.algorithms import applicable, make_algorithm
 from fedconvex.algorithms.base import RoundInfo
 from fedconvex.blocks import ActiveBlocks
 from fedconvex.codecs import CodecError, parse as parse_codec
@@ -29,7 +29,8 @@ def algorithm(cfg):
     if codec is not None and (codec.stateful or cfg.precond_dtype != "float64"):
         raise ValueError(f"precond codec {cfg.precond_codec!r} on Flower: only stateless codecs (sym, fp16, bf16, "
                          "lowrank:R) with precond_dtype float64")
-    return make_algorithm(cfg.method, lr=cfg.lr, local_steps=cfg.local_steps, precond_codec=cfg.precond_codec)
+    return make_algorithm(cfg.method, **applicable(cfg.method, {"lr": cfg.lr, "local_steps": cfg.local_steps,
+                                                           "precond_codec": cfg.precond_codec}))
 
 
 def split(cfg, n_rows):

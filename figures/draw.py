@@ -13,10 +13,10 @@ import numpy as np  # noqa: E402
 from .results import best_by_seed, curves_by_seed, read_history, read_summary  # noqa: E402
 from .tables import LABELS  # noqa: E402
 
-ORDER = ("fedavg", "fedavgm", "fedprox", "scaffold", "fedadam", "localnewton", "fedpm")
-TEST1 = ("fedavg", "fedavgm", "scaffold", "fedadam", "fedns", "fednl", "localnewton", "fedpm")
-TEST1_LABELS = {"fedavg": "FedAvg/PSGD", "fedavgm": "FedAvgM", "scaffold": "SCAFFOLD", "fedadam": "FedAdam",
-                "fedns": "FedNS", "fednl": "FedNL", "localnewton": "LocalNewton", "fedpm": "FedPM"}
+from fedconvex.algorithms import PAPER_TEST1 as TEST1, REGISTRY as CONVEX_REGISTRY  # noqa: E402
+from fedpm_dnn.algorithms import METHODS as ORDER  # noqa: E402  (the paper's order of Test 2)
+
+TEST1_LABELS = {m: CONVEX_REGISTRY[m].label for m in TEST1}
 
 
 def save(fig, out_dir, stem):

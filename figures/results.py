@@ -1,17 +1,18 @@
 """Reading saved runs: histories, summaries, and best accuracies grouped over seeds."""
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
 
 import numpy as np
 
+from fedconvex.history import read_run
+
 
 def read_history(folder):
-    with open(os.path.join(folder, "history.csv"), newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    """{column: array} of a run folder's single-run history (fedconvex.history's format)."""
+    rows = read_run(os.path.join(folder, "history.csv"))
     return {k: np.array([float(r[k]) for r in rows]) for k in rows[0]} if rows else {}
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 import numpy as np
 from scipy.stats import mannwhitneyu
 
-LABELS = {"fedavg": "FedAvg", "fedavgm": "FedAvgM", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "fedadam": "FedAdam",
-          "localnewton": "LocalNewton", "fedpm": "FedPM"}
+from fedpm_dnn.algorithms import REGISTRY as DNN_REGISTRY
+
+# method labels come from the registries (one place each): the DNN methods' for Test 2's tables
+LABELS = {name: cls.label for name, cls in DNN_REGISTRY.items()}
 
 
 def mean_std(values):

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fedconvex.algorithms import REGISTRY, make_algorithm
+from fedconvex.algorithms import REGISTRY, applicable, make_algorithm
 from fedconvex.algorithms.compressors import make_compressor
 from fedconvex.problem import FederatedLogReg
 from fedconvex.reference import solve_optimum
@@ -243,7 +243,7 @@ def contraction(hist):
 @pytest.mark.parametrize("name", ["fedpm", "fednl"])
 def test_superlinear_convergence_on_a9a(a9a_paper, name):
     pb, theta_star, f_star, theta0 = a9a_paper
-    _, hist = run(pb, make_algorithm(name, lr=1.0, local_steps=1), theta0, 10, theta_star=theta_star, f_star=f_star)
+    _, hist = run(pb, make_algorithm(name, **applicable(name, {"lr": 1.0, "local_steps": 1})), theta0, 10, theta_star=theta_star, f_star=f_star)
     assert min(r["dist"] for r in hist) < 1e-10
     ratios = contraction(hist)
     tail = ratios[-3:]
@@ -284,8 +284,8 @@ def test_bytes_are_counted_from_the_messages(rng):
     _, h = run(pb, make_algorithm("fedpm"), theta, 1)
     blocks = sum(len(a) ** 2 * 8 + len(a) * 8 for a in pb.active_host)
     assert h[1]["bytes_up"] == 6 * 8 + blocks // 4
-    _, h = run(pb, make_algorithm("fednl"), theta, 1)
-    assert h[1]["bytes_up"] == 6 * 8 + 6 * 6 * 8
+    _, h = run(pb, make_algorithm("fednl"), theta, 1)   # identity: its difference on the active block, like FedPM
+    assert h[1]["bytes_up"] == 6 * 8 + blocks // 4
     _, h = run(pb, make_algorithm("newton"), theta, 1)
     assert h[1]["bytes_up"] == 0
 
@@ -322,3 +322,15 @@ def test_fedns_paper_sketch_converges_linearly_on_a9a(a9a_paper):
     ratios = contraction(hist)
     assert hist[-1]["dist"] < 1e-6
     assert min(ratios[-4:]) > 0.01          # linear: bounded away from zero, unlike FedPM / FedNL
+
+
+def test_make_algorithm_rejects_a_hyper_parameter_the_method_does_not_have():
+    from fedconvex.algorithms import applicable, make_algorithm
+
+    with pytest.raises(ValueError, match="fedpm has no hyper-parameter 'lrr'"):
+        make_algorithm("fedpm", lrr=1.0)
+    with pytest.raises(ValueError, match="local_steps"):
+        make_algorithm("fednl", local_steps=2)     # FedNL takes no local steps
+    # shared command-line settings are passed on only where they apply
+    assert applicable("fednl", {"local_steps": 2, "lr": 0.5}) == {"lr": 0.5}
+    assert make_algorithm("fedpm", **applicable("fedpm", {"local_steps": 2})).local_steps == 2

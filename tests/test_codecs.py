@@ -222,37 +222,45 @@ def test_fednl_compressor_used_by_delta_is_fedconvex_s():
 # ---------------------------------------------------------------- fedpm_dnn
 def test_dnn_sym_is_bit_identical_and_payloads_are_screened():
     torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from fedconvex.algorithms.base import RoundInfo
     from fedpm_dnn import foof
-    from fedpm_dnn.client import ClientData
+    from fedpm_dnn.algorithms import make_method
+    from fedpm_dnn.algorithms.base import stack_replies
+    from fedpm_dnn.client import ClientData, client_round
     from fedpm_dnn.data.synthetic import MEAN, STD, synthetic_task
-    from fedpm_dnn.methods import MethodConfig
     from fedpm_dnn.models import make_model
-    from fedpm_dnn.server import aggregate, init_server_state
-    from fedpm_dnn.simulation import client_generator, client_round, reply_shapes, screen_decoded
+    from fedpm_dnn.task import client_generator
+    from fedpm_dnn.transport import server_step
 
     parts, _ = synthetic_task(2, seed=0, classes=3, image_size=16)
     data = [ClientData(torch.as_tensor(x[:24]), torch.as_tensor(y[:24]), MEAN, STD) for x, y in parts]
     out = {}
     for codec in ("none", "sym", "fp16", "delta:topk:0.05"):
-        cfg = MethodConfig("fedpm", lr=0.05, local_epochs=1, batch_size=16, clip=1.0, precond_codec=codec)
+        cfg = make_method("fedpm", lr=0.05, local_epochs=1, batch_size=16, clip=1.0, precond_codec=codec)
         torch.manual_seed(0)
         model = make_model("cnn", 3, image_size=16)
         blocks = foof.foof_blocks(model)
-        state = init_server_state(cfg, dict(model.named_parameters()))
-        shapes = reply_shapes(cfg, state["params"], blocks)
-        replies = [client_round(cfg, model, blocks, data[i], {}, state["params"], None, client_generator(0, 1, i))[0]
+        task = SimpleNamespace(blocks=blocks, n_clients=2)
+        state = cfg.init(task, dict(model.named_parameters()))
+        replies = [client_round(cfg, model, blocks, data[i], {}, {"params": state.theta}, client_generator(0, 1, i))[0]
                    for i in range(2)]
         if codec == "fp16":   # a malformed payload: rejected, the other client used
             replies[1]["foof"]["fc1"] = {"upper": replies[1]["foof"]["fc1"]["upper"][:-1]}
-        kept, rejected, state, dec = screen_decoded(cfg, state, replies, np.arange(2), shapes, 1)
+        # what the server decodes: plain matrices of the blocks' shapes, PSD to round-off
+        info = RoundInfo(sel=np.arange(2), weights=np.full(2, 0.5), n_clients=2)
+        dec, _ = cfg.receive(task, state, stack_replies(replies), info)
+        for name, A in dec["foof"].items():
+            d = blocks[name].module.weight[0].numel() + 1
+            assert A.shape == (2, d, d)
+            for k in range(2):
+                if dec.get("decode") is None or dec["decode"][k] is None:
+                    assert torch.linalg.eigvalsh(A[k].double()).min() >= -1e-5 * float(A[k].abs().max())
+        new, used, rejected = server_step(cfg, task, state, replies, np.arange(2), 1)
         if codec == "fp16":
-            assert kept == [0] and rejected[0][0] == 1
+            assert (used, rejected) == (1, 1)
             continue
-        assert kept == [0, 1]
-        for r in (dec[k] for k in kept):
-            for name, A in r["foof"].items():
-                assert A.shape == shapes["foof"][name]
-                assert torch.linalg.eigvalsh(A.double()).min() >= -1e-5 * float(A.abs().max())
-        new = aggregate(cfg, state, [dec[k] for k in kept], torch.full((2,), 0.5), 2, blocks)
-        out[codec] = torch.cat([v.reshape(-1) for v in new["params"].values()])
+        assert (used, rejected) == (2, 0)
+        out[codec] = torch.cat([v.reshape(-1) for v in new.theta.values()])
     assert torch.equal(out["none"], out["sym"])

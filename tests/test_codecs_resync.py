@@ -160,15 +160,20 @@ def test_delta_identity_with_a_rejected_round_equals_uncompressed_fedpm(logreg, 
 
 
 # ---------------------------------------------------------------- fedpm_dnn
+def dnn_fedpm(codec):
+    from fedpm_dnn.algorithms import make_method
+
+    return make_method("fedpm", lr=0.3, local_epochs=1, batch_size=16, damping=1.0, clip=1.0, precond_codec=codec)
+
+
 def _dnn_run(tmp_path, codec, tamper, rounds=4, engine="sequential"):
     torch = pytest.importorskip("torch")
     from fedpm_dnn import checkpoint as ck
-    from fedpm_dnn.methods import MethodConfig
     from fedpm_dnn.simulation import run_experiment
     from fedpm_dnn.wire import client_estimate
     from test_dnn_training import experiment
 
-    cfg = MethodConfig("fedpm", lr=0.3, local_epochs=1, batch_size=16, damping=1.0, clip=1.0, precond_codec=codec)
+    cfg = dnn_fedpm(codec)
     exp = experiment(cfg, rounds=rounds)
     exp.engine = engine
     path = str(tmp_path / f"{codec.replace(':', '-')}-{engine}.pt")
@@ -263,52 +268,39 @@ def test_server_that_lost_its_estimates_gets_full_uploads_again(logreg):
 
 def test_dnn_server_that_lost_its_estimates_gets_full_uploads_again():
     torch = pytest.importorskip("torch")
-    from fedpm_dnn import foof
-    from fedpm_dnn.methods import MethodConfig
-    from fedpm_dnn.models import make_model
-    from fedpm_dnn.server import aggregate, init_server_state
-    from fedpm_dnn.simulation import client_generator, client_round, reply_shapes, screen_decoded
-    from fedpm_dnn.wire import acknowledge, client_estimate
-    from test_dnn_training import synthetic
+    from dataclasses import replace
 
-    clients, _, _ = synthetic()
-    cfg = MethodConfig("fedpm", lr=0.3, local_epochs=1, batch_size=16, damping=1.0, clip=1.0,
-                       precond_codec="delta:topk:0.05")
-    torch.manual_seed(0)
-    model = make_model("cnn", 3, image_size=16)
-    blocks = foof.foof_blocks(model)
-    state = init_server_state(cfg, dict(model.named_parameters()))
-    shapes = reply_shapes(cfg, state["params"], blocks)
-    cstates = [{} for _ in clients]
-    sel = np.arange(len(clients))
+    from fedpm_dnn.simulation import build
+    from fedpm_dnn.wire import client_estimate
+    from test_dnn_training import experiment
+
+    seen = {}
+
+    def tamper(t, client, reply):     # only watches: were this round's uploads full matrices?
+        seen.setdefault(t, []).append(all("full" in p for p in reply["foof"].values()))
+        return reply
+    task, driver, state = build(experiment(dnn_fedpm("delta:topk:0.05"), rounds=4), tamper)
+    rng = np.random.default_rng(0)
     for t in (1, 2, 3, 4):
-        if t == 3:
-            state = {k: v for k, v in state.items() if k != "foof_hat"}      # the server forgot every A_hat
-        replies = [client_round(cfg, model, blocks, clients[i], cstates[i], state["params"], None,
-                                client_generator(0, t, i))[0] for i in sel]
-        full = [all("full" in p for p in r["foof"].values()) for r in replies]
-        assert all(full) == (t in (1, 4)) and any(full) == (t in (1, 4))
-        kept, rejected, state, dec = screen_decoded(cfg, state, replies, sel, shapes, t)
-        acknowledge(cfg, state, cstates, sel)
-        assert len(rejected) == (len(sel) if t == 3 else 0)
-        if kept:
-            state = aggregate(cfg, state, [dec[k] for k in kept], torch.full((len(kept),), 1 / len(kept)),
-                              len(clients), blocks)
-    for i in sel:
-        assert codecs.digest(state["foof_hat"][int(i)]) == codecs.digest(client_estimate(cstates[i])) \
+        if t == 3:       # the server forgot every A_hat
+            state = replace(state, server={**state.server, "foof_hat": {}})
+        state, row = driver.round(state, t, rng)
+        assert all(seen[t]) == (t in (1, 4)) and any(seen[t]) == (t in (1, 4))
+        assert row["rejected"] == (task.n_clients if t == 3 else 0)
+    for i in range(task.n_clients):
+        assert codecs.digest(state.server["foof_hat"][i]) == codecs.digest(client_estimate(state.clients[i])) \
             != codecs.NO_ESTIMATE
+    del torch
 
 
 def test_dnn_delta_run_resumes_to_the_uninterrupted_history(tmp_path):
     """The estimates, pending estimates and acknowledgements live in the checkpoint: a delta run killed
     after round 2 and resumed has the uninterrupted run's history."""
     pytest.importorskip("torch")
-    from fedpm_dnn.methods import MethodConfig
     from fedpm_dnn.simulation import run_experiment
     from test_dnn_training import _strip, experiment
 
-    cfg = MethodConfig("fedpm", lr=0.3, local_epochs=1, batch_size=16, damping=1.0, clip=1.0,
-                       precond_codec="delta:topk:0.05")
+    cfg = dnn_fedpm("delta:topk:0.05")
     tamper = _dnn_tamper("nan-payload", who=1, when=2)     # round 2 rejects client 1: its state matters
     full = run_experiment(experiment(cfg, rounds=4), tamper=tamper)
     ck = str(tmp_path / "ck.pt")

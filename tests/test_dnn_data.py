@@ -242,7 +242,7 @@ def test_femnist_rounds_sample_participants_from_every_writer(tmp_path, rng):
                                        "--method", "fedavg", "--device", "cpu", "--rounds", "3", "--local-epochs", "1",
                                        "--engine", "sequential"]))  # the spy watches client_round
     seen = []
-    import fedpm_dnn.simulation as sim
+    import fedpm_dnn.task as sim   # the sequential engine's client_round
     original = sim.client_round
 
     def spy(cfg, model, blocks, data, *a, **k):

@@ -10,8 +10,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fedpm_dnn.client import ClientData  # noqa: E402
-from fedpm_dnn.methods import METHODS, MethodConfig  # noqa: E402
+from fedpm_dnn.algorithms import METHODS, applicable, make_method  # noqa: E402
 from fedpm_dnn.simulation import Experiment, run_experiment  # noqa: E402
+
+
+def make(name, **kw):
+    """The method with those of the common settings ``kw`` that it takes."""
+    return make_method(name, **applicable(name, kw))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,7 +50,7 @@ def experiment(cfg, rounds=4, participants=None, seed=0):
 
 @pytest.mark.parametrize("method", ["fedpm", "localnewton", "fedavg"])
 def test_three_clients_learn_a_synthetic_task(method):
-    cfg = MethodConfig(method, lr=0.3 if method != "fedavg" else 0.1, local_epochs=2, batch_size=16, damping=1.0,
+    cfg = make(method, lr=0.3 if method != "fedavg" else 0.1, local_epochs=2, batch_size=16, damping=1.0,
                        clip=1.0)
     hist = run_experiment(experiment(cfg, rounds=5))
     assert max(r["test_acc"] for r in hist) > 0.75       # chance is 1/3
@@ -53,7 +58,7 @@ def test_three_clients_learn_a_synthetic_task(method):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_runs_and_counts_its_messages(method):
-    cfg = MethodConfig(method, lr=0.05, local_epochs=1, batch_size=16, mu=0.01, server_lr=0.03,
+    cfg = make(method, lr=0.05, local_epochs=1, batch_size=16, mu=0.01, server_lr=0.03,
                        clip=1.0, foof_samples=20)
     exp = experiment(cfg, rounds=2, participants=2)
     hist = run_experiment(exp)
@@ -74,8 +79,8 @@ def test_every_method_runs_and_counts_its_messages(method):
 
 def test_float16_preconditioners_halve_their_bytes():
     base = dict(lr=0.1, local_epochs=1, batch_size=16, foof_samples=20)
-    h32 = run_experiment(experiment(MethodConfig("fedpm", **base), rounds=1))
-    h16 = run_experiment(experiment(MethodConfig("fedpm", precond_dtype="float16", **base), rounds=1))
+    h32 = run_experiment(experiment(make("fedpm", **base), rounds=1))
+    h16 = run_experiment(experiment(make("fedpm", precond_dtype="float16", **base), rounds=1))
     import fedpm_dnn.models as models
     params = 4 * sum(p.numel() for p in models.make_model("cnn", 3, image_size=16).parameters())
     assert h16[0]["bytes_up"] - params == (h32[0]["bytes_up"] - params) // 2
@@ -87,21 +92,21 @@ def _strip(hist):
 
 @pytest.mark.parametrize("method", ["fedpm", "scaffold", "fedadam"])
 def test_kill_and_resume_gives_the_identical_history(tmp_path, method):
-    cfg = MethodConfig(method, lr=0.1, local_epochs=1, batch_size=16, foof_samples=30, server_lr=0.03)
+    cfg = make(method, lr=0.1, local_epochs=1, batch_size=16, foof_samples=30, server_lr=0.03)
     full = run_experiment(experiment(cfg, rounds=4, participants=2))
     ck = str(tmp_path / "ck.pt")
     run_experiment(experiment(cfg, rounds=2, participants=2), checkpoint=ck)        # "killed" after round 2
     resumed = run_experiment(experiment(cfg, rounds=4, participants=2), checkpoint=ck, resume=True)
     assert _strip(resumed) == _strip(full)
-    other = run_experiment(experiment(MethodConfig(method, lr=0.2, local_epochs=1, batch_size=16), rounds=2))
+    other = run_experiment(experiment(make(method, lr=0.2, local_epochs=1, batch_size=16), rounds=2))
     with pytest.raises(ValueError, match="different configuration"):
-        run_experiment(experiment(MethodConfig(method, lr=0.2, local_epochs=1, batch_size=16), rounds=3),
+        run_experiment(experiment(make(method, lr=0.2, local_epochs=1, batch_size=16), rounds=3),
                        checkpoint=ck, resume=True)
     assert other
 
 
 def test_divergence_is_one_clear_error():
-    cfg = MethodConfig("fedavg", lr=1e6, local_epochs=1, batch_size=16, weight_decay=0.0)
+    cfg = make("fedavg", lr=1e6, local_epochs=1, batch_size=16, weight_decay=0.0)
     with pytest.raises(ArithmeticError, match="diverged at round"):
         run_experiment(experiment(cfg, rounds=3))
 
@@ -155,8 +160,8 @@ def test_runner_errors_are_one_line(tmp_path, args, fragment):
 
 def test_refreshing_the_matrices_during_local_training_changes_the_steps():
     base = dict(lr=0.3, local_epochs=2, batch_size=16, damping=0.1)
-    once = run_experiment(experiment(MethodConfig("fedpm", **base), rounds=2))
-    refreshed = run_experiment(experiment(MethodConfig("fedpm", refresh_every=2, **base), rounds=2))
+    once = run_experiment(experiment(make("fedpm", **base), rounds=2))
+    refreshed = run_experiment(experiment(make("fedpm", refresh_every=2, **base), rounds=2))
     assert _strip(once) != _strip(refreshed)
     assert all(np.isfinite(r["train_loss"]) for r in refreshed)
 
@@ -175,7 +180,7 @@ def test_clip_stage_update_bounds_the_preconditioned_step():
         g = torch.Generator().manual_seed(0)
         A = foof.compute_foof(model, blocks, data.plain_batches(torch.arange(len(data))))
         before = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
-        cfg = MethodConfig("localnewton", lr=0.5, clip=0.01, damping=1e-4, local_epochs=1, batch_size=len(data),
+        cfg = make("localnewton", lr=0.5, clip=0.01, damping=1e-4, local_epochs=1, batch_size=len(data),
                            weight_decay=0.0, clip_stage=stage)
         local_train(model, cfg, data, g, foof_A=A, blocks=blocks)
         step = torch.linalg.norm(torch.cat([p.detach().reshape(-1) for p in model.parameters()]) - before)
@@ -192,7 +197,7 @@ def test_bad_replies_are_rejected_and_the_round_goes_on(caplog, tmp_path):
             reply = {**reply, "params": {**reply["params"], "fc3.bias": torch.full((4,), float("nan"))}}
         return reply
 
-    cfg = MethodConfig("fedpm", lr=0.1, local_epochs=1, batch_size=16, foof_samples=20)
+    cfg = make("fedpm", lr=0.1, local_epochs=1, batch_size=16, foof_samples=20)
     with caplog.at_level(logging.WARNING, logger="fedpm.server"):
         hist = run_experiment(experiment(cfg, rounds=2), tamper=tamper)
     assert "client 1 rejected: preconditioner foof[conv1] is not positive semidefinite" in caplog.text
@@ -256,7 +261,7 @@ def test_clip_acts_exactly_where_the_stage_says(stage):
     clients, _, _ = synthetic()
     data = clients[0]
     lr, clip, damping = 0.5, 0.05, 1e-2
-    cfg = MethodConfig("localnewton", lr=lr, clip=clip, damping=damping, local_epochs=1, batch_size=len(data),
+    cfg = make("localnewton", lr=lr, clip=clip, damping=damping, local_epochs=1, batch_size=len(data),
                        weight_decay=0.0, clip_stage=stage)
     before, after, grads, model, blocks, A = _one_full_batch_step(cfg, data)
     step = _flat(before) - _flat(after)
@@ -281,12 +286,12 @@ def test_decoupled_weight_decay_shrinks_after_the_step():
     lr, wd, damping = 0.1, 0.05, 1.0
     kw = dict(lr=lr, clip=None, damping=damping, local_epochs=1, batch_size=len(data), weight_decay=wd)
     before, after, grads, model, blocks, A = _one_full_batch_step(
-        MethodConfig("localnewton", weight_decay_mode="decoupled", **kw), data)
+        make("localnewton", weight_decay_mode="decoupled", **kw), data)
     direction = _precondition(model, blocks, A, damping, grads)
     expected = {k: (before[k] - lr * direction[k]) * (1 - lr * wd) for k in before}
     assert torch.allclose(_flat(after), _flat(expected), rtol=1e-5, atol=1e-7)
     # coupled: the decay term goes through the preconditioner with the gradient
-    before, after, grads, model, blocks, A = _one_full_batch_step(MethodConfig("localnewton", **kw), data)
+    before, after, grads, model, blocks, A = _one_full_batch_step(make("localnewton", **kw), data)
     direction = _precondition(model, blocks, A, damping, {k: grads[k] + wd * before[k] for k in grads})
     assert torch.allclose(_flat(after), _flat({k: before[k] - lr * direction[k] for k in before}), rtol=1e-5,
                           atol=1e-7)
@@ -301,7 +306,7 @@ def test_the_dnn_server_magnitude_guard_is_off_by_default_and_rejects_when_on(ca
             reply = {**reply, "foof": {k: v * 1e12 for k, v in reply["foof"].items()}}
         return reply
 
-    cfg = MethodConfig("fedpm", lr=0.1, local_epochs=1, batch_size=16, foof_samples=20)
+    cfg = make("fedpm", lr=0.1, local_epochs=1, batch_size=16, foof_samples=20)
     open_hist = run_experiment(experiment(cfg, rounds=1), tamper=inflate)
     with caplog.at_level(logging.WARNING, logger="fedpm.server"):
         guarded = run_experiment(dataclasses.replace(experiment(cfg, rounds=1), max_ratio=100.0), tamper=inflate)

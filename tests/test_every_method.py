@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fedconvex.algorithms import REGISTRY, make_algorithm
+from fedconvex.algorithms import REGISTRY, applicable, make_algorithm
 from fedconvex.backend import BackendError, get_backend
 from fedconvex.problem import FederatedLogReg
 from fedconvex.reference import solve_optimum
@@ -24,7 +24,7 @@ def test_every_method_reduces_the_gap(name, shape):
     pb = FederatedLogReg(X, y, parts, lam=0.05)
     theta_star, f_star, _ = solve_optimum(pb)
     theta0 = theta_star + rng.normal(0, 0.5, pb.d)
-    params = dict(lr=SAFE_LR.get(name, 1.0), local_steps=2)
+    params = applicable(name, dict(lr=SAFE_LR.get(name, 1.0), local_steps=2))
     state, hist = run(pb, make_algorithm(name, **params), theta0, 15, participants=4, seed=1,
                       theta_star=theta_star, f_star=f_star)
     assert np.all(np.isfinite(state.theta))

@@ -7,8 +7,19 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from fedpm_dnn import foof  # noqa: E402
-from fedpm_dnn.methods import MethodConfig  # noqa: E402
-from fedpm_dnn.server import aggregate, init_server_state  # noqa: E402
+from fedconvex.algorithms.base import RoundInfo  # noqa: E402
+from fedpm_dnn.algorithms import make_method  # noqa: E402
+from fedpm_dnn.algorithms.base import stack_replies  # noqa: E402
+
+
+def aggregate(alg, params, replies, weights, blocks):
+    """The method's server step from the initial state at ``params`` over ``replies``: the new parameters."""
+    from types import SimpleNamespace
+
+    task = SimpleNamespace(blocks=blocks, n_clients=len(replies))
+    info = RoundInfo(sel=np.arange(len(replies)), weights=np.asarray(weights, dtype=np.float64),
+                     n_clients=len(replies))
+    return alg.server_update(task, alg.init(task, params), stack_replies(replies), info).theta
 
 
 
@@ -95,16 +106,15 @@ def test_identical_clients_give_back_the_same_model(name):
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     g = torch.Generator().manual_seed(0)
     A = {n: _random_spd(b.module.weight[0].numel() + 1, g) for n, b in blocks.items()}
-    cfg = MethodConfig(name, damping=0.5)
-    state = init_server_state(cfg, params)
+    cfg = make_method(name, damping=0.5)
     # three clients with the same parameters but *different* matrices: mixing must return them
     As = [{n: a + i * torch.eye(a.shape[0]) for n, a in A.items()} for i in range(3)]
-    new = aggregate(cfg, state, _replies([params] * 3, As), torch.full((3,), 1 / 3), 3, blocks)
+    new = aggregate(cfg, params, _replies([params] * 3, As), torch.full((3,), 1 / 3), blocks)
     for n in params:
-        torch.testing.assert_close(new["params"][n], params[n])
-    one = aggregate(cfg, state, _replies([params], As[:1]), torch.ones(1), 1, blocks)
+        torch.testing.assert_close(new[n], params[n])
+    one = aggregate(cfg, params, _replies([params], As[:1]), torch.ones(1), blocks)
     for n in params:
-        torch.testing.assert_close(one["params"][n], params[n])
+        torch.testing.assert_close(one[n], params[n])
 
 
 def test_fedpm_mixes_blocks_with_their_matrices_and_averages_the_rest():
@@ -115,15 +125,15 @@ def test_fedpm_mixes_blocks_with_their_matrices_and_averages_the_rest():
     ps = [{n: p.detach() + 0.1 * torch.randn(p.shape, generator=g) for n, p in model.named_parameters()}
           for _ in range(2)]
     As = [{n: _random_spd(b.module.weight[0].numel() + 1, g) for n, b in blocks.items()} for _ in range(2)]
-    cfg = MethodConfig("fedpm", damping=0.3)
+    cfg = make_method("fedpm", damping=0.3)
     w = torch.tensor([0.25, 0.75])
-    new = aggregate(cfg, init_server_state(cfg, ps[0]), _replies(ps, As), w, 2, blocks)
+    new = aggregate(cfg, ps[0], _replies(ps, As), w, blocks)
     lin = blocks["3"]
     th = [foof.get_theta(lin, p["3.weight"], p["3.bias"]) for p in ps]
     M = [As[i]["3"] + 0.3 * torch.eye(As[i]["3"].shape[0]) for i in range(2)]
     expect = torch.linalg.solve(w[0] * M[0] + w[1] * M[1], w[0] * M[0] @ th[0] + w[1] * M[1] @ th[1])
-    torch.testing.assert_close(foof.get_theta(lin, new["params"]["3.weight"], new["params"]["3.bias"]), expect)
-    torch.testing.assert_close(new["params"]["1.weight"], 0.25 * ps[0]["1.weight"] + 0.75 * ps[1]["1.weight"])
+    torch.testing.assert_close(foof.get_theta(lin, new["3.weight"], new["3.bias"]), expect)
+    torch.testing.assert_close(new["1.weight"], 0.25 * ps[0]["1.weight"] + 0.75 * ps[1]["1.weight"])
 
 
 @pytest.mark.parametrize("damping", [0.0, 0.7])
@@ -152,8 +162,8 @@ def test_one_full_batch_foof_step_plus_fedpm_mixing_is_a_global_newton_step(damp
         replies.append({"params": {"weight": lin.weight.detach().clone(), "bias": lin.bias.detach().clone()},
                         "foof": A})
     sizes = torch.tensor([len(x) for x in xs], dtype=torch.float64)
-    cfg = MethodConfig("fedpm", damping=damping)
-    new = aggregate(cfg, init_server_state(cfg, theta0), replies, sizes / sizes.sum(), 3, blocks)
+    cfg = make_method("fedpm", damping=damping)
+    new = aggregate(cfg, theta0, replies, sizes / sizes.sum(), blocks)
     # Newton on the pooled data
     X = torch.cat([torch.cat([x, torch.ones(len(x), 1)], 1) for x in xs])
     Y = torch.cat(ys)
@@ -161,7 +171,7 @@ def test_one_full_batch_foof_step_plus_fedpm_mixing_is_a_global_newton_step(damp
     H = X.T @ X / len(X)
     G = X.T @ (X @ T - Y) / len(X)
     expect = T - torch.linalg.solve(H + damping * torch.eye(d_in + 1), G)
-    torch.testing.assert_close(foof.get_theta(blocks[""], new["params"]["weight"], new["params"]["bias"]), expect)
+    torch.testing.assert_close(foof.get_theta(blocks[""], new["weight"], new["bias"]), expect)
 
 
 def test_non_positive_definite_matrix_is_reported():

@@ -46,3 +46,15 @@ def test_generic_backend_matches_numpy(generic_xp, rng, name, kw):
     a = run(fast, make_algorithm(name, **kw), theta0, 3, participants=4, seed=2)[0].theta
     b = run(generic, make_algorithm(name, **kw), theta0, 3, participants=4, seed=2)[0].theta
     np.testing.assert_allclose(b, a, rtol=1e-10)
+
+
+def test_namespace_recognises_a_cupy_array_by_its_module(monkeypatch):
+    """A device array is a CuPy array whether or not its type carries ``__array_namespace__``."""
+    from fedconvex.backend import namespace
+
+    fake_cupy = types.ModuleType("cupy")
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    DeviceArray = type("ndarray", (), {"__module__": "cupy._core.core"})   # no __array_namespace__
+    assert namespace(DeviceArray()) is fake_cupy
+    with pytest.raises(TypeError, match="different libraries"):
+        namespace(DeviceArray(), np.zeros(2))

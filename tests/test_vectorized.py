@@ -5,8 +5,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fedpm_dnn.client import ClientData  # noqa: E402
-from fedpm_dnn.methods import METHODS, MethodConfig  # noqa: E402
+from fedpm_dnn.algorithms import METHODS, applicable, make_method  # noqa: E402
 from fedpm_dnn.simulation import Experiment, run_experiment  # noqa: E402
+
+
+def make(name, **kw):
+    """The method with those of the common settings ``kw`` that it takes."""
+    return make_method(name, **applicable(name, kw))
 
 SIZES = (40, 23, 7, 30)   # unequal clients; 7 is smaller than one batch of 16; 23 ends in a partial batch
 
@@ -58,7 +63,7 @@ CFG = dict(lr=0.05, local_epochs=2, batch_size=16, mu=0.01, server_lr=0.03, clip
 
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_gives_the_sequential_replies(method, tmp_path):
-    cfg = MethodConfig(method, **CFG)
+    cfg = make(method, **CFG)
     h_seq, r_seq = run(cfg, "sequential", str(tmp_path / "seq.pt"))
     h_vec, r_vec = run(cfg, "vectorized", str(tmp_path / "vec.pt"), chunk=2)   # two chunks: 2 + 1 participants
     assert_same(r_vec, r_seq)
@@ -74,14 +79,14 @@ def test_every_method_gives_the_sequential_replies(method, tmp_path):
                                      dict(foof_samples=20, refresh_every=2),
                                      dict(refresh_every=3, clip=None)])
 def test_foof_variants_match(variant):
-    cfg = MethodConfig("fedpm", **{**CFG, **variant})
+    cfg = make("fedpm", **{**CFG, **variant})
     _, r_seq = run(cfg, "sequential", participants=None)
     _, r_vec = run(cfg, "vectorized", participants=None)
     assert_same(r_vec, r_seq)
 
 
 def test_resume_identity_holds_for_the_vectorized_engine(tmp_path):
-    cfg = MethodConfig("fedpm", **CFG)
+    cfg = make("fedpm", **CFG)
     full, _ = run(cfg, "vectorized", rounds=3)
     ck = str(tmp_path / "ck.pt")
     run_experiment(experiment(cfg, "vectorized", rounds=2), checkpoint=ck)

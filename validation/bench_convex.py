@@ -36,7 +36,7 @@ from threadpoolctl import threadpool_limits
 
 from fedconvex.algorithms import make_algorithm
 from fedconvex.data import BUNDLED, load_dataset, paper_split_sizes, sequential_split
-from fedconvex.problem import FederatedLogReg
+from fedconvex.problem import DEFAULT_LAM, FederatedLogReg
 from fedconvex.reference import initial_point, solve_optimum
 from fedconvex.run import Diverged, run
 
@@ -123,7 +123,7 @@ def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False, backend=
     check_fits(ds, dataset)
     n_clients, per_client = paper_split_sizes(dataset) or (10, ds.n // 10)
     parts = sequential_split(ds.n, n_clients, per_client)
-    problem = FederatedLogReg(ds.X, ds.y, parts, lam=1e-3, xp=xp)
+    problem = FederatedLogReg(ds.X, ds.y, parts, lam=DEFAULT_LAM, xp=xp)
     theta_star, f_star, _ = solve_optimum(problem)
     theta0 = initial_point(problem, theta_star, "paper", seed=0)
     alg = make_algorithm("fedpm", lr=1.0, local_steps=1)

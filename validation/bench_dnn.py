@@ -46,7 +46,7 @@ def _experiment(model, method, device, clients, per_client, epochs, rounds, engi
     import torch
 
     from fedpm_dnn.client import ClientData
-    from fedpm_dnn.methods import MethodConfig
+    from fedpm_dnn.algorithms import make_method, method_class
     from fedpm_dnn.simulation import Experiment
 
     g = torch.Generator().manual_seed(seed)
@@ -56,7 +56,8 @@ def _experiment(model, method, device, clients, per_client, epochs, rounds, engi
             for _ in range(clients)]
     xt = torch.randint(0, 256, (256, 3, 32, 32), generator=g, dtype=torch.uint8).to(device)
     yt = torch.randint(0, k, (256,), generator=g).to(device)
-    cfg = MethodConfig(method, lr=0.05, clip=1.0, local_epochs=epochs, damping=1.0)
+    foof_kw = {"damping": 1.0} if method_class(method).uses_foof else {}
+    cfg = make_method(method, lr=0.05, clip=1.0, local_epochs=epochs, **foof_kw)
     return Experiment(cfg=cfg, model=model, num_classes=k, clients=data, x_test=xt, y_test=yt, mean=(0.5,) * 3,
                       std=(0.25,) * 3, rounds=rounds, seed=seed, device=device, engine=engine, client_chunk=chunk)
 
@@ -82,11 +83,10 @@ class FoofTimer:
         setattr(owner, name, timed)
 
     def __enter__(self):
-        from fedpm_dnn import batched_foof, client, foof, simulation, vectorized
+        from fedpm_dnn import batched_foof, client, foof, vectorized
 
         self._wrap(vectorized.VectorizedEngine, "foof_for")
         self._wrap(batched_foof, "factorize_stacked")
-        self._wrap(simulation, "foof_matrices")
         self._wrap(client, "foof_matrices")
         self._wrap(foof, "factorize")
         return self

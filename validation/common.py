@@ -8,6 +8,7 @@ import os
 import sys
 
 from fedconvex.backend import BackendError, get_backend
+from fedconvex.problem import DEFAULT_LAM
 from fedconvex.data import (BUNDLED, DataError, dirichlet_split, load_dataset, paper_split_sizes,
                             sequential_split, shuffled_split)
 from fedconvex.problem import FederatedLogReg
@@ -93,7 +94,7 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", choices=("sequential", "shuffled", "dirichlet"), default="sequential",
                    help="sequential = the paper's file-order split")
     p.add_argument("--alpha", type=positive_float, default=0.5, help="Dirichlet concentration for --split dirichlet")
-    p.add_argument("--lam", type=positive_float, default=1e-3,
+    p.add_argument("--lam", type=positive_float, default=DEFAULT_LAM,
                    help="L2 regularisation lambda (> 0: the problem must have a unique optimum)")
     p.add_argument("--weighting", choices=("uniform", "samples"), default="uniform",
                    help="client weights in f and in the mixing (paper: uniform 1/N)")

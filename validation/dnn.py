@@ -28,7 +28,7 @@ DEFAULT_ENGINE = "vectorized"
 
 
 def parse_args(argv=None):
-    from fedpm_dnn.methods import METHODS
+    from fedpm_dnn.algorithms import METHODS
     from fedpm_dnn.presets import PRESETS
 
     p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
@@ -199,7 +199,7 @@ def build(args):
             "augment": args.augment, "client_sizes": [int(len(p)) for p in parts],
             "class_counts": partition_table(y, parts, data.num_classes).tolist(),
             "preset": args.preset, "preset_table": PRESETS[args.preset]["table"] if args.preset else None,
-            "device": device, "engine": args.engine, "config": cfg.__dict__}
+            "device": device, "engine": args.engine, "config": {"name": cfg.name, **cfg.hyperparameters()}}
     if data.source == "jpeg":
         desc["note"] = "CIFAR-10 JPEG copy (lossy re-encoding): accuracies are close to, not identical with, the original"
     return exp, desc
@@ -215,9 +215,9 @@ def write_atomic(path, text):
 def write_outputs(out, history, summary):
     from fedpm_dnn.simulation import HISTORY_COLUMNS
 
-    lines = [",".join(HISTORY_COLUMNS)] + [",".join(repr(r[c]) if isinstance(r[c], float) else str(r[c])
-                                                    for c in HISTORY_COLUMNS) for r in history]
-    write_atomic(os.path.join(out, "history.csv"), "\n".join(lines) + "\n")
+    from fedconvex.history import history_csv
+
+    write_atomic(os.path.join(out, "history.csv"), history_csv(history, columns=HISTORY_COLUMNS))
     write_atomic(os.path.join(out, "summary.json"), json.dumps(summary, indent=2))
 
 

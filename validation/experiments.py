@@ -21,6 +21,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from fedpm_dnn.algorithms import METHODS
 from validation.progress import Progress
 
 # FedPM preconditioner codecs measured on the CNN (fedconvex/codecs.py).  lowrank:0.02, lowrank:1 and the
@@ -36,7 +37,7 @@ def codec_slug(codec: str) -> str:
     return codec.replace(":", "-")
 
 
-DNN_METHODS = ("fedavg", "fedavgm", "fedprox", "scaffold", "fedadam", "localnewton", "fedpm")
+DNN_METHODS = METHODS   # the DNN registry's methods, in the paper's order
 ABLATION_METHODS = ("fedavg", "localnewton", "fedpm")
 
 

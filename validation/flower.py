@@ -107,7 +107,7 @@ def check_split(cfg) -> None:
 
 
 def in_process(cfg):
-    from fedconvex.algorithms import make_algorithm
+    from fedconvex.algorithms import applicable, make_algorithm
     from fedconvex.data import load_dataset
     from fedconvex.problem import FederatedLogReg
     from fedconvex.run import run
@@ -115,7 +115,7 @@ def in_process(cfg):
 
     ds = load_dataset(cfg.dataset)
     problem = FederatedLogReg(ds.X, ds.y, split(cfg, ds.n), lam=cfg.lam)
-    state, _ = run(problem, make_algorithm(cfg.method, lr=cfg.lr, local_steps=cfg.local_steps), np.zeros(problem.d),
+    state, _ = run(problem, make_algorithm(cfg.method, **applicable(cfg.method, {"lr": cfg.lr, "local_steps": cfg.local_steps})), np.zeros(problem.d),
                    cfg.rounds)
     return state.theta
 

@@ -10,6 +10,8 @@ import json
 import math
 import os
 
+from fedconvex.history import histories_csv
+from fedconvex.history import read_history as _read
 from fedconvex.run import COLUMNS
 
 DIST_TARGET = 1e-10
@@ -54,23 +56,14 @@ def format_table(summary: dict) -> str:
 
 
 def write_history(path, histories: dict) -> None:
+    """{method: rows} in the one history format (fedconvex.history), with a method column."""
     with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(("method",) + COLUMNS)
-        for method, hist in histories.items():
-            for row in hist:
-                w.writerow([method] + [repr(row[c]) if isinstance(row[c], float) else row[c] for c in COLUMNS])  # noqa
+        fh.write(histories_csv(histories, COLUMNS))
 
 
 def read_history(path) -> dict:
-    out: dict = {}
-    with open(path, newline="") as fh:
-        for row in csv.DictReader(fh):
-            # columns added later (e.g. 'rejected') are optional, so older result files still read
-            rec = {c: (int(row[c]) if c in ("round", "bytes_up", "bytes_down", "rejected") else float(row[c]))
-                   for c in COLUMNS if c in row}
-            out.setdefault(row["method"], []).append(rec)
-    return out
+    """{method: rows}; columns added later (e.g. 'rejected') are optional, so older files still read."""
+    return {m: [{c: r[c] for c in COLUMNS if c in r} for r in rows] for m, rows in _read(path).items()}
 
 
 def plot_convergence(histories: dict, labels: dict, title: str, path_stem: str, f_star: float = 1.0) -> list[str]:

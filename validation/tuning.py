@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from fedconvex.algorithms import make_algorithm
+from fedconvex.algorithms import applicable, make_algorithm
 from fedconvex.run import Diverged, run
 
 
@@ -94,12 +94,12 @@ def tune(problem, method: str, fixed: dict, theta0, theta_star, f_star, rounds: 
     floor = score_floor(f_star)
     kw = dict(participants=participants, seed=seed, theta_star=theta_star, f_star=f_star, max_ratio=max_ratio)
     if cached is not None:
-        _, hist = run(problem, make_algorithm(method, **cached), theta0, rounds, **kw)
+        _, hist = run(problem, make_algorithm(method, **applicable(method, cached)), theta0, rounds, **kw)
         return cached, hist, []
     initial_gap = abs(problem.value(theta0) - f_star)
     best, best_params, best_hist, trials = math.inf, None, None, []
     for params in candidates(method, fixed):
-        alg = make_algorithm(method, **params)
+        alg = make_algorithm(method, **applicable(method, params))
         try:
             with _quiet_server():
                 _, hist = run(problem, alg, theta0, rounds, stop=_race_stop(rounds, floor, best, initial_gap), **kw)

@@ -1,6 +1,6 @@
 """The algorithm protocol: a frozen dataclass of hyper-parameters with pure methods.
 
-One round, as ``fedconvex.run`` drives it::
+One round, as ``fedconvex.driver`` drives it for every front-end::
 
     down        = alg.broadcast(state)                                  # same for every client
     up, cstate  = alg.client_update(problem, down, cstate_sel, sel, rng) # stacked over participants
@@ -43,6 +43,10 @@ class Algorithm:
     label: ClassVar[str] = ""
     # hyper-parameters the tuner searches: field name -> candidate values (lr grid first)
     search_space: ClassVar[dict] = {}
+    # the reply's declaration: field -> 'model' (the client's parameters: norm-checked by the magnitude
+    # guard), 'psd' (preconditioners: PSD-checked and trace-checked) or 'data' (finite-checked only).
+    # Screening, byte counting and Flower's encoding follow from it (fedconvex.driver).
+    message_fields: ClassVar[dict] = {"theta": "model", "P": "psd"}
 
     lr: float = 1.0
 

@@ -87,12 +87,22 @@ class Identity:
 
 
 def _top_order(xp, U, k):
-    """Per row the indices of the k largest |U| (largest first); argpartition, then a sort of k."""
+    """Per row the indices of the k largest |U|, largest first; equal magnitudes in index order.
+
+    The tie rule matters: on binary data (w8a) many Hessian entries are exactly equal, and without a
+    rule the entries kept at the k-th place would depend on the selection algorithm's internals.
+    argpartition finds the k-th magnitude t; every entry above t is kept, then entries equal to t
+    from the lowest index up."""
     A = xp.abs(U)
-    if k < U.shape[1]:
-        part = xp.argpartition(-A, k - 1, axis=1)[:, :k]
+    P, n = A.shape
+    if k < n:
+        t = xp.take_along_axis(A, xp.argpartition(-A, k - 1, axis=1)[:, k - 1:k], 1)
+        above, tied = A > t, A == t
+        room = k - above.sum(1, keepdims=True)
+        keep = above | (tied & (xp.cumsum(tied, axis=1) <= room))
+        part = xp.nonzero(keep)[1].reshape(P, k)          # exactly k per row, in index order
     else:
-        part = xp.broadcast_to(xp.arange(U.shape[1])[None], U.shape)
+        part = xp.broadcast_to(xp.arange(n)[None], A.shape)
     order = xp.argsort(-xp.take_along_axis(A, part, 1), axis=1, kind="stable")
     return xp.take_along_axis(part, order, 1)
 
@@ -201,30 +211,62 @@ class Natural:
         return np.full(len(msg["code"]), 12 * msg["code"].shape[1], dtype=np.int64)
 
 
+def _end_pairs(A, n, r, top):
+    from scipy.linalg.lapack import dsyevr
+
+    il, iu = (n - r + 1, n) if top else (1, r)
+    w, Z, m, _, info = dsyevr(A, compute_v=1, range="I", il=il, iu=iu, lower=1)[:5]
+    return (w[:m], Z[:, :m]) if info == 0 else None
+
+
+def _other_end_is_smaller(A, n, lam, top):
+    """True if every eigenvalue outside the r computed at one end has |.| <= min |lam| (so those r are
+    the r of largest magnitude).  Free when the Frobenius norm leaves no room for a larger one
+    (sum lam_i^2 = ||A||_F^2); else one Cholesky of A + t I (top end) or t I - A (bottom end), t = min |lam|,
+    which succeeds only if the far end stays inside (-t, t)."""
+    from scipy.linalg.lapack import dpotrf
+
+    t = float(np.min(np.abs(lam)))
+    if t <= 0 or (np.any(lam < 0) if top else np.any(lam > 0)):
+        return False
+    if float(np.sum(A * A)) - float(np.sum(lam * lam)) <= t * t:
+        return True
+    S = np.array(A if top else -A, order="F")
+    S.flat[::n + 1] += t
+    return dpotrf(S, lower=1, clean=0, overwrite_a=1)[1] == 0
+
+
 def top_abs_eigh(A, r):
     """The r eigenpairs of the symmetric A with the largest |eigenvalue|, largest first.
 
-    LAPACK's index-range solver (dsyevr, range='I') computes only the r largest and the r smallest
-    eigenpairs, one of which ends holds every wanted pair; small matrices use the full solver."""
+    LAPACK's index-range solver (dsyevr, range='I') computes only the r largest or the r smallest
+    eigenpairs; one end holds every wanted pair.  The end a few power steps point to is computed first and the other only when a certificate (``_other_end_is_smaller``) cannot exclude
+    it; the pairs kept are the same either way.  Small matrices use the full solver."""
     n = A.shape[0]
     r = min(r, n)
     if n <= max(8, 3 * r):
         lam, V = np.linalg.eigh(A)
         pick = np.argsort(-np.abs(lam), kind="stable")[:r]
         return lam[pick], V[:, pick]
-    from scipy.linalg.lapack import dsyevr
-
     A = np.asfortranarray(A)
-    parts = []
-    for il, iu in ((n - r + 1, n), (1, r)):
-        w, Z, m, _, info = dsyevr(A, compute_v=1, range="I", il=il, iu=iu, lower=1)[:5]
-        if info != 0:  # pragma: no cover - LAPACK failure: the full solver decides
-            lam, V = np.linalg.eigh(A)
-            pick = np.argsort(-np.abs(lam), kind="stable")[:r]
-            return lam[pick], V[:, pick]
-        parts.append((w[:m], Z[:, :m]))
-    lam = np.concatenate([parts[0][0], parts[1][0]])
-    V = np.concatenate([parts[0][1], parts[1][1]], axis=1)
+    # which end dominates: the sign of a Rayleigh quotient after a few power steps (a guess only)
+    x = A[:, int(np.argmax(np.abs(np.diagonal(A))))]
+    for _ in range(3):
+        x = A @ x
+        x = x / (np.linalg.norm(x) or 1.0)
+    first_top = bool(x @ (A @ x) >= 0)
+    first = _end_pairs(A, n, r, first_top)
+    if first is not None and _other_end_is_smaller(A, n, first[0], first_top):
+        pick = np.argsort(-np.abs(first[0]), kind="stable")[:r]
+        return first[0][pick], first[1][:, pick]
+    second = _end_pairs(A, n, r, not first_top)
+    if first is None or second is None:  # pragma: no cover - LAPACK failure: the full solver decides
+        lam, V = np.linalg.eigh(A)
+        pick = np.argsort(-np.abs(lam), kind="stable")[:r]
+        return lam[pick], V[:, pick]
+    top, bottom = (first, second) if first_top else (second, first)
+    lam = np.concatenate([top[0], bottom[0]])
+    V = np.concatenate([top[1], bottom[1]], axis=1)
     pick = np.argsort(-np.abs(lam), kind="stable")[:r]
     return lam[pick], V[:, pick]
 

@@ -18,10 +18,11 @@ class FedAdam(FedAvg):
     label: ClassVar[str] = "FedAdam"
     search_space: ClassVar[dict] = {"lr": FIRST_ORDER_LR, "server_lr": (0.05, 0.03, 0.01)}
 
-    server_lr: float = 0.03
-    beta1: float = 0.9
-    beta2: float = 0.99
-    tau: float = 1e-3
+    # the constants are server_opt.Adam's (defined once there; the DNN FedAdam reads the same)
+    server_lr: float = Adam.lr
+    beta1: float = Adam.b1
+    beta2: float = Adam.b2
+    tau: float = Adam.tau
 
     def server_optimizer(self):
         return Adam(self.server_lr, self.beta1, self.beta2, self.tau)

@@ -16,8 +16,8 @@ class FedAvgM(FedAvg):
     # momentum grid from the paper's appendix ("tuned from {0.7, 0.9, 0.99}")
     search_space: ClassVar[dict] = {"lr": FIRST_ORDER_LR, "momentum": (0.7, 0.9, 0.99)}
 
-    momentum: float = 0.9
-    server_lr: float = 1.0
+    momentum: float = Momentum.beta
+    server_lr: float = Momentum.lr
 
     def server_optimizer(self):
         return Momentum(self.server_lr, self.momentum)

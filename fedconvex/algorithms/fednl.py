@@ -13,6 +13,11 @@ Newton's method with a one-round-stale Hessian (FedPM with K = 1 uses the fresh 
 With client sampling only participants update their H_i, and the server adds only their
 weighted corrections, so H stays sum_i w_i H_i.  The initial H_i^0 upload is not counted.
 
+Representation: on NumPy problems that pack their Hessians the H_i live on the clients' active blocks
+(fednl_blocks.py: every update stays there, and a round costs what the blocks cost); on other backends
+they are dense (N, d, d) stacks.  Both send the same messages, except that the identity compressor sends
+the difference on the active block (and its feature indices) instead of a d x d matrix.
+
 paper symbol -> field: alpha (Hessian learning rate) -> alpha, mu -> mu (default lam), C -> compressor.
 """
 from __future__ import annotations
@@ -22,9 +27,12 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..backend import namespace
 from ..mixing import simple_mix
+from . import fednl_blocks
 from .base import Algorithm, RoundInfo, State, start_stack
-from .compressors import make_compressor
+from .compressors import Identity, make_compressor
+from .fednl_blocks import BlockState
 from .grids import SECOND_ORDER_LR
 
 
@@ -33,6 +41,74 @@ def _support(problem, sel):
     every compressed update keeps that), which lets Rank-R solve on the small block (it checks)."""
     active = getattr(problem, "active_host", None)
     return None if active is None or problem.xp is not np else tuple(active[c] for c in sel)
+
+
+def _initial_estimates(problem, theta0):
+    """H_i^0 = grad^2 f_i(x^0) for every client: on the active blocks (fednl_blocks) where the problem
+    packs its Hessians, else as a dense (N, d, d) stack; and the server's sum_i w_i H_i^0."""
+    H0 = problem.hessians(start_stack(problem, theta0, problem.n_clients))
+    if problem.xp is np and H0.packed is not None:
+        return BlockState.of(H0), H0.weighted_sum(problem.client_weights)
+    H0 = H0.dense()
+    return H0, problem.xp.tensordot(problem.client_weights, H0, axes=1)
+
+
+def _differences(problem, thetas, sel, H):
+    """grad^2 f_i(x) - H_i: packed on the blocks (the lam I parts cancel) or a dense stack."""
+    hess = problem.hessians(thetas, sel)
+    if isinstance(H, BlockState):
+        return hess.packed - H.packed, hess
+    return hess.plus_dense(-H, inplace=True), None   # scattered straight into -H_i (no dense Hessian stack)
+
+
+def _compress(comp, problem, diff, hess, sel, rng):
+    """(message, decoded update S) in the representation of ``diff``."""
+    if hess is not None:
+        return fednl_blocks.encode(comp, diff, hess.layout, hess.active, problem.d, rng)
+    msg = comp.encode(problem.xp, diff, rng, support=_support(problem, sel))
+    return msg, comp.decode(problem.xp, msg, problem.d)
+
+
+def _update_sum(comp, problem, up, w):
+    """sum_{i in S} w_i S_i (dense d x d) from the messages."""
+    xp = problem.xp
+    if xp is np and not (isinstance(comp, Identity) and "S" in up):
+        return fednl_blocks.server_sum(comp, up, w, problem.d)
+    return xp.tensordot(w, comp.decode(xp, up, problem.d), axes=1)
+
+
+def _norms(diff, hess):
+    """Per client Frobenius norm of the differences."""
+    if hess is not None:
+        return fednl_blocks.frobenius(diff, hess.layout, hess.active)
+    return namespace(diff).sqrt((diff * diff).sum((1, 2)))
+
+
+def _with(H, new):
+    """The estimates ``new`` (packed numbers or a dense stack) in H's representation."""
+    return BlockState(new, H.layout, H.active, H.d, H.shift) if isinstance(H, BlockState) else new
+
+
+def _apply(H, thetas):
+    """H_i theta_i for every client."""
+    if isinstance(H, BlockState):
+        return H.blocks().apply(thetas)
+    return namespace(H).einsum("nij,nj->ni", H, thetas)
+
+
+def _at_least(H, mu):
+    """True if every eigenvalue of the symmetric H is >= mu up to round-off (NumPy): one Cholesky of
+    H - (mu - tol) I, tol = d eps max|H_ii| (the size of eigh's own errors), instead of an
+    eigendecomposition; the projection onto {H >= mu I} then changes H by at most tol."""
+    if not isinstance(H, np.ndarray):
+        return False
+    from scipy.linalg.lapack import dpotrf
+
+    d = H.shape[0]
+    tol = d * np.finfo(np.float64).eps * float(np.abs(np.diagonal(H)).max(initial=0.0))
+    S = np.array(H, order="F")
+    S.flat[::d + 1] -= mu - tol
+    return dpotrf(S, lower=1, clean=0, overwrite_a=1)[1] == 0
 
 
 def _add_scaled(H, alpha, S):
@@ -63,25 +139,25 @@ class FedNL(Algorithm):
             raise ValueError(f"FedNL option must be none, project or shift, got {self.option!r}")
         make_compressor(self.compressor, self.k, self.rank)  # validate early
 
+    sends_values: ClassVar[bool] = False   # FedNL-LS: clients also send f_i(x^k)
+
     def init(self, problem, theta0) -> State:
-        xp = problem.xp
-        H0 = problem.hessians(start_stack(problem, theta0, problem.n_clients)).dense()
-        Hbar = xp.tensordot(problem.client_weights, H0, axes=1)
+        H0, Hbar = _initial_estimates(problem, theta0)
         return State(theta=theta0, server={"H": Hbar}, clients={"H": H0})
 
     def client_update(self, problem, down, cstate, sel, rng):
-        xp = problem.xp
         thetas = start_stack(problem, down["theta"], len(sel))
-        g = problem.gradients(thetas, sel)
-        # grad^2 f_i(x^k) - H_i^k, scattered straight into -H_i (no dense Hessian stack)
-        diff = problem.hessians(thetas, sel).plus_dense(-cstate["H"], inplace=True)
+        f, g = problem.values_and_gradients(thetas, sel)
+        diff, hess = _differences(problem, thetas, sel, cstate["H"])      # grad^2 f_i(x^k) - H_i^k
         comp = make_compressor(self.compressor, self.k, self.rank)
-        msg = comp.encode(xp, diff, rng, support=_support(problem, sel))
-        S = comp.decode(xp, msg, problem.d)
+        msg, S = _compress(comp, problem, diff, hess, sel, rng)
         up = {"grad": g, **msg}
         if self.option == "shift":
-            up["l"] = xp.sqrt(xp.einsum("nij,nij->n", diff, diff))
-        return up, {"H": _add_scaled(cstate["H"], self.alpha, S)}
+            up["l"] = _norms(diff, hess)
+        if self.sends_values:
+            up["f"] = f
+        H = cstate["H"]
+        return up, {"H": _with(H, _add_scaled(H.packed if hess is not None else H, self.alpha, S))}
 
     def server_update(self, problem, state, up, info: RoundInfo) -> State:
         xp = problem.xp
@@ -90,8 +166,7 @@ class FedNL(Algorithm):
         theta, server = self.step(problem, state, g, self.step_matrix(problem, H, up, info), up, info)
         # H^{k+1} = H^k + alpha sum_{i in S} w_i S_i with the problem's (unnormalised) weights
         w = problem.client_weights[xp.asarray(info.sel)]
-        S = make_compressor(self.compressor, self.k, self.rank).decode(xp, up, problem.d)
-        H_new = H + self.alpha * xp.tensordot(w, S, axes=1)
+        H_new = H + self.alpha * _update_sum(make_compressor(self.compressor, self.k, self.rank), problem, up, w)
         return State(theta=theta, server={**server, "H": 0.5 * (H_new + H_new.T)}, clients=state.clients,
                      round=state.round + 1)
 
@@ -104,6 +179,8 @@ class FedNL(Algorithm):
         xp = problem.xp
         if self.option == "project":
             mu = problem.lam if self.mu is None else self.mu
+            if _at_least(H, mu):
+                return H                        # [H]_mu = H: nothing to clip
             lam, V = xp.linalg.eigh(H)
             Hs = (V * xp.maximum(lam, mu)[None, :]) @ V.T
         elif self.option == "shift":
@@ -130,6 +207,8 @@ class FedNLLS(FedNL):
     name: ClassVar[str] = "fednl-ls"
     label: ClassVar[str] = "FedNL-LS"
 
+    sends_values: ClassVar[bool] = True
+
     option: str = "project"
     c: float = 0.5
     gamma: float = 0.25
@@ -139,11 +218,6 @@ class FedNLLS(FedNL):
         super().__post_init__()
         if not 0 < self.c < 1 or not 0 < self.gamma <= 0.5:
             raise ValueError(f"FedNL-LS needs 0 < c < 1 and 0 < gamma <= 1/2, got c={self.c}, gamma={self.gamma}")
-
-    def client_update(self, problem, down, cstate, sel, rng):
-        up, cstate = super().client_update(problem, down, cstate, sel, rng)
-        thetas = start_stack(problem, down["theta"], len(sel))
-        return {**up, "f": problem.values(thetas, sel)}, cstate
 
     def step(self, problem, state, g, Hs, up, info):
         xp = problem.xp
@@ -173,6 +247,13 @@ class FedNLPP(Algorithm):
     their state, which the server's sums still hold.  With every client taking part, the identity
     compressor and alpha = 1 it is Newton's method (H_i exact, l_i = 0).
 
+    Rounds line up with the paper's iterations: ``init`` is the paper's initialisation (clients upload
+    H_i^0, l_i^0, g_i^0 at x^0), and round t ends with the paper's x^t.  In round 1 the participants
+    re-read x^0, where their update is C(0) = 0 and their l_i, g_i are unchanged, so the server's step
+    uses the initial sums exactly as the paper's first step x^1 = (H^0 + l^0 I)^{-1} g^0 does (that round
+    costs one message per participant which the paper does not send).  With every client taking part
+    this is the paper's Algorithm 3 (tests/test_fednl_family.py checks it against a transcription).
+
     paper symbol -> field: alpha -> alpha, C -> compressor, tau -> the run's ``participants``.  ``lr`` damps
     the model step: x <- x + lr ((H + l I)^{-1} g - x) (paper: lr = 1).
     """
@@ -193,33 +274,31 @@ class FedNLPP(Algorithm):
     def init(self, problem, theta0) -> State:
         xp, n = problem.xp, problem.n_clients
         thetas = start_stack(problem, theta0, n)
-        H0 = problem.hessians(thetas).dense()
-        l0 = xp.zeros(n, dtype=H0.dtype)                 # H_i^0 = grad^2 f_i(x^0): no error
-        g0 = xp.einsum("nij,nj->ni", H0, thetas) - problem.gradients(thetas)
+        H0, Hbar = _initial_estimates(problem, theta0)
+        l0 = xp.zeros(n, dtype=thetas.dtype)             # H_i^0 = grad^2 f_i(x^0): no error
+        g0 = _apply(H0, thetas) - problem.gradients(thetas)
         w = problem.client_weights
-        return State(theta=theta0, server={"H": xp.tensordot(w, H0, axes=1), "l": float((w * l0).sum()),
-                                           "g": w @ g0},
+        return State(theta=theta0, server={"H": Hbar, "l": float((w * l0).sum()), "g": w @ g0},
                      clients={"H": H0, "l": l0, "g": g0})
 
     def client_update(self, problem, down, cstate, sel, rng):
-        xp = problem.xp
         thetas = start_stack(problem, down["theta"], len(sel))
         grad = problem.gradients(thetas, sel)
-        diff = problem.hessians(thetas, sel).plus_dense(-cstate["H"], inplace=True)   # grad^2 f_i - H_i
+        diff, hess = _differences(problem, thetas, sel, cstate["H"])       # grad^2 f_i - H_i
         comp = make_compressor(self.compressor, self.k, self.rank)
-        msg = comp.encode(xp, diff, rng, support=_support(problem, sel))
-        S = comp.decode(xp, msg, problem.d)
-        H = _add_scaled(cstate["H"], self.alpha, S)
+        msg, S = _compress(comp, problem, diff, hess, sel, rng)
+        old = cstate["H"]
+        H = _with(old, _add_scaled(old.packed if hess is not None else old, self.alpha, S))
         err = self.alpha * S - diff                      # H_i^{new} - grad^2 f_i(w_i)
-        l = xp.sqrt(xp.einsum("nij,nij->n", err, err))
-        g = xp.einsum("nij,nj->ni", H, thetas) + l[:, None] * thetas - grad
+        l = _norms(err, hess)
+        g = _apply(H, thetas) + l[:, None] * thetas - grad
         return {**msg, "dl": l - cstate["l"], "dg": g - cstate["g"]}, {"H": H, "l": l, "g": g}
 
     def server_update(self, problem, state, up, info: RoundInfo) -> State:
         xp = problem.xp
         w = problem.client_weights[xp.asarray(info.sel)]       # p_i, not renormalised: sums stay sum_i p_i (.)_i
-        S = make_compressor(self.compressor, self.k, self.rank).decode(xp, up, problem.d)
-        H = state.server["H"] + self.alpha * xp.tensordot(w, S, axes=1)
+        comp = make_compressor(self.compressor, self.k, self.rank)
+        H = state.server["H"] + self.alpha * _update_sum(comp, problem, up, w)
         H = 0.5 * (H + H.T)
         l = state.server["l"] + float((w * up["dl"]).sum())
         g = state.server["g"] + w @ up["dg"]

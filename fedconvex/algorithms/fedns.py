@@ -49,8 +49,13 @@ def _gram(R):
     if isinstance(R, np.ndarray) and R.dtype == np.float64 and R.size:
         from scipy.linalg.blas import dsyrk
 
-        C = dsyrk(1.0, R.T, trans=1, lower=0)          # upper triangle of (R^T)^T R^T = R R^T
-        return np.triu(C) + np.triu(C, 1).T
+        # upper triangle of (R^T)^T R^T = R R^T; syrk never touches the strict lower triangle of c, so it
+        # stays zero and C + C^T (diagonal put back) mirrors the upper triangle exactly, without np.triu copies
+        n = R.shape[0]
+        C = dsyrk(1.0, R.T, trans=1, lower=0, beta=0.0, c=np.zeros((n, n), order="F"), overwrite_c=1)
+        S = C + C.T
+        np.fill_diagonal(S, np.diagonal(C))
+        return S
     return R @ R.T
 
 

@@ -1,0 +1,246 @@
+"""The one round driver, shared by every front-end: in-process convex (``fedconvex.run``),
+in-process DNN (``fedpm_dnn.simulation``) and Flower's ServerApp (``fedpm_flower.apps``).
+
+Per round it samples the participants, broadcasts, has a *transport* run the clients, decodes and
+screens the replies, weights and mixes them through the algorithm's ``server_update``, counts bytes,
+checks for divergence, appends one history row, and offers the round to a checkpoint hook.  The
+front-ends differ only in their transport (where ``client_update`` runs: here on a stacked problem,
+on a DNN engine, or on SuperNodes) and in what ``evaluate`` measures.  Algorithms follow the protocol
+of ``fedconvex.algorithms.base``; their ``message_fields`` declaration says which reply fields hold
+the model and which hold PSD preconditioners, and screening follows from it.
+
+A transport is ``transport(algorithm, down, cstate, sel, rng, round) -> Delivery``; the in-process one
+is ``InProcess(problem)``.  Replies travel as one *stacked* message: every field has a leading axis
+over the clients that replied (``Delivery.sel``), which may be fewer than were asked (dropped
+nodes, replies rejected for their structure before they could be stacked).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import numpy as np
+
+from .algorithms.base import RoundInfo
+from .backend import namespace, nbytes
+from .messages import client_problem, keep, model_norm, preconditioner_trace
+from .screening import log as server_log
+from .screening import magnitude_rejections
+
+
+class Diverged(ArithmeticError):
+    """The iterates left the finite numbers (learning rate too large, usually)."""
+
+
+@dataclass
+class Delivery:
+    """What a transport brings back from one round's clients."""
+    up: Any                      # stacked message over ``sel`` (None when nobody replied)
+    cstate: Any                  # participants' new per-client state (None: kept by the clients themselves)
+    sel: np.ndarray              # client ids that replied, in the order of ``up``'s leading axis
+    rejected: list = field(default_factory=list)   # (client id, reason) rejected before stacking
+    extra: dict = field(default_factory=dict)      # front-end measurements for the history row
+
+
+class InProcess:
+    """Clients run here, stacked: ``algorithm.client_update(problem, ...)`` over all participants."""
+
+    def __init__(self, problem):
+        self.problem = problem
+
+    def __call__(self, algorithm, down, cstate, sel, rng, round_):
+        up, cstate = algorithm.client_update(self.problem, down, cstate, sel, rng)
+        return Delivery(up=up, cstate=cstate, sel=sel)
+
+
+def message_bytes(msg) -> int:
+    """Bytes of the arrays in a message (nested dicts, tuples and structured stacks with ``nbytes``)."""
+    if isinstance(msg, dict):
+        return sum(message_bytes(v) for v in msg.values())
+    if isinstance(msg, (tuple, list)):
+        return sum(message_bytes(v) for v in msg)
+    return nbytes(msg)
+
+
+def sample_clients(rng, n_clients: int, participants: int | None) -> np.ndarray:
+    if participants is None or participants >= n_clients:
+        return np.arange(n_clients)
+    if participants < 1:
+        raise ValueError(f"participants must be >= 1, got {participants}")
+    return np.sort(rng.choice(n_clients, participants, replace=False))
+
+
+def gather(clients, sel, n: int):
+    """The participants' rows of the per-client state (arrays with a leading client axis, or a list)."""
+    if isinstance(clients, list):
+        return [clients[i] for i in sel]
+    return {k: v[sel] if len(sel) < n else v for k, v in clients.items()}
+
+
+def scatter(clients, sel, new, n: int):
+    if new is None:
+        return clients
+    if isinstance(clients, list):
+        out = list(clients)
+        for i, s in zip(sel, new):
+            out[int(i)] = s
+        return out
+    if len(sel) == n:
+        return dict(new)
+    out = {}
+    for k, v in clients.items():
+        v = v.copy()
+        v[sel] = new[k]
+        out[k] = v
+    return out
+
+
+def normalised(w):
+    return w / w.sum()
+
+
+def _magnitude_outliers(up: dict, fields: dict, rows: list, max_ratio: float) -> dict:
+    """{position in ``rows``: reason} for replies whose preconditioner trace or model norm exceeds
+    ``max_ratio`` x the round's lower median (fedconvex.screening's magnitude guard)."""
+    checks = []
+    psd = [k for k, role in fields.items() if role == "psd" and k in up]
+    model = [k for k, role in fields.items() if role == "model" and k in up]
+    if psd:
+        checks.append(("preconditioner trace", [sum(preconditioner_trace(up[k], r) for k in psd) for r in rows]))
+    if model:
+        checks.append(("parameter norm", [math.sqrt(sum(model_norm(up[k], r) ** 2 for k in model)) for r in rows]))
+    return magnitude_rejections(checks, max_ratio)
+
+
+def screen_message(up: dict, info: RoundInfo, d: int | None, round_: int, tamper=None, label: str = "the method",
+                   max_ratio: float | None = None, fields: dict | None = None):
+    """Reject unusable client parts of a stacked message (logged, naming the client); with
+    ``max_ratio`` also replies whose preconditioner trace or model norm is an outlier.
+    ``fields``: the algorithm's message declaration (name -> 'model' | 'psd' | 'data').
+
+    Returns (message, info) restricted to the usable clients with renormalised weights, and the
+    rejected client ids; the message is re-stacked only when something was rejected."""
+    if tamper is not None:  # fault injection for tests: tamper(round, up) -> up
+        up = tamper(round_, up)
+    fields = fields or {"theta": "model", "P": "psd"}
+    psd_keys = tuple(k for k, role in fields.items() if role == "psd")
+    rejected, rows, reasons = [], [], []
+    for k, client in enumerate(info.sel):
+        problem = client_problem(up, k, d, psd_keys)
+        if problem is None:
+            rows.append(k)
+        else:
+            rejected.append(int(client))
+            reasons.append(problem)
+    if max_ratio and len(rows) > 1:
+        outliers = _magnitude_outliers(up, fields, rows, max_ratio)
+        for pos in sorted(outliers):
+            rejected.append(int(info.sel[rows[pos]]))
+            reasons.append(outliers[pos])
+        rows = [k for pos, k in enumerate(rows) if pos not in outliers]
+    if not rejected:
+        return up, info, rejected
+    if not rows and all("NaN or Inf" in r for r in reasons):
+        # in the simulator every client runs our own code: all of them blowing up is divergence
+        raise Diverged(f"{label} diverged at round {round_}: every client returned non-finite values "
+                       "(learning rate too large)")
+    for client, problem in zip(rejected, reasons):
+        server_log.warning("round %d: client %d rejected: %s", round_, client, problem)
+    if not rows:
+        return None, info, rejected
+    w = info.weights[namespace(info.weights).asarray(rows)] if namespace(info.weights).__name__ != "torch" \
+        else info.weights[rows]
+    return keep(up, rows), RoundInfo(sel=info.sel[rows], weights=normalised(w), n_clients=info.n_clients), rejected
+
+
+@dataclass
+class Driver:
+    """The round loop of every front-end.
+
+    algorithm  the method (fedconvex.algorithms.base protocol)
+    problem    what ``receive`` / ``server_update`` see (the front-end's problem or server view)
+    transport  runs the clients (``InProcess(problem)`` here)
+    weights    ``weights(sel) -> array``: the un-normalised mixing weights of the clients ``sel``
+    evaluate   ``evaluate(state) -> dict``: the metric columns of a history row
+    n_clients, participants, d     sampling; ``d`` bounds preconditioner feature indices (None: no index check)
+    screen, max_ratio, tamper      screening (on by default), the magnitude guard, fault injection for tests
+    synchronize                    called before a round's clock stops (GPU work)
+    finite     ``finite(state) -> bool``: the divergence check
+    """
+    algorithm: Any
+    problem: Any
+    transport: Callable
+    weights: Callable
+    evaluate: Callable
+    n_clients: int
+    participants: int | None = None
+    d: int | None = None
+    screen: bool = True
+    max_ratio: float | None = None
+    tamper: Callable | None = None
+    synchronize: Callable | None = None
+    finite: Callable | None = None
+    label: str = ""
+
+    def first_row(self, state) -> dict:
+        return {"round": 0, **self.evaluate(state), "bytes_up": 0, "bytes_down": 0, "seconds": 0.0, "rejected": 0}
+
+    def round(self, state, t: int, rng):
+        """One round: (new state, row fields of the round: bytes, seconds, rejected, extras)."""
+        alg, n = self.algorithm, self.n_clients
+        start = time.perf_counter()
+        sel = sample_clients(rng, n, self.participants)
+        down = alg.broadcast(state)
+        got = self.transport(alg, down, gather(state.clients, sel, n), sel, rng, t)
+        state = replace(state, clients=scatter(state.clients, sel, got.cstate, n))
+        rejected = [c for c, _ in got.rejected]
+        sent, up = got.up, got.up
+        if up is not None and len(got.sel):
+            info = RoundInfo(sel=got.sel, weights=normalised(self.weights(got.sel)), n_clients=n)
+            if hasattr(alg, "receive"):   # decode compressed payloads before screening (fedconvex.codecs)
+                up, state = alg.receive(self.problem, state, up, info)
+            if self.screen or self.tamper is not None:
+                up, info, more = screen_message(up, info, self.d, t, self.tamper, label=self.label,
+                                                max_ratio=self.max_ratio, fields=alg.message_fields)
+                rejected += more
+        else:
+            up = None
+        if up is not None:
+            state = alg.server_update(self.problem, state, up, info)
+        else:  # nobody usable: the round is skipped and the model kept
+            server_log.warning("round %d: no usable client reply, round skipped, model unchanged", t)
+            state = replace(state, round=state.round + 1)
+        if self.synchronize is not None:
+            self.synchronize()
+        seconds = time.perf_counter() - start
+        if self.finite is not None and not self.finite(state):
+            raise Diverged(f"{self.label} diverged at round {t}: parameters are not finite")
+        up_bytes = message_bytes(sent) // len(got.sel) if sent is not None and len(got.sel) else 0
+        return state, {"bytes_up": up_bytes, "bytes_down": message_bytes(down), "seconds": seconds,
+                       "rejected": len(rejected), **got.extra}
+
+    def run(self, state, rounds: int, rng, history: list | None = None, on_round=None, stop=None,
+            checkpoint=None):
+        """Rounds ``len(history)`` .. ``rounds``; returns (state, history).  Byte and second columns are
+        cumulative; ``checkpoint(state, history, rng)`` after every round, then ``on_round(row, history)``;
+        ``stop(row) -> bool`` ends the run early.  ``history=[]`` starts at round 1 without a round-0 row
+        (the DNN front-end's history has none: evaluating the initial model costs a test pass)."""
+        history = history if history is not None else [self.first_row(state)]
+        start = {"round": 0, "bytes_up": 0, "bytes_down": 0, "seconds": 0.0}
+        for t in range((history[-1] if history else start)["round"] + 1, rounds + 1):
+            state, acc = self.round(state, t, rng)
+            prev = history[-1] if history else start
+            row = {"round": t, **self.evaluate(state),
+                   "bytes_up": prev["bytes_up"] + acc.pop("bytes_up"),
+                   "bytes_down": prev["bytes_down"] + acc.pop("bytes_down"),
+                   "seconds": prev["seconds"] + acc.pop("seconds"), **acc}
+            history.append(row)
+            if checkpoint is not None:
+                checkpoint(state, history, rng)
+            if on_round is not None:
+                on_round(row, history)
+            if stop is not None and stop(row):
+                break
+        return state, history

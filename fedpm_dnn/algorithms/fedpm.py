@@ -1,0 +1,96 @@
+"""FedPM-FOOF (paper eqs. foof_local / foof_mixing): LocalNewton-FOOF's local steps, and the clients'
+FOOF matrices sent up for preconditioned mixing.
+
+Server, per FOOF block: Theta = precond_mix(A_stack, Theta_stack, w, damping=lam) -- the fedconvex
+kernel on torch tensors, in float64 -- and simple mixing of the other parameters.  The matrices travel
+in ``precond_dtype`` or through a codec of ``fedconvex.codecs`` (``fedpm_dnn.wire``), decoded by
+``receive`` before screening.  With one Linear layer, squared loss and one full-batch local step this
+is a global Newton step on the pooled data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from fedconvex.codecs import parse, validate
+from fedconvex.mixing import precond_mix, simple_mix
+
+from .. import foof, wire
+from .localnewton import LocalNewton
+
+
+@dataclass(frozen=True)
+class FedPM(LocalNewton):
+    name: ClassVar[str] = "fedpm"
+    label: ClassVar[str] = "FedPM"
+    message_fields: ClassVar[dict] = {"params": "model", "foof": "psd"}
+
+    precond_dtype: str = "float32"   # dtype the matrices travel in (float16 halves the bytes)
+    # 'none' (as precond_dtype says) or a codec of fedconvex.codecs (sym, fp16, bf16, lowrank:R,
+    # delta:identity|topk:K|rankr:R), see fedpm_dnn/wire.py
+    precond_codec: str = "none"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.precond_dtype not in ("float32", "float16"):
+            raise ValueError(f"precond_dtype must be float32 or float16, got {self.precond_dtype!r}")
+        validate(self.precond_codec)
+        if self.precond_codec != "none" and self.precond_dtype != "float32":
+            raise ValueError("precond_dtype float16 and a precond_codec exclude each other (use the codec fp16)")
+
+    def init_server(self, params):
+        # the delta codecs keep the server's estimate of every client's matrices (state['foof_hat'])
+        codec = parse(self.precond_codec)
+        return {"foof_hat": {}, wire.PENDING: {}} if codec is not None and codec.stateful else {}
+
+    def finish_reply(self, cs, local, steps, down, end_foof):
+        reply = super().finish_reply(cs, local, steps, down, end_foof)
+        if self.precond_codec != "none":
+            reply["foof"] = wire.encode_foof(self, cs, cs["foof"])
+        else:
+            dtype = torch.float16 if self.precond_dtype == "float16" else torch.float32
+            reply["foof"] = {k: v.to(dtype) for k, v in cs["foof"].items()}
+        return reply
+
+    def reply_shapes(self, params, blocks):
+        shapes = super().reply_shapes(params, blocks)
+        if self.precond_codec != "none":   # payloads: their structure is checked by decoding them
+            return {**shapes, "foof": None}
+        return {**shapes, "foof": {name: (d, d) for name, d in block_sizes(blocks).items()}}
+
+    def receive(self, task, state, up, info):
+        """Decode the codec's payloads (before screening); see fedpm_dnn.wire."""
+        if self.precond_codec == "none":
+            return up, state
+        return wire.receive(self, task, state, up, info)
+
+    def server_update(self, task, state, up, info):
+        # the delta codec's estimates advance only for the clients kept after screening (info.sel)
+        return super().server_update(task, wire.commit(self, state, info), up, info)
+
+    def mix(self, task, params, up, w):
+        out, done = {}, set()
+        w64 = w.to(torch.float64)
+        for bname, block in task.blocks.items():
+            wname, bias_name = foof.param_name(bname, "weight"), foof.param_name(bname, "bias")
+            W, b = up["params"][wname], up["params"].get(bias_name) if block.has_bias else None
+            thetas = torch.stack([foof.get_theta(block, W[k], None if b is None else b[k])
+                                  for k in range(W.shape[0])]).to(torch.float64)
+            A = up["foof"][bname].to(torch.float64)
+            wt, bs = foof.split_theta(block, precond_mix(A, thetas, w64, damping=self.damping).to(params[wname].dtype))
+            out[wname] = wt
+            done.add(wname)
+            if bs is not None:
+                out[bias_name] = bs
+                done.add(bias_name)
+        for k in params:
+            if k not in done:
+                out[k] = simple_mix(up["params"][k], w)
+        return {k: out[k] for k in params}
+
+
+def block_sizes(blocks: dict) -> dict:
+    """block -> d, the side of its FOOF matrix (d_in, +1 with a bias)."""
+    return {name: b.module.weight[0].numel() + (1 if b.has_bias else 0) for name, b in blocks.items()}

@@ -1,0 +1,45 @@
+"""LocalNewton-FOOF (Gupta et al. 2021, with FOOF curvature, Benzing 2022): local steps preconditioned
+per Linear / Conv2d block, simple mixing at the server.
+
+Client: Theta <- Theta - lr (A + lam I)^{-1} G_Theta per block (``fedpm_dnn.foof``); A = E[a a^T] of
+the block's input over the client's data, computed at the end of each round (and once at the start of
+the first), optionally every ``refresh_every`` local steps.  Server: theta = mix_i(theta_i).
+
+paper symbol -> field: lam (damping term) -> damping; FOOF samples -> foof_samples (None: all local data).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from fedconvex.mixing import simple_mix
+
+from .base import DnnAlgorithm, State, mixing_weights
+
+
+@dataclass(frozen=True)
+class LocalNewton(DnnAlgorithm):
+    name: ClassVar[str] = "localnewton"
+    label: ClassVar[str] = "LocalNewton"
+    uses_foof: ClassVar[bool] = True
+
+    damping: float = 1.0                  # FOOF damping lambda, the same in local steps and mixing
+    foof_samples: int | None = None       # None = the client's whole local dataset (paper)
+    refresh_every: int | None = None      # recompute the matrices every s local steps (None: once per round)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.damping < 0:
+            raise ValueError(f"damping must be >= 0, got {self.damping}")
+
+    def finish_reply(self, cs, local, steps, down, end_foof):
+        cs["foof"] = end_foof   # matrices at the end of the round: mixing now, local steps next round
+        return {"params": local}
+
+    def mix(self, task, params: dict, up: dict, w) -> dict:
+        return {k: simple_mix(up["params"][k], w) for k in params}
+
+    def server_update(self, task, state: State, up, info) -> State:
+        w = mixing_weights(info, next(iter(state.theta.values())))
+        return State(theta=self.mix(task, state.theta, up, w), server=state.server, clients=state.clients,
+                     round=state.round + 1)

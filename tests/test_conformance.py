@@ -1,0 +1,121 @@
+"""The conformance table: every registered convex method, with what it promises.
+
+Each row states a method's expectations; the checks below hold every method to its row, and a method
+registered without a row fails (adding a method = one file, one registry line, one row here).
+  superlinear   from near the optimum, the contraction ratios ||theta_{t+1}-theta*|| / ||theta_t-theta*|| fall
+  newton_at_k1  with full participation and K = 1 every round is a global Newton step theta - P^{-1} g
+                (two rounds are checked: FedNL's first step uses the fresh Hessian, its later ones a learned one)
+  stateful      keeps per-client state between rounds (State.clients)
+Every method must be deterministic for a given seed and must not mutate its inputs.
+"""
+import copy
+
+import numpy as np
+import pytest
+
+from fedconvex.algorithms import REGISTRY, applicable, make_algorithm
+from fedconvex.algorithms.base import RoundInfo
+from fedconvex.problem import FederatedLogReg
+from fedconvex.reference import solve_optimum
+from fedconvex.run import run
+from naive import NaiveLogReg, random_data
+
+ROWS = {  # method: (superlinear, newton_at_k1, stateful)
+    "fedavg": (False, False, False), "psgd": (False, False, False), "fedavgm": (False, False, False),
+    "fedprox": (False, False, False), "scaffold": (False, False, True), "fedadam": (False, False, False),
+    "gd": (False, False, False),
+    "fednl": (True, False, True), "fednl-ls": (True, False, True), "fednl-pp": (True, True, True),
+    "fedns": (False, False, False), "localnewton": (False, False, False),
+    "fedpm": (True, True, False), "newton": (True, True, False),
+}
+SAFE = {"fedavg": 0.5, "psgd": 0.5, "fedavgm": 0.3, "fedprox": 0.5, "scaffold": 0.5, "fedadam": 0.5, "gd": 0.5,
+        "fedns": 0.5}
+
+
+def test_every_registered_method_has_a_row():
+    assert set(REGISTRY) == set(ROWS)
+
+
+@pytest.fixture(scope="module")
+def problem():
+    rng = np.random.default_rng(11)
+    X, y, parts = random_data(rng, 5, 6, sizes=[9, 14, 6, 11, 8])
+    pb = FederatedLogReg(X, y, parts, lam=0.05)
+    theta_star, f_star, _ = solve_optimum(pb)
+    return pb, X, y, parts, theta_star, f_star
+
+
+def _array(v):
+    """A per-client state as one array (FedNL keeps its estimates as packed blocks)."""
+    return np.asarray(v.packed) if hasattr(v, "packed") else np.asarray(v)
+
+
+def _alg(name):
+    return make_algorithm(name, **applicable(name, {"lr": SAFE.get(name, 1.0), "local_steps": 1}))
+
+
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_deterministic_and_inputs_not_mutated(problem, name):
+    pb, X, y, parts, theta_star, f_star = problem
+    theta0 = theta_star + 0.3
+    keep = theta0.copy()
+    runs = [run(pb, _alg(name), theta0, 3, participants=4, seed=5, theta_star=theta_star, f_star=f_star)
+            for _ in range(2)]
+    strip = [[{k: v for k, v in r.items() if k != "seconds"} for r in h] for _, h in runs]
+    assert strip[0] == strip[1]
+    np.testing.assert_array_equal(runs[0][0].theta, runs[1][0].theta)
+    np.testing.assert_array_equal(theta0, keep)                      # the start point is the caller's
+    # one round by hand: neither the state nor the broadcast nor the reply is changed in place
+    alg = _alg(name)
+    state = alg.init(pb, theta0)
+    sel = np.array([0, 2, 3])
+    down = alg.broadcast(state)
+    down_copy, state_copy = copy.deepcopy(down), copy.deepcopy(state)
+    cstate = {k: v[sel] for k, v in state.clients.items()}
+    up, _ = alg.client_update(pb, down, cstate, sel, np.random.default_rng(0))
+    for k in down:
+        np.testing.assert_array_equal(down[k], down_copy[k])
+    info = RoundInfo(sel=sel, weights=np.full(3, 1 / 3), n_clients=pb.n_clients)
+    if hasattr(alg, "receive"):
+        up, state = alg.receive(pb, state, up, info)
+        state_copy = copy.deepcopy(state)
+    alg.server_update(pb, state, up, info)
+    np.testing.assert_array_equal(state.theta, state_copy.theta)
+    for k in state.clients:
+        np.testing.assert_array_equal(_array(state.clients[k]), _array(state_copy.clients[k]))
+
+
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_stateful_methods_keep_client_state(problem, name):
+    pb, *_ , theta_star, f_star = problem
+    alg = _alg(name)
+    state = alg.init(pb, theta_star + 0.3)
+    assert bool(state.clients) == ROWS[name][2]
+
+
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_newton_at_k1(problem, name):
+    pb, X, y, parts, theta_star, _ = problem
+    theta0 = theta_star + 0.3
+    ref = NaiveLogReg(X, y, parts, 0.05)
+    newton = theta0
+    for _ in range(2):
+        newton = newton - np.linalg.solve(ref.H(newton), ref.g(newton))
+    alg = make_algorithm(name, **applicable(name, {"lr": 1.0, "local_steps": 1}))
+    theta2 = run(pb, alg, theta0, 2)[0].theta
+    assert np.allclose(theta2, newton, rtol=1e-10, atol=1e-12) == ROWS[name][1]
+
+
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_superlinear_where_promised(problem, name):
+    pb, *_, theta_star, f_star = problem
+    theta0 = theta_star + 0.05
+    try:
+        _, h = run(pb, make_algorithm(name, **applicable(name, {"lr": 1.0, "local_steps": 1})), theta0, 8,
+                   theta_star=theta_star, f_star=f_star)
+        d = [r["dist"] for r in h]
+        ratios = [d[t + 1] / d[t] for t in range(len(d) - 1) if d[t + 1] > 1e-13]
+        superlinear = min(d) < 1e-12 and ratios[-1] < 0.01 and ratios[-1] < ratios[0]
+    except ArithmeticError:
+        superlinear = False
+    assert superlinear == ROWS[name][0], [r["dist"] for r in h]

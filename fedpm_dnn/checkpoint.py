@@ -115,10 +115,9 @@ def check_structure(path: str, ck: dict, fresh_state: dict, n_clients: int) -> N
         if key not in ck:
             raise bad(f"no {key!r} entry")
     server = ck["server"]
-    optional = {"foof_hat"}   # the delta codec's estimates (fedpm_dnn.wire), present from round 1 on
-    if not isinstance(server, dict) or set(server) - optional != set(fresh_state) - optional:
+    if not isinstance(server, dict) or set(server) != set(fresh_state):
         raise bad("server state entries differ")
-    hats = server.get("foof_hat", {})
+    hats = server.get("foof_hat", {})   # the delta codec's estimates (fedpm_dnn.wire)
     if not isinstance(hats, dict) or not all(
             isinstance(c, int) and 0 <= c < n_clients and isinstance(h, dict)
             and all(isinstance(m, torch.Tensor) for m in h.values()) for c, h in hats.items()):

@@ -24,10 +24,24 @@ Codecs (``parse(spec)``):
                 PSD by construction (l, r clipped at 0: the residual of a PSD matrix has a
                 non-negative diagonal).
 ``delta:C``     FedNL-style learned preconditioner.  Client and server keep an estimate A_hat;
-                the first participation sends A in full (``sym``, counted), afterwards the client
+                the first participation (and a resync) sends A in full (``sym``, counted), afterwards the client
                 sends C(A - A_hat) with a compressor C of fedconvex.algorithms.compressors
                 (``identity``, ``topk:K``, ``rankr:R``; K, R absolute or fractions) and both set
                 A_hat <- A_hat + C(A - A_hat).  The server mixes with A_hat.
+
+Resynchronising ``delta`` (``digest``, ``resync``).  A_hat may only move on a round the server *accepted*:
+a reply that does not decode, fails screening or is an outlier must not change the server's estimate, and
+the client cannot know the server's verdict by itself.  So both sides advance on acknowledged rounds only:
+
+* the client encodes against its *committed* estimate and keeps the estimate its payload leads to as
+  *pending*;
+* the server decodes into a pending estimate too and commits it only for the clients it keeps after
+  screening; it acknowledges to each participant ``digest`` of the estimate it now holds for that client
+  (8 bytes; ``digest(None)`` when it holds none);
+* before its next upload the client ``resync``s: pending if the server holds that, else committed if the
+  server holds that (the round was rejected: both sides are where they were), else neither -- the
+  estimates diverged (a payload altered in transit, a server that lost its state) and the client sends the
+  full matrix again, which resets the server's estimate (``decode`` accepts a ``full`` payload any time).
 
 Lossy codecs' decoded matrices (fp16, bf16, delta) get the PSD repair the FOOF clients already
 apply (fedpm_dnn.foof.factorize): a matrix that fails the server's PSD screening has its negative
@@ -340,7 +354,7 @@ class Delta(Codec):
         return {"eigvals": _from_numpy(msg["eigvals"][0], M), "eigvecs": _from_numpy(msg["eigvecs"][0], M)}
 
     def decode(self, payload, n, state=None, damping=0.0):
-        if state is None:
+        if state is None or (isinstance(payload, dict) and "full" in payload):   # a full upload (re)sets A_hat
             _check_keys(payload, ("full",))
             new = unpack_upper(_check(payload, "full", (n * (n + 1) // 2,), FLOATS), n)
         else:
@@ -415,6 +429,45 @@ def validate(spec: str) -> str:
     """``spec`` if it names a codec (for argparse and config dataclasses)."""
     parse(spec)
     return spec
+
+
+def digest(estimate) -> str:
+    """A short fingerprint (16 hex digits, blake2b) of a delta estimate: a matrix, a dict of matrices (by
+    name), or None / an empty dict (no estimate).  Equal digests <=> the same dtypes, shapes and bits."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=8)
+    if estimate is None or (isinstance(estimate, dict) and not estimate):
+        h.update(b"none")
+        return h.hexdigest()
+    items = sorted(estimate.items()) if isinstance(estimate, dict) else [("", estimate)]
+    for name, M in items:
+        if M is None:
+            h.update(f"{name}:none;".encode())
+            continue
+        if is_torch(_xp(M)):
+            raw = M.detach().cpu().contiguous().reshape(-1).view(__import__("torch").uint8).numpy().tobytes()
+        else:
+            raw = np.ascontiguousarray(M).tobytes()
+        h.update(f"{name}:{_dtype_name(M)}:{tuple(M.shape)};".encode())
+        h.update(raw)
+    return h.hexdigest()
+
+
+NO_ESTIMATE = digest(None)
+
+
+def resync(committed, pending, ack):
+    """The estimate a client encodes its next delta against, given the server's acknowledgement ``ack``
+    (``digest`` of the estimate the server holds for it; None: nothing acknowledged yet, i.e. no estimate):
+    ``pending`` if the server took the last upload, ``committed`` if it rejected it, else None (send the
+    full matrix again)."""
+    ack = NO_ESTIMATE if ack is None else ack
+    if pending is not None and digest(pending) == ack:
+        return pending
+    if digest(committed) == ack:
+        return committed
+    return None
 
 
 def payload_nbytes(payload) -> int:

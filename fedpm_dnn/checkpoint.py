@@ -117,6 +117,11 @@ def check_structure(path: str, ck: dict, fresh_state: dict, n_clients: int) -> N
     server = ck["server"]
     if not isinstance(server, dict) or set(server) != set(fresh_state):
         raise bad("server state entries differ")
+    hats = server.get("foof_hat", {})   # the delta codec's estimates (fedpm_dnn.wire)
+    if not isinstance(hats, dict) or not all(
+            isinstance(c, int) and 0 <= c < n_clients and isinstance(h, dict)
+            and all(isinstance(m, torch.Tensor) for m in h.values()) for c, h in hats.items()):
+        raise bad("delta-codec estimates are not {client: {block: tensor}}")
     params, fresh = server.get("params"), fresh_state["params"]
     if not isinstance(params, dict) or list(params) != list(fresh):
         raise bad("parameter names differ")

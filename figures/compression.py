@@ -63,8 +63,15 @@ def convex_table(root):
     return header, rows
 
 
+def _steady_mib(folder):
+    """Uplink MiB per client per round after round 1 (a delta codec's first upload is its full matrix)."""
+    up = list(read_history(folder)["bytes_up"])
+    return (up[-1] - up[0]) / (len(up) - 1) / MiB if len(up) > 1 else up[0] / MiB
+
+
 def cnn_points(root):
-    """[(label, mean best acc, [accs], mean MiB up per client per round)] for FedAvg, FedPM none and each codec."""
+    """[(label, mean best acc, [accs], mean MiB up per client per round, rounds done, accuracy curves,
+    MiB per client per round after round 1)] for FedAvg, FedPM none and each codec."""
     groups = [("FedAvg", r"main-cifar10-a0\.1-fedavg-s\d+"), ("FedPM none", r"main-cifar10-a0\.1-fedpm-s\d+")]
     groups += [(f"FedPM {c}", rf"compression-cifar10-a0\.1-{codec_slug(c).replace('.', '[.]')}-s\d+")
                for c in CNN_CODECS]
@@ -78,7 +85,8 @@ def cnn_points(root):
             curves = [list(read_history(folders[k])["test_acc"]) for k in keep]
             accs = [s["best_test_acc"] for s in sums]
             up = float(np.mean([s["bytes_up_per_round"] for s in sums])) / MiB
-            out.append((label, float(np.mean(accs)), accs, up, [s.get("rounds_done") for s in sums], curves))
+            steady = float(np.mean([_steady_mib(folders[k]) for k in keep]))
+            out.append((label, float(np.mean(accs)), accs, up, [s.get("rounds_done") for s in sums], curves, steady))
     return out
 
 
@@ -91,30 +99,66 @@ def cnn_table(points):
     """Accuracy is compared within the rounds every run has (R); runs cut short say so in 'rounds done'."""
     R = min(max(len(c) for c in p[5]) for p in points)   # seeds with fewer rounds are left out of that column
     header = ["method / codec", f"best acc. [%] in rounds 1..{R} (mean)", "per seed (all rounds done)",
-              "uplink MiB/client/round", "vs FedPM none", f"Δacc vs FedPM none [pt] (rounds 1..{R})", "rounds done"]
+              "uplink MiB/client/round (mean over the run)", "vs FedPM none", "after round 1: MiB/client/round",
+              "vs FedPM none", f"Δacc vs FedPM none [pt] (rounds 1..{R})", "rounds done"]
     ref = next((p for p in points if p[0] == "FedPM none"), None)
     ref_acc = _best_until(ref[5], R) if ref else None
     rows = []
-    for label, acc, accs, up, done, curves in points:
+    for label, acc, accs, up, done, curves, steady in points:
         a = _best_until(curves, R)
         rows.append([label, f"{100 * a:.2f}", " / ".join(f"{100 * x:.2f}" for x in accs), f"{up:.3f}",
-                     f"{100 * up / ref[3]:.0f} %" if ref else "–",
+                     f"{100 * up / ref[3]:.1f} %" if ref else "–", f"{steady:.3f}",
+                     f"{100 * steady / ref[6]:.1f} %" if ref else "–",
                      f"{100 * (a - ref_acc):+.2f}" if ref else "–", "/".join(str(d) for d in done)])
     return header, rows
 
 
+def _pareto_front(xy):
+    """The points no other point beats in both bytes (smaller) and accuracy (larger), by bytes."""
+    front = []
+    for x, y in sorted(xy, key=lambda p: (p[0], -p[1])):
+        if not front or y > front[-1][1]:
+            front.append((x, y))
+    return front
+
+
+def _marker(label):
+    for key, m in (("FedAvg", "s"), ("none", "o"), ("sym", "o"), ("16", "^"), ("lowrank", "D"), ("delta", "X")):
+        if key in label:
+            return m
+    return "o"
+
+
 def pareto_figure(points, out_dir, note=""):
+    """Best accuracy (seeds: small dots, mean: large marker, one colour per codec) vs uplink MiB per client
+    per round (mean over the run; delta codecs also hollow at their after-round-1 rate), with the Pareto
+    front of the means and issue 13's target region (<= 25 % of FedPM's upload, within 1 point)."""
     from .draw import plt, save
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, acc, accs, up, *_ in points:
-        ax.scatter([up] * len(accs), [100 * a for a in accs], s=12, alpha=0.4)
-        ax.scatter([up], [100 * acc], s=50, marker="o" if "FedPM" in label else "s", label=label)
-    ax.set_xlabel("uplink MiB per client per round")
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    colours = plt.get_cmap("tab20")(np.linspace(0, 1, 20))[::max(1, 20 // max(1, len(points)))]
+    ref = next((p for p in points if p[0] == "FedPM none"), None)
+    if ref is not None:
+        ax.axvspan(0, 0.25 * ref[3], color="0.9", zorder=0)
+        ax.axhline(100 * (ref[1] - 0.01), color="0.5", lw=0.8, ls=":", zorder=0)
+        ax.text(0.01, 0.3, "target: shaded (≤ 25 % of\nFedPM none's upload) and\nabove the dotted line\n(FedPM none − 1 pt)",
+                fontsize=7, va="bottom", ha="left", color="0.3", transform=ax.transAxes)
+    for k, (label, acc, accs, up, _done, _curves, steady) in enumerate(points):
+        c = colours[k % len(colours)]
+        m = _marker(label)
+        ax.scatter([up] * len(accs), [100 * a for a in accs], s=12, alpha=0.5, color=c, marker=m, zorder=2)
+        ax.scatter([up], [100 * acc], s=60, marker=m, color=c, edgecolor="k", lw=0.5, label=label, zorder=3)
+        if abs(steady - up) > 1e-3 * up:
+            ax.scatter([steady], [100 * acc], s=60, marker=m, facecolor="none", edgecolor=c, zorder=3)
+            ax.plot([steady, up], [100 * acc, 100 * acc], color=c, lw=0.8, ls="--", zorder=1)
+    front = _pareto_front([(p[3], 100 * p[1]) for p in points])
+    ax.plot(*zip(*front), color="k", lw=0.8, alpha=0.6, zorder=1, label="Pareto front (means)")
+    ax.set_xlabel("uplink MiB per client per round (hollow: delta codecs after their first, full upload)")
     ax.set_ylabel("best test accuracy [%]")
-    ax.set_title("CIFAR-10 α=0.1: accuracy vs upload" + (f"\n({note})" if note else ""), fontsize=9)
+    ax.set_title("CIFAR-10 α=0.1, SimpleCNN: accuracy vs upload per codec" + (f"\n({note})" if note else ""),
+                 fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center right", ncol=1)
     return save(fig, out_dir, "compression_pareto")
 
 
@@ -134,15 +178,16 @@ def resnet_table(codecs=("none", "sym", "fp16", "bf16", "lowrank:0.1", "lowrank:
     header = ["codec", "matrices MiB", "total MiB/client/round (params + matrices)", "vs uncompressed total",
               "matrices vs uncompressed matrices"]
     full = sum(4 * n * n for n in widths)
+    fmt = "{:.3f}" if (params + full) / MiB < 10 else "{:.1f}"
     rows = []
     for spec in codecs:
         c = parse(spec)
         mat = full if c is None else sum(c.payload_bytes(n, 4) for n in widths)
         note = " (steady state; first upload as sym)" if c is not None and c.stateful else ""
-        rows.append([spec + note, f"{mat / MiB:.1f}", f"{(params + mat) / MiB:.1f}",
+        rows.append([spec + note, fmt.format(mat / MiB), fmt.format((params + mat) / MiB),
                      f"{100 * (params + mat) / (params + full):.1f} %", f"{100 * mat / full:.1f} %"])
-    caption = (f"{title}: {len(widths)} FOOF blocks (largest {max(widths)}), "
-               f"parameters {params / MiB:.1f} MiB (float32)")
+    caption = (f"{title}: {len(widths)} FOOF blocks (largest {max(widths)}), parameters {params / MiB:.3f} MiB "
+               f"= {100 * params / (params + full):.2f} % of the uncompressed upload (float32)")
     return header, rows, caption
 
 
@@ -171,8 +216,7 @@ def build(root, out, write_table, note="", log=print):
     try:
         header, rows, caption = resnet_table()
         produced += write_table(out, "table_compression_resnet", header, rows, caption, "tab:compression_resnet")
-        header, rows, caption = resnet_table(("none", "sym", "fp16", "lowrank:0.1", "delta:topk:0.05"), "cnn", 10,
-                                             "SimpleCNN, CIFAR-10 (by formula)")
+        header, rows, caption = resnet_table(("none",) + CNN_CODECS, "cnn", 10, "SimpleCNN, CIFAR-10 (by formula)")
         produced += write_table(out, "table_compression_cnn_bytes", header, rows, caption, "tab:compression_cnn_bytes")
     except ImportError:
         log("skipped the ResNet18-GN bytes table: torch is not installed")

@@ -24,8 +24,11 @@ from dataclasses import dataclass
 from fedpm_dnn.algorithms import METHODS
 from validation.progress import Progress
 
-# FedPM preconditioner codecs measured on the CNN (fedconvex/codecs.py; sym is lossless, so not re-run)
-CNN_CODECS = ("fp16", "lowrank:0.1", "delta:topk:0.05")
+# FedPM preconditioner codecs measured on the CNN (fedconvex/codecs.py).  lowrank:0.02, lowrank:1 and the
+# 2 % delta codecs are the ones whose bytes can meet issue 13's <= 25 % of the total upload (the parameters
+# alone are 22.7 % of uncompressed FedPM's upload on the SimpleCNN)
+CNN_CODECS = ("sym", "fp16", "bf16", "lowrank:0.1", "lowrank:0.02", "lowrank:1", "delta:topk:0.05", "delta:topk:0.02",
+              "delta:rankr:0.02")
 CONVEX_CODECS = ("none", "sym", "fp16", "bf16", "lowrank:0.1", "lowrank:0.3", "delta:identity", "delta:topk:0.05",
                  "delta:rankr:0.05")
 

@@ -47,6 +47,10 @@ class FedPM(LocalNewton):
             return up, state
         return precond_wire.receive(self, problem, state, up, info)
 
+    def server_update(self, problem, state, up, info):
+        # the delta codec's estimates advance only for the clients kept after screening (info.sel)
+        return super().server_update(problem, precond_wire.commit(self, state, info), up, info)
+
     def message(self, thetas, P) -> dict:
         return {"theta": thetas, "P": P}
 

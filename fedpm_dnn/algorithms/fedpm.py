@@ -43,7 +43,7 @@ class FedPM(LocalNewton):
     def init_server(self, params):
         # the delta codecs keep the server's estimate of every client's matrices (state['foof_hat'])
         codec = parse(self.precond_codec)
-        return {"foof_hat": {}} if codec is not None and codec.stateful else {}
+        return {"foof_hat": {}, wire.PENDING: {}} if codec is not None and codec.stateful else {}
 
     def finish_reply(self, cs, local, steps, down, end_foof):
         reply = super().finish_reply(cs, local, steps, down, end_foof)
@@ -65,6 +65,10 @@ class FedPM(LocalNewton):
         if self.precond_codec == "none":
             return up, state
         return wire.receive(self, task, state, up, info)
+
+    def server_update(self, task, state, up, info):
+        # the delta codec's estimates advance only for the clients kept after screening (info.sel)
+        return super().server_update(task, wire.commit(self, state, info), up, info)
 
     def mix(self, task, params, up, w):
         out, done = {}, set()

@@ -72,8 +72,10 @@ def _serve_logreg(grid: Grid, cfg: FlowerRunConfig):
     start = logreg.theta0(d)
     transport.setup(cfg.clients, nodes, start)
     view = logreg.ServerView(d, cfg.lam, logreg.client_weights(cfg, counts), transport.ask)
-    # per-client state lives on the nodes (their Context.state): the server keeps none of it
-    state = replace(alg.init(view, start), clients={})
+    # per-client state lives on the nodes (their Context.state); the server keeps only the entries its own
+    # steps write (logreg.templates: 'server_keys') and sends each client its row with the next 'train'
+    state = alg.init(view, start)
+    state = replace(state, clients={k: state.clients[k] for k in transport.templates["server_keys"]})
     driver = Driver(alg, view, transport, weights=lambda sel: view.client_weights[np.asarray(sel)],
                     evaluate=lambda s: {}, n_clients=cfg.clients, participants=cfg.participants or None, d=d,
                     max_ratio=cfg.max_ratio or None, label=f"{alg.label} (lr={alg.lr:g})",
@@ -160,7 +162,13 @@ def train(msg: Message, context: Context, cfg: FlowerRunConfig) -> Message:
     asked = int(msg.content["config"]["client"])
     if asked != partition:
         raise ValueError(f"asked to train client {asked}, but this node holds client {partition}")
-    up, cstate = logreg.client_reply(cfg, partition, numpy(msg.content["arrays"]), _load_state(context), round_)
+    arrays = numpy(msg.content["arrays"])
+    down = {k: v for k, v in arrays.items() if not k.startswith("state/")}
+    cstate = _load_state(context)
+    if "state-kinds" in msg.content["config"]:   # the entries the server keeps for this client (its say)
+        held = {k[len("state/"):]: v for k, v in arrays.items() if k.startswith("state/")}
+        cstate.update(wire.state_from_row(held, json.loads(msg.content["config"]["state-kinds"])))
+    up, cstate = logreg.client_reply(cfg, partition, down, cstate, round_)
     _save_state(context, cstate)
     block_dtype = None if cfg.precond_dtype == "float64" else cfg.precond_dtype
     return Message(content=RecordDict({"arrays": records(wire.flatten(up, 0, block_dtype)),

@@ -15,7 +15,10 @@ import json
 import numpy as np
 import scipy.sparse as sp
 
+from dataclasses import replace
+
 from fedconvex.algorithms import applicable, make_algorithm
+from fedconvex.algorithms.base import RoundInfo
 from fedconvex.codecs import parse as parse_codec
 from fedconvex.data import load_dataset, sequential_split
 from fedconvex.driver import client_rng, gather
@@ -96,13 +99,23 @@ def stand_in(d: int, lam: float) -> FederatedLogReg:
 
 
 def templates(alg, d: int, lam: float) -> dict:
-    """Wire templates of the method's reply ('train') and of every oracle's answer."""
+    """Wire templates of the method's reply ('train') and of every oracle's answer, and 'server_keys': the
+    per-client state entries the server's own steps write (the delta codec's acknowledgements), which
+    the server keeps and sends each client with its next 'train' message -- found by one round on the
+    stand-in, so that no method has to be named."""
     p = stand_in(d, lam)
     with blas_single_thread():
         state = alg.init(p, theta0(d))
-        up, _ = alg.client_update(p, alg.broadcast(state), gather(state.clients, [0], 1), np.array([0]),
-                                  np.random.default_rng(0))
+        up, new = alg.client_update(p, alg.broadcast(state), gather(state.clients, [0], 1), np.array([0]),
+                                    np.random.default_rng(0))
         out = {"train": wire.structure(up)}
+        before = {**state.clients, **new}
+        after = replace(state, clients=before)
+        info = RoundInfo(sel=np.array([0]), weights=np.ones(1), n_clients=1)
+        if hasattr(alg, "receive"):
+            up, after = alg.receive(p, after, up, info)
+        after = alg.server_update(p, after, up, info)
+        out["server_keys"] = sorted(k for k in before if after.clients.get(k) is not before[k])
         for oracle in ORACLES:
             out[oracle] = wire.structure({"value": getattr(p, oracle)(theta0(d)[None], np.array([0]))})
     return out

@@ -9,6 +9,7 @@ structure is checked against the server's template.  Everything rejected here go
 """
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -37,16 +38,17 @@ class FlowerTransport:
         self.node_of: dict = {}         # client id -> the node that holds it
 
     # ------------------------------------------------------------------------------- exchanges
-    def _exchange(self, kind: str, per_client: dict, round_: int, config: dict | None = None):
-        """Send ``per_client[c]`` (arrays) to the node of each client c.  Returns ({client: arrays},
-        [(client, reason)] rejected, number dropped)."""
+    def _exchange(self, kind: str, per_client: dict, round_: int, config: dict | None = None, extra=None):
+        """Send ``per_client[c]`` (arrays) to the node of each client c (with ``extra[c]``: more config).
+        Returns ({client: arrays}, [(client, reason)] rejected, number dropped)."""
         msgs, asked = [], {}
         for c, arrays in per_client.items():
             node = self.node_of.get(int(c))
             if node is None:
                 continue                 # no node holds it (never connected): dropped
             content = RecordDict({"arrays": records(arrays),
-                                  "config": ConfigRecord({"round": round_, "client": int(c), **(config or {})})})
+                                  "config": ConfigRecord({"round": round_, "client": int(c), **(config or {}),
+                                                          **(extra or {}).get(int(c), {})})})
             msgs.append(Message(content=content, dst_node_id=node, message_type=kind))
             asked[node] = int(c)
         replies = list(self.grid.send_and_receive(msgs, timeout=self.cfg.timeout)) if msgs else []
@@ -102,7 +104,13 @@ class FlowerTransport:
 
     # ----------------------------------------------------------------------------- the transport
     def __call__(self, algorithm, down, cstate, sel, rng, round_):
-        got, rejected, dropped = self._exchange("train", {int(c): down for c in sel}, round_)
+        per_client, extra = {}, {}
+        for k, c in enumerate(sel):      # the server-held rows of each client's state go with its message
+            arrays, kinds = wire.state_row({key: v[[k]] for key, v in cstate.items()}) if cstate else ({}, {})
+            per_client[int(c)] = {**down, **{"state/" + key: a for key, a in arrays.items()}}
+            if kinds:
+                extra[int(c)] = {"state-kinds": json.dumps(kinds)}
+        got, rejected, dropped = self._exchange("train", per_client, round_, extra=extra)
         parts, ok = [], []
         for c in sorted(got):
             msg, problem = wire.unflatten(got[c], self.templates["train"], self.d, self.shift, self.roles)

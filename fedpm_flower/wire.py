@@ -168,6 +168,8 @@ def state_row(cstate: dict) -> tuple[dict, dict]:
             kinds[key] = f"blocks:{v.d}:{v.shift!r}"
             arrays[key] = np.ascontiguousarray(v.packed)
             arrays[key + "/active"] = np.asarray(v.active[0], dtype=np.int64)
+        elif isinstance(v, np.ndarray) and v.dtype == object and isinstance(v[0], str):
+            kinds[key] = "str:" + v[0]         # e.g. the delta codec's acknowledgement digest
         elif isinstance(v, np.ndarray) and v.dtype == object:
             kinds[key] = "none" if v[0] is None else "object"
             if v[0] is not None:
@@ -192,6 +194,6 @@ def state_from_row(arrays: dict, kinds: dict) -> dict:
             out[key] = BlockState(np.array(arrays[key]), layout, [a], d, float(shift))
         else:
             row = np.empty(1, dtype=object)
-            row[0] = arrays[key] if kind == "object" else None
+            row[0] = arrays[key] if kind == "object" else kind[4:] if kind.startswith("str:") else None
             out[key] = row
     return out

@@ -124,6 +124,7 @@ def _add_scaled(H, alpha, S):
 class FedNL(Algorithm):
     name: ClassVar[str] = "fednl"
     label: ClassVar[str] = "FedNL"
+    server_tracked_state: ClassVar[tuple] = ("H",)    # the server's H is sum_i w_i H_i
     search_space: ClassVar[dict] = {"lr": SECOND_ORDER_LR}
 
     lr: float = 1.0
@@ -260,6 +261,7 @@ class FedNLPP(Algorithm):
 
     name: ClassVar[str] = "fednl-pp"
     label: ClassVar[str] = "FedNL-PP"
+    server_tracked_state: ClassVar[tuple] = ("H", "l", "g")     # the server's H, l, g are their weighted sums
     search_space: ClassVar[dict] = {"lr": SECOND_ORDER_LR}
 
     lr: float = 1.0

@@ -119,6 +119,38 @@ def scatter(clients, sel, new, n: int):
     return out
 
 
+def _snapshot(clients, sel):
+    """What ``_restore`` needs to undo this round's client-state update for any of ``sel``: per-client dicts
+    are copied (engines rebind their entries in place); stacked arrays are replaced, not written, by the
+    update, so the current stack is kept as it is."""
+    if isinstance(clients, list):
+        return {int(i): dict(clients[int(i)]) for i in sel}
+    return clients
+
+
+def _restore(clients, before, ids, keys):
+    """``clients`` with the entries ``keys`` of the rows ``ids`` as they were in ``before`` (``_snapshot``)."""
+    if isinstance(clients, list):
+        out = list(clients)
+        for i in ids:
+            cs = dict(out[i])
+            for k in keys:
+                if k in before[i]:
+                    cs[k] = before[i][k]
+                else:            # created by this round (a first participation): not yet the client's
+                    cs.pop(k, None)
+            out[i] = cs
+        return out
+    idx = np.asarray(ids)
+    out = dict(clients)
+    for k in keys:
+        if k in clients:
+            v = clients[k].copy()
+            v[idx] = before[k][idx]
+            out[k] = v
+    return out
+
+
 def normalised(w):
     return w / w.sum()
 
@@ -128,11 +160,12 @@ def _magnitude_outliers(up: dict, fields: dict, rows: list, max_ratio: float) ->
     ``max_ratio`` x the round's lower median (fedconvex.screening's magnitude guard)."""
     checks = []
     psd = [k for k, role in fields.items() if role == "psd" and k in up]
-    model = [k for k, role in fields.items() if role == "model" and k in up]
     if psd:
         checks.append(("preconditioner trace", [sum(preconditioner_trace(up[k], r) for k in psd) for r in rows]))
-    if model:
-        checks.append(("parameter norm", [math.sqrt(sum(model_norm(up[k], r) ** 2 for k in model)) for r in rows]))
+    for role, what in (("model", "parameter norm"), ("update", "update norm")):
+        keys = [k for k, r in fields.items() if r == role and k in up]
+        if keys:
+            checks.append((what, [math.sqrt(sum(model_norm(up[k], r) ** 2 for k in keys)) for r in rows]))
     return magnitude_rejections(checks, max_ratio)
 
 
@@ -218,7 +251,9 @@ class Driver:
         start = time.perf_counter()
         sel = sample_clients(rng, n, self.participants)
         down = alg.broadcast(state)
-        got = self.transport(alg, down, gather(state.clients, sel, n), sel, rng, t)
+        cstate = gather(state.clients, sel, n)
+        before = _snapshot(state.clients, sel)
+        got = self.transport(alg, down, cstate, sel, rng, t)
         state = replace(state, clients=scatter(state.clients, sel, got.cstate, n))
         rejected = [c for c, _ in got.rejected]
         sent, up = got.up, got.up
@@ -233,11 +268,18 @@ class Driver:
                 rejected += more
         else:
             up = None
+        used = {int(i) for i in info.sel} if up is not None else set()
+        unused = [int(c) for c in sel if int(c) not in used]
+        if unused and got.cstate is not None and alg.server_tracked_state:
+            # a client whose reply the server did not use keeps the state the server tracks (SCAFFOLD's c_i,
+            # FedNL's H_i): the server's sums take only the replies it used, and the two must stay in step
+            # -- as with a client that commits that state only when the server acknowledges its reply
+            state = replace(state, clients=_restore(state.clients, before, unused, alg.server_tracked_state))
         if up is not None:
             state = alg.server_update(self.problem, state, up, info)
-        else:  # nobody usable: the round is skipped and the model kept
+        else:  # nobody usable: the round is skipped, the model and the server's state kept (an optimizer's
+            # step count included: a skipped round is no step)
             server_log.warning("round %d: no usable client reply, round skipped, model unchanged", t)
-            state = replace(state, round=state.round + 1)
         if self.synchronize is not None:
             self.synchronize()
         seconds = time.perf_counter() - start

@@ -50,6 +50,21 @@ def _array(v):
     return np.asarray(v.packed) if hasattr(v, "packed") else np.asarray(v)
 
 
+def _rows(v):
+    """Per-client rows of a stacked client state, comparable with array_equal."""
+    if hasattr(v, "packed"):
+        return [np.asarray(v[[i]].packed) for i in range(len(v))]
+    return list(np.asarray(v))
+
+
+def _dense_rows(v):
+    return np.asarray(v.blocks().dense()) if hasattr(v, "blocks") else np.asarray(v)
+
+
+def _dense(v):
+    return np.asarray(v.dense()) if hasattr(v, "dense") else np.asarray(v)
+
+
 def _alg(name):
     return make_algorithm(name, **applicable(name, {"lr": SAFE.get(name, 1.0), "local_steps": 1}))
 
@@ -65,17 +80,20 @@ def test_deterministic_and_inputs_not_mutated(problem, name):
     assert strip[0] == strip[1]
     np.testing.assert_array_equal(runs[0][0].theta, runs[1][0].theta)
     np.testing.assert_array_equal(theta0, keep)                      # the start point is the caller's
-    # one round by hand: neither the state nor the broadcast nor the reply is changed in place
+    # one round by hand, every client taking part (the driver then hands over the state's own arrays):
+    # neither the state, nor the broadcast, nor the client state, nor the server state changes in place
     alg = _alg(name)
     state = alg.init(pb, theta0)
-    sel = np.array([0, 2, 3])
+    sel = np.arange(pb.n_clients)
     down = alg.broadcast(state)
     down_copy, state_copy = copy.deepcopy(down), copy.deepcopy(state)
-    cstate = {k: v[sel] for k, v in state.clients.items()}
+    cstate = dict(state.clients)
     up, _ = alg.client_update(pb, down, cstate, sel, np.random.default_rng(0))
     for k in down:
         np.testing.assert_array_equal(down[k], down_copy[k])
-    info = RoundInfo(sel=sel, weights=np.full(3, 1 / 3), n_clients=pb.n_clients)
+    for k in cstate:
+        np.testing.assert_array_equal(_array(cstate[k]), _array(state_copy.clients[k]))
+    info = RoundInfo(sel=sel, weights=np.full(len(sel), 1 / len(sel)), n_clients=pb.n_clients)
     if hasattr(alg, "receive"):
         up, state = alg.receive(pb, state, up, info)
         state_copy = copy.deepcopy(state)
@@ -83,14 +101,71 @@ def test_deterministic_and_inputs_not_mutated(problem, name):
     np.testing.assert_array_equal(state.theta, state_copy.theta)
     for k in state.clients:
         np.testing.assert_array_equal(_array(state.clients[k]), _array(state_copy.clients[k]))
+    for k, v in state.server.items():
+        np.testing.assert_array_equal(_array(v), _array(state_copy.server[k]))
 
 
 @pytest.mark.parametrize("name", sorted(ROWS))
 def test_stateful_methods_keep_client_state(problem, name):
-    pb, *_ , theta_star, f_star = problem
+    """A stateful method's per-client state changes from round to round for the participants only."""
+    pb, *_, theta_star, f_star = problem
     alg = _alg(name)
-    state = alg.init(pb, theta_star + 0.3)
-    assert bool(state.clients) == ROWS[name][2]
+    state0 = alg.init(pb, theta_star + 0.3)
+    assert bool(state0.clients) == ROWS[name][2]
+    if not ROWS[name][2]:
+        return
+    state2, _ = run(pb, alg, theta_star + 0.3, 2, participants=3, seed=2)
+    from fedconvex.driver import sample_clients
+    draw = np.random.default_rng(2)            # the driver's draws (these methods take no other random numbers)
+    first, second = (set(sample_clients(draw, pb.n_clients, 3).tolist()) for _ in range(2))
+    changed = set()
+    for k in state0.clients:
+        a, b = _rows(state0.clients[k]), _rows(state2.clients[k])
+        changed |= {i for i in range(pb.n_clients) if not np.array_equal(a[i], b[i])}
+    # round 2's participants updated theirs (FedNL's round-1 update is zero: H_i^0 is the Hessian at
+    # theta^0 already; a part such as FedNL-PP's l_i may stay 0 throughout); nobody else's changed
+    assert second <= changed <= first | second, (changed, first, second)
+
+
+@pytest.mark.parametrize("name,field", [("scaffold", "dtheta"), ("fednl", "grad"), ("fednl-pp", "dg")])
+def test_a_rejected_client_keeps_its_state_in_step_with_the_server(problem, name, field):
+    """The server aggregates only the replies it used, so a client whose reply was rejected must keep its
+    old state: afterwards the server's state is still the weighted sum of the clients' (SCAFFOLD:
+    c = mean c_i; FedNL: H = sum_i w_i H_i)."""
+    pb, *_, theta_star, f_star = problem
+
+    def tamper(t, up):
+        if t == 2:
+            up = dict(up)
+            bad = np.array(up[field], copy=True)
+            bad[1] = np.nan
+            up[field] = bad
+        return up
+
+    state, hist = run(pb, _alg(name), theta_star + 0.3, 4, tamper=tamper)
+    assert [r["rejected"] for r in hist] == [0, 0, 1, 0, 0]
+    w = np.asarray(pb.client_weights)
+    if name == "scaffold":
+        np.testing.assert_allclose(state.server["c"], state.clients["c"].mean(0), atol=1e-14)
+    else:
+        H_clients = np.einsum("i,ijk->jk", w, _dense_rows(state.clients["H"]))
+        np.testing.assert_allclose(_dense(state.server["H"]), H_clients, atol=1e-12)
+
+
+def test_the_magnitude_guard_checks_a_declared_update(problem):
+    """SCAFFOLD declares dtheta an update: with max_ratio its enormous step is rejected, not applied."""
+    pb, *_, theta_star, f_star = problem
+
+    def tamper(t, up):
+        if t == 2:
+            up = dict(up)
+            big = np.array(up["dtheta"], copy=True)
+            big[1] *= 1e6
+            up["dtheta"] = big
+        return up
+
+    state, hist = run(pb, _alg("scaffold"), theta_star + 0.3, 3, tamper=tamper, max_ratio=100.0)
+    assert hist[2]["rejected"] == 1 and np.linalg.norm(state.theta) < 10
 
 
 @pytest.mark.parametrize("name", sorted(ROWS))

@@ -4,7 +4,7 @@ import dataclasses
 from .base import Algorithm, RoundInfo, State
 from .centralized import GradientDescent, Newton
 from .fedadam import FedAdam
-from .fedavg import FedAvg
+from .fedavg import PSGD, FedAvg
 from .fedavgm import FedAvgM
 from .fednl import FedNL, FedNLLS, FedNLPP
 from .fedns import FedNS
@@ -14,8 +14,8 @@ from .localnewton import LocalNewton
 from .scaffold import Scaffold
 
 REGISTRY = {cls.name: cls for cls in (
-    FedAvg, FedAvgM, FedProx, Scaffold, FedAdam, FedNL, FedNLLS, FedNLPP, FedNS, LocalNewton, FedPM, Newton, GradientDescent)}
-REGISTRY["psgd"] = FedAvg  # FedAvg with one local step is PSGD (paper eq. PSGD)
+    FedAvg, PSGD, FedAvgM, FedProx, Scaffold, FedAdam, FedNL, FedNLLS, FedNLPP, FedNS, LocalNewton, FedPM, Newton,
+    GradientDescent)}
 
 # the eight methods of the paper's Test 1, in its legend order
 PAPER_TEST1 = ("fedavg", "fedavgm", "scaffold", "fedadam", "fedns", "fednl", "localnewton", "fedpm")
@@ -46,7 +46,7 @@ def make_algorithm(name: str, **params) -> Algorithm:
 def applicable(name: str, shared: dict) -> dict:
     """The entries of ``shared`` -- settings a command line gives every method alike, such as the number
     of local steps -- that method ``name`` has; the others do not apply to it."""
-    fields = hyperparameters(name)
+    fields = set(hyperparameters(name)) - set(_cls(name).fixed)
     return {k: v for k, v in shared.items() if k in fields}
 
 

@@ -44,11 +44,19 @@ class Algorithm:
     # hyper-parameters the tuner searches: field name -> candidate values (lr grid first)
     search_space: ClassVar[dict] = {}
     # the reply's declaration: field -> 'model' (the client's parameters: norm-checked by the magnitude
-    # guard), 'psd' (preconditioners: PSD-checked and trace-checked) or 'data' (finite-checked only).
+    # guard), 'update' (a step or gradient the server applies: norm-checked too), 'psd' (preconditioners:
+    # PSD-checked and trace-checked) or 'data' (finite-checked only).
     # Screening, byte counting and Flower's encoding follow from it (fedconvex.driver).  Integer fields
     # name their range, which a transport that receives replies from outside (Flower) checks before
     # anything indexes with them: 'features' (0..d-1) or 'entries' (0..d(d+1)/2-1, upper-triangle entries).
     message_fields: ClassVar[dict] = {"theta": "model", "P": "psd"}
+
+    # per-client state the server's own state sums (SCAFFOLD's c_i, FedNL's H_i): it advances only in a
+    # round whose reply the server used (fedconvex.driver), else client and server drift apart for good
+    server_tracked_state: ClassVar[tuple] = ()
+    # hyper-parameters fixed by the method's definition (PSGD: one local step): a command line's shared
+    # setting of them does not apply, and make_algorithm refuses any other value
+    fixed: ClassVar[dict] = {}
 
     lr: float = 1.0
 

@@ -46,3 +46,18 @@ class FedAvg(Algorithm):
         delta = state.theta - simple_mix(up["theta"], info.weights)
         theta, opt = self.server_optimizer().step(state.theta, delta, state.server, state.round + 1)
         return State(theta=theta, server=opt, clients=state.clients, round=state.round + 1)
+
+
+@dataclass(frozen=True)
+class PSGD(FedAvg):
+    """PSGD (paper eq. PSGD): FedAvg with exactly one local step, theta <- theta - lr mean_i grad f_i(theta)."""
+    name: ClassVar[str] = "psgd"
+    label: ClassVar[str] = "PSGD"
+    fixed: ClassVar[dict] = {"local_steps": 1}
+
+    local_steps: int = 1
+
+    def __post_init__(self):
+        if self.local_steps != 1:
+            raise ValueError(f"psgd takes exactly one local step (got local_steps={self.local_steps}); "
+                             "use fedavg for more")

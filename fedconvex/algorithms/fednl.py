@@ -128,6 +128,7 @@ def _add_scaled(H, alpha, S):
 class FedNL(Algorithm):
     name: ClassVar[str] = "fednl"
     label: ClassVar[str] = "FedNL"
+    server_tracked_state: ClassVar[tuple] = ("H",)    # the server's H is sum_i w_i H_i
     search_space: ClassVar[dict] = {"lr": SECOND_ORDER_LR}
     message_fields: ClassVar[dict] = COMPRESSED
 
@@ -265,6 +266,7 @@ class FedNLPP(Algorithm):
 
     name: ClassVar[str] = "fednl-pp"
     label: ClassVar[str] = "FedNL-PP"
+    server_tracked_state: ClassVar[tuple] = ("H", "l", "g")     # the server's H, l, g are their weighted sums
     search_space: ClassVar[dict] = {"lr": SECOND_ORDER_LR}
     message_fields: ClassVar[dict] = COMPRESSED
 

@@ -21,6 +21,8 @@ class Scaffold(Algorithm):
     name: ClassVar[str] = "scaffold"
     label: ClassVar[str] = "SCAFFOLD"
     search_space: ClassVar[dict] = {"lr": FIRST_ORDER_LR}
+    message_fields: ClassVar[dict] = {"dtheta": "update", "dc": "data"}
+    server_tracked_state: ClassVar[tuple] = ("c",)    # the server's c is the mean of the c_i
 
     lr: float = 0.1
     local_steps: int = 1

@@ -22,6 +22,7 @@ class Scaffold(DnnAlgorithm):
     label: ClassVar[str] = "SCAFFOLD"
     message_fields: ClassVar[dict] = {"params": "model", "dcontrol": "data"}
     client_tensors: ClassVar[tuple] = ("control",)
+    server_tracked_state: ClassVar[tuple] = ("control",)    # the server's control is the mean of the clients'
 
     def init_server(self, params):
         return {"control": {k: torch.zeros_like(v) for k, v in params.items()}}

@@ -10,7 +10,9 @@ of ``fedconvex.algorithms.base``; their ``message_fields`` declaration says whic
 the model and which hold PSD preconditioners, and screening follows from it.
 
 A transport is ``transport(algorithm, down, cstate, sel, rng, round) -> Delivery``; the in-process one
-is ``InProcess(problem)``.  Replies travel as one *stacked* message: every field has a leading axis
+is ``InProcess(problem)``.  A transport whose clients keep their own state may define
+``acknowledge(used, unused)``: after screening it learns whose replies the server used, so that those
+clients commit the state the server tracks and the others roll it back (as the driver does here).  Replies travel as one *stacked* message: every field has a leading axis
 over the clients that replied (``Delivery.sel``), which may be fewer than were asked (dropped
 nodes, replies rejected for their structure before they could be stacked).
 """
@@ -275,6 +277,8 @@ class Driver:
             # FedNL's H_i): the server's sums take only the replies it used, and the two must stay in step
             # -- as with a client that commits that state only when the server acknowledges its reply
             state = replace(state, clients=_restore(state.clients, before, unused, alg.server_tracked_state))
+        if hasattr(self.transport, "acknowledge"):   # clients that keep their own state (Flower nodes) are told
+            self.transport.acknowledge(used, unused)
         if up is not None:
             state = alg.server_update(self.problem, state, up, info)
         else:  # nobody usable: the round is skipped, the model and the server's state kept (an optimizer's

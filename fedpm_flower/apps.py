@@ -165,9 +165,17 @@ def train(msg: Message, context: Context, cfg: FlowerRunConfig) -> Message:
     arrays = numpy(msg.content["arrays"])
     down = {k: v for k, v in arrays.items() if not k.startswith("state/")}
     cstate = _load_state(context)
+    tracked = logreg.algorithm(cfg).server_tracked_state
+    if tracked and int(msg.content["config"].get("last-used", 1)) == 0 and "cstate-prev-kinds" in context.state:
+        # the server did not use this node's last reply: the state it tracks (SCAFFOLD's c_i, FedNL's H_i)
+        # goes back to what it was before that round, as the in-process driver does
+        prev = _load_state(context, "cstate-prev")
+        cstate.update({k: prev[k] for k in tracked if k in prev})
     if "state-kinds" in msg.content["config"]:   # the entries the server keeps for this client (its say)
         held = {k[len("state/"):]: v for k, v in arrays.items() if k.startswith("state/")}
         cstate.update(wire.state_from_row(held, json.loads(msg.content["config"]["state-kinds"])))
+    if tracked:
+        _save_state(context, cstate, "cstate-prev")      # to roll back to if this reply is not used
     up, cstate = logreg.client_reply(cfg, partition, down, cstate, round_)
     _save_state(context, cstate)
     block_dtype = None if cfg.precond_dtype == "float64" else cfg.precond_dtype
@@ -192,17 +200,17 @@ def query(msg: Message, context: Context, cfg: FlowerRunConfig) -> Message:
                    reply_to=msg)
 
 
-def _load_state(context: Context) -> dict:
-    if "cstate-kinds" not in context.state:
+def _load_state(context: Context, key: str = "cstate") -> dict:
+    if key + "-kinds" not in context.state:
         raise RuntimeError("no client state: the server's setup ('hello') has not reached this node")
-    kinds = dict(context.state["cstate-kinds"])
-    return wire.state_from_row(numpy(context.state["cstate"]), kinds)
+    kinds = dict(context.state[key + "-kinds"])
+    return wire.state_from_row(numpy(context.state[key]), kinds)
 
 
-def _save_state(context: Context, cstate: dict) -> None:
+def _save_state(context: Context, cstate: dict, key: str = "cstate") -> None:
     arrays, kinds = wire.state_row(cstate)
-    context.state["cstate"] = records(arrays)
-    context.state["cstate-kinds"] = ConfigRecord(kinds)
+    context.state[key] = records(arrays)
+    context.state[key + "-kinds"] = ConfigRecord(kinds)
 
 
 def make_server_app(cfg: FlowerRunConfig | None = None) -> ServerApp:

@@ -36,6 +36,7 @@ class FlowerTransport:
         self.grid, self.cfg = grid, cfg
         self.templates, self.d, self.shift, self.roles = templates, d, shift, roles
         self.node_of: dict = {}         # client id -> the node that holds it
+        self.verdict: dict = {}         # client id -> 1/0: was its last reply used (told with its next message)
 
     # ------------------------------------------------------------------------------- exchanges
     def _exchange(self, kind: str, per_client: dict, round_: int, config: dict | None = None, extra=None):
@@ -110,6 +111,8 @@ class FlowerTransport:
             per_client[int(c)] = {**down, **{"state/" + key: a for key, a in arrays.items()}}
             if kinds:
                 extra[int(c)] = {"state-kinds": json.dumps(kinds)}
+            if int(c) in self.verdict:
+                extra.setdefault(int(c), {})["last-used"] = self.verdict[int(c)]
         got, rejected, dropped = self._exchange("train", per_client, round_, extra=extra)
         parts, ok = [], []
         for c in sorted(got):
@@ -127,6 +130,12 @@ class FlowerTransport:
         sent = sum(a.nbytes for c in ok for a in got[c].values())
         return Delivery(up=up, cstate=None, sel=np.asarray(ok, dtype=np.int64), rejected=rejected,
                         extra={"asked": len(sel), "dropped": dropped}, wire_bytes=sent)
+
+    def acknowledge(self, used, unused) -> None:
+        """The driver's verdict on this round's replies: each client learns it with its next message and
+        keeps (used) or rolls back (unused, dropped) the state the server tracks (fedpm_flower.apps.train)."""
+        self.verdict.update({int(c): 1 for c in used})
+        self.verdict.update({int(c): 0 for c in unused})
 
     def ask(self, oracle: str, thetas, sel) -> object:
         """The clients' answers to a problem oracle (stacked); every asked client must answer."""

@@ -152,19 +152,21 @@ def test_a_rejected_client_keeps_its_state_in_step_with_the_server(problem, name
         np.testing.assert_allclose(_dense(state.server["H"]), H_clients, atol=1e-12)
 
 
-def test_the_magnitude_guard_checks_a_declared_update(problem):
-    """SCAFFOLD declares dtheta an update: with max_ratio its enormous step is rejected, not applied."""
+@pytest.mark.parametrize("name,field", [("scaffold", "dtheta"), ("fednl", "grad"), ("fedns", "grad"),
+                                        ("fednl-pp", "dg"), ("fedavg", "theta")])
+def test_the_magnitude_guard_checks_a_declared_update(problem, name, field):
+    """A field declared 'model' or 'update': with max_ratio one client's enormous value is rejected, not applied."""
     pb, *_, theta_star, f_star = problem
 
     def tamper(t, up):
         if t == 2:
             up = dict(up)
-            big = np.array(up["dtheta"], copy=True)
-            big[1] *= 1e6
-            up["dtheta"] = big
+            big = np.array(up[field], copy=True)
+            big[1] = big[1] * 1e6 + 1e3
+            up[field] = big
         return up
 
-    state, hist = run(pb, _alg("scaffold"), theta_star + 0.3, 3, tamper=tamper, max_ratio=100.0)
+    state, hist = run(pb, _alg(name), theta_star + 0.3, 3, tamper=tamper, max_ratio=100.0)
     assert hist[2]["rejected"] == 1 and np.linalg.norm(state.theta) < 10
 
 

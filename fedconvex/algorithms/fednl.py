@@ -130,7 +130,7 @@ class FedNL(Algorithm):
     label: ClassVar[str] = "FedNL"
     server_tracked_state: ClassVar[tuple] = ("H",)    # the server's H is sum_i w_i H_i
     search_space: ClassVar[dict] = {"lr": SECOND_ORDER_LR}
-    message_fields: ClassVar[dict] = COMPRESSED
+    message_fields: ClassVar[dict] = {"grad": "update", **COMPRESSED}   # the gradient the server steps with
 
     lr: float = 1.0
     alpha: float = 1.0
@@ -268,7 +268,7 @@ class FedNLPP(Algorithm):
     label: ClassVar[str] = "FedNL-PP"
     server_tracked_state: ClassVar[tuple] = ("H", "l", "g")     # the server's H, l, g are their weighted sums
     search_space: ClassVar[dict] = {"lr": SECOND_ORDER_LR}
-    message_fields: ClassVar[dict] = COMPRESSED
+    message_fields: ClassVar[dict] = {"dg": "update", **COMPRESSED}
 
     lr: float = 1.0
     alpha: float = 1.0

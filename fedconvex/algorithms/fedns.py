@@ -64,7 +64,7 @@ class FedNS(Algorithm):
     name: ClassVar[str] = "fedns"
     label: ClassVar[str] = "FedNS"
     search_space: ClassVar[dict] = {"lr": SECOND_ORDER_LR}
-    message_fields: ClassVar[dict] = {"grad": "data", "SAt": "data", "active": "features"}
+    message_fields: ClassVar[dict] = {"grad": "update", "SAt": "data", "active": "features"}
 
     lr: float = 1.0
     sketch_size: int | None = None

@@ -71,7 +71,7 @@ def client_round(alg, model, blocks, data, cs: dict, down: dict, gen):
     local = {k: v.detach().clone() for k, v in model.named_parameters()}
     end = foof_matrices(model, blocks, data, alg.foof_samples, gen, cs.setdefault("foof_static", {})) \
         if alg.uses_foof else None
-    return alg.finish_reply(cs, local, steps, down, end), loss
+    return alg.client_reply(cs, local, steps, down, end), loss
 
 
 def _load(model, params):

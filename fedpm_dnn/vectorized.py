@@ -18,7 +18,7 @@ sequential engine's (``client.local_train`` / ``simulation.client_round``), clie
   batched Cholesky solves, theta -= lr direction, decoupled weight decay;
 * FOOF matrices from batched Gram products (``batched_foof``) with the same first-layer cache.
 
-Replies are built by the method's ``finish_reply``, shared with the sequential engine, so the message
+Replies are built by the method's ``client_reply``, shared with the sequential engine, so the message
 format, codecs and screening apply unchanged.  Clients are processed in chunks of ``client_chunk``
 when the whole stack does not fit in memory (chosen from the free device memory by default).
 """
@@ -348,6 +348,6 @@ class VectorizedEngine:
         seen = [len(self.clients[i]) * cfg.local_epochs for i in sel]
         for j, cs in enumerate(states):
             local = {n: P[n][j].clone() for n in self.names}
-            reply = cfg.finish_reply(cs, local, n_steps[j], down, end[j] if end is not None else None)
+            reply = cfg.client_reply(cs, local, n_steps[j], down, end[j] if end is not None else None)
             results.append((reply, float(loss_sum[j]) / max(seen[j], 1)))
         return results

@@ -312,3 +312,82 @@ def test_the_dnn_server_magnitude_guard_is_off_by_default_and_rejects_when_on(ca
         guarded = run_experiment(dataclasses.replace(experiment(cfg, rounds=1), max_ratio=100.0), tamper=inflate)
     assert open_hist[0]["rejected"] == 0 and guarded[0]["rejected"] == 1
     assert "client 1 rejected: preconditioner trace" in caplog.text
+
+
+# --- --param-dtype: the model parameters on the wire --------------------------------------------------------
+
+def _n_params():
+    import fedpm_dnn.models as models
+    return sum(p.numel() for p in models.make_model("cnn", 3, image_size=16).parameters())
+
+
+def _final_params(cfg, tmp_path, tag, tamper=None, rounds=2):
+    from fedpm_dnn.simulation import run_experiment as run
+    ck = str(tmp_path / f"{tag}.pt")
+    hist = run(experiment(cfg, rounds=rounds, participants=2), checkpoint=ck, tamper=tamper)
+    return hist, torch.load(ck, weights_only=False)["server"]["params"]
+
+
+PD = dict(lr=0.1, local_epochs=1, batch_size=16, foof_samples=20, clip=1.0, mu=0.01)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedpm", "scaffold"])
+def test_param_dtype_float32_default_sends_the_trained_parameters_untouched(method):
+    cfg = make(method, **PD)
+    assert cfg.param_dtype == "float32"
+    seen = []
+    hist = run_experiment(experiment(cfg, rounds=1, participants=2),
+                          tamper=lambda t, i, r: seen.append(r) or r)
+    assert all(v.dtype == torch.float32 for r in seen for v in r["params"].values())
+    # the server's receive is the identity on float32 parameters: the same message object back
+    from fedconvex.algorithms.base import RoundInfo, State
+    up = {"params": {k: torch.stack([r["params"][k] for r in seen]) for k in seen[0]["params"]}}
+    state = State(theta=seen[0]["params"])
+    if method != "fedpm":
+        assert cfg.receive(None, state, up, RoundInfo(np.arange(2), None, 3))[0] is up
+    assert hist[0]["bytes_up"] == (2 if method == "scaffold" else 1) * 4 * _n_params() + \
+        (4 * sum(b * b for b in [76, 151, 17, 121, 85]) if method == "fedpm" else 0)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedpm", "scaffold"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_param_dtype_halves_the_parameter_bytes_exactly(method, dtype):
+    h32 = run_experiment(experiment(make(method, **PD), rounds=2, participants=2))
+    h16 = run_experiment(experiment(make(method, param_dtype=dtype, **PD), rounds=2, participants=2))
+    half = 2 * _n_params()   # float32 -> 16 bits: 2 bytes per parameter and round saved, nothing else changes
+    assert [r["bytes_up"] for r in h16] == [r["bytes_up"] - (t + 1) * half for t, r in enumerate(h32)]   # cumulative
+    assert [r["bytes_down"] for r in h16] == [r["bytes_down"] for r in h32]
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedpm", "scaffold"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_param_dtype_server_model_equals_rounding_the_replies_independently(method, dtype, tmp_path):
+    """Reference: float32 replies rounded to ``dtype`` and back by a fault-injection hook (outside the
+    method): the server's model must be bit-identical to the one the wire dtype gives."""
+    wire = getattr(torch, dtype)
+    sent = []
+
+    def spy(t, i, r):
+        sent.append({k: v.dtype for k, v in r["params"].items()})
+        return r
+
+    def round_trip(t, i, r):
+        return {**r, "params": {k: v.to(wire).to(v.dtype) for k, v in r["params"].items()}}
+
+    h_ref, m_ref = _final_params(make(method, **PD), tmp_path, "ref", round_trip)
+    h_lo, m_lo = _final_params(make(method, param_dtype=dtype, **PD), tmp_path, "lo", spy)
+    h_32, m_32 = _final_params(make(method, **PD), tmp_path, "32")
+    assert sent and all(d == wire for s in sent for d in s.values())
+    for name, v in m_ref.items():
+        assert m_lo[name].dtype == torch.float32 and torch.equal(m_lo[name], v), name
+    assert any(not torch.equal(m_32[n], m_lo[n]) for n in m_32)   # the rounding is real
+    assert [r["test_acc"] for r in h_lo] == [r["test_acc"] for r in h_ref]
+    assert [r["train_loss"] for r in h_lo] == [r["train_loss"] for r in h_ref]
+
+
+def test_param_dtype_is_checked_and_reaches_the_cli():
+    with pytest.raises(ValueError, match="param_dtype"):
+        make("fedavg", param_dtype="float64")
+    from validation import dnn
+    assert dnn.parse_args([]).param_dtype is None   # not given: the method's default (float32)
+    assert dnn.parse_args(["--param-dtype", "bfloat16"]).param_dtype == "bfloat16"

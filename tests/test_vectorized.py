@@ -93,3 +93,18 @@ def test_resume_identity_holds_for_the_vectorized_engine(tmp_path):
     resumed = run_experiment(experiment(cfg, "vectorized", rounds=3), checkpoint=ck, resume=True)
     strip = lambda h: [{k: v for k, v in r.items() if "seconds" not in k and k != "peak_memory_mb"} for r in h]  # noqa
     assert strip(resumed) == strip(full)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedpm", "scaffold"])
+def test_float16_parameters_on_the_wire_match_across_engines(method, tmp_path):
+    """--param-dtype float16: both engines send float16 parameters (within one float16 rounding step of
+    each other: nearby float32 values may round to neighbouring float16 ones) and count the same bytes."""
+    cfg = make(method, param_dtype="float16", **CFG)
+    h_seq, r_seq = run(cfg, "sequential", str(tmp_path / "seq.pt"))
+    h_vec, r_vec = run(cfg, "vectorized", str(tmp_path / "vec.pt"), chunk=2)
+    assert all(v.dtype == torch.float16 for r in (*r_seq.values(), *r_vec.values()) for v in r["params"].values())
+    assert_same(r_vec, r_seq, tol=1e-3)
+    m_seq, m_vec = (torch.load(tmp_path / f, weights_only=False)["server"]["params"] for f in ("seq.pt", "vec.pt"))
+    for name, v in m_seq.items():
+        assert m_vec[name].dtype == torch.float32 and rel(m_vec[name].double(), v.double()) <= 1e-3, name
+    assert [a["bytes_up"] for a in h_vec] == [b["bytes_up"] for b in h_seq]

@@ -80,6 +80,9 @@ def parse_args(argv=None):
     g.add_argument("--refresh-every", type=common.positive_int, help="recompute FOOF matrices every s local steps")
     g.add_argument("--weighting", choices=("uniform", "samples"))
     g.add_argument("--precond-dtype", choices=("float32", "float16"), help="dtype FedPM's matrices travel in")
+    g.add_argument("--param-dtype", choices=("float32", "float16", "bfloat16"),
+                   help="dtype every method's model parameters travel up in (default float32: as trained; the "
+                        "server upcasts them before mixing)")
     g.add_argument("--precond-codec", default=None, type=common.precond_codec,
                    help="how FedPM's matrices travel (default none): sym, fp16, bf16, lowrank:R, delta:identity, "
                         "delta:topk:K, delta:rankr:R (R, K: a count or a fraction); see fedconvex/codecs.py")
@@ -150,7 +153,7 @@ def build(args):
     cfg = method_config(args.preset, args.method, lr=args.lr, clip=clip, weight_decay=args.weight_decay, mu=args.mu,
                         momentum=args.momentum, server_lr=args.server_lr, damping=args.damping,
                         batch_size=args.batch_size, refresh_every=args.refresh_every, weighting=args.weighting,
-                        precond_dtype=args.precond_dtype, precond_codec=args.precond_codec, local_epochs=args.local_epochs, clip_stage=args.clip_stage,
+                        precond_dtype=args.precond_dtype, precond_codec=args.precond_codec, param_dtype=args.param_dtype, local_epochs=args.local_epochs, clip_stage=args.clip_stage,
                         weight_decay_mode=args.weight_decay_mode,
                         foof_samples=None if args.foof_samples in (None, "all") else int(args.foof_samples))
     if args.clip == 0:  # explicit "no clipping" overrides a preset's clip

@@ -9,7 +9,9 @@ engine (``fedpm_dnn.task``: sequential or vectorized); a method only says how it
   grad_hook      a correction added to every parameter's gradient (FedProx, SCAFFOLD)
   prepare_client  per-client state a first participation needs (SCAFFOLD's zero control)
   finish_reply   the reply of a client that trained to ``local`` (SCAFFOLD's control update,
-                 FedPM's matrices)
+                 FedPM's matrices); the engines call ``client_reply``, which casts its 'params' to the
+                 wire dtype ``param_dtype`` (the server's ``receive`` upcasts them to the model's dtype
+                 before screening and mixing; the byte count sees them as sent)
   server_update  the server step over the stacked replies
 
 paper symbol / table column -> field: learning rate -> lr, grad. clip -> clip (None = no clipping),
@@ -24,6 +26,9 @@ import numpy as np
 import torch
 
 from fedconvex.algorithms.base import Algorithm, RoundInfo, State  # noqa: F401
+
+# --param-dtype: the wire dtype of a reply's model parameters (None: sent as trained)
+PARAM_DTYPES = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,9 @@ class DnnAlgorithm(Algorithm):
     local_epochs: int = 5
     batch_size: int = 64
     weighting: str = "uniform"               # mixing weights: uniform 1/N (paper) or 'samples'
+    # dtype the reply's model parameters travel in (float16 / bfloat16 halve their bytes); float32 sends
+    # them as trained.  The server upcasts them to the model's dtype before screening and mixing.
+    param_dtype: str = "float32"
 
     def __post_init__(self):
         for name in ("lr", "batch_size", "local_epochs"):
@@ -58,7 +66,7 @@ class DnnAlgorithm(Algorithm):
         if self.weight_decay < 0:
             raise ValueError("weight_decay must be >= 0")
         choices = {"weighting": ("uniform", "samples"), "clip_stage": ("gradient", "update"),
-                   "weight_decay_mode": ("coupled", "decoupled")}
+                   "weight_decay_mode": ("coupled", "decoupled"), "param_dtype": tuple(PARAM_DTYPES)}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be {' or '.join(allowed)}, got {getattr(self, name)!r}")
@@ -95,6 +103,27 @@ class DnnAlgorithm(Algorithm):
 
     def finish_reply(self, cs: dict, local: dict, steps: int, down: dict, end_foof) -> dict:
         return {"params": local}
+
+    def client_reply(self, cs: dict, local: dict, steps: int, down: dict, end_foof) -> dict:
+        """The reply as sent: ``finish_reply``'s, its 'params' cast to ``param_dtype`` (the client's own
+        state and the rest of the reply are computed from the exact parameters)."""
+        reply = self.finish_reply(cs, local, steps, down, end_foof)
+        dtype = PARAM_DTYPES[self.param_dtype]
+        if dtype is not None and isinstance(reply, dict) and isinstance(reply.get("params"), dict):
+            reply = {**reply, "params": {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v
+                                         for k, v in reply["params"].items()}}
+        return reply
+
+    def receive(self, task, state: State, up: dict, info):
+        """Server side, before screening: the replies' parameters upcast to the model's dtype (no-op for
+        ``param_dtype`` float32, where they arrive in it)."""
+        params = up.get("params")
+        if PARAM_DTYPES[self.param_dtype] is None or not isinstance(params, dict):
+            return up, state
+        theta = state.theta
+        out = {k: v.to(theta[k].dtype) if k in theta and torch.is_tensor(v) and v.is_floating_point() else v
+               for k, v in params.items()}
+        return {**up, "params": out}, state
 
     def reply_shapes(self, params: dict, blocks: dict) -> dict:
         """What a usable reply looks like (checked before the replies are stacked)."""

@@ -61,7 +61,9 @@ class FedPM(LocalNewton):
         return {**shapes, "foof": {name: (d, d) for name, d in block_sizes(blocks).items()}}
 
     def receive(self, task, state, up, info):
-        """Decode the codec's payloads (before screening); see fedpm_dnn.wire."""
+        """Upcast the parameters (``param_dtype``) and decode the codec's payloads (before screening);
+        see fedpm_dnn.wire."""
+        up, state = super().receive(task, state, up, info)
         if self.precond_codec == "none":
             return up, state
         return wire.receive(self, task, state, up, info)

@@ -5,8 +5,8 @@ Three tables and one figure:
                        client spent until then, per codec, beside FedNL (from the Test 1 run)
   compression_cnn      CIFAR-10 alpha = 0.1: best accuracy (mean over seeds) vs uplink MiB per client
                        per round, per codec, beside FedAvg and uncompressed FedPM; + the Pareto plot
-  compression_resnet   ResNet18-GN at CIFAR-100 size: bytes per client per round per codec (by formula
-                       from the FOOF block sizes; no training)
+  compression_resnet   ResNet18-GN at CIFAR-100 size: bytes per client per round per codec, with float32
+                       and with float16 parameters (by formula from the FOOF block sizes; no training)
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from validation.experiments import CNN_CODECS, CONVEX_CODECS, codec_slug
+from validation.experiments import CNN_CODECS, CNN_PARAM_DTYPE_RUNS, CONVEX_CODECS, codec_slug, param_slug
 
 from .results import read_history, read_summary, runs_matching
 
@@ -75,6 +75,8 @@ def cnn_points(root):
     groups = [("FedAvg", r"main-cifar10-a0\.1-fedavg-s\d+"), ("FedPM none", r"main-cifar10-a0\.1-fedpm-s\d+")]
     groups += [(f"FedPM {c}", rf"compression-cifar10-a0\.1-{codec_slug(c).replace('.', '[.]')}-s\d+")
                for c in CNN_CODECS]
+    groups += [(f"FedPM {c}, {d} params", rf"compression-cifar10-a0\.1-{codec_slug(c).replace('.', '[.]')}"
+                                          rf"{param_slug(d)}-s\d+") for c, d in CNN_PARAM_DTYPE_RUNS]
     out = []
     for label, pattern in groups:
         folders = list(runs_matching(root, pattern).values())
@@ -162,32 +164,41 @@ def pareto_figure(points, out_dir, note=""):
     return save(fig, out_dir, "compression_pareto")
 
 
-def resnet_table(codecs=("none", "sym", "fp16", "bf16", "lowrank:0.1", "lowrank:0.02", "delta:topk:0.01",
-                         "delta:rankr:0.01"), model_name="resnet18gn", classes=100, title="ResNet18-GN, CIFAR-100"):
-    """Bytes per client per round of FedPM (float32 parameters and matrices) by codec, from the block sizes."""
-    import torch
+RESNET_CODECS = ("none", "sym", "fp16", "bf16", "lowrank:0.1", "lowrank:0.02", "delta:topk:0.01", "delta:rankr:0.01")
+# rows with the parameters sent in float16 (validation.dnn --param-dtype float16; bfloat16 counts the same)
+RESNET_HALF_PARAM_CODECS = ("none", "fp16", "lowrank:0.02", "delta:topk:0.01", "delta:rankr:0.01")
 
+
+def resnet_table(codecs=RESNET_CODECS, model_name="resnet18gn", classes=100, title="ResNet18-GN, CIFAR-100",
+                 half_param_codecs=RESNET_HALF_PARAM_CODECS):
+    """Bytes per client per round of FedPM by codec, from the block sizes: float32 parameters with every codec
+    of ``codecs``, then float16 parameters (``--param-dtype float16``) with those of ``half_param_codecs``;
+    percentages against the uncompressed upload (float32 parameters and matrices)."""
     from fedconvex.codecs import parse
     from fedpm_dnn import foof
     from fedpm_dnn.models import make_model
 
     model = make_model(model_name, classes)
-    params = sum(p.numel() for p in model.parameters()) * 4
+    n_params = sum(p.numel() for p in model.parameters())
     widths = [b.module.weight[0].numel() + (1 if b.has_bias else 0) for b in foof.foof_blocks(model).values()]
-    del torch
-    header = ["codec", "matrices MiB", "total MiB/client/round (params + matrices)", "vs uncompressed total",
-              "matrices vs uncompressed matrices"]
+    header = ["codec", "parameters", "matrices MiB", "total MiB/client/round (params + matrices)",
+              "vs uncompressed total", "matrices vs uncompressed matrices"]
     full = sum(4 * n * n for n in widths)
-    fmt = "{:.3f}" if (params + full) / MiB < 10 else "{:.1f}"
+    uncompressed = 4 * n_params + full
+    fmt = "{:.3f}" if uncompressed / MiB < 10 else "{:.1f}"
     rows = []
-    for spec in codecs:
-        c = parse(spec)
-        mat = full if c is None else sum(c.payload_bytes(n, 4) for n in widths)
-        note = " (steady state; first upload as sym)" if c is not None and c.stateful else ""
-        rows.append([spec + note, fmt.format(mat / MiB), fmt.format((params + mat) / MiB),
-                     f"{100 * (params + mat) / (params + full):.1f} %", f"{100 * mat / full:.1f} %"])
-    caption = (f"{title}: {len(widths)} FOOF blocks (largest {max(widths)}), parameters {params / MiB:.3f} MiB "
-               f"= {100 * params / (params + full):.2f} % of the uncompressed upload (float32)")
+    for param_bytes, specs in ((4, codecs), (2, half_param_codecs)):
+        params = param_bytes * n_params
+        for spec in specs:
+            c = parse(spec)
+            mat = full if c is None else sum(c.payload_bytes(n, 4) for n in widths)
+            note = " (steady state; first upload as sym)" if c is not None and c.stateful else ""
+            rows.append([spec + note, f"float{8 * param_bytes} ({fmt.format(params / MiB)} MiB)",
+                         fmt.format(mat / MiB), fmt.format((params + mat) / MiB),
+                         f"{100 * (params + mat) / uncompressed:.1f} %", f"{100 * mat / full:.1f} %"])
+    caption = (f"{title}: {len(widths)} FOOF blocks (largest {max(widths)}), {n_params:,} parameters = "
+               f"{4 * n_params / MiB:.3f} MiB in float32 = {100 * 4 * n_params / uncompressed:.2f} % of the "
+               f"uncompressed upload ({uncompressed:,} B), {100 * 2 * n_params / uncompressed:.2f} % in float16")
     return header, rows, caption
 
 
@@ -216,7 +227,8 @@ def build(root, out, write_table, note="", log=print):
     try:
         header, rows, caption = resnet_table()
         produced += write_table(out, "table_compression_resnet", header, rows, caption, "tab:compression_resnet")
-        header, rows, caption = resnet_table(("none",) + CNN_CODECS, "cnn", 10, "SimpleCNN, CIFAR-10 (by formula)")
+        header, rows, caption = resnet_table(("none",) + CNN_CODECS, "cnn", 10, "SimpleCNN, CIFAR-10 (by formula)",
+                                             tuple(c for c, _ in CNN_PARAM_DTYPE_RUNS))
         produced += write_table(out, "table_compression_cnn_bytes", header, rows, caption, "tab:compression_cnn_bytes")
     except ImportError:
         log("skipped the ResNet18-GN bytes table: torch is not installed")

@@ -123,3 +123,18 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path, monkeypatch):
     messages = []
     done = ex.ensure("quick", "data", str(tmp_path), log=messages.append)
     assert calls == ["--x", "--y"] and list(done) == ["good"] and any("bad failed" in m for m in messages)
+
+
+def test_compression_bytes_table_has_float16_parameter_rows():
+    pytest.importorskip("torch")
+    from figures.compression import resnet_table
+    from fedpm_dnn.models import make_model
+    n = sum(p.numel() for p in make_model("cnn", 10).parameters())
+    header, rows, caption = resnet_table(("none", "lowrank:0.02"), "cnn", 10, "SimpleCNN",
+                                         ("none", "lowrank:0.02"))
+    assert [r[1].split()[0] for r in rows] == ["float32", "float32", "float16", "float16"]
+    MiB = 2 ** 20
+    for r32, r16 in zip(rows[:2], rows[2:]):   # same matrices, parameters halved
+        assert r16[2] == r32[2]
+        assert float(r32[3]) - float(r16[3]) == pytest.approx(2 * n / MiB, abs=2e-3)
+    assert rows[0][4] == "100.0 %" and f"{n:,} parameters" in caption

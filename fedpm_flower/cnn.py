@@ -205,9 +205,9 @@ def flat_theta(theta: dict) -> np.ndarray:
     return torch.cat([p.detach().reshape(-1) for p in theta.values()]).numpy().astype(np.float64)
 
 
-def in_process(cfg) -> np.ndarray:
+def in_process(cfg, tamper=None) -> np.ndarray:
     """The same method and data in fedpm_dnn's in-process simulator (sequential engine): final parameters,
-    flattened."""
+    flattened.  ``tamper(round, client, reply) -> reply``: fault injection (``run_experiment``)."""
     import os
     import tempfile
 
@@ -221,6 +221,6 @@ def in_process(cfg) -> np.ndarray:
                      max_ratio=cfg.max_ratio or None)
     with tempfile.TemporaryDirectory() as tmp:
         ck = os.path.join(tmp, "ck.pt")
-        run_experiment(exp, checkpoint=ck)
+        run_experiment(exp, checkpoint=ck, tamper=tamper)
         params = torch.load(ck, weights_only=True)["server"]["params"]
     return flat_theta(params)

@@ -130,9 +130,10 @@ def client_train(cfg, partition: int, down: dict, round_: int, cs: dict, folder=
     """One round of client ``partition``: (reply, mean training loss, number of samples).  ``down`` is
     the broadcast and ``cs`` the client's persistent state (nested dicts of tensors), updated in place."""
     alg = algorithm(cfg)
-    if ("model", cfg.seed, folder) not in _CACHE:
-        _CACHE[("model", cfg.seed, folder)] = new_model(cfg.seed, *_shape_of(cfg, folder))
-    model, blocks = _CACHE[("model", cfg.seed, folder)]
+    key = ("model", cfg.seed, _shape_of(cfg, folder))    # one model per data shape (a process may run several)
+    if key not in _CACHE:
+        _CACHE[key] = new_model(cfg.seed, *key[2])
+    model, blocks = _CACHE[key]
     data = client_data(cfg, partition, folder)
     alg.prepare_client(cs, down)     # what a first participation needs (SCAFFOLD's zero control), as in-process
     reply, loss = client_round(alg, model, blocks, data, cs, down, client_generator(cfg.seed, round_, partition))

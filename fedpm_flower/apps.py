@@ -105,10 +105,10 @@ def _serve_cnn(grid: Grid, cfg: FlowerRunConfig):
     alg = cnn.algorithm(cfg)
     view, start = cnn.server_task(cfg)
     nodes = _wait_for_nodes(grid, cfg.clients, cfg.timeout, every=True)
-    transport = cnn.CnnTransport(grid, cfg, view.blocks)
+    transport = cnn.CnnTransport(grid, cfg, view.blocks, cnn.client_sizes(cfg))
     transport.setup(cfg.clients, nodes)
     state = alg.init(view, start)
-    # mixing weights from the sample counts the nodes reported with this round's replies (weighting='samples')
+    # weighting='samples': the split's sample counts (or, where the server does not know them, the nodes')
     return _drive(cfg, alg, view, transport, state, weights=lambda sel: alg.client_weights(transport.sizes, sel),
                   finite=cnn.finite)
 

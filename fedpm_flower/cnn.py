@@ -148,16 +148,28 @@ def server_task(cfg):
         {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
+def client_sizes(cfg):
+    """Samples per client where the server knows the split (the synthetic task; a prepared data set's
+    ``client_sizes``), else None."""
+    if not cfg.data_dir:
+        return np.array([len(y) for _, y in task(cfg)[0]], dtype=np.float64)
+    sizes = prepared.meta(prepared.server_folder(cfg.data_dir)).get("client_sizes")
+    return np.asarray(sizes, dtype=np.float64) if sizes is not None and len(sizes) == cfg.clients else None
+
+
 class CnnTransport(FlowerTransport):
     """The driver's transport for the CNN: node discovery, claims, drops and acknowledgements as for logreg
     (``FlowerTransport``); each sampled client's node gets the broadcast, and its reply -- the DNN reply
     dict -- is structure-checked and stacked as the in-process DNN transport does.  A node reports its
     number of samples (``weighting='samples'``) and its training loss with the reply."""
 
-    def __init__(self, grid, cfg, blocks):
+    def __init__(self, grid, cfg, blocks, sizes=None):
         super().__init__(grid, cfg, templates={}, d=None, shift=0.0, roles={})
         self.blocks = blocks
-        self.sizes = np.zeros(cfg.clients)     # samples per client, as its node reported them
+        # samples per client: the split's, where the server knows it (a node reporting otherwise is rejected:
+        # with weighting='samples' an inflated count would buy it the round), else as its node reported them
+        self.known = None if sizes is None else np.asarray(sizes, dtype=np.float64)
+        self.sizes = np.zeros(cfg.clients) if sizes is None else self.known.copy()
 
     def __call__(self, alg, down, cstate, sel, rng, round_):
         arrays = flat(down)
@@ -171,6 +183,11 @@ class CnnTransport(FlowerTransport):
                 log.warning("round %d: client %d rejected: sample count %r / loss %r are not a positive integer "
                             "and a number", round_, c, n, loss)
                 rejected.append((c, "malformed metrics"))
+                continue
+            if self.known is not None and n != self.known[c]:
+                log.warning("round %d: client %d rejected: reports %d samples, its partition has %d",
+                            round_, c, n, self.known[c])
+                rejected.append((c, "wrong sample count"))
                 continue
             self.sizes[c] = n
             clients.append(c)

@@ -388,6 +388,15 @@ def test_cnn_malformed_metrics_and_spoofed_ids_are_rejected(caplog):
     assert "client 1 rejected: sample count -5" in caplog.text
     assert "claims client id 0 but node 102 holds client 2" in caplog.text
 
+    def inflate(node, reply):     # the server knows the synthetic split: a node claiming more data is refused
+        if reply.metadata.message_type == "train" and node == 101:
+            reply.content["metrics"]["samples"] = 10 ** 6
+        return reply
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        result = loopback(cnn_config("fedavg", rounds=1, weighting="samples"), tamper=inflate)
+    assert result["history"][1]["rejected"] == 1 and "client 1 rejected: reports 1000000 samples, its partition has 48" \
+        in caplog.text
+
 
 @pytest.mark.slow
 def test_cnn_simulation_gives_the_in_process_model(tmp_path):

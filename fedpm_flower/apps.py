@@ -1,6 +1,6 @@
 """Flower ServerApp / ClientApp (flwr 1.42 Message API): every registered fedconvex method on logistic
-regression through the round driver (fedconvex.driver, transport: fedpm_flower.transport), and the FOOF
-CNN (fedpm_flower.cnn).
+regression and every registered fedpm_dnn method on the CNN, both through the round driver
+(fedconvex.driver; transports: fedpm_flower.transport, fedpm_flower.cnn).
 
 ``server_app`` / ``client_app`` read their configuration from the Flower run config
 (deployment: ``flwr run --run-config``); ``make_server_app(cfg)`` / ``make_client_app(cfg)``
@@ -48,7 +48,12 @@ def _wait_for_nodes(grid: Grid, n: int, timeout: float, every: bool = False) -> 
 
 def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
     if cfg.problem == "cnn":
-        result = _serve_cnn(grid, cfg)
+        state, history = _serve_cnn(grid, cfg)
+        from .cnn import flat_theta, test_accuracy
+
+        result = {"theta": flat_theta(state.theta).tolist(), "history": history}
+        if cfg.data_dir:    # a prepared data set: the final model's accuracy on the server's test set
+            result["test_acc"] = test_accuracy(cfg, state.theta)
     else:
         state, history = _serve_logreg(grid, cfg)
         result = {"theta": np.asarray(state.theta).tolist(), "history": history}
@@ -60,6 +65,18 @@ def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
             json.dump(result, fh)
         os.replace(tmp, cfg.out)
     return result
+
+
+def _drive(cfg, alg, view, transport, state, weights, finite, d=None):
+    """The round driver over the SuperNodes (own_clients=False: a round whose replies are all unusable is
+    skipped, not divergence); each history row also says how many replies the server used."""
+    driver = Driver(alg, view, transport, weights=weights, evaluate=lambda s: {}, n_clients=cfg.clients,
+                    participants=cfg.participants or None, d=d, max_ratio=cfg.max_ratio or None,
+                    label=f"{alg.label} (lr={alg.lr:g})", finite=finite, own_clients=False)
+    state, history = driver.run(state, cfg.rounds, np.random.default_rng(cfg.seed))
+    for row in history[1:]:
+        row["used"] = row["asked"] - row["dropped"] - row["rejected"]
+    return state, history
 
 
 def _serve_logreg(grid: Grid, cfg: FlowerRunConfig):
@@ -76,92 +93,61 @@ def _serve_logreg(grid: Grid, cfg: FlowerRunConfig):
     # steps write (logreg.templates: 'server_keys') and sends each client its row with the next 'train'
     state = alg.init(view, start)
     state = replace(state, clients={k: state.clients[k] for k in transport.templates["server_keys"]})
-    driver = Driver(alg, view, transport, weights=lambda sel: view.client_weights[np.asarray(sel)],
-                    evaluate=lambda s: {}, n_clients=cfg.clients, participants=cfg.participants or None, d=d,
-                    max_ratio=cfg.max_ratio or None, label=f"{alg.label} (lr={alg.lr:g})",
-                    finite=lambda s: bool(np.all(np.isfinite(s.theta))), own_clients=False)
-    state, history = driver.run(state, cfg.rounds, np.random.default_rng(cfg.seed))
-    for row in history[1:]:
-        row["used"] = row["asked"] - row["dropped"] - row["rejected"]
-    return state, history
+    return _drive(cfg, alg, view, transport, state, weights=lambda sel: view.client_weights[np.asarray(sel)],
+                  finite=lambda s: bool(np.all(np.isfinite(s.theta))), d=d)
 
 
-def _serve_cnn(grid: Grid, cfg: FlowerRunConfig) -> dict:
-    from .cnn import CnnServer
+def _serve_cnn(grid: Grid, cfg: FlowerRunConfig):
+    """Any registered fedpm_dnn method through the round driver: each client's state on its node (no DNN
+    method's server step writes client state, so the server keeps none), the server's state here."""
+    from . import cnn
 
-    server = CnnServer(cfg)
-    nodes = _wait_for_nodes(grid, cfg.clients, cfg.timeout)
-    history, start = [], time.perf_counter()
-    bytes_up = bytes_down = 0
-    owner: dict = {}   # partition id -> the node that first claimed it: a node is held to its claim
-    for t in range(1, cfg.rounds + 1):
-        down = server.broadcast()
-        msgs = [Message(content=RecordDict({"arrays": records(down), "config": ConfigRecord({"round": t})}),
-                        dst_node_id=node, message_type="train") for node in nodes]
-        replies, dropped, spoofed, round_up = {}, 0, 0, 0
-        received = list(grid.send_and_receive(msgs, timeout=cfg.timeout))
-        claims: dict = {}
-        for reply in received:
-            src = reply.metadata.src_node_id
-            if reply.has_error():
-                dropped += 1
-                log.warning("round %d: node %s failed: %s", t, src, reply.error.reason)
-                continue
-            try:
-                p = reply.content["metrics"]["partition-id"]
-                arrays = numpy(reply.content["arrays"])
-            except Exception as exc:  # a reply without the records a client of ours sends
-                spoofed += 1
-                log.warning("round %d: node %s rejected: malformed reply (%s)", t, src, exc)
-                continue
-            if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < cfg.clients:
-                spoofed += 1
-                log.warning("round %d: node %s rejected: partition id %r is not an integer in 0..%d",
-                            t, src, p, cfg.clients - 1)
-                continue
-            mine = [q for q, node in owner.items() if node == src]
-            why = (f"claims partition {p}, which belongs to node {owner[p]}" if owner.get(p, src) != src else
-                   f"claims partition {p} but earlier claimed {mine[0]}" if mine and mine[0] != p else
-                   f"partition {p} already replied this round" if p in claims else None)
-            if why:
-                spoofed += 1
-                log.warning("round %d: node %s rejected: %s", t, src, why)
-                continue
-            owner[p] = claims[p] = src
-            replies[p] = arrays
-            round_up += sum(a.nbytes for a in arrays.values())
-        dropped += len(msgs) - len(received)
-        if len(msgs) > len(received):
-            log.warning("round %d: %d of %d clients did not reply (dropped)", t, len(msgs) - len(received), len(msgs))
-        bytes_down += sum(a.nbytes for a in down.values())
-        used = server.step(replies, t)
-        used["rejected"] += spoofed
-        # cumulative bytes per client that replied (round by round), as the round driver counts them
-        bytes_up += round_up / max(1, len(replies))
-        history.append({"round": t, **used, "dropped": dropped, "seconds": time.perf_counter() - start,
-                        "bytes_up": bytes_up, "bytes_down": bytes_down})
-    result = {"theta": server.theta.tolist(), "history": history}
-    if cfg.data_dir:    # a prepared data set: the final model's accuracy on the server's test set
-        result["test_acc"] = server.test_accuracy()
-    return result
+    alg = cnn.algorithm(cfg)
+    view, start = cnn.server_task(cfg)
+    nodes = _wait_for_nodes(grid, cfg.clients, cfg.timeout, every=True)
+    transport = cnn.CnnTransport(grid, cfg, view.blocks, cnn.client_sizes(cfg))
+    transport.setup(cfg.clients, nodes)
+    state = alg.init(view, start)
+    # weighting='samples': the split's sample counts (or, where the server does not know them, the nodes')
+    return _drive(cfg, alg, view, transport, state, weights=lambda sel: alg.client_weights(transport.sizes, sel),
+                  finite=cnn.finite)
+
+
+def _train_cnn(msg: Message, context: Context, cfg: FlowerRunConfig, partition: int) -> Message:
+    """The node's client of the CNN: its state (FOOF matrices, SCAFFOLD's control, ...) persists in the
+    node's Context state between rounds."""
+    from . import cnn
+
+    cs = cnn.nest(numpy(context.state["cnn-state"])) if "cnn-state" in context.state else {}
+    tracked = cnn.algorithm(cfg).server_tracked_state
+    if tracked and int(msg.content["config"].get("last-used", 1)) == 0 and "cnn-prev" in context.state:
+        # the server did not use this node's last reply: the state it tracks (SCAFFOLD's control) goes back to
+        # what it was before that round, as the in-process driver does
+        prev = cnn.nest(numpy(context.state["cnn-prev"]))
+        for k in tracked:
+            if k in prev:
+                cs[k] = prev[k]
+            else:            # created by the unused round (a first participation): not yet the client's
+                cs.pop(k, None)
+    if tracked:
+        context.state["cnn-prev"] = records(cnn.flat({k: cs[k] for k in tracked if k in cs}))
+    down = cnn.nest(numpy(msg.content["arrays"]))
+    reply, loss, samples = cnn.client_train(cfg, partition, down, int(msg.content["config"]["round"]), cs,
+                                            folder=context.node_config.get("data-dir") or None)
+    context.state["cnn-state"] = records(cnn.flat(cs))
+    return Message(content=RecordDict({"arrays": records(cnn.flat(reply)),
+                                       "metrics": MetricRecord({"client": partition, "samples": samples,
+                                                                "loss": float(loss)})}), reply_to=msg)
 
 
 def train(msg: Message, context: Context, cfg: FlowerRunConfig) -> Message:
     partition = int(context.node_config["partition-id"])
     round_ = int(msg.content["config"]["round"])
-    if cfg.problem == "cnn":
-        from . import cnn
-
-        # the node's FOOF matrices persist between rounds in its Context state
-        state = numpy(context.state["foof_state"]) if "foof_state" in context.state else {}
-        arrays, _ = cnn.client_train(cfg, partition, numpy(msg.content["arrays"]), round_, state,
-                                     folder=context.node_config.get("data-dir") or None)
-        context.state["foof_state"] = records(state)
-        return Message(content=RecordDict({"arrays": records(arrays),
-                                           "metrics": MetricRecord({"partition-id": partition})}), reply_to=msg)
     asked = int(msg.content["config"]["client"])
     if asked != partition:
         raise ValueError(f"asked to train client {asked}, but this node holds client {partition}")
+    if cfg.problem == "cnn":
+        return _train_cnn(msg, context, cfg, partition)
     arrays = numpy(msg.content["arrays"])
     down = {k: v for k, v in arrays.items() if not k.startswith("state/")}
     cstate = _load_state(context)
@@ -188,13 +174,16 @@ def query(msg: Message, context: Context, cfg: FlowerRunConfig) -> Message:
     problem oracle at the given model (fedpm_flower.logreg.ORACLES)."""
     partition = int(context.node_config["partition-id"])
     op = str(msg.content["config"]["op"])
-    theta = msg.content["arrays"]["theta"].numpy()
     arrays = {}
-    if op == "hello":
+    if op == "hello" and cfg.problem == "cnn":
+        pass    # the CNN's client state starts empty (fedpm_dnn: created at the first participation)
+    elif op == "hello":
+        theta = msg.content["arrays"]["theta"].numpy()
         _save_state(context, logreg.init_client_state(cfg, partition, theta))
     else:
         if int(msg.content["config"]["client"]) != partition:
             raise ValueError("asked about a client this node does not hold")
+        theta = msg.content["arrays"]["theta"].numpy()
         arrays = wire.flatten(logreg.client_oracle(cfg, partition, op, theta))
     return Message(content=RecordDict({"arrays": records(arrays), "metrics": MetricRecord({"client": partition})}),
                    reply_to=msg)

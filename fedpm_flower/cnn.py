@@ -1,44 +1,60 @@
-"""The CNN (FOOF) on Flower: a SuperNode runs fedpm_dnn's ``client_round`` -- the very function the
-in-process simulator's sequential engine runs -- on its partition, keeping its FOOF matrices in the
-node's state; the ServerApp screens the replies and applies the method's ``server_update``
-(``fedpm_dnn.transport.server_step``; FedPM: precond_mix per block).
+"""The CNN on Flower, for every registered fedpm_dnn method, through the round driver (fedconvex.driver).
+
+A SuperNode runs fedpm_dnn's ``client_round`` -- the very function the in-process simulator's sequential
+engine runs -- for its one client, keeping that client's state (FOOF matrices, SCAFFOLD's control, ...) in
+the node's ``Context.state``; ``CnnTransport`` brings the replies back as the DNN per-client reply dicts,
+checks their structure and stacks them (``fedpm_dnn.transport.check_and_stack``), and the driver does the
+rest as in-process: decoding, screening from the method's ``message_fields``, mixing weights, the method's
+``server_update``, byte counts, history rows.
 Data: the seeded synthetic task (every process rebuilds the same partitions), or a prepared data set
 (``cfg.data_dir``; fedpm_flower.prepared): each SuperNode reads only its own folder."""
 from __future__ import annotations
 
+import json
 import logging
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
-from types import SimpleNamespace
-
+from fedconvex.driver import Delivery
 from fedpm_dnn import foof
-from fedpm_dnn.algorithms import applicable, make_method
+from fedpm_dnn.algorithms import applicable, make_method, method_class
 from fedpm_dnn.client import ClientData, client_round
 from fedpm_dnn.data.synthetic import MEAN, STD, synthetic_task
 from fedpm_dnn.models import make_model
 from fedpm_dnn.task import client_generator
-from fedpm_dnn.transport import server_step
+from fedpm_dnn.transport import check_and_stack
 
 from . import prepared
+from .transport import FlowerTransport
 
 log = logging.getLogger("fedpm.server")
 CLASSES, IMAGE = 3, 16
+# the synthetic task's clients hold 48 images each: batches of 16 give three local steps per epoch where the
+# registry's default batch (64) would be a single full-batch step -- a test setting, not used on prepared data
+SYNTHETIC_BATCH = 16
 _CACHE = {}
 
 
-def method_config(cfg):
-    """The fedpm_dnn method object for the run's settings (those the method takes)."""
+def algorithm(cfg):
+    """The fedpm_dnn method for the run's settings (those the method takes; every other hyper-parameter
+    its registry default), then ``cfg.params`` (JSON) on top."""
     from fedconvex.codecs import parse
 
     codec = parse(cfg.precond_codec)
     if codec is not None and codec.stateful:
         raise ValueError(f"precond codec {cfg.precond_codec!r}: the delta codecs are simulator-only (per-node estimates)")
-    settings = dict(lr=cfg.lr, local_epochs=cfg.local_steps, batch_size=16, damping=1.0, clip=1.0, weight_decay=1e-4,
+    method_class(cfg.method)        # an unknown method is named as such, not as a missing hyper-parameter
+    settings = dict(lr=cfg.lr, local_epochs=cfg.local_steps, weighting=cfg.weighting,
                     precond_dtype="float16" if cfg.precond_dtype == "float16" else "float32",
                     precond_codec=cfg.precond_codec)
-    return make_method(cfg.method, **applicable(cfg.method, settings))
+    if not cfg.data_dir:
+        settings["batch_size"] = SYNTHETIC_BATCH
+    extra = json.loads(cfg.params) if cfg.params else {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"params {cfg.params!r}: expected a JSON object of hyper-parameters")
+    return make_method(cfg.method, **{**applicable(cfg.method, settings), **extra})
 
 
 def task(cfg):
@@ -83,86 +99,133 @@ def client_data(cfg, partition, folder=None):
     return ClientData(torch.as_tensor(x), torch.as_tensor(y), MEAN, STD)
 
 
-def client_train(cfg, partition: int, params: dict, round_: int, state: dict, folder=None) -> tuple[dict, float]:
-    """``state`` (name -> numpy array) is the node's persistent FOOF state, updated in place."""
-    if ("model", cfg.seed) not in _CACHE:
-        _CACHE[("model", cfg.seed)] = new_model(cfg.seed, *_shape_of(cfg, folder))
-    model, blocks = _CACHE[("model", cfg.seed)]
-    cs = {}
-    for key in ("foof", "foof_static"):
-        entries = {k.split("/", 1)[1]: torch.as_tensor(v) for k, v in state.items() if k.startswith(key + "/")}
-        if entries:
-            cs[key] = entries
-    received = {k.split("/", 1)[1]: torch.as_tensor(v) for k, v in params.items() if k.startswith("params/")}
-    reply, loss = client_round(method_config(cfg), model, blocks, client_data(cfg, partition, folder), cs,
-                               {"params": received}, client_generator(cfg.seed, round_, partition))
-    state.clear()
-    for key in ("foof", "foof_static"):
-        for k, v in cs.get(key, {}).items():
-            state[f"{key}/{k}"] = v.numpy()
-    out = {f"params/{k}": v.numpy() for k, v in reply["params"].items()}
-    for k, v in reply.get("foof", {}).items():   # a matrix, or a codec's payload (dict of arrays)
-        out.update({f"foof/{k}/{f}": a.numpy() for f, a in v.items()} if isinstance(v, dict) else {f"foof/{k}": v.numpy()})
-    return out, loss
+# ------------------------------------------------------------------------------------ the wire
+def flat(tree: dict, prefix: str = "") -> dict:
+    """Nested dicts of tensors (a broadcast, a reply, a client state) -> {'a/b/c': numpy array}."""
+    out = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flat(v, key + "/"))
+        else:
+            out[key] = v.detach().cpu().numpy()
+    return out
 
 
-def unflatten(arrays: dict) -> dict:
-    reply = {}
-    for k, v in arrays.items():
-        group, name = k.split("/", 1)
-        reply.setdefault(group, {})[name] = torch.as_tensor(v)
-    return reply
+def nest(arrays: dict) -> dict:
+    """The inverse of ``flat``, as tensors.  A key that names both an array and a folder (a hostile reply)
+    keeps the array: the structure check then rejects the reply."""
+    out = {}
+    for key, a in arrays.items():
+        *path, last = key.split("/")
+        node = out
+        for p in path:
+            node = node.setdefault(p, {}) if isinstance(node.get(p, {}), dict) else {}
+        node[last] = torch.as_tensor(a)
+    return out
 
 
-def regroup_payloads(reply: dict) -> dict:
-    """foof entries 'block/field' -> {block: {field: array}} (a codec's payloads)."""
-    if "foof" in reply:
-        grouped = {}
-        for k, v in reply["foof"].items():
-            block, _, field = k.rpartition("/")
-            grouped.setdefault(block, {})[field] = v
-        reply["foof"] = grouped
-    return reply
+# ------------------------------------------------------------------------------------ a SuperNode
+def client_train(cfg, partition: int, down: dict, round_: int, cs: dict, folder=None) -> tuple[dict, float, int]:
+    """One round of client ``partition``: (reply, mean training loss, number of samples).  ``down`` is
+    the broadcast and ``cs`` the client's persistent state (nested dicts of tensors), updated in place."""
+    alg = algorithm(cfg)
+    key = ("model", cfg.seed, _shape_of(cfg, folder))    # one model per data shape (a process may run several)
+    if key not in _CACHE:
+        _CACHE[key] = new_model(cfg.seed, *key[2])
+    model, blocks = _CACHE[key]
+    data = client_data(cfg, partition, folder)
+    alg.prepare_client(cs, down)     # what a first participation needs (SCAFFOLD's zero control), as in-process
+    reply, loss = client_round(alg, model, blocks, data, cs, down, client_generator(cfg.seed, round_, partition))
+    return reply, loss, len(data)
 
 
-class CnnServer:
-    def __init__(self, cfg):
-        self.cfg = cfg
-        self.mcfg = method_config(cfg)
-        model, blocks = new_model(cfg.seed, *shape(cfg))   # the same initial model as the in-process simulator
-        self.task = SimpleNamespace(blocks=blocks, n_clients=cfg.clients)   # what the server step sees
-        self.state = self.mcfg.init(self.task, {k: v.detach().clone() for k, v in model.named_parameters()})
-
-    def test_accuracy(self) -> float:
-        """The current model's accuracy on the prepared data set's server/ test images."""
-        from fedpm_dnn.task import DnnTask
-
-        x, y, meta = prepared.load(prepared.server_folder(self.cfg.data_dir), "test.npz")
-        return DnnTask(new_model(self.cfg.seed, *shape(self.cfg))[0], []).accuracy(
-            self.state.theta, torch.as_tensor(x), torch.as_tensor(y), tuple(meta["mean"]), tuple(meta["std"]))
-
-    @property
-    def theta(self) -> np.ndarray:
-        return torch.cat([p.detach().reshape(-1) for p in self.state.theta.values()]).numpy().astype(np.float64)
-
-    def broadcast(self) -> dict:
-        return {f"params/{k}": v.detach().numpy() for k, v in self.state.theta.items()}
-
-    def step(self, replies: dict, round_: int) -> dict:
-        parts = sorted(replies)
-        encoded = getattr(self.mcfg, "precond_codec", "none") != "none"   # payloads, not matrices
-        unpacked = [regroup_payloads(unflatten(replies[p])) if encoded else unflatten(replies[p]) for p in parts]
-        try:
-            self.state, used, rejected = server_step(self.mcfg, self.task, self.state, unpacked, parts, round_,
-                                                     max_ratio=self.cfg.max_ratio or None)
-        except ArithmeticError as exc:
-            log.warning("round %d: %s; round skipped", round_, exc)
-            return {"used": 0, "rejected": len(parts)}
-        return {"used": used, "rejected": rejected}
+# ------------------------------------------------------------------------------------ the ServerApp
+def server_task(cfg):
+    """(what ``receive``/``server_update`` see, the initial parameters): the in-process simulator's model."""
+    model, blocks = new_model(cfg.seed, *shape(cfg))
+    return SimpleNamespace(blocks=blocks, n_clients=cfg.clients), \
+        {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-def in_process(cfg) -> np.ndarray:
-    """The same method and data in fedpm_dnn's in-process simulator: final parameters, flattened."""
+def client_sizes(cfg):
+    """Samples per client where the server knows the split (the synthetic task; a prepared data set's
+    ``client_sizes``), else None."""
+    if not cfg.data_dir:
+        return np.array([len(y) for _, y in task(cfg)[0]], dtype=np.float64)
+    sizes = prepared.meta(prepared.server_folder(cfg.data_dir)).get("client_sizes")
+    return np.asarray(sizes, dtype=np.float64) if sizes is not None and len(sizes) == cfg.clients else None
+
+
+class CnnTransport(FlowerTransport):
+    """The driver's transport for the CNN: node discovery, claims, drops and acknowledgements as for logreg
+    (``FlowerTransport``); each sampled client's node gets the broadcast, and its reply -- the DNN reply
+    dict -- is structure-checked and stacked as the in-process DNN transport does.  A node reports its
+    number of samples (``weighting='samples'``) and its training loss with the reply."""
+
+    def __init__(self, grid, cfg, blocks, sizes=None):
+        super().__init__(grid, cfg, templates={}, d=None, shift=0.0, roles={})
+        self.blocks = blocks
+        # samples per client: the split's, where the server knows it (a node reporting otherwise is rejected:
+        # with weighting='samples' an inflated count would buy it the round), else as its node reported them
+        self.known = None if sizes is None else np.asarray(sizes, dtype=np.float64)
+        self.sizes = np.zeros(cfg.clients) if sizes is None else self.known.copy()
+
+    def __call__(self, alg, down, cstate, sel, rng, round_):
+        arrays = flat(down)
+        extra = {int(c): {"last-used": self.verdict[int(c)]} for c in sel if int(c) in self.verdict}
+        got, rejected, dropped = self._exchange("train", {int(c): arrays for c in sel}, round_, extra=extra)
+        clients, replies, losses = [], [], []
+        for c in sorted(got):
+            m = self.metrics[c]
+            n, loss = m.get("samples"), m.get("loss")
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1 or not isinstance(loss, float):
+                log.warning("round %d: client %d rejected: sample count %r / loss %r are not a positive integer "
+                            "and a number", round_, c, n, loss)
+                rejected.append((c, "malformed metrics"))
+                continue
+            if self.known is not None and n != self.known[c]:
+                log.warning("round %d: client %d rejected: reports %d samples, its partition has %d",
+                            round_, c, n, self.known[c])
+                rejected.append((c, "wrong sample count"))
+                continue
+            self.sizes[c] = n
+            clients.append(c)
+            replies.append(nest(got[c]))
+            losses.append(loss)
+        if dropped:
+            log.warning("round %d: %d of %d clients did not reply (dropped)", round_, dropped, len(sel))
+        up, kept, more = check_and_stack(alg, alg.reply_shapes(down["params"], self.blocks), replies, clients, round_)
+        ok = [clients[k] for k in kept]
+        # bytes as they travelled (FedPM's matrices may travel in float16)
+        sent = sum(a.nbytes for c in ok for a in got[c].values())
+        row = {"asked": len(sel), "dropped": dropped}
+        if ok:
+            row["train_loss"] = float(np.average([losses[k] for k in kept], weights=self.sizes[ok]))
+        return Delivery(up=up, cstate=None, sel=np.asarray(ok, dtype=np.int64), rejected=rejected + more,
+                        extra=row, wire_bytes=sent)
+
+
+def test_accuracy(cfg, theta: dict) -> float:
+    """``theta``'s accuracy on the prepared data set's server/ test images."""
+    from fedpm_dnn.task import DnnTask
+
+    x, y, meta = prepared.load(prepared.server_folder(cfg.data_dir), "test.npz")
+    return DnnTask(new_model(cfg.seed, *shape(cfg))[0], []).accuracy(
+        theta, torch.as_tensor(x), torch.as_tensor(y), tuple(meta["mean"]), tuple(meta["std"]))
+
+
+def finite(state) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in state.theta.values())
+
+
+def flat_theta(theta: dict) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in theta.values()]).numpy().astype(np.float64)
+
+
+def in_process(cfg, tamper=None) -> np.ndarray:
+    """The same method and data in fedpm_dnn's in-process simulator (sequential engine): final parameters,
+    flattened.  ``tamper(round, client, reply) -> reply``: fault injection (``run_experiment``)."""
     import os
     import tempfile
 
@@ -170,11 +233,12 @@ def in_process(cfg) -> np.ndarray:
 
     parts, (xt, yt) = task(cfg)
     clients = [ClientData(torch.as_tensor(x), torch.as_tensor(y), MEAN, STD) for x, y in parts]
-    exp = Experiment(cfg=method_config(cfg), model="cnn", num_classes=CLASSES, clients=clients,
+    exp = Experiment(cfg=algorithm(cfg), model="cnn", num_classes=CLASSES, clients=clients,
                      x_test=torch.as_tensor(xt), y_test=torch.as_tensor(yt), mean=MEAN, std=STD, rounds=cfg.rounds,
-                     seed=cfg.seed, image_size=IMAGE)
+                     participants=cfg.participants or None, seed=cfg.seed, image_size=IMAGE,
+                     max_ratio=cfg.max_ratio or None)
     with tempfile.TemporaryDirectory() as tmp:
         ck = os.path.join(tmp, "ck.pt")
-        run_experiment(exp, checkpoint=ck)
+        run_experiment(exp, checkpoint=ck, tamper=tamper)
         params = torch.load(ck, weights_only=True)["server"]["params"]
-    return torch.cat([p.detach().reshape(-1) for p in params.values()]).numpy().astype(np.float64)
+    return flat_theta(params)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, fields
 @dataclass(frozen=True)
 class FlowerRunConfig:
     problem: str = "logreg"          # logreg
-    method: str = "fedpm"            # any registered fedconvex method (logreg); fedpm | localnewton | fedavg (cnn)
+    method: str = "fedpm"            # any registered fedconvex method (logreg), any registered fedpm_dnn method (cnn)
     params: str = ""                 # more hyper-parameters of the method, a JSON object, e.g. '{"compressor": "topk", "k": 50}'
     participants: int = 0            # clients sampled per round (0: all)
     weighting: str = "uniform"       # client weights: uniform (1/N) | samples (M_i / M)

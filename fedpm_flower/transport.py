@@ -37,6 +37,7 @@ class FlowerTransport:
         self.templates, self.d, self.shift, self.roles = templates, d, shift, roles
         self.node_of: dict = {}         # client id -> the node that holds it
         self.verdict: dict = {}         # client id -> 1/0: was its last reply used (told with its next message)
+        self.metrics: dict = {}         # client id -> the metrics of its last accepted reply
 
     # ------------------------------------------------------------------------------- exchanges
     def _exchange(self, kind: str, per_client: dict, round_: int, config: dict | None = None, extra=None):
@@ -75,14 +76,17 @@ class FlowerTransport:
                 rejected.append((c, f"claims client id {claim!r} but node {src} holds client {c}"))
                 continue
             got[c] = arrays
+            self.metrics[c] = dict(reply.content["metrics"])
         for c, reason in rejected:
             log.warning("round %d: client %d rejected: %s", round_, c, reason)
         return got, rejected, len(per_client) - len(got) - len(rejected)
 
-    def setup(self, n_clients: int, nodes: list, theta) -> None:
-        """Learn which node holds which client; every node initialises its client state at ``theta``."""
+    def setup(self, n_clients: int, nodes: list, theta=None) -> None:
+        """Learn which node holds which client; every node initialises its client state (at ``theta``, where
+        the problem's client state starts from the model)."""
         self.node_of = {}
-        msgs = [Message(content=RecordDict({"arrays": records({"theta": theta}), "config": ConfigRecord({"op": "hello"})}),
+        hello = records({} if theta is None else {"theta": theta})
+        msgs = [Message(content=RecordDict({"arrays": hello, "config": ConfigRecord({"op": "hello"})}),
                         dst_node_id=node, message_type="query") for node in nodes]
         for reply in self.grid.send_and_receive(msgs, timeout=self.cfg.timeout):
             src = reply.metadata.src_node_id

@@ -275,12 +275,135 @@ def test_out_of_range_compressor_indices_are_rejected_before_decoding(caplog):
 
 
 # ------------------------------------------------------------------------------------ the CNN
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["fedpm", "localnewton"])
-def test_cnn_simulation_gives_the_in_process_model(tmp_path, method):
+from fedpm_dnn.algorithms import METHODS as DNN_METHODS  # noqa: E402
+
+CNN_VARIANTS = [  # sampling, sample weights, stateful clients, float16 and encoded preconditioners on the wire
+    dict(method="scaffold", participants=2, clients=4, rounds=3, weighting="samples"),
+    dict(method="fedadam", participants=2, clients=4, rounds=3),
+    dict(method="fedpm", precond_dtype="float16"),
+    dict(method="fedpm", precond_codec="sym"),
+]
+
+
+def cnn_config(method="fedpm", **kw):
+    return FlowerRunConfig(**{"problem": "cnn", "method": method, "clients": 3, "rounds": 2, "lr": 0.1, **kw})
+
+
+@pytest.mark.parametrize("kw", [dict(method=m) for m in DNN_METHODS] + CNN_VARIANTS,
+                         ids=list(DNN_METHODS) + [f"{v['method']}-{i}" for i, v in enumerate(CNN_VARIANTS)])
+def test_cnn_every_method_on_flower_gives_the_in_process_model(kw):
     from fedpm_flower.cnn import in_process as cnn_in_process
 
-    cfg = FlowerRunConfig(problem="cnn", method=method, clients=3, rounds=2, lr=0.1, out=str(tmp_path / "r.json"))
+    cfg = cnn_config(**kw)
+    result = loopback(cfg)
+    np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg), rtol=1e-5, atol=1e-6)
+    expected = min(cfg.participants or cfg.clients, cfg.clients)
+    assert [h["used"] for h in result["history"][1:]] == [expected] * cfg.rounds
+    assert result["history"][-1]["rejected"] == 0
+
+
+def test_cnn_client_state_lives_on_the_nodes_and_bytes_count_per_client_that_replied():
+    from fedpm_flower import cnn
+    from fedpm_flower.transport import numpy
+
+    cfg = cnn_config("scaffold")
+    grid = LoopbackGrid(cfg)
+    full = serve(grid, cfg)["history"]
+    controls = [cnn.nest(numpy(grid.contexts[100 + i].state["cnn-state"]))["control"] for i in range(3)]
+    assert all(set(c) == set(controls[0]) for c in controls)      # each node its own control c_i
+    assert not all(bool((controls[0][k] == controls[1][k]).all()) for k in controls[0])
+    dropped = loopback(cfg, tamper=lambda node, r: None if node == 102 else r)["history"]
+    assert [h["dropped"] for h in dropped[1:]] == [1, 1] and [h["used"] for h in dropped[1:]] == [2, 2]
+    n_params = sum(c.numel() for c in controls[0].values())
+    # SCAFFOLD sends the parameters and the control change (float32) per client, however many replied
+    assert full[-1]["bytes_up"] == dropped[-1]["bytes_up"] == 2 * 2 * n_params * 4
+
+
+def test_cnn_a_node_whose_reply_was_rejected_rolls_back_its_control():
+    """Round 2 rejects node 102's reply: it restores its SCAFFOLD control when told, so the run equals the
+    in-process run with the same rejection."""
+    import torch
+
+    from fedpm_flower.cnn import in_process as cnn_in_process
+
+    cfg = cnn_config("scaffold", rounds=4)
+    rounds = {}
+
+    def tamper(node, reply):
+        if reply.has_error() or reply.metadata.message_type != "train" or node != 102:
+            return reply
+        rounds[node] = rounds.get(node, 0) + 1
+        if rounds[node] != 2:
+            return reply
+        return corrupt_arrays(102, lambda a: {k: v * np.nan if k.startswith("params/") else v
+                                              for k, v in a.items()})(node, reply)
+
+    result = serve(LoopbackGrid(cfg, tamper=tamper), cfg)
+    assert [h["rejected"] for h in result["history"][1:]] == [0, 1, 0, 0]
+
+    def nan_client_2(t, client, reply):
+        if t == 2 and client == 2:
+            reply = {**reply, "params": {k: v * torch.nan for k, v in reply["params"].items()}}
+        return reply
+
+    np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg, tamper=nan_client_2),
+                               rtol=1e-5, atol=1e-6)
+
+
+def _last(a):      # the reply's last parameter entry
+    return sorted(k for k in a if k.startswith("params/"))[-1]
+
+
+@pytest.mark.parametrize("method,fn,reason", [
+    ("fedpm", lambda a: {**a, "foof/fc3": -a["foof/fc3"]}, "preconditioner foof[fc3] is not positive semidefinite"),
+    ("fedavg", lambda a: {**a, _last(a): a[_last(a)][:-1]}, "has shape"),
+    ("fedavg", lambda a: {**a, _last(a): a[_last(a)] * np.nan}, "NaN or Inf"),
+    ("fedavg", lambda a: {k: v for k, v in a.items() if k != _last(a)}, "params has entries"),
+    ("fedavg", lambda a: {**a, "extra": a[_last(a)]}, "unexpected entries ['extra']"),
+    ("fedavg", lambda a: {**a, _last(a): a[_last(a)].astype(np.complex64)}, "complex"),
+    ("fedavg", lambda a: {**a, _last(a): a[_last(a)].astype(np.float64)}, "has dtype float64, expected float32"),
+    ("scaffold", lambda a: {k: v for k, v in a.items() if not k.startswith("dcontrol/")}, "missing 'dcontrol'"),
+], ids=["not-psd", "shape", "nan", "missing", "extra", "complex", "dtype", "missing-field"])
+def test_cnn_each_kind_of_bad_reply(caplog, method, fn, reason):
+    cfg = cnn_config(method, clients=2, rounds=1)
+    # the dtype case needs an accepted reply to compare with: client 0's comes first
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        result = loopback(cfg, tamper=corrupt_arrays(101, fn))
+    assert result["history"][1]["rejected"] == 1 and result["history"][1]["used"] == 1
+    assert any("client 1 rejected: " in r.getMessage() and reason in r.getMessage() for r in caplog.records)
+
+
+def test_cnn_malformed_metrics_and_spoofed_ids_are_rejected(caplog):
+    cfg = cnn_config("fedavg", rounds=1)
+
+    def lie(node, reply):
+        if reply.metadata.message_type == "train" and node == 101:
+            reply.content["metrics"]["samples"] = -5          # would flip its mixing weight's sign
+        if reply.metadata.message_type == "train" and node == 102:
+            reply.content["metrics"]["client"] = 0
+        return reply
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        result = loopback(cfg, tamper=lie)
+    assert result["history"][1]["rejected"] == 2 and result["history"][1]["used"] == 1
+    assert "client 1 rejected: sample count -5" in caplog.text
+    assert "claims client id 0 but node 102 holds client 2" in caplog.text
+
+    def inflate(node, reply):     # the server knows the synthetic split: a node claiming more data is refused
+        if reply.metadata.message_type == "train" and node == 101:
+            reply.content["metrics"]["samples"] = 10 ** 6
+        return reply
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        result = loopback(cnn_config("fedavg", rounds=1, weighting="samples"), tamper=inflate)
+    assert result["history"][1]["rejected"] == 1 and "client 1 rejected: reports 1000000 samples, its partition has 48" \
+        in caplog.text
+
+
+@pytest.mark.slow
+def test_cnn_simulation_gives_the_in_process_model(tmp_path):
+    """Flower's simulation engine (one process per node run, Context.state kept by Flower): a stateful method."""
+    from fedpm_flower.cnn import in_process as cnn_in_process
+
+    cfg = cnn_config("scaffold", out=str(tmp_path / "r.json"))
     result = run_flower(cfg, "simulation", 300)
     np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg), rtol=1e-5, atol=1e-6)
 
@@ -289,32 +412,10 @@ def test_cnn_simulation_gives_the_in_process_model(tmp_path, method):
 def test_cnn_deployment_gives_the_in_process_model(tmp_path):
     from fedpm_flower.cnn import in_process as cnn_in_process
 
-    cfg = FlowerRunConfig(problem="cnn", method="fedpm", clients=3, rounds=2, lr=0.1, out=str(tmp_path / "r.json"))
+    cfg = cnn_config("fedpm", out=str(tmp_path / "r.json"))
     result = run_flower(cfg, "deployment", 300)
     np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg), rtol=1e-5, atol=1e-6)
     assert result["history"][-1]["bytes_up"] > result["history"][-1]["bytes_down"]
-
-
-def test_cnn_server_rejects_a_bad_preconditioner(caplog):
-    from fedpm_flower.cnn import CnnServer, client_train
-
-    cfg = FlowerRunConfig(problem="cnn", method="fedpm", clients=2, rounds=1, lr=0.1)
-    server = CnnServer(cfg)
-    replies = {p: client_train(cfg, p, server.broadcast(), 1, {})[0] for p in range(2)}
-    replies[1]["foof/fc3"] = -replies[1]["foof/fc3"]
-    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
-        assert server.step(replies, 1) == {"used": 1, "rejected": 1}
-    assert "client 1 rejected: preconditioner foof[fc3] is not positive semidefinite" in caplog.text
-
-
-@pytest.mark.slow
-def test_cnn_sym_codec_simulation_gives_the_in_process_model(tmp_path):
-    from fedpm_flower.cnn import in_process as cnn_in_process
-
-    cfg = FlowerRunConfig(problem="cnn", method="fedpm", clients=3, rounds=2, lr=0.1, precond_codec="sym",
-                          timeout=600, out=str(tmp_path / "r.json"))
-    result = run_flower(cfg, "simulation", 600)
-    np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg), rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------ CIFAR: one folder per client
@@ -353,3 +454,19 @@ def test_prepare_writes_each_clients_partition_and_a_node_reads_only_its_folder(
     assert cnn._shape_of(cfg, prepared.client_folder(str(out), 2)) == (10, 3, 32)
     with pytest.raises(SystemExit):     # never over an existing data set
         flower.main(["prepare", "--data-dir", str(tmp_path / "data"), "--clients", "3", "--out", str(out)])
+
+
+def test_cnn_on_prepared_data_trains_each_node_on_its_own_folder(tmp_path):
+    """The CIFAR path on a loopback grid: nodes read their prepared folders, the server reports the final
+    model's test accuracy; each node's reported sample count is its folder's."""
+    from fedpm_flower import prepared
+    from validation import flower
+
+    fake_cifar(str(tmp_path / "data"))
+    out = str(tmp_path / "parts")
+    assert flower.main(["prepare", "--data-dir", str(tmp_path / "data"), "--clients", "3", "--out", out]) == 0
+    cfg = cnn_config("fedavg", rounds=1, data_dir=out, weighting="samples")
+    grid = LoopbackGrid(cfg)
+    result = serve(grid, cfg)
+    assert result["history"][1]["used"] == 3 and 0.0 <= result["test_acc"] <= 1.0
+    assert len(result["theta"]) > 0 and np.all(np.isfinite(result["theta"]))

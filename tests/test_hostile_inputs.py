@@ -236,7 +236,7 @@ CASES = [
     ("fl-method", flower, ["--method", "nosuch"] + OUT, "invalid choice: 'nosuch'"),
     ("fl-params", flower, ["--method", "scaffold", "--params", '{"momentum": 0.9}'] + OUT,
      "scaffold has no hyper-parameter 'momentum'"),
-    ("fl-cnn-method", flower, ["--problem", "cnn", "--method", "scaffold"] + OUT, "the cnn runs fedpm, localnewton or fedavg"),
+    ("fl-cnn-method", flower, ["--problem", "cnn", "--method", "fednl"] + OUT, "--method fednl: the cnn runs fedavg"),
     ("fl-mode", flower, ["--mode", "cloud"] + OUT, "invalid choice: 'cloud'"),
     ("fl-out-foreign", flower, ["--out", "{W}/foreign"], "is not a previous result of this tool"),
     ("fl-out-file", flower, ["--out", "{W}/file.txt"], "exists and is not a folder"),

@@ -36,9 +36,10 @@ def parse_args(argv=None):
     p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--problem", choices=("logreg", "cnn"), default="logreg")
     from fedconvex.algorithms import REGISTRY
+    from fedpm_dnn.algorithms import METHODS as DNN_METHODS
 
-    p.add_argument("--method", choices=sorted(REGISTRY), default="fedpm",
-                   help="any registered fedconvex method on logreg; fedpm, localnewton or fedavg on the cnn")
+    p.add_argument("--method", choices=sorted(set(REGISTRY) | set(DNN_METHODS)), default="fedpm",
+                   help="any registered fedconvex method on logreg; any registered fedpm_dnn method on the cnn")
     p.add_argument("--params", default="", help="more hyper-parameters of the method as JSON, e.g. "
                    "'{\"compressor\": \"topk\", \"k\": 50}'")
     p.add_argument("--participants", type=common.positive_int, default=None, help="clients sampled per round (default all)")
@@ -177,7 +178,11 @@ def main(argv=None) -> int:
     from fedpm_flower.config import FlowerRunConfig
 
     if args.problem == "cnn":   # SimpleCNN on the seeded synthetic image task, one local epoch per round
-        lr = args.lr if args.lr is not None else 0.1
+        from fedpm_dnn.algorithms import REGISTRY as DNN_REGISTRY, METHODS as DNN_METHODS
+
+        if args.method not in DNN_METHODS:
+            common.fail(PROG, ValueError(f"--method {args.method}: the cnn runs {', '.join(DNN_METHODS)}"))
+        lr = args.lr if args.lr is not None else DNN_REGISTRY[args.method].__dataclass_fields__["lr"].default
     else:
         from fedconvex.algorithms import REGISTRY
 
@@ -187,8 +192,6 @@ def main(argv=None) -> int:
     from fedconvex.data import DataError
     from validation.outputs import OutputError, ResultDir
 
-    if args.problem == "cnn" and args.method not in ("fedpm", "localnewton", "fedavg"):
-        common.fail(PROG, ValueError(f"--method {args.method}: the cnn runs fedpm, localnewton or fedavg"))
     cfg = FlowerRunConfig(problem=args.problem, method=args.method, params=args.params,
                           participants=args.participants or 0, weighting=args.weighting,
                           dataset=args.dataset, data_dir=args.data_dir, clients=args.clients,

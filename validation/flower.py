@@ -10,7 +10,7 @@ with ``flwr run`` and stops every process it started when done (also on error or
 ``--check`` runs the same algorithm in-process (each client with its own random stream, as a SuperNode)
 and fails when the models differ beyond round-off.  ``prepare`` (validation/flower_prepare.py) writes each
 client's image partition to its own folder.  Writes OUT/result.json (final parameters, per-round history,
-configuration, wall time).
+configuration, wall time) and OUT/history.csv (the history in the one format of fedconvex.history).
 """
 from __future__ import annotations
 
@@ -214,6 +214,8 @@ def main(argv=None) -> int:
 
 
 def finish(args, cfg, tmp, final) -> None:
+    from fedconvex.history import history_csv
+
     start = time.perf_counter()
     result = run_flower(cfg, args.mode, args.timeout)
     wall = time.perf_counter() - start
@@ -239,6 +241,9 @@ def finish(args, cfg, tmp, final) -> None:
                                f"(tolerance {tol:.1e})")
     with open(cfg.out, "w") as fh:
         json.dump(result, fh, indent=1)
+    # the history in the one format every front-end writes (fedconvex.history), beside the raw result
+    with open(os.path.join(tmp, "history.csv"), "w") as fh:
+        fh.write(history_csv(result["history"]))
     for name in os.listdir(tmp):   # the ServerApp's own temporary files
         if name.endswith(".tmp"):
             os.remove(os.path.join(tmp, name))
@@ -250,7 +255,7 @@ def finish(args, cfg, tmp, final) -> None:
         print(f"largest |theta_flower - theta_in_process| = {result['max_abs_diff_vs_in_process']:.2e}")
     if "test_acc" in result:
         print(f"test accuracy of the final model: {100 * result['test_acc']:.1f} %")
-    print(f"wrote {final}")
+    print(f"wrote {final} and history.csv beside it")
 
 
 if __name__ == "__main__":

@@ -98,8 +98,9 @@ def _serve_logreg(grid: Grid, cfg: FlowerRunConfig):
 
 
 def _serve_cnn(grid: Grid, cfg: FlowerRunConfig):
-    """Any registered fedpm_dnn method through the round driver: each client's state on its node (no DNN
-    method's server step writes client state, so the server keeps none), the server's state here."""
+    """Any registered fedpm_dnn method through the round driver: each client's state on its node, the
+    server's state here -- with the client state entries the server's own steps write (FedPM's delta codec:
+    its acknowledgements), which each client gets with its next 'train' (fedpm_flower.cnn.held_entries)."""
     from . import cnn
 
     alg = cnn.algorithm(cfg)
@@ -108,6 +109,8 @@ def _serve_cnn(grid: Grid, cfg: FlowerRunConfig):
     transport = cnn.CnnTransport(grid, cfg, view.blocks, cnn.client_sizes(cfg))
     transport.setup(cfg.clients, nodes)
     state = alg.init(view, start)
+    # the transport brings no client state back (Delivery.cstate None): state.clients holds only what the
+    # server's steps write there
     # weighting='samples': the split's sample counts (or, where the server does not know them, the nodes')
     return _drive(cfg, alg, view, transport, state, weights=lambda sel: alg.client_weights(transport.sizes, sel),
                   finite=cnn.finite)
@@ -131,10 +134,11 @@ def _train_cnn(msg: Message, context: Context, cfg: FlowerRunConfig, partition: 
                 cs.pop(k, None)
     if tracked:
         context.state["cnn-prev"] = records(cnn.flat({k: cs[k] for k in tracked if k in cs}))
-    down = cnn.nest(numpy(msg.content["arrays"]))
-    reply, loss, samples = cnn.client_train(cfg, partition, down, int(msg.content["config"]["round"]), cs,
-                                            folder=context.node_config.get("data-dir") or None)
-    context.state["cnn-state"] = records(cnn.flat(cs))
+    arrays, held = cnn.read_held(numpy(msg.content["arrays"]), msg.content["config"])
+    cs.update(held)      # the entries the server keeps for this client (its acknowledgement): its say
+    reply, loss, samples = cnn.client_train(cfg, partition, cnn.nest(arrays), int(msg.content["config"]["round"]),
+                                            cs, folder=context.node_config.get("data-dir") or None)
+    context.state["cnn-state"] = records(cnn.flat({k: v for k, v in cs.items() if k not in held}))
     return Message(content=RecordDict({"arrays": records(cnn.flat(reply)),
                                        "metrics": MetricRecord({"client": partition, "samples": samples,
                                                                 "loss": float(loss)})}), reply_to=msg)

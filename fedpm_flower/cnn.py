@@ -6,6 +6,10 @@ the node's ``Context.state``; ``CnnTransport`` brings the replies back as the DN
 checks their structure and stacks them (``fedpm_dnn.transport.check_and_stack``), and the driver does the
 rest as in-process: decoding, screening from the method's ``message_fields``, mixing weights, the method's
 ``server_update``, byte counts, history rows.
+Per-client state the server's own steps write (FedPM's delta codec: the acknowledgement digests
+``receive`` and ``server_update`` give each participant, fedpm_dnn.wire) stays in the server's state --
+the only client state it holds, as the nodes keep the rest -- and goes to each client with its next
+'train' message (``held_entries``); the node uses it for that round and does not keep it.
 Data: the seeded synthetic task (every process rebuilds the same partitions), or a prepared data set
 (``cfg.data_dir``; fedpm_flower.prepared): each SuperNode reads only its own folder."""
 from __future__ import annotations
@@ -40,11 +44,6 @@ _CACHE = {}
 def algorithm(cfg):
     """The fedpm_dnn method for the run's settings (those the method takes; every other hyper-parameter
     its registry default), then ``cfg.params`` (JSON) on top."""
-    from fedconvex.codecs import parse
-
-    codec = parse(cfg.precond_codec)
-    if codec is not None and codec.stateful:
-        raise ValueError(f"precond codec {cfg.precond_codec!r}: the delta codecs are simulator-only (per-node estimates)")
     method_class(cfg.method)        # an unknown method is named as such, not as a missing hyper-parameter
     settings = dict(lr=cfg.lr, local_epochs=cfg.local_steps, weighting=cfg.weighting,
                     precond_dtype="float16" if cfg.precond_dtype == "float16" else "float32",
@@ -125,6 +124,35 @@ def nest(arrays: dict) -> dict:
     return out
 
 
+HELD = "state/"      # the arrays of the server-held client state entries in a 'train' message
+
+
+def held_entries(row: dict) -> tuple[dict, dict]:
+    """A client's server-held state entries (``row``: what the server's steps wrote for it) for its 'train'
+    message: (arrays under ``HELD``, config: 'state-held' -> JSON of its string entries and of the keys
+    of its array entries)."""
+    arrays, strings, tensors = {}, {}, []
+    for key, v in row.items():
+        if isinstance(v, str):
+            strings[key] = v
+        elif isinstance(v, (dict, torch.Tensor)):
+            arrays.update(flat({key: v}, HELD))
+            tensors.append(key)
+        else:
+            raise TypeError(f"client state {key!r}: cannot send a {type(v).__name__} to a node")
+    return arrays, ({"state-held": json.dumps({"str": strings, "arrays": tensors})} if row else {})
+
+
+def read_held(arrays: dict, config) -> tuple[dict, dict]:
+    """A node's side of ``held_entries``: (the broadcast's arrays, the server-held entries)."""
+    down = {k: v for k, v in arrays.items() if not k.startswith(HELD)}
+    if "state-held" not in config:
+        return down, {}
+    spec = json.loads(str(config["state-held"]))
+    held = nest({k[len(HELD):]: v for k, v in arrays.items() if k.startswith(HELD)})
+    return down, {**dict(spec["str"]), **{k: held[k] for k in spec["arrays"]}}
+
+
 # ------------------------------------------------------------------------------------ a SuperNode
 def client_train(cfg, partition: int, down: dict, round_: int, cs: dict, folder=None) -> tuple[dict, float, int]:
     """One round of client ``partition``: (reply, mean training loss, number of samples).  ``down`` is
@@ -173,8 +201,12 @@ class CnnTransport(FlowerTransport):
 
     def __call__(self, alg, down, cstate, sel, rng, round_):
         arrays = flat(down)
-        extra = {int(c): {"last-used": self.verdict[int(c)]} for c in sel if int(c) in self.verdict}
-        got, rejected, dropped = self._exchange("train", {int(c): arrays for c in sel}, round_, extra=extra)
+        per_client, extra = {}, {}
+        for k, c in enumerate(sel):     # the server-held entries of each client's state go with its message
+            held, config = held_entries(cstate[k])
+            per_client[int(c)] = {**arrays, **held}
+            extra[int(c)] = {**config, **({"last-used": self.verdict[int(c)]} if int(c) in self.verdict else {})}
+        got, rejected, dropped = self._exchange("train", per_client, round_, extra=extra)
         clients, replies, losses = [], [], []
         for c in sorted(got):
             m = self.metrics[c]

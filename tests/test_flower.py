@@ -282,6 +282,9 @@ CNN_VARIANTS = [  # sampling, sample weights, stateful clients, float16 and enco
     dict(method="fedadam", participants=2, clients=4, rounds=3),
     dict(method="fedpm", precond_dtype="float16"),
     dict(method="fedpm", precond_codec="sym"),
+    # the delta codecs: estimates on the nodes, acknowledgements kept by the server and sent with each message
+    dict(method="fedpm", precond_codec="delta:topk:0.5", participants=2, clients=4, rounds=3),
+    dict(method="fedpm", precond_codec="delta:identity", participants=2, clients=4, rounds=3),
 ]
 
 
@@ -340,6 +343,43 @@ def test_cnn_a_node_whose_reply_was_rejected_rolls_back_its_control():
 
     result = serve(LoopbackGrid(cfg, tamper=tamper), cfg)
     assert [h["rejected"] for h in result["history"][1:]] == [0, 1, 0, 0]
+
+    def nan_client_2(t, client, reply):
+        if t == 2 and client == 2:
+            reply = {**reply, "params": {k: v * torch.nan for k, v in reply["params"].items()}}
+        return reply
+
+    np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg, tamper=nan_client_2),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_cnn_delta_codec_a_rejected_reply_resyncs_as_in_process():
+    """FedPM with a delta codec: round 2 rejects node 102's reply (screening, after decoding).  The server
+    does not take its pending estimate and tells the node so with its next message (the acknowledgement it
+    keeps for it), so the run equals the in-process run with the same rejection."""
+    import torch
+
+    from fedpm_flower import cnn
+    from fedpm_flower.cnn import in_process as cnn_in_process
+    from fedpm_flower.transport import numpy
+
+    cfg = cnn_config("fedpm", precond_codec="delta:topk:0.5", rounds=4)
+    rounds = {}
+
+    def tamper(node, reply):
+        if reply.has_error() or reply.metadata.message_type != "train" or node != 102:
+            return reply
+        rounds[node] = rounds.get(node, 0) + 1
+        if rounds[node] != 2:
+            return reply
+        return corrupt_arrays(102, lambda a: {k: v * np.nan if k.startswith("params/") else v
+                                              for k, v in a.items()})(node, reply)
+
+    grid = LoopbackGrid(cfg, tamper=tamper)
+    result = serve(grid, cfg)
+    assert [h["rejected"] for h in result["history"][1:]] == [0, 1, 0, 0]
+    kept = cnn.nest(numpy(grid.contexts[102].state["cnn-state"]))
+    assert "foof_hat" in kept and "foof_ack" not in kept     # estimates on the node, acknowledgements not
 
     def nan_client_2(t, client, reply):
         if t == 2 and client == 2:

@@ -53,8 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--lam", type=common.nonneg_float, default=1e-3)
     p.add_argument("--precond-dtype", choices=("float64", "float32", "float16"), default="float64")
     p.add_argument("--precond-codec", default="none", type=_codec,
-                   help="how FedPM's preconditioners travel: none, sym, fp16, bf16, lowrank:R, delta:C (logreg; "
-                        "on the cnn the delta codecs are simulator-only); see fedconvex/codecs.py")
+                   help="how FedPM's preconditioners travel: none, sym, fp16, bf16, lowrank:R, delta:C (the delta "
+                        "codecs' estimates live on the nodes); see fedconvex/codecs.py")
     p.add_argument("--data-dir", default="", help="cnn: a data set prepared by `python -m validation.flower prepare` "
                    "(default: the seeded synthetic image task); in deployment SuperNode i reads only DIR/client-i")
     p.add_argument("--mode", choices=("simulation", "deployment"), default="simulation")

@@ -61,9 +61,13 @@ VARIANTS = [  # random client draws, client state, sampling and sample weights t
 @pytest.mark.parametrize("kw", [dict(method=m) for m in METHODS] + VARIANTS,
                          ids=METHODS + [f"{v['method']}-{i}" for i, v in enumerate(VARIANTS)])
 def test_every_method_on_flower_gives_the_in_process_model(kw):
-    cfg = config(**kw)
+    assert_equivalent(config(**kw), in_process, rtol=1e-10, atol=1e-12)
+
+
+def assert_equivalent(cfg, reference, rtol, atol):
+    """The Flower run (loopback grid) ends at the in-process model, every sampled client used every round."""
     result = loopback(cfg)
-    np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(result["theta"]), reference(cfg), rtol=rtol, atol=atol)
     expected = min(cfg.participants or cfg.clients, cfg.clients)
     assert [h["used"] for h in result["history"][1:]] == [expected] * cfg.rounds
     assert result["history"][-1]["rejected"] == 0
@@ -297,12 +301,7 @@ def cnn_config(method="fedpm", **kw):
 def test_cnn_every_method_on_flower_gives_the_in_process_model(kw):
     from fedpm_flower.cnn import in_process as cnn_in_process
 
-    cfg = cnn_config(**kw)
-    result = loopback(cfg)
-    np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg), rtol=1e-5, atol=1e-6)
-    expected = min(cfg.participants or cfg.clients, cfg.clients)
-    assert [h["used"] for h in result["history"][1:]] == [expected] * cfg.rounds
-    assert result["history"][-1]["rejected"] == 0
+    assert_equivalent(cnn_config(**kw), cnn_in_process, rtol=1e-5, atol=1e-6)
 
 
 def test_cnn_client_state_lives_on_the_nodes_and_bytes_count_per_client_that_replied():

@@ -146,15 +146,7 @@ def test_a_node_whose_reply_was_rejected_rolls_back_the_state_the_server_tracks(
     from fedpm_flower.apps import _load_state
 
     cfg = config(method, rounds=4, **({"lr": 1.0} if method == "scaffold" else {}))
-    rounds = {}
-
-    def tamper(node, reply):
-        if reply.has_error() or reply.metadata.message_type != "train" or node != 102:
-            return reply
-        rounds[node] = rounds.get(node, 0) + 1
-        if rounds[node] != 2:
-            return reply
-        return corrupt_arrays(102, lambda a: {**a, field: a[field] * np.nan})(node, reply)
+    tamper = in_round(2, corrupt_arrays(102, lambda a: {**a, field: a[field] * np.nan}))
 
     grid = LoopbackGrid(cfg, tamper=tamper)
     result = serve(grid, cfg)
@@ -185,6 +177,18 @@ def _in_process_parts(cfg):
 
     ds = load_dataset(cfg.dataset)
     return FederatedLogReg(ds.X, ds.y, split(cfg, ds.n), lam=cfg.lam, weighting=cfg.weighting), algorithm(cfg)
+
+
+def in_round(k, tamper):
+    """``tamper`` applied only to each node's k-th 'train' reply."""
+    seen = {}
+
+    def hook(node, reply):
+        if reply.has_error() or reply.metadata.message_type != "train":
+            return reply
+        seen[node] = seen.get(node, 0) + 1
+        return tamper(node, reply) if seen[node] == k else reply
+    return hook
 
 
 def test_a_rejected_reply_is_as_if_its_client_had_dropped_out(caplog):
@@ -329,16 +333,8 @@ def test_cnn_a_node_whose_reply_was_rejected_rolls_back_its_control():
     from fedpm_flower.cnn import in_process as cnn_in_process
 
     cfg = cnn_config("scaffold", rounds=4)
-    rounds = {}
-
-    def tamper(node, reply):
-        if reply.has_error() or reply.metadata.message_type != "train" or node != 102:
-            return reply
-        rounds[node] = rounds.get(node, 0) + 1
-        if rounds[node] != 2:
-            return reply
-        return corrupt_arrays(102, lambda a: {k: v * np.nan if k.startswith("params/") else v
-                                              for k, v in a.items()})(node, reply)
+    tamper = in_round(2, corrupt_arrays(102, lambda a: {k: v * np.nan if k.startswith("params/") else v
+                                                        for k, v in a.items()}))
 
     result = serve(LoopbackGrid(cfg, tamper=tamper), cfg)
     assert [h["rejected"] for h in result["history"][1:]] == [0, 1, 0, 0]
@@ -363,16 +359,8 @@ def test_cnn_delta_codec_a_rejected_reply_resyncs_as_in_process():
     from fedpm_flower.transport import numpy
 
     cfg = cnn_config("fedpm", precond_codec="delta:topk:0.5", rounds=4)
-    rounds = {}
-
-    def tamper(node, reply):
-        if reply.has_error() or reply.metadata.message_type != "train" or node != 102:
-            return reply
-        rounds[node] = rounds.get(node, 0) + 1
-        if rounds[node] != 2:
-            return reply
-        return corrupt_arrays(102, lambda a: {k: v * np.nan if k.startswith("params/") else v
-                                              for k, v in a.items()})(node, reply)
+    tamper = in_round(2, corrupt_arrays(102, lambda a: {k: v * np.nan if k.startswith("params/") else v
+                                                        for k, v in a.items()}))
 
     grid = LoopbackGrid(cfg, tamper=tamper)
     result = serve(grid, cfg)

@@ -325,11 +325,18 @@ def test_cnn_client_state_lives_on_the_nodes_and_bytes_count_per_client_that_rep
     assert full[-1]["bytes_up"] == dropped[-1]["bytes_up"] == 2 * 2 * n_params * 4
 
 
+def _nan_params_of_client_2_in_round_2(t, client, reply):
+    """The in-process counterpart of node 102's corrupted second reply (fedpm_dnn's tamper hook)."""
+    import torch
+
+    if t == 2 and client == 2:
+        reply = {**reply, "params": {k: v * torch.nan for k, v in reply["params"].items()}}
+    return reply
+
+
 def test_cnn_a_node_whose_reply_was_rejected_rolls_back_its_control():
     """Round 2 rejects node 102's reply: it restores its SCAFFOLD control when told, so the run equals the
     in-process run with the same rejection."""
-    import torch
-
     from fedpm_flower.cnn import in_process as cnn_in_process
 
     cfg = cnn_config("scaffold", rounds=4)
@@ -339,21 +346,14 @@ def test_cnn_a_node_whose_reply_was_rejected_rolls_back_its_control():
     result = serve(LoopbackGrid(cfg, tamper=tamper), cfg)
     assert [h["rejected"] for h in result["history"][1:]] == [0, 1, 0, 0]
 
-    def nan_client_2(t, client, reply):
-        if t == 2 and client == 2:
-            reply = {**reply, "params": {k: v * torch.nan for k, v in reply["params"].items()}}
-        return reply
-
-    np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg, tamper=nan_client_2),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(result["theta"]),
+                               cnn_in_process(cfg, tamper=_nan_params_of_client_2_in_round_2), rtol=1e-5, atol=1e-6)
 
 
 def test_cnn_delta_codec_a_rejected_reply_resyncs_as_in_process():
     """FedPM with a delta codec: round 2 rejects node 102's reply (screening, after decoding).  The server
     does not take its pending estimate and tells the node so with its next message (the acknowledgement it
     keeps for it), so the run equals the in-process run with the same rejection."""
-    import torch
-
     from fedpm_flower import cnn
     from fedpm_flower.cnn import in_process as cnn_in_process
     from fedpm_flower.transport import numpy
@@ -368,13 +368,8 @@ def test_cnn_delta_codec_a_rejected_reply_resyncs_as_in_process():
     kept = cnn.nest(numpy(grid.contexts[102].state["cnn-state"]))
     assert "foof_hat" in kept and "foof_ack" not in kept     # estimates on the node, acknowledgements not
 
-    def nan_client_2(t, client, reply):
-        if t == 2 and client == 2:
-            reply = {**reply, "params": {k: v * torch.nan for k, v in reply["params"].items()}}
-        return reply
-
-    np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg, tamper=nan_client_2),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(result["theta"]),
+                               cnn_in_process(cfg, tamper=_nan_params_of_client_2_in_round_2), rtol=1e-5, atol=1e-6)
 
 
 def _last(a):      # the reply's last parameter entry

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 from fedpm_dnn.client import ClientData  # noqa: E402
 from fedpm_dnn.algorithms import METHODS, applicable, make_method  # noqa: E402
 from fedpm_dnn.simulation import Experiment, run_experiment  # noqa: E402
+from fake_cifar import cifar_pickle  # noqa: E402
 
 
 def make(name, **kw):
@@ -111,18 +112,8 @@ def test_divergence_is_one_clear_error():
         run_experiment(experiment(cfg, rounds=3))
 
 
-def _cifar_pickle(root, n=30, seed=0):
-    import pickle
-    g = np.random.default_rng(seed)
-    os.makedirs(root)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        with open(os.path.join(root, name), "wb") as fh:
-            pickle.dump({b"data": g.integers(0, 256, (n, 3072), dtype=np.uint8),
-                         b"labels": g.integers(0, 10, n).tolist()}, fh)
-
-
 def test_runner_cli_writes_results_and_resumes(tmp_path):
-    _cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"))
+    cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"))
     out = tmp_path / "out"
     base = [sys.executable, "-m", "validation.dnn", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data"),
             "--method", "fedpm", "--preset", "cifar10-a0.1", "--clients", "3", "--local-epochs", "1",
@@ -147,7 +138,7 @@ def test_runner_cli_writes_results_and_resumes(tmp_path):
     (["--lr", "-1"], "--lr: must be a number > 0"),
 ])
 def test_runner_errors_are_one_line(tmp_path, args, fragment):
-    _cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"))
+    cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"))
     cmd = [sys.executable, "-m", "validation.dnn", "--data-dir", str(tmp_path / "data"), "--rounds", "1", "--quiet",
            "--out", str(tmp_path / "o")] + args
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT}, cwd=ROOT)

@@ -442,13 +442,9 @@ def test_cnn_deployment_gives_the_in_process_model(tmp_path):
 
 # ------------------------------------------------------------------ CIFAR: one folder per client
 def fake_cifar(root, n=40, seed=0):
-    import pickle
+    from fake_cifar import cifar_pickle
 
-    g = np.random.default_rng(seed)
-    os.makedirs(root)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        with open(os.path.join(root, name), "wb") as fh:
-            pickle.dump({b"data": g.integers(0, 256, (n, 3072), dtype=np.uint8), b"labels": (np.arange(n) % 10).tolist()}, fh)
+    cifar_pickle(root, n, seed, balanced=True)
 
 
 def test_prepare_writes_each_clients_partition_and_a_node_reads_only_its_folder(tmp_path, capsys):

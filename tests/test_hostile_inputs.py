@@ -19,6 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from fake_cifar import cifar_pickle  # noqa: E402
 from validation import bench_convex, bench_dnn, dnn, flower, outputs, superlinear  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,15 +36,6 @@ class Evil:
 
     def __reduce__(self):
         return os.mkdir, (self.path,)
-
-
-def cifar_pickle(root, n=30, seed=0):
-    g = np.random.default_rng(seed)
-    os.makedirs(root)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        with open(os.path.join(root, name), "wb") as fh:
-            pickle.dump({b"data": g.integers(0, 256, (n, 3072), dtype=np.uint8),
-                         b"labels": g.integers(0, 10, n).tolist()}, fh)
 
 
 DNN = ["--data-dir", "{W}/data", "--clients", "3", "--local-epochs", "1", "--foof-samples", "64", "--quiet"]

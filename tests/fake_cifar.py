@@ -1,0 +1,16 @@
+"""Small generated CIFAR-10 files in the python-pickle release's format (tests never touch real data)."""
+import os
+import pickle
+
+import numpy as np
+
+
+def cifar_pickle(root, n=30, seed=0, balanced=False):
+    """``root``/data_batch_1..5 and test_batch, each ``n`` random 32x32 RGB images with labels 0..9 (random,
+    or with ``balanced`` cycling 0..9 so that every class is present)."""
+    g = np.random.default_rng(seed)
+    os.makedirs(root)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(os.path.join(root, name), "wb") as fh:
+            pickle.dump({b"data": g.integers(0, 256, (n, 3072), dtype=np.uint8),
+                         b"labels": ((np.arange(n) % 10) if balanced else g.integers(0, 10, n)).tolist()}, fh)

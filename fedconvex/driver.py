@@ -254,7 +254,7 @@ class Driver:
         sel = sample_clients(rng, n, self.participants)
         down = alg.broadcast(state)
         cstate = gather(state.clients, sel, n)
-        before = _snapshot(state.clients, sel)
+        before = _snapshot(state.clients, sel) if alg.server_tracked_state else None
         got = self.transport(alg, down, cstate, sel, rng, t)
         state = replace(state, clients=scatter(state.clients, sel, got.cstate, n))
         rejected = [c for c, _ in got.rejected]

@@ -15,8 +15,7 @@ import time
 import numpy as np
 import torch
 
-from fedconvex.algorithms.base import RoundInfo
-from fedconvex.driver import Delivery, normalised, screen_message
+from fedconvex.driver import Delivery
 from fedconvex.screening import dtype_problem
 from fedconvex.screening import log as server_log
 
@@ -89,22 +88,3 @@ def check_and_stack(alg, shapes: dict, replies: list, clients, round_: int):
             rejected.append((int(client), problem))
             server_log.warning("round %d: client %d rejected: %s", round_, int(client), problem)
     return (stack_replies([replies[k] for k in kept]) if kept else None), kept, rejected
-
-
-def server_step(alg, task, state, replies: list, clients, round_: int, max_ratio=None):
-    """The server half of a round for replies that arrived one by one (Flower's ServerApp): structural
-    check, stacking, decoding, the driver's screening, uniform weights, the method's server step.
-    Returns (state, number of replies used, number rejected); raises ``Diverged`` when every reply is
-    non-finite."""
-    clients = np.asarray(clients)
-    up, kept, rejected = check_and_stack(alg, alg.reply_shapes(state.theta, task.blocks), replies, clients, round_)
-    if up is None:
-        return state, 0, len(rejected)
-    info = RoundInfo(sel=clients[kept], weights=normalised(np.ones(len(kept))), n_clients=task.n_clients)
-    if hasattr(alg, "receive"):
-        up, state = alg.receive(task, state, up, info)
-    up, info, more = screen_message(up, info, None, round_, label=f"{alg.name} (lr={alg.lr:g})",
-                                    max_ratio=max_ratio, fields=alg.message_fields)
-    if up is None:
-        return state, 0, len(rejected) + len(more)
-    return alg.server_update(task, state, up, info), len(info.sel), len(rejected) + len(more)

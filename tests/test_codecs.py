@@ -232,7 +232,19 @@ def test_dnn_sym_is_bit_identical_and_payloads_are_screened():
     from fedpm_dnn.data.synthetic import MEAN, STD, synthetic_task
     from fedpm_dnn.models import make_model
     from fedpm_dnn.task import client_generator
-    from fedpm_dnn.transport import server_step
+    from fedconvex.driver import Delivery, Driver
+    from fedpm_dnn.transport import check_and_stack
+
+    def server_round(alg, task, state, replies):
+        """One driver round whose transport delivers ``replies`` (checked and stacked as Flower's are):
+        (new state, replies used, replies rejected)."""
+        def transport(alg, down, cstate, sel, rng, t):
+            up, kept, rejected = check_and_stack(alg, alg.reply_shapes(state.theta, task.blocks), replies, sel, t)
+            return Delivery(up=up, cstate=None, sel=sel[kept], rejected=rejected)
+        driver = Driver(alg, task, transport, weights=lambda sel: np.ones(len(sel)), evaluate=lambda s: {},
+                        n_clients=task.n_clients)
+        new, row = driver.round(state, 1, np.random.default_rng(0))
+        return new, len(replies) - row["rejected"], row["rejected"]
 
     parts, _ = synthetic_task(2, seed=0, classes=3, image_size=16)
     data = [ClientData(torch.as_tensor(x[:24]), torch.as_tensor(y[:24]), MEAN, STD) for x, y in parts]
@@ -257,7 +269,7 @@ def test_dnn_sym_is_bit_identical_and_payloads_are_screened():
             for k in range(2):
                 if dec.get("decode") is None or dec["decode"][k] is None:
                     assert torch.linalg.eigvalsh(A[k].double()).min() >= -1e-5 * float(A[k].abs().max())
-        new, used, rejected = server_step(cfg, task, state, replies, np.arange(2), 1)
+        new, used, rejected = server_round(cfg, task, state, replies)
         if codec == "fp16":
             assert (used, rejected) == (1, 1)
             continue

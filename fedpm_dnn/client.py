@@ -87,7 +87,7 @@ def local_train(model, cfg, data: ClientData, generator, *, hook=None, foof_A=No
     params = [p for p in model.parameters()]
     named = dict(model.named_parameters())
     dtype = params[0].dtype
-    factors = foof.factorize(foof_A, cfg.damping, dtype) if cfg.uses_foof else None
+    factors = foof.with_uppers(foof.factorize(foof_A, cfg.damping, dtype)) if cfg.uses_foof else None
     total_loss, steps, seen = 0.0, 0, 0
     n = len(data)
     for _ in range(cfg.local_epochs):
@@ -123,7 +123,7 @@ def local_train(model, cfg, data: ClientData, generator, *, hook=None, foof_A=No
             seen += len(idx)
             if cfg.uses_foof and cfg.refresh_every and steps % cfg.refresh_every == 0:
                 foof_A = foof_matrices(model, blocks, data, cfg.foof_samples, generator, foof_static)
-                factors = foof.factorize(foof_A, cfg.damping, dtype)
+                factors = foof.with_uppers(foof.factorize(foof_A, cfg.damping, dtype))
     if model.training and data.x.is_cuda:
         torch.cuda.synchronize()
     return total_loss / max(seen, 1), steps, time.perf_counter() - start

@@ -15,7 +15,7 @@ sequential engine's (``client.local_train`` / ``simulation.client_round``), clie
   (no update) while the others go on;
 * the step: gradient (+ the method's ``grad_hook`` on the stacks, + coupled weight decay),
   per-client clipping of the raw gradient or of the step direction, FOOF preconditioning with
-  batched Cholesky solves, theta -= lr direction, decoupled weight decay;
+  batched triangular solves (``foof.solve_rows``), theta -= lr direction, decoupled weight decay;
 * FOOF matrices from batched Gram products (``batched_foof``) with the same first-layer cache.
 
 Replies are built by the method's ``client_reply``, shared with the sequential engine, so the message
@@ -249,8 +249,8 @@ class VectorizedEngine:
                                      [states[j].setdefault("foof_static", {}) for j in first])
                 for j, m in zip(first, mats):
                     states[j]["foof"] = m
-            factors = batched_foof.factorize_stacked(
-                {b: torch.stack([cs["foof"][b] for cs in states]) for b in self.blocks}, cfg.damping, dtype)
+            factors = foof.with_uppers(batched_foof.factorize_stacked(
+                {b: torch.stack([cs["foof"][b] for cs in states]) for b in self.blocks}, cfg.damping, dtype))
         # the per-client tensors the method's gradient hook reads (SCAFFOLD's control), stacked
         per_client = {key: {n: torch.stack([cs[key][n] for cs in states]) for n in self.names}
                       for key in cfg.client_tensors}
@@ -311,8 +311,8 @@ class VectorizedEngine:
                         bn = foof.param_name(bname, "bias")
                         gw = G[wn].reshape(kk, G[wn].shape[1], -1)
                         Th = torch.cat([gw, G[bn][:, :, None]], 2) if block.has_bias else gw
-                        Lf = factors[bname] if full else factors[bname].index_select(0, ids)
-                        D = torch.cholesky_solve(Th.transpose(1, 2), Lf).transpose(1, 2)
+                        Lf, Uf = factors[bname] if full else (f.index_select(0, ids) for f in factors[bname])
+                        D = foof.solve_rows(Th, Lf, Uf)
                         if block.has_bias:
                             G[wn].copy_(D[:, :, :-1].reshape(G[wn].shape))
                             G[bn].copy_(D[:, :, -1])
@@ -336,8 +336,9 @@ class VectorizedEngine:
                                          [states[j].get("foof_static") for j in due])
                     new_f = batched_foof.factorize_stacked({b: torch.stack([m[b] for m in mats]) for b in self.blocks},
                                                            cfg.damping, dtype)
-                    for b in self.blocks:
-                        factors[b][due] = new_f[b]
+                    for b, (Ln, Un) in foof.with_uppers(new_f).items():
+                        factors[b][0][due] = Ln
+                        factors[b][1][due] = Un
         end = None
         if cfg.uses_foof:   # matrices at the end of the round, on plain data
             end = self.foof_for(sel, P, [sc["end"] for sc in scheds],

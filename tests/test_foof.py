@@ -217,3 +217,25 @@ def test_small_damping_on_large_rank_deficient_activations():
 def test_non_finite_matrix_names_divergence_not_damping():
     with pytest.raises(ArithmeticError, match="local training diverged"):
         foof.factorize({"conv2": torch.full((3, 3), float("nan"))}, 1.0)
+
+
+@pytest.mark.parametrize("damping", [1e-4, 1.0])
+@pytest.mark.parametrize("batch", [(), (4,)])
+def test_solve_rows_is_the_damped_solve(damping, batch):
+    """solve_rows(T, L) = T (A + lam I)^{-1} for a stack (vectorized engine) or one block (sequential),
+    with the factor in float32 as the engines use it: within float32 accuracy of a float64 solve,
+    and the rows layout gives the same as solving the transposed columns."""
+    g = torch.Generator().manual_seed(3)
+    d, rows = 41, 7
+    X = torch.randn(*batch, 3 * d, d, generator=g, dtype=torch.float64)
+    A = X.mT @ X / (3 * d)
+    M = A + damping * torch.eye(d, dtype=torch.float64)
+    T = torch.randn(*batch, rows, d, generator=g)
+    L = foof.factorize({"b": A[0] if batch else A}, damping, torch.float32)["b"] if not batch else \
+        torch.linalg.cholesky(M).float()
+    expect = torch.linalg.solve(M, T.double().mT).mT
+    for U in (None, L.mT.contiguous()):
+        got = foof.solve_rows(T, L, U)
+        assert got.shape == T.shape and got.dtype == torch.float32
+        err = torch.linalg.norm(got.double() - expect) / torch.linalg.norm(expect)
+        assert err < 1e-6 * torch.linalg.cond(M).max().item() ** 0.5 + 1e-6

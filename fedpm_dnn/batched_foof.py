@@ -10,7 +10,6 @@ add nothing to the sums; each client's count is its own.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from . import foof
 
@@ -33,20 +32,19 @@ def stacked_gram(block, x: torch.Tensor):
     """Per-client (sum a a^T, sum a, rows per sample) of a block's input x: (K, B, ...) -> (K, D, D), (K, D), int."""
     K, B = x.shape[:2]
     if isinstance(block, foof.Conv2dBlock):
+        # patches (K, b L, D) per chunk of b images (about 2^25 entries), one batched product each
         m = block.module
-        cols = F.unfold(x.reshape(K * B, *x.shape[2:]), m.kernel_size, dilation=m.dilation, padding=m.padding,
-                        stride=m.stride)                                   # (K B, D, L)
-        D, L = cols.shape[1:]
-        cols = cols.view(K, B, D, L)
-        if D > L:   # few positions: one (B L, D) product per client
-            a = cols.transpose(2, 3).reshape(K, B * L, D)
-            return torch.bmm(a.transpose(1, 2), a), a.sum(1), L
-        S = torch.zeros(K, D, D, dtype=cols.dtype, device=cols.device)
-        step = max(1, int(2 ** 24 // (D * D * K)))
+        D = m.weight[0].numel()
+        L = foof.conv_patches(m, x[0, :1]).shape[1]
+        step = max(1, int(2 ** 25 // (K * L * D)))
+        S = torch.zeros(K, D, D, dtype=x.dtype, device=x.device)
+        total = torch.zeros(K, D, dtype=x.dtype, device=x.device)
         for i in range(0, B, step):
-            c = cols[:, i:i + step]
-            S += torch.matmul(c, c.transpose(2, 3)).sum(1)
-        return S, cols.sum((1, 3)), L
+            c = x[:, i:i + step]
+            a = foof.conv_patches(m, c.reshape(-1, *x.shape[2:])).view(K, -1, D)
+            S.baddbmm_(a.transpose(1, 2), a)
+            total += a.sum(1)
+        return S, total, L
     a = x.reshape(K, -1, x.shape[-1])
     per = a.shape[1] // B
     return torch.bmm(a.transpose(1, 2), a), a.sum(1), per

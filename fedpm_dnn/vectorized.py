@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
 from . import batched_foof, foof, stacked
+from .augment import crop_flip
 
 STATS_BATCH = 512   # the sequential path's plain-data chunk (client.ClientData.plain_batches)
 PAD = 4             # augment.random_crop_flip's padding
@@ -71,18 +72,6 @@ def _pad(rows, width, fill=0, dtype=torch.long):
     for i, r in enumerate(rows):
         out[i, :len(r)] = r
     return out
-
-
-def crop_flip(x, oy, ox, flip, padding=PAD):
-    """augment.random_crop_flip with the draws given: x (N, C, H, W) float, oy/ox (N,), flip (N,) bool."""
-    b, c, h, w = x.shape
-    dev = x.device
-    padded = F.pad(x, (padding, padding, padding, padding))
-    rows = (oy[:, None] + torch.arange(h, device=dev)[None, :])[:, None, :, None]
-    cols = (ox[:, None] + torch.arange(w, device=dev)[None, :])[:, None, None, :]
-    out = padded[torch.arange(b, device=dev)[:, None, None, None], torch.arange(c, device=dev)[None, :, None, None],
-                 rows, cols]
-    return torch.where(flip[:, None, None, None], out.flip(3), out)
 
 
 def _clip_(grads: list, max_norm: float):

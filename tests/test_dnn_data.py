@@ -273,3 +273,17 @@ def test_augmentation_crops_within_padding_and_flips():
     flipped = random_crop_flip(x, torch.Generator().manual_seed(1), padding=0, flip=True)
     for b in range(2):
         assert torch.equal(flipped[b], x[b]) or torch.equal(flipped[b], x[b].flip(2))
+
+
+def test_crop_flip_is_a_padded_crop_then_a_mirror_per_image():
+    """The one-gather crop/flip equals, image by image, zero padding, slicing at the offsets and flipping."""
+    from fedpm_dnn.augment import crop_flip
+    g = torch.Generator().manual_seed(4)
+    x = torch.rand(9, 3, 6, 5, generator=g)
+    oy, ox = torch.randint(0, 5, (9,), generator=g), torch.randint(0, 5, (9,), generator=g)
+    flip = torch.rand(9, generator=g) < 0.5
+    out = crop_flip(x, oy, ox, flip, padding=2)
+    for i in range(9):
+        ref = torch.nn.functional.pad(x[i], (2, 2, 2, 2))[:, oy[i]:oy[i] + 6, ox[i]:ox[i] + 5]
+        assert torch.equal(out[i], ref.flip(2) if flip[i] else ref)
+    assert flip.any() and (~flip).any()

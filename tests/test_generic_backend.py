@@ -34,7 +34,14 @@ def generic_xp(monkeypatch):
 
 
 @pytest.mark.parametrize("name,kw", [("fedpm", {}), ("localnewton", dict(local_steps=2)), ("fednl", {}),
-                                     ("fedns", dict(sketch_size=4)), ("scaffold", dict(lr=0.5))])
+                                     ("fedns", dict(sketch_size=4)), ("scaffold", dict(lr=0.5)),
+                                     ("fednl", dict(compressor="natural", alpha=8 / 9)),
+                                     ("fednl", dict(compressor="toplek", k=6)),
+                                     ("fednl", dict(compressor="randseqk", k=6, alpha=6 / 21)),
+                                     ("fednl", dict(compressor="rankr", rank=1)),
+                                     ("fednl-ls", {}), ("fednl-pp", {}),
+                                     ("fedns", dict(sketch="srht", sketch_size=2)),
+                                     ("fedns", dict(sketch="countsketch", sketch_size=2))])
 def test_generic_backend_matches_numpy(generic_xp, rng, name, kw):
     X, y, parts = random_data(rng, 5, 6)
     fast = FederatedLogReg(X, y, parts, lam=1e-2)

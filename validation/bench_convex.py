@@ -70,6 +70,26 @@ def all_methods(d):
     ]
 
 
+def _measure_method(problem, alg, theta0, zero, fedpm_round, rounds, row):
+    try:
+        _, h = run(problem, alg, theta0, rounds)
+        row["seconds_per_round"] = statistics.median(h[t]["seconds"] - h[t - 1]["seconds"]
+                                                     for t in range(1, len(h)))
+        row["round_vs_fedpm"] = row["seconds_per_round"] / fedpm_round
+    except Diverged:
+        row["seconds_per_round"] = row["round_vs_fedpm"] = None
+    try:
+        _, h0 = run(problem, alg, zero, MAX_ROUNDS,
+                    stop=lambda r: r["grad_norm"] <= 1e-9 or r["seconds"] > TIME_CAP)
+        ok = h0[-1]["grad_norm"] <= 1e-9
+        row["seconds_to_1e-9"] = h0[-1]["seconds"] if ok else None
+        row["rounds_to_1e-9"] = h0[-1]["round"] if ok else None
+        row["final_grad_norm"] = h0[-1]["grad_norm"]
+    except Diverged:
+        row["seconds_to_1e-9"] = row["rounds_to_1e-9"] = None
+        row["final_grad_norm"] = "diverged"
+
+
 def measure_all(problem, theta0, fedpm_round, rounds=5):
     """Per method: median seconds per round from theta0, and seconds from 0 to ||grad f|| <= 1e-9."""
     zero = problem.to_backend(np.zeros(problem.d))
@@ -78,22 +98,10 @@ def measure_all(problem, theta0, fedpm_round, rounds=5):
         alg = make_algorithm(name, **params)
         row = {"label": label, "method": name, "params": params}
         try:
-            _, h = run(problem, alg, theta0, rounds)
-            row["seconds_per_round"] = statistics.median(h[t]["seconds"] - h[t - 1]["seconds"]
-                                                         for t in range(1, len(h)))
-            row["round_vs_fedpm"] = row["seconds_per_round"] / fedpm_round
-        except Diverged:
-            row["seconds_per_round"] = row["round_vs_fedpm"] = None
-        try:
-            _, h0 = run(problem, alg, zero, MAX_ROUNDS,
-                        stop=lambda r: r["grad_norm"] <= 1e-9 or r["seconds"] > TIME_CAP)
-            ok = h0[-1]["grad_norm"] <= 1e-9
-            row["seconds_to_1e-9"] = h0[-1]["seconds"] if ok else None
-            row["rounds_to_1e-9"] = h0[-1]["round"] if ok else None
-            row["final_grad_norm"] = h0[-1]["grad_norm"]
-        except Diverged:
-            row["seconds_to_1e-9"] = row["rounds_to_1e-9"] = None
-            row["final_grad_norm"] = "diverged"
+            _measure_method(problem, alg, theta0, zero, fedpm_round, rounds, row)
+        except Exception as exc:   # one method failing on a backend must not hide the others' numbers
+            row["error"] = f"{type(exc).__name__}: {exc}"
+            print(f"bench_convex: {label} failed: {row['error']}", file=sys.stderr)
         rows.append(row)
     return rows
 
@@ -215,8 +223,11 @@ def main(argv=None) -> int:
         for m in r["methods"]:
             def f(v, fmt):
                 return "-" if v is None else format(v, fmt)
-            print(f"  {m['label']:34s} {f(m['seconds_per_round'], '9.4f')} {f(m['round_vs_fedpm'], '8.2f')} "
-                  f"{f(m['seconds_to_1e-9'], '10.3f')} {f(m['rounds_to_1e-9'], '6d')}")
+            if "error" in m:
+                print(f"  {m['label']:34s} failed: {m['error']}")
+                continue
+            print(f"  {m['label']:34s} {f(m.get('seconds_per_round'), '9.4f')} {f(m.get('round_vs_fedpm'), '8.2f')} "
+                  f"{f(m.get('seconds_to_1e-9'), '10.3f')} {f(m.get('rounds_to_1e-9'), '6d')}")
     print(f"reproduce: {r['command']}")
     return 0
 

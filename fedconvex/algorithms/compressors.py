@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backend import to_numpy
+
 FLOAT_BITS, INDEX_BITS = 64, 32
 
 
@@ -194,14 +196,14 @@ class Natural:
 
     def encode(self, xp, M, rng, support=None):
         iu, ju = _upper(M.shape[1])
-        U = np.asarray(M[:, iu, ju])
+        U = to_numpy(M[:, iu, ju])                     # host: the randomness is NumPy's stream
         mant, ex = np.frexp(np.abs(U))                 # |U| = mant 2^ex, mant in [0.5, 1)
         up = rng.random(U.shape) < (2.0 * mant - 1.0)  # P(round up) = |U| / 2^(ex-1) - 1
         code = (ex - 1 + up + _EXP_BIAS).astype(np.int16) * np.sign(U).astype(np.int16)
         return {"code": xp.asarray(code)}
 
     def decode(self, xp, msg, d):
-        code = np.asarray(msg["code"])
+        code = to_numpy(msg["code"])
         mag = np.ldexp(1.0, np.abs(code).astype(np.int32) - _EXP_BIAS)   # code 0 -> 2^-1075 = 0.0
         vals = np.copysign(mag, code)
         idx = np.broadcast_to(np.arange(code.shape[1]), code.shape)

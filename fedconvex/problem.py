@@ -287,8 +287,8 @@ class FederatedLogReg:
         return ActiveBlocks(layout.views(packed), active, self.d, self.lam, flat, packed, layout)
 
     def sketched_roots(self, thetas, sketches, sel=None, scale: float = 1.0):
-        """Per client (S_c A_c)^T = A_c^T S_c^T (a_c x k), given S_c^T (M_c x k) (dense, or SciPy sparse
-        for CountSketch); ``None`` means S_c = I.  ``scale`` multiplies every sketch (e.g. 1/sqrt(k)).
+        """Per client (S_c A_c)^T = A_c^T S_c^T (a_c x k), given S_c^T (M_c x k) (dense, SciPy sparse
+        for CountSketch, or an SRHT sketch given by its random choices); ``None`` means S_c = I.  ``scale`` multiplies every sketch (e.g. 1/sqrt(k)).
 
         On NumPy the product goes through the sparse client design with the row weights and the scale
         folded into its non-zeros (nnz x k flops, no scaled copy of the M_c x k sketch)."""
@@ -304,7 +304,13 @@ class FederatedLogReg:
             elif self.xp is np:
                 RT = self.reduced_T_csr[c]
                 w = r[:, 0] * scale if scale != 1.0 else r[:, 0]
-                scaled = sp.csr_matrix((RT.data * w[RT.indices], RT.indices, RT.indptr), shape=RT.shape)
+                data = RT.data * w[RT.indices]
+                if hasattr(St, "columns"):
+                    # SRHT (fedns.SRHTSketch): S^T = s D H[:, pick]; sign (exact) and scale folded into the
+                    # non-zeros, then the +-1 Hadamard columns: the same products, rounded alike, as with S^T
+                    data = (data * St.signs[RT.indices]) * St.scale
+                    St = St.columns()
+                scaled = sp.csr_matrix((data, RT.indices, RT.indptr), shape=RT.shape)
                 prod = scaled @ St
                 out.append(prod.toarray() if sp.issparse(prod) else prod)
             elif scale != 1.0:

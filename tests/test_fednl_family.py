@@ -206,6 +206,37 @@ def test_fedns_gaussian_draws_are_the_per_client_draws(rng):
         np.testing.assert_allclose(up["SAt"][c], Ac.T @ St, rtol=1e-10, atol=1e-13)
 
 
+def test_srht_sketch_is_the_subsampled_hadamard_transform_and_its_product_is_exact(rng):
+    """The SRHT sketch kept as its random choices is sqrt(P/k) (R H D)^T / sqrt(P) on the first M rows, and
+    the product with it (signs and scale folded into the sparse design) equals the product with that dense
+    S^T to the last bit, with the random choices drawn as one pick of k of P rows, then M signs."""
+    from fedconvex.algorithms.fedns import SRHTSketch
+
+    pb, _ = problem(rng, n=3, d=7, sizes=[30, 45, 12], density=0.5)
+    theta = rng.normal(size=pb.d)
+    alg = make_algorithm("fedns", sketch_size=5, sketch="srht")
+    sk, scale = alg.sketches(pb, np.arange(3), 5, np.random.default_rng(11))
+    draw = np.random.default_rng(11)
+    dense_sk = []
+    for c, St in enumerate(sk):
+        m = int(pb.counts[c])
+        if m <= 5:
+            assert St is None
+            dense_sk.append(None)
+            continue
+        P = 1 << (m - 1).bit_length()
+        pick, D = draw.choice(P, 5, replace=False), draw.choice((-1.0, 1.0), m)
+        H = np.array([[(-1.0) ** bin(i & j).count("1") for j in range(P)] for i in range(P)])  # Sylvester order
+        ref = (np.sqrt(P / 5) * (H[pick][:, :m] * D[None, :]) / np.sqrt(P)).T   # first M columns of R H, times D
+        assert isinstance(St, SRHTSketch) and St.shape == (m, 5)
+        np.testing.assert_allclose(St.dense(), ref, rtol=1e-15)
+        dense_sk.append(St.dense())
+    fast = pb.sketched_roots(np.tile(theta, (3, 1)), sk, np.arange(3), scale=scale)
+    slow = pb.sketched_roots(np.tile(theta, (3, 1)), dense_sk, np.arange(3), scale=scale)
+    for a, b in zip(fast, slow):
+        assert np.array_equal(a, b)
+
+
 @pytest.mark.parametrize("sketch", ["srht", "countsketch"])
 def test_fedns_cheap_sketches_are_unbiased(rng, sketch):
     X, y, parts = random_data(rng, 2, 4, sizes=[40, 40], density=0.8)

@@ -44,6 +44,39 @@ def _hadamard(n: int) -> np.ndarray:
     return H
 
 
+@lru_cache(maxsize=8)
+def _hadamard_top(n: int, m: int) -> np.ndarray:
+    """The first m rows of the order-n Sylvester Hadamard matrix, C-contiguous (read-only)."""
+    H = np.ascontiguousarray(_hadamard(n)[:m])
+    H.flags.writeable = False
+    return H
+
+
+@dataclass(frozen=True, eq=False)
+class SRHTSketch:
+    """One client's SRHT sketch as its random choices: S^T[l, j] = scale * signs[l] * H[l, pick[j]]
+    (l < M, H the Sylvester Hadamard matrix of order P; H is symmetric, so this is the first M rows of the
+    padded transform's (R H D)^T times scale).  ``problem.sketched_roots`` folds the signs and the scale
+    into the sparse client design and multiplies by the k Hadamard columns, without building S^T."""
+
+    pick: np.ndarray     # (k,) sampled rows of the P-point transform
+    signs: np.ndarray    # (M,) the diagonal of D, +-1
+    P: int
+    scale: float
+
+    @property
+    def shape(self):
+        return (len(self.signs), len(self.pick))
+
+    def columns(self) -> np.ndarray:
+        """H[:M, pick] (M x k, entries +-1, C-contiguous)."""
+        return np.take(_hadamard_top(self.P, len(self.signs)), self.pick, axis=1)
+
+    def dense(self) -> np.ndarray:
+        """S^T itself (M x k)."""
+        return (self.columns() * self.signs[:, None]) * self.scale
+
+
 def _gram(R):
     """R R^T, exactly symmetric (BLAS syrk on NumPy: half the flops of a general product)."""
     if isinstance(R, np.ndarray) and R.dtype == np.float64 and R.size:
@@ -103,8 +136,8 @@ class FedNS(Algorithm):
                 P = 1 << (m - 1).bit_length()
                 pick = rng.choice(P, k, replace=False)
                 D = rng.choice((-1.0, 1.0), m)
-                St = (_hadamard(P)[pick][:, :m] * D[None, :]).T * (1.0 / np.sqrt(k))
-                out.append(St if problem.xp is np else problem.to_backend(St))
+                St = SRHTSketch(pick, D, P, 1.0 / np.sqrt(k))
+                out.append(St if problem.xp is np else problem.to_backend(St.dense()))
         return out, 1.0
 
     def client_update(self, problem, down, cstate, sel, rng):

@@ -131,6 +131,40 @@ def test_randk_and_natural_are_unbiased_and_natural_has_omega_one_eighth(rng):
     assert msg["code"].dtype == np.int16
 
 
+def test_natural_decoding_table_is_the_definition_and_its_server_sum_is_the_entry_sum(rng):
+    """Natural's codes decode by table look-up to sign(c) 2^(|c| - 1075) for every int16 code (the
+    definition, in Python's own float arithmetic), and the server's sum of Natural messages equals, to the
+    last bit, the sum that adds each client's non-zero entries w_i value_i in client order (bincount)."""
+    import math
+
+    from fedconvex.algorithms import fednl_blocks
+    from fedconvex.algorithms.compressors import natural_values
+
+    codes = np.arange(-32768, 32768, dtype=np.int64)
+    got = natural_values(codes.astype(np.int16))
+
+    def value(c):       # |c| - 1075 > 1023 overflows to inf; -32768 is its own absolute value in int16
+        e = (c if c == -32768 else abs(c)) - 1075
+        return math.copysign(math.inf if e > 1023 else math.ldexp(1.0, e), c) if c else 0.0
+
+    want = np.array([value(int(c)) for c in codes])
+    assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want))
+    d = 9
+    n = d * (d + 1) // 2
+    nat = make_compressor("natural")
+    code = nat.encode(np, sym(rng, 6, d) * np.exp(rng.normal(size=(6, 1, 1)) * 3), rng)["code"]
+    code[rng.random(code.shape) < 0.3] = 0                         # entries off a client's block
+    assert nat.bits({"code": code}, d).tolist() == [12 * n] * 6
+    w = rng.random(6)
+    at = np.flatnonzero(code)
+    c, u = np.divmod(at, n)
+    rows, cols = np.triu_indices(d)
+    ref = np.zeros((d, d))
+    np.add.at(ref, (rows[u], cols[u]), w[c] * natural_values(code.reshape(-1)[at]))   # client order, from 0
+    ref = np.triu(ref) + np.triu(ref, 1).T
+    assert np.array_equal(fednl_blocks.server_sum(nat, {"code": code}, w, d), ref)
+
+
 def test_bits_formulas(rng):
     d = 7
     M = sym(rng, 2, d)

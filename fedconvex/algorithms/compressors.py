@@ -22,6 +22,7 @@ non-zero, e.g. a client's active features) lets Rank-R solve on that sub-block; 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -185,6 +186,28 @@ class RandSeqK:
 _EXP_BIAS = 1075  # float64 exponents -1074..1023 (+1 after rounding up) -> 1..2099: an int16 code
 
 
+def natural_formula(code):
+    """The value of Natural's int16 codes by definition: sign(code) 2^(|code| - bias) (code 0 -> 0)."""
+    code = np.asarray(code, dtype=np.int16)
+    mag = np.ldexp(1.0, np.abs(code).astype(np.int32) - _EXP_BIAS)   # code 0 -> 2^-1075 = 0.0
+    return np.copysign(mag, code)
+
+
+@lru_cache(maxsize=1)
+def _natural_table():
+    """``natural_formula`` of every int16 code, indexed by the code's 16-bit pattern (512 KiB)."""
+    with np.errstate(over="ignore"):    # codes beyond any float64's (no encoder makes them) decode to +-inf
+        table = natural_formula(np.arange(1 << 16, dtype=np.uint16).view(np.int16))
+    table.flags.writeable = False
+    return table
+
+
+def natural_values(code, out=None):
+    """Values of Natural's int16 codes: one table look-up each, the same numbers as ``natural_formula``."""
+    bits = np.ascontiguousarray(code, dtype=np.int16).view(np.uint16)
+    return np.take(_natural_table(), bits, out=out)
+
+
 @dataclass(frozen=True)
 class Natural:
     """Natural compression (Horvath et al. 2019) of every upper-triangular entry: t in [2^a, 2^(a+1))
@@ -202,8 +225,7 @@ class Natural:
 
     def decode(self, xp, msg, d):
         code = np.asarray(msg["code"])
-        mag = np.ldexp(1.0, np.abs(code).astype(np.int32) - _EXP_BIAS)   # code 0 -> 2^-1075 = 0.0
-        vals = np.copysign(mag, code)
+        vals = natural_values(code)
         idx = np.broadcast_to(np.arange(code.shape[1]), code.shape)
         return xp.asarray(_scatter_upper(np, vals, idx, d))
 

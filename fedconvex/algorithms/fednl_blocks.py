@@ -110,7 +110,11 @@ def _upper_map(layout: Layout, active):
         local[c, a] = np.arange(len(a))
     cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
     owner_up = np.repeat(np.arange(len(active)), counts)
-    out = {"pos": cat(pos), "mir": cat(mir), "glob": cat(glob), "owner_up": owner_up,
+    pos, mir = cat(pos), cat(mir)
+    inv = np.empty(layout.total, dtype=np.intp)       # packed position -> its upper entry (both sides)
+    inv[pos] = np.arange(len(pos))
+    inv[mir] = np.arange(len(pos))
+    out = {"pos": pos, "mir": mir, "inv": inv, "glob": cat(glob), "owner_up": owner_up,
            "flat_up": owner_up * (d * (d + 1) // 2) + cat(glob),       # into a (P, d(d+1)/2) stack
            "off": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
            "owner": np.repeat(np.arange(len(active)), sizes * sizes), "local": local, "sizes": sizes,
@@ -187,6 +191,16 @@ def encode(comp, diff, layout, active, d, rng):
         msg = PackedBlocks(layout.views(diff))
         msg.packed, msg.layout = diff, layout
         return {"blocks": msg, "active": tuple(active)}, diff
+    if isinstance(comp, Natural):
+        draw = rng.random((P, n))         # every entry's uniform, as the dense path draws them
+        U = diff[m["pos"]]
+        mant, ex = np.frexp(np.abs(U))
+        up = draw.reshape(-1)[m["flat_up"]] < (2.0 * mant - 1.0)
+        code_vals = (ex - 1 + up + _EXP_BIAS).astype(np.int16) * np.sign(U).astype(np.int16)
+        code = np.zeros((P, n), dtype=np.int16)   # entries off the block are zero: code 0
+        code.reshape(-1)[m["flat_up"]] = code_vals
+        S = np.take(natural_values(code_vals), m["inv"])   # every block entry from its upper entry: symmetric
+        return {"code": code}, S
     S = np.zeros_like(diff)
     if isinstance(comp, (TopK, TopLEK)):
         k = min(comp.k, n)
@@ -219,16 +233,6 @@ def encode(comp, diff, layout, active, d, rng):
         if isinstance(comp, RandK):
             return {"values": vals, "index": idx.astype(np.int32)}, S
         return {"values": vals, "start": start.astype(np.int32)}, S
-    if isinstance(comp, Natural):
-        draw = rng.random((P, n))         # every entry's uniform, as the dense path draws them
-        U = diff[m["pos"]]
-        mant, ex = np.frexp(np.abs(U))
-        up = draw.reshape(-1)[m["flat_up"]] < (2.0 * mant - 1.0)
-        code_vals = (ex - 1 + up + _EXP_BIAS).astype(np.int16) * np.sign(U).astype(np.int16)
-        code = np.zeros((P, n), dtype=np.int16)   # entries off the block are zero: code 0
-        code.reshape(-1)[m["flat_up"]] = code_vals
-        _put(S, m, slice(None), natural_values(code_vals))
-        return {"code": code}, S
     if isinstance(comp, RankR):
         r = min(comp.r, d)
         vals, vecs = np.zeros((P, r)), np.zeros((P, d, r))

@@ -46,6 +46,35 @@ def test_partial_eigensolver_equals_full_eigh_top_r(rng, n, r):
         np.testing.assert_allclose(got_V.T @ got_V, np.eye(r), atol=1e-10)
 
 
+@pytest.mark.parametrize("r", [1, 2, 3])
+def test_partial_eigensolver_pairs_are_lapack_index_range_pairs_to_the_last_bit(rng, r):
+    """One tridiagonal reduction serves both ends: each pair returned is, bit for bit, what LAPACK's
+    index-range solver dsyevr returns for that end, and the pairs kept are the r of largest |eigenvalue|
+    among both ends (the top end first on equal magnitudes), also when T splits into blocks."""
+    from scipy.linalg.lapack import dsyevr
+
+    n = 40
+    cases = [sym(rng, 1, n)[0] + shift * np.eye(n) for shift in (-6.0, -1.0, 0.0, 1.0, 6.0)]
+    split = np.zeros((n, n))                   # block diagonal: dsytrd's T splits, dstebz orders by block
+    split[:15, :15], split[15:, 15:] = sym(rng, 1, 15)[0] + 4 * np.eye(15), sym(rng, 1, 25)[0] - 4 * np.eye(25)
+    low_rank = rng.normal(size=(n, 2))
+    mixed = np.zeros((n, n))                   # the largest eigenvalues alternate between the two blocks
+    mixed[:15, :15] = np.diag(np.arange(15.0)) * 3.5 + 1e-3 * sym(rng, 1, 15)[0]      # top: 49, then 48 below
+    mixed[15:, 15:] = np.diag(np.arange(25.0)) * 2 + 1e-3 * sym(rng, 1, 25)[0]
+    cases += [split, mixed, low_rank @ np.diag([3.0, -3.0 - 1e-9]) @ low_rank.T, np.zeros((n, n))]
+    for M in cases:
+        ends = {}
+        for top in (True, False):
+            il, iu = (n - r + 1, n) if top else (1, r)
+            w, Z, m = dsyevr(np.asfortranarray(M), compute_v=1, range="I", il=il, iu=iu, lower=1)[:3]
+            ends[top] = (w[:m], Z[:, :m])
+        lam = np.concatenate([ends[True][0], ends[False][0]])
+        V = np.concatenate([ends[True][1], ends[False][1]], axis=1)
+        pick = np.argsort(-np.abs(lam), kind="stable")[:r]
+        got_lam, got_V = top_abs_eigh(M, r)
+        assert np.array_equal(got_lam, lam[pick]) and np.array_equal(got_V, V[:, pick])
+
+
 def test_rank_r_on_a_support_equals_rank_r_on_the_whole_matrix(rng):
     d, r = 30, 2
     M = np.zeros((3, d, d))

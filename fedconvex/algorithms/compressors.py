@@ -233,63 +233,76 @@ class Natural:
         return np.full(len(msg["code"]), 12 * msg["code"].shape[1], dtype=np.int64)
 
 
-def _end_pairs(A, n, r, top):
-    from scipy.linalg.lapack import dsyevr
-
-    il, iu = (n - r + 1, n) if top else (1, r)
-    w, Z, m, _, info = dsyevr(A, compute_v=1, range="I", il=il, iu=iu, lower=1)[:5]
-    return (w[:m], Z[:, :m]) if info == 0 else None
+def _full_top_abs(A, r):
+    lam, V = np.linalg.eigh(A)
+    pick = np.argsort(-np.abs(lam), kind="stable")[:r]
+    return lam[pick], V[:, pick]
 
 
-def _other_end_is_smaller(A, n, lam, top):
-    """True if every eigenvalue outside the r computed at one end has |.| <= min |lam| (so those r are
-    the r of largest magnitude).  Free when the Frobenius norm leaves no room for a larger one
-    (sum lam_i^2 = ||A||_F^2); else one Cholesky of A + t I (top end) or t I - A (bottom end), t = min |lam|,
-    which succeeds only if the far end stays inside (-t, t)."""
-    from scipy.linalg.lapack import dpotrf
-
-    t = float(np.min(np.abs(lam)))
-    if t <= 0 or (np.any(lam < 0) if top else np.any(lam > 0)):
-        return False
-    if float(np.sum(A * A)) - float(np.sum(lam * lam)) <= t * t:
-        return True
-    S = np.array(A if top else -A, order="F")
-    S.flat[::n + 1] += t
-    return dpotrf(S, lower=1, clean=0, overwrite_a=1)[1] == 0
+def _sorted_like_dsyevr(w, Z):
+    """dsyevr's final selection sort of the pairs it found (ascending; equal values keep their places)."""
+    for j in range(len(w) - 1):
+        i, low = -1, w[j]
+        for jj in range(j + 1, len(w)):
+            if w[jj] < low:
+                i, low = jj, w[jj]
+        if i >= 0:
+            w[i], w[j] = w[j], low
+            if Z is not None:
+                Z[:, [i, j]] = Z[:, [j, i]]
+    return w, Z
 
 
 def top_abs_eigh(A, r):
     """The r eigenpairs of the symmetric A with the largest |eigenvalue|, largest first.
 
-    LAPACK's index-range solver (dsyevr, range='I') computes only the r largest or the r smallest
-    eigenpairs; one end holds every wanted pair.  The end a few power steps point to is computed first and the other only when a certificate (``_other_end_is_smaller``) cannot exclude
-    it; the pairs kept are the same either way.  Small matrices use the full solver."""
+    One reduction to tridiagonal form T = Q^T A Q (LAPACK dsytrd, the O(n^3) part), then bisection (dstebz)
+    for the r smallest and the r largest eigenvalues of T (O(n r)): every wanted pair lies at one of the
+    two ends, and the r of largest magnitude are picked among those 2r (equal magnitudes: the top end's
+    first).  Eigenvectors only for the end(s) picked from: inverse iteration on T (dstein), then Q applied
+    (dormqr on dsytrd's reflectors).  This is the sequence LAPACK's index-range solver dsyevr (range='I')
+    runs for one end, with its workspace sizes (hence its blocking), so each end's pairs are dsyevr's to the
+    last bit -- but the reduction is done once for both ends.  Small matrices, matrices dsyevr would rescale
+    (max |a_ij| outside 1e-140 .. 1e140) and LAPACK failures use the full solver."""
+    from scipy.linalg.lapack import dormqr, dstebz, dstein, dsytrd
+
     n = A.shape[0]
     r = min(r, n)
-    if n <= max(8, 3 * r):
-        lam, V = np.linalg.eigh(A)
-        pick = np.argsort(-np.abs(lam), kind="stable")[:r]
-        return lam[pick], V[:, pick]
-    A = np.asfortranarray(A)
-    # which end dominates: the sign of a Rayleigh quotient after a few power steps (a guess only)
-    x = A[:, int(np.argmax(np.abs(np.diagonal(A))))]
-    for _ in range(3):
-        x = A @ x
-        x = x / (np.linalg.norm(x) or 1.0)
-    first_top = bool(x @ (A @ x) >= 0)
-    first = _end_pairs(A, n, r, first_top)
-    if first is not None and _other_end_is_smaller(A, n, first[0], first_top):
-        pick = np.argsort(-np.abs(first[0]), kind="stable")[:r]
-        return first[0][pick], first[1][:, pick]
-    second = _end_pairs(A, n, r, not first_top)
-    if first is None or second is None:  # pragma: no cover - LAPACK failure: the full solver decides
-        lam, V = np.linalg.eigh(A)
-        pick = np.argsort(-np.abs(lam), kind="stable")[:r]
-        return lam[pick], V[:, pick]
-    top, bottom = (first, second) if first_top else (second, first)
-    lam = np.concatenate([top[0], bottom[0]])
-    V = np.concatenate([top[1], bottom[1]], axis=1)
+    amax = float(np.abs(A).max()) if n else 0.0
+    if n <= max(8, 3 * r) or not (amax == 0.0 or 1e-140 < amax < 1e140):
+        return _full_top_abs(A, r)
+    c, dd, e, tau, info = dsytrd(np.asfortranarray(A), lower=1, lwork=21 * n)   # dsyevr: 26 n - 5 n
+    if info:  # pragma: no cover - LAPACK failure
+        return _full_top_abs(A, r)
+    ends = []
+    for top in (True, False):
+        il, iu = (n - r + 1, n) if top else (1, r)
+        m, w, iblock, isplit, info = dstebz(dd, e, 2, 0.0, 0.0, il, iu, 0.0, b"B")   # range 'I', order 'B'
+        if info or m != r:  # pragma: no cover
+            return _full_top_abs(A, r)
+        ends.append((w[:m].copy(), iblock, isplit))
+    # the eigenvalues in dsyevr's output order (ascending); dstein below takes them in dstebz's block order
+    lam = np.concatenate([_sorted_like_dsyevr(w.copy(), None)[0] for w, _, _ in ends])
     pick = np.argsort(-np.abs(lam), kind="stable")[:r]
+    vecs = []
+    for k, (w, iblock, isplit) in enumerate(ends):
+        if not np.any((pick >= k * r) & (pick < (k + 1) * r)):
+            continue
+        z, info = dstein(dd, e, w, iblock, isplit)
+        zq, _, info2 = dormqr(b"L", b"N", c[1:, :n - 1], tau, z[1:, :], lwork=24 * n)   # dormtr('L', 'L', 'N')
+        if info or info2:  # pragma: no cover
+            return _full_top_abs(A, r)
+        z[1:, :] = zq
+        w, z = _sorted_like_dsyevr(w.copy(), z)
+        assert np.array_equal(w, lam[k * r:(k + 1) * r])
+        vecs.append(z)
+    # the pairs in the [top, bottom] order of ``lam``; an end not computed has no pair picked
+    V = np.zeros((n, 2 * r))
+    at = 0
+    for k, (w, iblock, isplit) in enumerate(ends):
+        if np.any((pick >= k * r) & (pick < (k + 1) * r)):
+            V[:, k * r:(k + 1) * r] = vecs[at]
+            at += 1
     return lam[pick], V[:, pick]
 
 

@@ -269,6 +269,23 @@ def test_fedns_gaussian_draws_are_the_per_client_draws(rng):
         np.testing.assert_allclose(up["SAt"][c], Ac.T @ St, rtol=1e-10, atol=1e-13)
 
 
+def test_fedns_gaussian_draws_ahead_in_a_thread_with_the_numbers_and_generator_state_of_one_draw(rng):
+    """The Gaussian sketches are drawn by a helper thread while the client computes: the message is, to the
+    last bit, the one made from ``sketches``' single draw, and the generator ends in the same state."""
+    pb, _ = problem(rng, n=4, d=6, sizes=[30, 3, 25, 40], density=0.6)      # client 1: k >= M, sent exactly
+    theta = rng.normal(size=pb.d)
+    alg = make_algorithm("fedns", sketch_size=5)
+    sel = np.arange(4)
+    a, b = np.random.default_rng(21), np.random.default_rng(21)
+    up, _ = alg.client_update(pb, {"theta": theta}, {}, sel, a)
+    sk, scale = alg.sketches(pb, sel, 5, b)
+    assert sk[1] is None and scale == 1 / np.sqrt(5)
+    ref = pb.sketched_roots(np.tile(theta, (4, 1)), sk, sel, scale=scale)
+    for x, y in zip(up["SAt"], ref):
+        assert np.array_equal(x, y)
+    assert a.random() == b.random()
+
+
 def test_srht_sketch_is_the_subsampled_hadamard_transform_and_its_product_is_exact(rng):
     """The SRHT sketch kept as its random choices is sqrt(P/k) (R H D)^T / sqrt(P) on the first M rows, and
     the product with it (signs and scale folded into the sparse design) equals the product with that dense

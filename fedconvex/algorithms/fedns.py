@@ -20,6 +20,8 @@ active features only (the other columns of A_i are zero) together with their ind
 """
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar
@@ -92,6 +94,37 @@ def _gram(R):
     return R @ R.T
 
 
+class _DrawnAhead:
+    """``rng.standard_normal(shape)`` for each shape in order (None for None), drawn by a helper thread ahead
+    of the loop that iterates over them.  The numbers are those of drawing them in that loop (the same
+    generator, the same order, and nothing else draws from it until ``join`` returns); NumPy releases the GIL
+    while it fills an array, so the drawing overlaps the consumer's work.  ``join`` (always call it) waits
+    until every draw is made, so the generator's state afterwards is the same as without the thread."""
+
+    def __init__(self, rng, shapes):
+        self._shapes = list(shapes)
+        self._q = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._draw, args=(rng,), daemon=True)
+        self._thread.start()
+
+    def _draw(self, rng):
+        try:
+            for shape in self._shapes:
+                self._q.put(None if shape is None else rng.standard_normal(shape))
+        except BaseException as exc:  # pragma: no cover - handed to the consumer
+            self._q.put(exc)
+
+    def __iter__(self):
+        for _ in self._shapes:
+            item = self._q.get()
+            if isinstance(item, BaseException):  # pragma: no cover
+                raise item
+            yield item
+
+    def join(self):
+        self._thread.join()
+
+
 @dataclass(frozen=True)
 class FedNS(Algorithm):
     name: ClassVar[str] = "fedns"
@@ -142,11 +175,22 @@ class FedNS(Algorithm):
 
     def client_update(self, problem, down, cstate, sel, rng):
         thetas = start_stack(problem, down["theta"], len(sel))
-        g = problem.gradients(thetas, sel)
         k = problem.d if self.sketch_size is None else self.sketch_size
-        sketches, scale = self.sketches(problem, sel, k, rng)
-        # (S_i A_i)^T on the client's active features: what the client sends (and its indices)
-        SAt = problem.sketched_roots(thetas, sketches, sel, scale=scale)
+        if self.sketch == "gaussian" and problem.xp is np:
+            # the draws (most of the round) start now, in a helper thread, client by client in the order of
+            # ``sketches``' one draw (the same numbers); the gradients and each client's product overlap them
+            sizes = [int(problem.counts[c]) for c in sel]
+            ahead = _DrawnAhead(rng, [None if k >= m else (m, k) for m in sizes])
+            try:
+                g = problem.gradients(thetas, sel)
+                SAt = problem.sketched_roots(thetas, iter(ahead), sel, scale=1.0 / np.sqrt(k))
+            finally:
+                ahead.join()
+        else:
+            g = problem.gradients(thetas, sel)
+            sketches, scale = self.sketches(problem, sel, k, rng)
+            # (S_i A_i)^T on the client's active features: what the client sends (and its indices)
+            SAt = problem.sketched_roots(thetas, sketches, sel, scale=scale)
         return {"grad": g, "SAt": SAt, "active": tuple(problem.active[c] for c in sel)}, cstate
 
     def server_update(self, problem, state, up, info: RoundInfo) -> State:

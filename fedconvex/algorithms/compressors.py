@@ -257,7 +257,8 @@ def top_abs_eigh(A, r):
     """The r eigenpairs of the symmetric A with the largest |eigenvalue|, largest first.
 
     One reduction to tridiagonal form T = Q^T A Q (LAPACK dsytrd, the O(n^3) part), then bisection (dstebz)
-    for the r smallest and the r largest eigenvalues of T (O(n r)): every wanted pair lies at one of the
+    for the r extreme eigenvalues at one end of T's spectrum and, unless a Sturm count shows that none of
+    the other end's would be picked, at the other end too (O(n r)): every wanted pair lies at one of the
     two ends, and the r of largest magnitude are picked among those 2r (equal magnitudes: the top end's
     first).  Eigenvectors only for the end(s) picked from: inverse iteration on T (dstein), then Q applied
     (dormqr on dsytrd's reflectors).  This is the sequence LAPACK's index-range solver dsyevr (range='I')
@@ -268,41 +269,60 @@ def top_abs_eigh(A, r):
 
     n = A.shape[0]
     r = min(r, n)
-    amax = float(np.abs(A).max()) if n else 0.0
+    amax = max(float(A.max()), -float(A.min())) if n else 0.0
     if n <= max(8, 3 * r) or not (amax == 0.0 or 1e-140 < amax < 1e140):
         return _full_top_abs(A, r)
-    c, dd, e, tau, info = dsytrd(np.asfortranarray(A), lower=1, lwork=21 * n)   # dsyevr: 26 n - 5 n
+    c, dd, e, tau, info = dsytrd(np.array(A, order="F"), lower=1, lwork=21 * n, overwrite_a=1)  # dsyevr: 26n - 5n
     if info:  # pragma: no cover - LAPACK failure
         return _full_top_abs(A, r)
-    ends = []
-    for top in (True, False):
+
+    def end(top):
         il, iu = (n - r + 1, n) if top else (1, r)
         m, w, iblock, isplit, info = dstebz(dd, e, 2, 0.0, 0.0, il, iu, 0.0, b"B")   # range 'I', order 'B'
-        if info or m != r:  # pragma: no cover
+        return None if info or m != r else (w[:m].copy(), iblock, isplit)
+
+    # the end that Gershgorin's discs of T reach further out is computed first; the other end only if a Sturm
+    # count finds an eigenvalue there that the picking rule below would take (|.| above the first end's r-th,
+    # or equal to it on the top end, which comes first on equal magnitudes)
+    off = np.abs(e)
+    reach = np.concatenate([[0.0], off]) + np.concatenate([off, [0.0]])
+    top_first = bool((dd + reach).max() >= -(dd - reach).min())
+    first = end(top_first)
+    if first is None:  # pragma: no cover
+        return _full_top_abs(A, r)
+    ends = {top_first: first}
+    w = first[0]
+    radius = 2.0 * (float(np.abs(dd).max()) + 2.0 * float(off.max(initial=0.0))) + 1.0   # beyond the spectrum
+    if top_first and w.min() > 0:             # bottom end needed iff some eigenvalue < -t
+        t = float(w.min())
+        m, *_, info = dstebz(dd, e, 1, -radius, np.nextafter(-t, -np.inf), 0, 0, 0.0, b"B")   # range 'V': (vl, vu]
+        other = info != 0 or m > 0
+    elif not top_first and w.max() < 0:       # top end needed iff some eigenvalue >= t
+        t = -float(w.max())
+        m, *_, info = dstebz(dd, e, 1, np.nextafter(t, -np.inf), radius, 0, 0, 0.0, b"B")
+        other = info != 0 or m > 0
+    else:
+        other = True
+    if other:
+        ends[not top_first] = end(not top_first)
+        if ends[not top_first] is None:  # pragma: no cover
             return _full_top_abs(A, r)
-        ends.append((w[:m].copy(), iblock, isplit))
+    order = [k for k in (True, False) if k in ends]           # [top, bottom] as far as computed
     # the eigenvalues in dsyevr's output order (ascending); dstein below takes them in dstebz's block order
-    lam = np.concatenate([_sorted_like_dsyevr(w.copy(), None)[0] for w, _, _ in ends])
+    lam = np.concatenate([_sorted_like_dsyevr(ends[k][0].copy(), None)[0] for k in order])
     pick = np.argsort(-np.abs(lam), kind="stable")[:r]
-    vecs = []
-    for k, (w, iblock, isplit) in enumerate(ends):
-        if not np.any((pick >= k * r) & (pick < (k + 1) * r)):
+    V = np.zeros((n, r * len(order)))
+    for at, k in enumerate(order):
+        if not np.any((pick >= at * r) & (pick < (at + 1) * r)):
             continue
+        w, iblock, isplit = ends[k]
         z, info = dstein(dd, e, w, iblock, isplit)
         zq, _, info2 = dormqr(b"L", b"N", c[1:, :n - 1], tau, z[1:, :], lwork=24 * n)   # dormtr('L', 'L', 'N')
         if info or info2:  # pragma: no cover
             return _full_top_abs(A, r)
         z[1:, :] = zq
         w, z = _sorted_like_dsyevr(w.copy(), z)
-        assert np.array_equal(w, lam[k * r:(k + 1) * r])
-        vecs.append(z)
-    # the pairs in the [top, bottom] order of ``lam``; an end not computed has no pair picked
-    V = np.zeros((n, 2 * r))
-    at = 0
-    for k, (w, iblock, isplit) in enumerate(ends):
-        if np.any((pick >= k * r) & (pick < (k + 1) * r)):
-            V[:, k * r:(k + 1) * r] = vecs[at]
-            at += 1
+        V[:, at * r:(at + 1) * r] = z
     return lam[pick], V[:, pick]
 
 

@@ -48,6 +48,19 @@ def _unique_bounded(keys, bound):
     return uniq, rank[keys]
 
 
+def _matvec_into(Q, x):
+    """[Q x, 0]: the sparse product written straight into a buffer one longer (no appended copy).  SciPy's
+    compiled kernel is what ``Q @ x`` runs (it adds into a zeroed output in the same order); where that
+    private entry point is missing, ``Q @ x`` and a copy."""
+    try:
+        from scipy.sparse._sparsetools import csr_matvec
+    except ImportError:  # pragma: no cover - another SciPy layout
+        return np.append(Q @ x, 0.0)
+    out = np.zeros(Q.shape[0] + 1)
+    csr_matvec(Q.shape[0], Q.shape[1], Q.indptr, Q.indices, Q.data, np.ascontiguousarray(x, dtype=np.float64), out)
+    return out
+
+
 class _Rows:
     """The data of a set of clients as a block design matrix.
 
@@ -256,7 +269,7 @@ class FederatedLogReg:
             s_all = np.zeros(self.X.shape[0])
             s_all[np.concatenate([np.arange(self.row_offsets[c], self.row_offsets[c + 1]) for c in sel])] = s
             s = s_all
-        u = np.append(plan["Q"] @ s, 0.0)
+        u = _matvec_into(plan["Q"], s)         # Q s and, last, the 0 the off-block positions read
         packed = u[plan["gather"]]        # the same number on both sides of the diagonal: exactly symmetric
         layout = plan["layout"]
         if not full:

@@ -8,8 +8,9 @@ S_i A_i and grad f_i.  When k >= M_i a sketch cannot compress, so the client sen
 Sketch size k = d in the paper's Test 1 (``sketch_size=None``).
 
 Sketches (``sketch``), as in the FedNS paper's variants:
-  'gaussian'    entries N(0, 1/k) (the paper's Test 1; drawn in one call for all clients, the same
-                numbers as one draw per client; drawing them is most of a round's cost)
+  'gaussian'    entries N(0, 1/k) (the paper's Test 1; one stream for all clients, the same numbers
+                as one draw per client; drawing them is most of a round's cost, so on NumPy a helper
+                thread draws them client by client while the clients' products run)
   'srht'        subsampled randomized Hadamard transform sqrt(P/k) R H D (P = M_i padded to a power
                 of two, D random signs, R k rows sampled without replacement): no normals to draw
   'countsketch' each row of A_i added, with a random sign, into one of k buckets: O(nnz(A_i))

@@ -270,7 +270,7 @@ def top_abs_eigh(A, r):
     n = A.shape[0]
     r = min(r, n)
     amax = max(float(A.max()), -float(A.min())) if n else 0.0
-    if n <= max(8, 3 * r) or not (amax == 0.0 or 1e-140 < amax < 1e140):
+    if n <= max(8, 3 * r) or not (amax == 0.0 or 1e-140 < amax < 1e76):   # dsyevr rescales outside ~1e-146..8e76
         return _full_top_abs(A, r)
     c, dd, e, tau, info = dsytrd(np.array(A, order="F"), lower=1, lwork=21 * n, overwrite_a=1)  # dsyevr: 26n - 5n
     if info:  # pragma: no cover - LAPACK failure
@@ -284,22 +284,23 @@ def top_abs_eigh(A, r):
     # the end that Gershgorin's discs of T reach further out is computed first; the other end only if a Sturm
     # count finds an eigenvalue there that the picking rule below would take (|.| above the first end's r-th,
     # or equal to it on the top end, which comes first on equal magnitudes)
-    off = np.abs(e)
-    reach = np.concatenate([[0.0], off]) + np.concatenate([off, [0.0]])
-    top_first = bool((dd + reach).max() >= -(dd - reach).min())
+    reach = np.abs(e)
+    reach = np.append(reach, 0.0) + np.insert(reach, 0, 0.0)
+    high, low = float((dd + reach).max()), float((dd - reach).min())    # every eigenvalue lies in [low, high]
+    top_first = high >= -low
     first = end(top_first)
     if first is None:  # pragma: no cover
         return _full_top_abs(A, r)
     ends = {top_first: first}
     w = first[0]
-    radius = 2.0 * (float(np.abs(dd).max()) + 2.0 * float(off.max(initial=0.0))) + 1.0   # beyond the spectrum
+    span = high - low + 1.0
     if top_first and w.min() > 0:             # bottom end needed iff some eigenvalue < -t
         t = float(w.min())
-        m, *_, info = dstebz(dd, e, 1, -radius, np.nextafter(-t, -np.inf), 0, 0, 0.0, b"B")   # range 'V': (vl, vu]
+        m, *_, info = dstebz(dd, e, 1, low - span, np.nextafter(-t, -np.inf), 0, 0, 0.0, b"B")   # 'V': (vl, vu]
         other = info != 0 or m > 0
     elif not top_first and w.max() < 0:       # top end needed iff some eigenvalue >= t
         t = -float(w.max())
-        m, *_, info = dstebz(dd, e, 1, np.nextafter(t, -np.inf), radius, 0, 0, 0.0, b"B")
+        m, *_, info = dstebz(dd, e, 1, np.nextafter(t, -np.inf), high + span, 0, 0, 0.0, b"B")
         other = info != 0 or m > 0
     else:
         other = True

@@ -243,9 +243,11 @@ def encode(comp, diff, layout, active, d, rng):
                 continue
             lam, V = top_abs_eigh(B, r)
             vals[c, :len(lam)], vecs[c][a, :len(lam)] = lam, V
-            M = out[c]
-            for j in range(len(lam)):       # sum of exactly symmetric outer products
-                M += lam[j] * (V[:, j, None] * V[None, :, j])
+            M, tmp = out[c], np.empty((len(a), len(a)))
+            for j in range(len(lam)):       # sum of exactly symmetric outer products lam_j (v_j v_j^T)
+                np.multiply(V[:, j, None], V[None, :, j], out=tmp)
+                tmp *= lam[j]
+                M += tmp
         return {"eigvals": vals, "eigvecs": vecs}, S
     raise TypeError(f"no block path for {type(comp).__name__}")
 

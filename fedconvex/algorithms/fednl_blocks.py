@@ -196,7 +196,9 @@ def encode(comp, diff, layout, active, d, rng):
         U = diff[m["pos"]]
         mant, ex = np.frexp(np.abs(U))
         up = draw.reshape(-1)[m["flat_up"]] < (2.0 * mant - 1.0)
-        code_vals = (ex - 1 + up + _EXP_BIAS).astype(np.int16) * np.sign(U).astype(np.int16)
+        code_vals = (ex + (_EXP_BIAS - 1)).astype(np.int16)
+        code_vals += up
+        code_vals *= np.sign(U).astype(np.int16)
         code = np.zeros((P, n), dtype=np.int16)   # entries off the block are zero: code 0
         code.reshape(-1)[m["flat_up"]] = code_vals
         S = np.take(natural_values(code_vals), m["inv"])   # every block entry from its upper entry: symmetric
@@ -269,11 +271,21 @@ def _natural_sum(code, w, d):
     """sum_i w_i C_i for Natural's (P, d(d+1)/2) int16 codes: per upper entry the clients' w_i value_i added
     in client order from 0, as ``_entry_sum`` adds them (code 0 adds w_i 0 = +0, which changes no sum), but
     one table look-up, one scale and one add per client row instead of a scan for the non-zero codes."""
+    from .compressors import _natural_table
+
     n = d * (d + 1) // 2
     acc, buf = np.zeros(n), np.empty(n)
+    bits = np.ascontiguousarray(code, dtype=np.int16).view(np.uint16)
+    scaled = {}                  # few distinct weights (the paper's 1/N: one): w * table, the same products
     for c in range(code.shape[0]):
-        natural_values(code[c], out=buf)
-        buf *= w[c]
+        if len(scaled) < 4 or w[c] in scaled:
+            table = scaled.get(w[c])
+            if table is None:
+                table = scaled[w[c]] = w[c] * _natural_table()
+            np.take(table, bits[c], out=buf)
+        else:
+            natural_values(code[c], out=buf)
+            buf *= w[c]
         acc += buf
     rows, cols = _upper_rc(d)
     out = np.zeros(d * d)

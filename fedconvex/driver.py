@@ -27,7 +27,7 @@ import numpy as np
 
 from .algorithms.base import RoundInfo
 from .backend import namespace, nbytes
-from .messages import client_problem, concat, keep, model_norm, preconditioner_trace
+from .messages import all_usable, client_problem, concat, keep, model_norm, preconditioner_trace
 from .screening import log as server_log
 from .screening import magnitude_rejections
 
@@ -186,7 +186,9 @@ def screen_message(up: dict, info: RoundInfo, d: int | None, round_: int, tamper
     fields = fields or {"theta": "model", "P": "psd"}
     psd_keys = tuple(k for k, role in fields.items() if role == "psd")
     rejected, rows, reasons = [], [], []
-    for k, client in enumerate(info.sel):
+    if all_usable(up, len(info.sel), d, psd_keys):   # every part usable, seen a whole stack at a time
+        rows = list(range(len(info.sel)))
+    for k, client in enumerate(info.sel if not rows else ()):
         problem = client_problem(up, k, d, psd_keys)
         if problem is None:
             rows.append(k)

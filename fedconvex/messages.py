@@ -35,6 +35,33 @@ def _items(up: dict):
             yield key, key, v
 
 
+def all_usable(up: dict, n: int, d: int | None, psd_keys=()) -> bool:
+    """True only if ``client_problem`` is None for every one of the n participants, checked a whole stack at a
+    time (NumPy arrays stacked over the clients, certified ``ActiveBlocks``, decode reports); False whenever
+    that cannot be decided so cheaply -- the caller then looks at each client (the reasons come from there)."""
+    for field, key, v in _items(up):
+        if isinstance(v, DecodeProblems):
+            if any(p is not None for p in v):
+                return False
+        elif isinstance(v, ActiveBlocks):
+            if len(v) != n or v.packed is None or not _certified_psd(v):
+                return False
+            active = [a for a in v.active if isinstance(a, np.ndarray) and a.ndim == 1]
+            if len(active) != n or any(tuple(B.shape) != (a.shape[0], a.shape[0]) for B, a in zip(v.blocks, active)):
+                return False
+            if d is not None:
+                nonempty = [a for a in active if a.shape[0]]
+                if nonempty:
+                    cat = np.concatenate(nonempty)
+                    if int(cat.min()) < 0 or int(cat.max()) >= d:
+                        return False
+        elif field in psd_keys or not isinstance(v, np.ndarray) or v.ndim < 1 or v.shape[0] != n:
+            return False
+        elif not bool(np.isfinite(v).all()):
+            return False
+    return True
+
+
 def client_problem(up: dict, k: int, d: int | None, psd_keys=()) -> str | None:
     """None if participant k's part of ``up`` is usable, else the reason.  Fields named in ``psd_keys``
     hold stacks of matrices that must be symmetric PSD (an ``ActiveBlocks`` stack always must)."""

@@ -48,6 +48,19 @@ def _unique_bounded(keys, bound):
     return uniq, rank[keys]
 
 
+def _matvec_into(Q, x):
+    """[Q x, 0]: the sparse product written straight into a buffer one longer (no appended copy).  SciPy's
+    compiled kernel is what ``Q @ x`` runs (it adds into a zeroed output in the same order); where that
+    private entry point is missing, ``Q @ x`` and a copy."""
+    try:
+        from scipy.sparse._sparsetools import csr_matvec
+    except ImportError:  # pragma: no cover - another SciPy layout
+        return np.append(Q @ x, 0.0)
+    out = np.zeros(Q.shape[0] + 1)
+    csr_matvec(Q.shape[0], Q.shape[1], Q.indptr, Q.indices, Q.data, np.ascontiguousarray(x, dtype=np.float64), out)
+    return out
+
+
 class _Rows:
     """The data of a set of clients as a block design matrix.
 
@@ -256,7 +269,7 @@ class FederatedLogReg:
             s_all = np.zeros(self.X.shape[0])
             s_all[np.concatenate([np.arange(self.row_offsets[c], self.row_offsets[c + 1]) for c in sel])] = s
             s = s_all
-        u = np.append(plan["Q"] @ s, 0.0)
+        u = _matvec_into(plan["Q"], s)         # Q s and, last, the 0 the off-block positions read
         packed = u[plan["gather"]]        # the same number on both sides of the diagonal: exactly symmetric
         layout = plan["layout"]
         if not full:
@@ -287,8 +300,8 @@ class FederatedLogReg:
         return ActiveBlocks(layout.views(packed), active, self.d, self.lam, flat, packed, layout)
 
     def sketched_roots(self, thetas, sketches, sel=None, scale: float = 1.0):
-        """Per client (S_c A_c)^T = A_c^T S_c^T (a_c x k), given S_c^T (M_c x k) (dense, or SciPy sparse
-        for CountSketch); ``None`` means S_c = I.  ``scale`` multiplies every sketch (e.g. 1/sqrt(k)).
+        """Per client (S_c A_c)^T = A_c^T S_c^T (a_c x k), given S_c^T (M_c x k) (dense, SciPy sparse
+        for CountSketch, or an SRHT sketch given by its random choices); ``None`` means S_c = I.  ``scale`` multiplies every sketch (e.g. 1/sqrt(k)).
 
         On NumPy the product goes through the sparse client design with the row weights and the scale
         folded into its non-zeros (nnz x k flops, no scaled copy of the M_c x k sketch)."""
@@ -304,7 +317,13 @@ class FederatedLogReg:
             elif self.xp is np:
                 RT = self.reduced_T_csr[c]
                 w = r[:, 0] * scale if scale != 1.0 else r[:, 0]
-                scaled = sp.csr_matrix((RT.data * w[RT.indices], RT.indices, RT.indptr), shape=RT.shape)
+                data = RT.data * w[RT.indices]
+                if hasattr(St, "columns"):
+                    # SRHT (fedns.SRHTSketch): S^T = s D H[:, pick]; sign (exact) and scale folded into the
+                    # non-zeros, then the +-1 Hadamard columns: the same products, rounded alike, as with S^T
+                    data = (data * St.signs[RT.indices]) * St.scale
+                    St = St.columns()
+                scaled = sp.csr_matrix((data, RT.indices, RT.indptr), shape=RT.shape)
                 prod = scaled @ St
                 out.append(prod.toarray() if sp.issparse(prod) else prod)
             elif scale != 1.0:

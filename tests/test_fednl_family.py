@@ -46,6 +46,35 @@ def test_partial_eigensolver_equals_full_eigh_top_r(rng, n, r):
         np.testing.assert_allclose(got_V.T @ got_V, np.eye(r), atol=1e-10)
 
 
+@pytest.mark.parametrize("r", [1, 2, 3])
+def test_partial_eigensolver_pairs_are_lapack_index_range_pairs_to_the_last_bit(rng, r):
+    """One tridiagonal reduction serves both ends: each pair returned is, bit for bit, what LAPACK's
+    index-range solver dsyevr returns for that end, and the pairs kept are the r of largest |eigenvalue|
+    among both ends (the top end first on equal magnitudes), also when T splits into blocks."""
+    from scipy.linalg.lapack import dsyevr
+
+    n = 40
+    cases = [sym(rng, 1, n)[0] + shift * np.eye(n) for shift in (-6.0, -1.0, 0.0, 1.0, 6.0)]
+    split = np.zeros((n, n))                   # block diagonal: dsytrd's T splits, dstebz orders by block
+    split[:15, :15], split[15:, 15:] = sym(rng, 1, 15)[0] + 4 * np.eye(15), sym(rng, 1, 25)[0] - 4 * np.eye(25)
+    low_rank = rng.normal(size=(n, 2))
+    mixed = np.zeros((n, n))                   # the largest eigenvalues alternate between the two blocks
+    mixed[:15, :15] = np.diag(np.arange(15.0)) * 3.5 + 1e-3 * sym(rng, 1, 15)[0]      # top: 49, then 48 below
+    mixed[15:, 15:] = np.diag(np.arange(25.0)) * 2 + 1e-3 * sym(rng, 1, 25)[0]
+    cases += [split, mixed, low_rank @ np.diag([3.0, -3.0 - 1e-9]) @ low_rank.T, np.zeros((n, n))]
+    for M in cases:
+        ends = {}
+        for top in (True, False):
+            il, iu = (n - r + 1, n) if top else (1, r)
+            w, Z, m = dsyevr(np.asfortranarray(M), compute_v=1, range="I", il=il, iu=iu, lower=1)[:3]
+            ends[top] = (w[:m], Z[:, :m])
+        lam = np.concatenate([ends[True][0], ends[False][0]])
+        V = np.concatenate([ends[True][1], ends[False][1]], axis=1)
+        pick = np.argsort(-np.abs(lam), kind="stable")[:r]
+        got_lam, got_V = top_abs_eigh(M, r)
+        assert np.array_equal(got_lam, lam[pick]) and np.array_equal(got_V, V[:, pick])
+
+
 def test_rank_r_on_a_support_equals_rank_r_on_the_whole_matrix(rng):
     d, r = 30, 2
     M = np.zeros((3, d, d))
@@ -131,6 +160,40 @@ def test_randk_and_natural_are_unbiased_and_natural_has_omega_one_eighth(rng):
     assert msg["code"].dtype == np.int16
 
 
+def test_natural_decoding_table_is_the_definition_and_its_server_sum_is_the_entry_sum(rng):
+    """Natural's codes decode by table look-up to sign(c) 2^(|c| - 1075) for every int16 code (the
+    definition, in Python's own float arithmetic), and the server's sum of Natural messages equals, to the
+    last bit, the sum that adds each client's non-zero entries w_i value_i in client order (bincount)."""
+    import math
+
+    from fedconvex.algorithms import fednl_blocks
+    from fedconvex.algorithms.compressors import natural_values
+
+    codes = np.arange(-32768, 32768, dtype=np.int64)
+    got = natural_values(codes.astype(np.int16))
+
+    def value(c):       # |c| - 1075 > 1023 overflows to inf; -32768 is its own absolute value in int16
+        e = (c if c == -32768 else abs(c)) - 1075
+        return math.copysign(math.inf if e > 1023 else math.ldexp(1.0, e), c) if c else 0.0
+
+    want = np.array([value(int(c)) for c in codes])
+    assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want))
+    d = 9
+    n = d * (d + 1) // 2
+    nat = make_compressor("natural")
+    code = nat.encode(np, sym(rng, 6, d) * np.exp(rng.normal(size=(6, 1, 1)) * 3), rng)["code"]
+    code[rng.random(code.shape) < 0.3] = 0                         # entries off a client's block
+    assert nat.bits({"code": code}, d).tolist() == [12 * n] * 6
+    w = rng.random(6)
+    at = np.flatnonzero(code)
+    c, u = np.divmod(at, n)
+    rows, cols = np.triu_indices(d)
+    ref = np.zeros((d, d))
+    np.add.at(ref, (rows[u], cols[u]), w[c] * natural_values(code.reshape(-1)[at]))   # client order, from 0
+    ref = np.triu(ref) + np.triu(ref, 1).T
+    assert np.array_equal(fednl_blocks.server_sum(nat, {"code": code}, w, d), ref)
+
+
 def test_bits_formulas(rng):
     d = 7
     M = sym(rng, 2, d)
@@ -204,6 +267,54 @@ def test_fedns_gaussian_draws_are_the_per_client_draws(rng):
         s = 1 / (1 + np.exp(-m)) * (1 - 1 / (1 + np.exp(-m))) / len(rows)
         Ac = pb.X[rows][:, pb.active_host[c]].toarray() * np.sqrt(s)[:, None]
         np.testing.assert_allclose(up["SAt"][c], Ac.T @ St, rtol=1e-10, atol=1e-13)
+
+
+def test_fedns_gaussian_draws_ahead_in_a_thread_with_the_numbers_and_generator_state_of_one_draw(rng):
+    """The Gaussian sketches are drawn by a helper thread while the client computes: the message is, to the
+    last bit, the one made from ``sketches``' single draw, and the generator ends in the same state."""
+    pb, _ = problem(rng, n=4, d=6, sizes=[30, 3, 25, 40], density=0.6)      # client 1: k >= M, sent exactly
+    theta = rng.normal(size=pb.d)
+    alg = make_algorithm("fedns", sketch_size=5)
+    sel = np.arange(4)
+    a, b = np.random.default_rng(21), np.random.default_rng(21)
+    up, _ = alg.client_update(pb, {"theta": theta}, {}, sel, a)
+    sk, scale = alg.sketches(pb, sel, 5, b)
+    assert sk[1] is None and scale == 1 / np.sqrt(5)
+    ref = pb.sketched_roots(np.tile(theta, (4, 1)), sk, sel, scale=scale)
+    for x, y in zip(up["SAt"], ref):
+        assert np.array_equal(x, y)
+    assert a.random() == b.random()
+
+
+def test_srht_sketch_is_the_subsampled_hadamard_transform_and_its_product_is_exact(rng):
+    """The SRHT sketch kept as its random choices is sqrt(P/k) (R H D)^T / sqrt(P) on the first M rows, and
+    the product with it (signs and scale folded into the sparse design) equals the product with that dense
+    S^T to the last bit, with the random choices drawn as one pick of k of P rows, then M signs."""
+    from fedconvex.algorithms.fedns import SRHTSketch
+
+    pb, _ = problem(rng, n=3, d=7, sizes=[30, 45, 12], density=0.5)
+    theta = rng.normal(size=pb.d)
+    alg = make_algorithm("fedns", sketch_size=5, sketch="srht")
+    sk, scale = alg.sketches(pb, np.arange(3), 5, np.random.default_rng(11))
+    draw = np.random.default_rng(11)
+    dense_sk = []
+    for c, St in enumerate(sk):
+        m = int(pb.counts[c])
+        if m <= 5:
+            assert St is None
+            dense_sk.append(None)
+            continue
+        P = 1 << (m - 1).bit_length()
+        pick, D = draw.choice(P, 5, replace=False), draw.choice((-1.0, 1.0), m)
+        H = np.array([[(-1.0) ** bin(i & j).count("1") for j in range(P)] for i in range(P)])  # Sylvester order
+        ref = (np.sqrt(P / 5) * (H[pick][:, :m] * D[None, :]) / np.sqrt(P)).T   # first M columns of R H, times D
+        assert isinstance(St, SRHTSketch) and St.shape == (m, 5)
+        np.testing.assert_allclose(St.dense(), ref, rtol=1e-15)
+        dense_sk.append(St.dense())
+    fast = pb.sketched_roots(np.tile(theta, (3, 1)), sk, np.arange(3), scale=scale)
+    slow = pb.sketched_roots(np.tile(theta, (3, 1)), dense_sk, np.arange(3), scale=scale)
+    for a, b in zip(fast, slow):
+        assert np.array_equal(a, b)
 
 
 @pytest.mark.parametrize("sketch", ["srht", "countsketch"])

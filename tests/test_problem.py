@@ -97,3 +97,19 @@ def test_empty_client_and_bad_arguments(rng):
         FederatedLogReg(X, y, parts, lam=-1)
     with pytest.raises(ValueError, match="weighting"):
         FederatedLogReg(X, y, parts, weighting="size")
+
+
+def test_hessian_plan_product_written_into_its_buffer_is_the_sparse_product():
+    """``_matvec_into`` (the one-product Hessians' Q s, written into a buffer one longer) gives SciPy's
+    ``Q @ s`` to the last bit, then the 0 entry, for 32- and 64-bit index arrays."""
+    import scipy.sparse as sp
+
+    from fedconvex.problem import _matvec_into
+
+    r = np.random.default_rng(5)
+    Q = sp.random(300, 80, density=0.1, random_state=r, format="csr") * 1e3
+    x = r.normal(size=80) * np.exp(r.normal(size=80) * 4)
+    for idx in (np.int32, np.int64):
+        Qi = sp.csr_matrix((Q.data, Q.indices.astype(idx), Q.indptr.astype(idx)), shape=Q.shape)
+        got = _matvec_into(Qi, x)
+        assert got.shape == (301,) and got[-1] == 0.0 and np.array_equal(got[:-1], Qi @ x)

@@ -135,3 +135,33 @@ def test_the_convex_loop_magnitude_guard_rejects_an_enormous_valid_preconditione
     # unguarded, client 0 dictates the model; guarded, the other four mix as without it
     assert np.linalg.norm(captured.theta - honest.theta) > 10
     assert np.linalg.norm(guarded.theta - honest.theta) < np.linalg.norm(captured.theta - honest.theta) / 10
+
+
+def test_whole_stack_check_accepts_exactly_what_every_per_client_check_accepts(rng):
+    """``all_usable`` (the screening's fast path) says True for a clean certified FedPM message, and False as
+    soon as any one client's part would be rejected by ``client_problem`` (then screening looks per client)."""
+    from dataclasses import replace
+
+    from fedconvex.messages import all_usable, client_problem
+
+    X, y, parts = random_data(rng, 4, 6)
+    pb = FederatedLogReg(X, y, parts, lam=1e-2)
+    alg = make_algorithm("fedpm")
+    up, _ = alg.client_update(pb, {"theta": rng.normal(size=6)}, {}, np.arange(4), rng)
+    psd = ("P",)
+
+    def per_client(msg):
+        return all(client_problem(msg, k, 6, psd) is None for k in range(4))
+
+    assert all_usable(up, 4, 6, psd) and per_client(up)
+    bad_theta = dict(up, theta=up["theta"].copy())
+    bad_theta["theta"][2, 1] = np.nan
+    P = up["P"]
+    bad_index = dict(up, P=replace(P, active=P.active[:3] + (P.active[3] + 6,)))
+    flipped = P.packed.copy()
+    flipped[:] *= -1                                    # negative definite, uncertified: factorised per client
+    uncertified = dict(up, P=ActiveBlocks(P.layout.views(flipped), P.active, P.d, P.shift, P.flat, flipped, P.layout))
+    for msg in (bad_theta, bad_index, uncertified):
+        assert not per_client(msg) and not all_usable(msg, 4, 6, psd)
+    honest = dict(up, P=ActiveBlocks(P.blocks, P.active, P.d, P.shift, P.flat, P.packed, P.layout))   # no certificate
+    assert per_client(honest) and not all_usable(honest, 4, 6, psd)   # undecided cheaply: the per-client path decides

@@ -22,6 +22,7 @@ non-zero, e.g. a client's active features) lets Rank-R solve on that sub-block; 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -187,6 +188,28 @@ class RandSeqK:
 _EXP_BIAS = 1075  # float64 exponents -1074..1023 (+1 after rounding up) -> 1..2099: an int16 code
 
 
+def natural_formula(code):
+    """The value of Natural's int16 codes by definition: sign(code) 2^(|code| - bias) (code 0 -> 0)."""
+    code = np.asarray(code, dtype=np.int16)
+    mag = np.ldexp(1.0, np.abs(code).astype(np.int32) - _EXP_BIAS)   # code 0 -> 2^-1075 = 0.0
+    return np.copysign(mag, code)
+
+
+@lru_cache(maxsize=1)
+def _natural_table():
+    """``natural_formula`` of every int16 code, indexed by the code's 16-bit pattern (512 KiB)."""
+    with np.errstate(over="ignore"):    # codes beyond any float64's (no encoder makes them) decode to +-inf
+        table = natural_formula(np.arange(1 << 16, dtype=np.uint16).view(np.int16))
+    table.flags.writeable = False
+    return table
+
+
+def natural_values(code, out=None):
+    """Values of Natural's int16 codes: one table look-up each, the same numbers as ``natural_formula``."""
+    bits = np.ascontiguousarray(code, dtype=np.int16).view(np.uint16)
+    return np.take(_natural_table(), bits, out=out)
+
+
 @dataclass(frozen=True)
 class Natural:
     """Natural compression (Horvath et al. 2019) of every upper-triangular entry: t in [2^a, 2^(a+1))
@@ -204,8 +227,7 @@ class Natural:
 
     def decode(self, xp, msg, d):
         code = to_numpy(msg["code"])
-        mag = np.ldexp(1.0, np.abs(code).astype(np.int32) - _EXP_BIAS)   # code 0 -> 2^-1075 = 0.0
-        vals = np.copysign(mag, code)
+        vals = natural_values(code)
         idx = np.broadcast_to(np.arange(code.shape[1]), code.shape)
         return xp.asarray(_scatter_upper(np, vals, idx, d))
 
@@ -213,63 +235,97 @@ class Natural:
         return np.full(len(msg["code"]), 12 * msg["code"].shape[1], dtype=np.int64)
 
 
-def _end_pairs(A, n, r, top):
-    from scipy.linalg.lapack import dsyevr
-
-    il, iu = (n - r + 1, n) if top else (1, r)
-    w, Z, m, _, info = dsyevr(A, compute_v=1, range="I", il=il, iu=iu, lower=1)[:5]
-    return (w[:m], Z[:, :m]) if info == 0 else None
+def _full_top_abs(A, r):
+    lam, V = np.linalg.eigh(A)
+    pick = np.argsort(-np.abs(lam), kind="stable")[:r]
+    return lam[pick], V[:, pick]
 
 
-def _other_end_is_smaller(A, n, lam, top):
-    """True if every eigenvalue outside the r computed at one end has |.| <= min |lam| (so those r are
-    the r of largest magnitude).  Free when the Frobenius norm leaves no room for a larger one
-    (sum lam_i^2 = ||A||_F^2); else one Cholesky of A + t I (top end) or t I - A (bottom end), t = min |lam|,
-    which succeeds only if the far end stays inside (-t, t)."""
-    from scipy.linalg.lapack import dpotrf
-
-    t = float(np.min(np.abs(lam)))
-    if t <= 0 or (np.any(lam < 0) if top else np.any(lam > 0)):
-        return False
-    if float(np.sum(A * A)) - float(np.sum(lam * lam)) <= t * t:
-        return True
-    S = np.array(A if top else -A, order="F")
-    S.flat[::n + 1] += t
-    return dpotrf(S, lower=1, clean=0, overwrite_a=1)[1] == 0
+def _sorted_like_dsyevr(w, Z):
+    """dsyevr's final selection sort of the pairs it found (ascending; equal values keep their places)."""
+    for j in range(len(w) - 1):
+        i, low = -1, w[j]
+        for jj in range(j + 1, len(w)):
+            if w[jj] < low:
+                i, low = jj, w[jj]
+        if i >= 0:
+            w[i], w[j] = w[j], low
+            if Z is not None:
+                Z[:, [i, j]] = Z[:, [j, i]]
+    return w, Z
 
 
 def top_abs_eigh(A, r):
     """The r eigenpairs of the symmetric A with the largest |eigenvalue|, largest first.
 
-    LAPACK's index-range solver (dsyevr, range='I') computes only the r largest or the r smallest
-    eigenpairs; one end holds every wanted pair.  The end a few power steps point to is computed first and the other only when a certificate (``_other_end_is_smaller``) cannot exclude
-    it; the pairs kept are the same either way.  Small matrices use the full solver."""
+    One reduction to tridiagonal form T = Q^T A Q (LAPACK dsytrd, the O(n^3) part), then bisection (dstebz)
+    for the r extreme eigenvalues at one end of T's spectrum and, unless a Sturm count shows that none of
+    the other end's would be picked, at the other end too (O(n r)): every wanted pair lies at one of the
+    two ends, and the r of largest magnitude are picked among those 2r (equal magnitudes: the top end's
+    first).  Eigenvectors only for the end(s) picked from: inverse iteration on T (dstein), then Q applied
+    (dormqr on dsytrd's reflectors).  This is the sequence LAPACK's index-range solver dsyevr (range='I')
+    runs for one end, with its workspace sizes (hence its blocking), so each end's pairs are dsyevr's to the
+    last bit -- but the reduction is done once for both ends.  Small matrices, matrices dsyevr would rescale
+    (max |a_ij| outside 1e-140 .. 1e140) and LAPACK failures use the full solver."""
+    from scipy.linalg.lapack import dormqr, dstebz, dstein, dsytrd
+
     n = A.shape[0]
     r = min(r, n)
-    if n <= max(8, 3 * r):
-        lam, V = np.linalg.eigh(A)
-        pick = np.argsort(-np.abs(lam), kind="stable")[:r]
-        return lam[pick], V[:, pick]
-    A = np.asfortranarray(A)
-    # which end dominates: the sign of a Rayleigh quotient after a few power steps (a guess only)
-    x = A[:, int(np.argmax(np.abs(np.diagonal(A))))]
-    for _ in range(3):
-        x = A @ x
-        x = x / (np.linalg.norm(x) or 1.0)
-    first_top = bool(x @ (A @ x) >= 0)
-    first = _end_pairs(A, n, r, first_top)
-    if first is not None and _other_end_is_smaller(A, n, first[0], first_top):
-        pick = np.argsort(-np.abs(first[0]), kind="stable")[:r]
-        return first[0][pick], first[1][:, pick]
-    second = _end_pairs(A, n, r, not first_top)
-    if first is None or second is None:  # pragma: no cover - LAPACK failure: the full solver decides
-        lam, V = np.linalg.eigh(A)
-        pick = np.argsort(-np.abs(lam), kind="stable")[:r]
-        return lam[pick], V[:, pick]
-    top, bottom = (first, second) if first_top else (second, first)
-    lam = np.concatenate([top[0], bottom[0]])
-    V = np.concatenate([top[1], bottom[1]], axis=1)
+    amax = max(float(A.max()), -float(A.min())) if n else 0.0
+    if n <= max(8, 3 * r) or not (amax == 0.0 or 1e-140 < amax < 1e76):   # dsyevr rescales outside ~1e-146..8e76
+        return _full_top_abs(A, r)
+    c, dd, e, tau, info = dsytrd(np.array(A, order="F"), lower=1, lwork=21 * n, overwrite_a=1)  # dsyevr: 26n - 5n
+    if info:  # pragma: no cover - LAPACK failure
+        return _full_top_abs(A, r)
+
+    def end(top):
+        il, iu = (n - r + 1, n) if top else (1, r)
+        m, w, iblock, isplit, info = dstebz(dd, e, 2, 0.0, 0.0, il, iu, 0.0, b"B")   # range 'I', order 'B'
+        return None if info or m != r else (w[:m].copy(), iblock, isplit)
+
+    # the end that Gershgorin's discs of T reach further out is computed first; the other end only if a Sturm
+    # count finds an eigenvalue there that the picking rule below would take (|.| above the first end's r-th,
+    # or equal to it on the top end, which comes first on equal magnitudes)
+    reach = np.abs(e)
+    reach = np.append(reach, 0.0) + np.insert(reach, 0, 0.0)
+    high, low = float((dd + reach).max()), float((dd - reach).min())    # every eigenvalue lies in [low, high]
+    top_first = high >= -low
+    first = end(top_first)
+    if first is None:  # pragma: no cover
+        return _full_top_abs(A, r)
+    ends = {top_first: first}
+    w = first[0]
+    span = high - low + 1.0
+    if top_first and w.min() > 0:             # bottom end needed iff some eigenvalue < -t
+        t = float(w.min())
+        m, *_, info = dstebz(dd, e, 1, low - span, np.nextafter(-t, -np.inf), 0, 0, 0.0, b"B")   # 'V': (vl, vu]
+        other = info != 0 or m > 0
+    elif not top_first and w.max() < 0:       # top end needed iff some eigenvalue >= t
+        t = -float(w.max())
+        m, *_, info = dstebz(dd, e, 1, np.nextafter(t, -np.inf), high + span, 0, 0, 0.0, b"B")
+        other = info != 0 or m > 0
+    else:
+        other = True
+    if other:
+        ends[not top_first] = end(not top_first)
+        if ends[not top_first] is None:  # pragma: no cover
+            return _full_top_abs(A, r)
+    order = [k for k in (True, False) if k in ends]           # [top, bottom] as far as computed
+    # the eigenvalues in dsyevr's output order (ascending); dstein below takes them in dstebz's block order
+    lam = np.concatenate([_sorted_like_dsyevr(ends[k][0].copy(), None)[0] for k in order])
     pick = np.argsort(-np.abs(lam), kind="stable")[:r]
+    V = np.zeros((n, r * len(order)))
+    for at, k in enumerate(order):
+        if not np.any((pick >= at * r) & (pick < (at + 1) * r)):
+            continue
+        w, iblock, isplit = ends[k]
+        z, info = dstein(dd, e, w, iblock, isplit)
+        zq, _, info2 = dormqr(b"L", b"N", c[1:, :n - 1], tau, z[1:, :], lwork=24 * n)   # dormtr('L', 'L', 'N')
+        if info or info2:  # pragma: no cover
+            return _full_top_abs(A, r)
+        z[1:, :] = zq
+        w, z = _sorted_like_dsyevr(w.copy(), z)
+        V[:, at * r:(at + 1) * r] = z
     return lam[pick], V[:, pick]
 
 

@@ -20,7 +20,8 @@ from functools import lru_cache
 import numpy as np
 
 from ..blocks import ActiveBlocks, Layout
-from .compressors import _EXP_BIAS, Identity, Natural, RandK, RandSeqK, RankR, TopK, TopLEK, top_abs_eigh
+from .compressors import (_EXP_BIAS, Identity, Natural, RandK, RandSeqK, RankR, TopK, TopLEK, natural_values,
+                          top_abs_eigh)
 
 
 class PackedBlocks(tuple):
@@ -109,7 +110,11 @@ def _upper_map(layout: Layout, active):
         local[c, a] = np.arange(len(a))
     cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
     owner_up = np.repeat(np.arange(len(active)), counts)
-    out = {"pos": cat(pos), "mir": cat(mir), "glob": cat(glob), "owner_up": owner_up,
+    pos, mir = cat(pos), cat(mir)
+    inv = np.empty(layout.total, dtype=np.intp)       # packed position -> its upper entry (both sides)
+    inv[pos] = np.arange(len(pos))
+    inv[mir] = np.arange(len(pos))
+    out = {"pos": pos, "mir": mir, "inv": inv, "glob": cat(glob), "owner_up": owner_up,
            "flat_up": owner_up * (d * (d + 1) // 2) + cat(glob),       # into a (P, d(d+1)/2) stack
            "off": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
            "owner": np.repeat(np.arange(len(active)), sizes * sizes), "local": local, "sizes": sizes,
@@ -186,6 +191,18 @@ def encode(comp, diff, layout, active, d, rng):
         msg = PackedBlocks(layout.views(diff))
         msg.packed, msg.layout = diff, layout
         return {"blocks": msg, "active": tuple(active)}, diff
+    if isinstance(comp, Natural):
+        draw = rng.random((P, n))         # every entry's uniform, as the dense path draws them
+        U = diff[m["pos"]]
+        mant, ex = np.frexp(np.abs(U))
+        up = draw.reshape(-1)[m["flat_up"]] < (2.0 * mant - 1.0)
+        code_vals = (ex + (_EXP_BIAS - 1)).astype(np.int16)
+        code_vals += up
+        code_vals *= np.sign(U).astype(np.int16)
+        code = np.zeros((P, n), dtype=np.int16)   # entries off the block are zero: code 0
+        code.reshape(-1)[m["flat_up"]] = code_vals
+        S = np.take(natural_values(code_vals), m["inv"])   # every block entry from its upper entry: symmetric
+        return {"code": code}, S
     S = np.zeros_like(diff)
     if isinstance(comp, (TopK, TopLEK)):
         k = min(comp.k, n)
@@ -218,16 +235,6 @@ def encode(comp, diff, layout, active, d, rng):
         if isinstance(comp, RandK):
             return {"values": vals, "index": idx.astype(np.int32)}, S
         return {"values": vals, "start": start.astype(np.int32)}, S
-    if isinstance(comp, Natural):
-        draw = rng.random((P, n))         # every entry's uniform, as the dense path draws them
-        U = diff[m["pos"]]
-        mant, ex = np.frexp(np.abs(U))
-        up = draw.reshape(-1)[m["flat_up"]] < (2.0 * mant - 1.0)
-        code_vals = (ex - 1 + up + _EXP_BIAS).astype(np.int16) * np.sign(U).astype(np.int16)
-        code = np.zeros((P, n), dtype=np.int16)   # entries off the block are zero: code 0
-        code.reshape(-1)[m["flat_up"]] = code_vals
-        _put(S, m, slice(None), _natural_values(code_vals))
-        return {"code": code}, S
     if isinstance(comp, RankR):
         r = min(comp.r, d)
         vals, vecs = np.zeros((P, r)), np.zeros((P, d, r))
@@ -238,16 +245,13 @@ def encode(comp, diff, layout, active, d, rng):
                 continue
             lam, V = top_abs_eigh(B, r)
             vals[c, :len(lam)], vecs[c][a, :len(lam)] = lam, V
-            M = out[c]
-            for j in range(len(lam)):       # sum of exactly symmetric outer products
-                M += lam[j] * (V[:, j, None] * V[None, :, j])
+            M, tmp = out[c], np.empty((len(a), len(a)))
+            for j in range(len(lam)):       # sum of exactly symmetric outer products lam_j (v_j v_j^T)
+                np.multiply(V[:, j, None], V[None, :, j], out=tmp)
+                tmp *= lam[j]
+                M += tmp
         return {"eigvals": vals, "eigvecs": vecs}, S
     raise TypeError(f"no block path for {type(comp).__name__}")
-
-
-def _natural_values(code):
-    mag = np.ldexp(1.0, np.abs(code).astype(np.int32) - _EXP_BIAS)
-    return np.copysign(mag, code)
 
 
 # ---------------------------------------------------------------------------- server sum
@@ -261,6 +265,33 @@ def _entry_sum(values, index, w, d):
     flat = np.bincount(r * d + c, weights=v, minlength=d * d)
     flat += np.bincount(c[off] * d + r[off], weights=v[off], minlength=d * d)
     return flat.reshape(d, d)
+
+
+def _natural_sum(code, w, d):
+    """sum_i w_i C_i for Natural's (P, d(d+1)/2) int16 codes: per upper entry the clients' w_i value_i added
+    in client order from 0, as ``_entry_sum`` adds them (code 0 adds w_i 0 = +0, which changes no sum), but
+    one table look-up, one scale and one add per client row instead of a scan for the non-zero codes."""
+    from .compressors import _natural_table
+
+    n = d * (d + 1) // 2
+    acc, buf = np.zeros(n), np.empty(n)
+    bits = np.ascontiguousarray(code, dtype=np.int16).view(np.uint16)
+    scaled = {}                  # few distinct weights (the paper's 1/N: one): w * table, the same products
+    for c in range(code.shape[0]):
+        if len(scaled) < 4 or w[c] in scaled:
+            table = scaled.get(w[c])
+            if table is None:
+                table = scaled[w[c]] = w[c] * _natural_table()
+            np.take(table, bits[c], out=buf)
+        else:
+            natural_values(code[c], out=buf)
+            buf *= w[c]
+        acc += buf
+    rows, cols = _upper_rc(d)
+    out = np.zeros(d * d)
+    out[rows * d + cols] = acc
+    out[cols * d + rows] = acc          # the same number on both sides: exactly symmetric
+    return out.reshape(d, d)
 
 
 def server_sum(comp, msg, w, d):
@@ -284,11 +315,7 @@ def server_sum(comp, msg, w, d):
     if isinstance(comp, (TopK, TopLEK, RandK)):
         return _entry_sum(msg["values"], msg["index"], w, d)
     if isinstance(comp, Natural):
-        code = np.asarray(msg["code"])
-        at = np.flatnonzero(code)
-        c, u = np.divmod(at, n)
-        code = code.reshape(-1)[at]
-        return _entry_sum([w[c] * _natural_values(code)], [u], np.ones(1), d)
+        return _natural_sum(np.asarray(msg["code"]), w, d)
     if isinstance(comp, RankR):
         V = np.asarray(msg["eigvecs"])                        # (P, d, r)
         coef = (w[:, None] * np.asarray(msg["eigvals"])).reshape(-1)

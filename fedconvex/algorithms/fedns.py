@@ -8,8 +8,9 @@ S_i A_i and grad f_i.  When k >= M_i a sketch cannot compress, so the client sen
 Sketch size k = d in the paper's Test 1 (``sketch_size=None``).
 
 Sketches (``sketch``), as in the FedNS paper's variants:
-  'gaussian'    entries N(0, 1/k) (the paper's Test 1; drawn in one call for all clients, the same
-                numbers as one draw per client; drawing them is most of a round's cost)
+  'gaussian'    entries N(0, 1/k) (the paper's Test 1; one stream for all clients, the same numbers
+                as one draw per client; drawing them is most of a round's cost, so on NumPy a helper
+                thread draws them client by client while the clients' products run)
   'srht'        subsampled randomized Hadamard transform sqrt(P/k) R H D (P = M_i padded to a power
                 of two, D random signs, R k rows sampled without replacement): no normals to draw
   'countsketch' each row of A_i added, with a random sign, into one of k buckets: O(nnz(A_i))
@@ -20,6 +21,8 @@ active features only (the other columns of A_i are zero) together with their ind
 """
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar
@@ -44,6 +47,39 @@ def _hadamard(n: int) -> np.ndarray:
     return H
 
 
+@lru_cache(maxsize=8)
+def _hadamard_top(n: int, m: int) -> np.ndarray:
+    """The first m rows of the order-n Sylvester Hadamard matrix, C-contiguous (read-only)."""
+    H = np.ascontiguousarray(_hadamard(n)[:m])
+    H.flags.writeable = False
+    return H
+
+
+@dataclass(frozen=True, eq=False)
+class SRHTSketch:
+    """One client's SRHT sketch as its random choices: S^T[l, j] = scale * signs[l] * H[l, pick[j]]
+    (l < M, H the Sylvester Hadamard matrix of order P; H is symmetric, so this is the first M rows of the
+    padded transform's (R H D)^T times scale).  ``problem.sketched_roots`` folds the signs and the scale
+    into the sparse client design and multiplies by the k Hadamard columns, without building S^T."""
+
+    pick: np.ndarray     # (k,) sampled rows of the P-point transform
+    signs: np.ndarray    # (M,) the diagonal of D, +-1
+    P: int
+    scale: float
+
+    @property
+    def shape(self):
+        return (len(self.signs), len(self.pick))
+
+    def columns(self) -> np.ndarray:
+        """H[:M, pick] (M x k, entries +-1, C-contiguous)."""
+        return np.take(_hadamard_top(self.P, len(self.signs)), self.pick, axis=1)
+
+    def dense(self) -> np.ndarray:
+        """S^T itself (M x k)."""
+        return (self.columns() * self.signs[:, None]) * self.scale
+
+
 def _gram(R):
     """R R^T, exactly symmetric (BLAS syrk on NumPy: half the flops of a general product)."""
     if isinstance(R, np.ndarray) and R.dtype == np.float64 and R.size:
@@ -57,6 +93,37 @@ def _gram(R):
         np.fill_diagonal(S, np.diagonal(C))
         return S
     return R @ R.T
+
+
+class _DrawnAhead:
+    """``rng.standard_normal(shape)`` for each shape in order (None for None), drawn by a helper thread ahead
+    of the loop that iterates over them.  The numbers are those of drawing them in that loop (the same
+    generator, the same order, and nothing else draws from it until ``join`` returns); NumPy releases the GIL
+    while it fills an array, so the drawing overlaps the consumer's work.  ``join`` (always call it) waits
+    until every draw is made, so the generator's state afterwards is the same as without the thread."""
+
+    def __init__(self, rng, shapes):
+        self._shapes = list(shapes)
+        self._q = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._draw, args=(rng,), daemon=True)
+        self._thread.start()
+
+    def _draw(self, rng):
+        try:
+            for shape in self._shapes:
+                self._q.put(None if shape is None else rng.standard_normal(shape))
+        except BaseException as exc:  # pragma: no cover - handed to the consumer
+            self._q.put(exc)
+
+    def __iter__(self):
+        for _ in self._shapes:
+            item = self._q.get()
+            if isinstance(item, BaseException):  # pragma: no cover
+                raise item
+            yield item
+
+    def join(self):
+        self._thread.join()
 
 
 @dataclass(frozen=True)
@@ -103,17 +170,28 @@ class FedNS(Algorithm):
                 P = 1 << (m - 1).bit_length()
                 pick = rng.choice(P, k, replace=False)
                 D = rng.choice((-1.0, 1.0), m)
-                St = (_hadamard(P)[pick][:, :m] * D[None, :]).T * (1.0 / np.sqrt(k))
-                out.append(St if problem.xp is np else problem.to_backend(St))
+                St = SRHTSketch(pick, D, P, 1.0 / np.sqrt(k))
+                out.append(St if problem.xp is np else problem.to_backend(St.dense()))
         return out, 1.0
 
     def client_update(self, problem, down, cstate, sel, rng):
         thetas = start_stack(problem, down["theta"], len(sel))
-        g = problem.gradients(thetas, sel)
         k = problem.d if self.sketch_size is None else self.sketch_size
-        sketches, scale = self.sketches(problem, sel, k, rng)
-        # (S_i A_i)^T on the client's active features: what the client sends (and its indices)
-        SAt = problem.sketched_roots(thetas, sketches, sel, scale=scale)
+        if self.sketch == "gaussian" and problem.xp is np:
+            # the draws (most of the round) start now, in a helper thread, client by client in the order of
+            # ``sketches``' one draw (the same numbers); the gradients and each client's product overlap them
+            sizes = [int(problem.counts[c]) for c in sel]
+            ahead = _DrawnAhead(rng, [None if k >= m else (m, k) for m in sizes])
+            try:
+                g = problem.gradients(thetas, sel)
+                SAt = problem.sketched_roots(thetas, iter(ahead), sel, scale=1.0 / np.sqrt(k))
+            finally:
+                ahead.join()
+        else:
+            g = problem.gradients(thetas, sel)
+            sketches, scale = self.sketches(problem, sel, k, rng)
+            # (S_i A_i)^T on the client's active features: what the client sends (and its indices)
+            SAt = problem.sketched_roots(thetas, sketches, sel, scale=scale)
         return {"grad": g, "SAt": SAt, "active": tuple(problem.active[c] for c in sel)}, cstate
 
     def server_update(self, problem, state, up, info: RoundInfo) -> State:

@@ -77,7 +77,7 @@ def _pad(rows, width, fill=0, dtype=torch.long):
 def _clip_(grads: list, max_norm: float):
     """torch.nn.utils.clip_grad_norm_ per client: grads are (K, ...) stacks."""
     K = grads[0].shape[0]
-    norms = torch.stack([torch.linalg.vector_norm(g, dim=tuple(range(1, g.dim()))) for g in grads], 1)
+    norms = torch.stack([torch.linalg.vector_norm(g.reshape(K, -1), dim=1) for g in grads], 1)
     total = torch.linalg.vector_norm(norms, dim=1)
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for g in grads:
@@ -302,10 +302,11 @@ class VectorizedEngine:
                         Th = torch.cat([gw, G[bn][:, :, None]], 2) if block.has_bias else gw
                         Lf, Uf = factors[bname] if full else (f.index_select(0, ids) for f in factors[bname])
                         D = foof.solve_rows(Th, Lf, Uf)
-                        # the step direction as views of D: no copy back into the gradients
-                        G[wn] = (D[:, :, :-1] if block.has_bias else D).view(G[wn].shape)
                         if block.has_bias:
-                            G[bn] = D[:, :, -1]
+                            G[wn].copy_(D[:, :, :-1].reshape(G[wn].shape))
+                            G[bn].copy_(D[:, :, -1])
+                        else:
+                            G[wn].copy_(D.reshape(G[wn].shape))
                 if cfg.clip is not None and cfg.clip_stage == "update":
                     _clip_(list(G.values()), cfg.clip)
                 decay = cfg.lr * cfg.weight_decay if cfg.weight_decay_mode == "decoupled" else 0.0

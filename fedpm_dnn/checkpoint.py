@@ -51,7 +51,7 @@ def fingerprint(exp) -> dict:
     fp.update({"model": exp.model, "num_classes": int(exp.num_classes), "in_channels": int(exp.in_channels),
           "image_size": int(exp.image_size), "seed": int(exp.seed), "n_clients": len(exp.clients),
           "participants": None if exp.participants is None else int(exp.participants),
-          "client_sizes": [len(c) for c in exp.clients],
+          "client_sizes": [len(c) for c in exp.clients], "engine": exp.engine,   # the resolved one (--engine auto)
           "data_hash": data_hash(exp.clients, exp.x_test, exp.y_test)})
     fp["config.name"] = exp.cfg.name
     fp.update({f"config.{k}": v for k, v in asdict(exp.cfg).items()})

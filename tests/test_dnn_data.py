@@ -287,3 +287,17 @@ def test_crop_flip_is_a_padded_crop_then_a_mirror_per_image():
         ref = torch.nn.functional.pad(x[i], (2, 2, 2, 2))[:, oy[i]:oy[i] + 6, ox[i]:ox[i] + 5]
         assert torch.equal(out[i], ref.flip(2) if flip[i] else ref)
     assert flip.any() and (~flip).any()
+
+
+def test_engine_auto_is_the_faster_engine_of_the_device(tmp_path, rng, monkeypatch):
+    """--engine auto (default) resolves to the sequential engine on a CPU and the vectorized one on a GPU,
+    and the resolved engine is what the run and its summary record."""
+    from validation import dnn
+
+    make_leaf(str(tmp_path), rng, users=("w0", "w1"))
+    base = ["--dataset", "femnist", "--data-dir", str(tmp_path), "--method", "fedavg", "--device", "cpu"]
+    exp, desc = dnn.build(dnn.parse_args(base))
+    assert exp.engine == desc["engine"] == "sequential"
+    exp, desc = dnn.build(dnn.parse_args(base + ["--engine", "vectorized"]))
+    assert exp.engine == desc["engine"] == "vectorized"
+    assert dnn.AUTO_ENGINE == {"cuda": "vectorized", "cpu": "sequential"}

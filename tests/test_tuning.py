@@ -58,3 +58,79 @@ def test_the_view_leaves_the_problem_alone(small):
     np.testing.assert_array_equal(g2, pb.values_and_gradients(thetas)[1])
     other = object()
     assert fr.reusing_last_point(other) is other    # only the logistic problem, whose oracles are pure
+
+
+# ------------------------------------------------------------------ the race, run in any order
+from validation import tuning  # noqa: E402
+
+
+def _tune(small, method, rounds=12, **kw):
+    pb, theta_star, f_star, theta0 = small
+    return tuning.tune(pb, method, {"local_steps": 1}, theta0, theta_star, f_star, rounds, seed=0, **kw)
+
+
+def _records(small, method, order, rounds=12, against="earlier"):
+    """Candidate runs made in ``order``, each raced as a parallel worker races it: against the finished
+    scores of the candidates before it in the grid (+ slack), or against nothing at all."""
+    pb, theta_star, f_star, theta0 = small
+    cands = list(tuning.candidates(method, {"local_steps": 1}))
+    scores = [float("inf")] * len(cands)
+    records = {}
+    for i in order(len(cands)):
+        best = (lambda i=i: min(scores[:i], default=float("inf")) + tuning.PARALLEL_SLACK) \
+            if against == "earlier" else float("inf")
+        rec = tuning.race_candidate(pb, method, cands[i], theta0, theta_star, f_star, rounds, best, seed=0)
+        if rec["hist"] is not None:
+            scores[i] = tuning.run_score(rec["hist"], tuning.score_floor(f_star))
+        records[i] = rec
+    return records
+
+
+def _same(a, b):
+    (pa, ha, ta), (pb_, hb, tb) = a, b
+    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
+    assert pa == pb_ and ta == tb and strip(ha) == strip(hb)
+
+
+@pytest.mark.parametrize("method", ["fedavgm", "fedadam", "fedpm", "localnewton", "fedns"])
+@pytest.mark.parametrize("order", [lambda n: range(n), lambda n: reversed(range(n)),
+                                   lambda n: sorted(range(n), key=lambda i: (i % 3, -i))], ids=["grid", "reverse", "mixed"])
+def test_a_race_run_in_any_order_settles_as_the_sequential_race(small, method, order, monkeypatch):
+    sequential = _tune(small, method)
+    assert any(t["score"] is None for t in sequential[2]) or method == "localnewton"   # the race did stop some
+    ran = []
+    real = tuning.race_candidate
+    monkeypatch.setattr(tuning, "race_candidate", lambda *a, **k: ran.append(a[2]) or real(*a, **k))
+    _same(_tune(small, method, records=_records(small, method, order)), sequential)
+    assert len(ran) == len(sequential[2])        # the records decided every candidate: nothing was run again
+
+
+def test_records_that_stop_early_or_are_missing_are_run_again(small):
+    sequential = _tune(small, "fedavg")
+    records = _records(small, "fedavg", lambda n: range(n), against="nothing")
+    assert all(r["hist"] is not None for r in records.values())     # raced against nothing: every run ends
+    _same(_tune(small, "fedavg", records=records), sequential)
+    # a record cut short where the sequential race goes on (a wrong stop), and one lost: both re-run
+    winner = [t["lr"] for t in sequential[2]].index(sequential[0]["lr"])
+    records[winner] = {"rows": records[winner]["rows"][:2], "hist": None, "error": None}
+    del records[len(records) - 1]
+    _same(_tune(small, "fedavg", records=records), sequential)
+
+
+def test_superlinear_tunes_in_two_workers_exactly_as_in_one(tmp_path):
+    import csv
+    import json
+
+    from validation import superlinear
+
+    args = ["--dataset", "a9a", "--clients", "8", "--per-client", "200", "--rounds", "8", "--quiet", "--no-cache",
+            "--methods", "fedavgm,fedns,fedpm,localnewton,fedavg"]
+    out = {}
+    for jobs in ("1", "2"):
+        assert superlinear.main(args + ["--jobs", jobs, "--out", str(tmp_path / jobs)]) == 0
+        summary = json.loads((tmp_path / jobs / "summary.json").read_text())["methods"]
+        with open(tmp_path / jobs / "history.csv") as fh:
+            rows = [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(fh)]
+        out[jobs] = ({m: (s["params"], s["trials"], s["final_dist"]) for m, s in summary.items()}, rows)
+    assert out["1"] == out["2"]
+    assert len(out["1"][0]["fedavgm"][1]) == 33          # the whole grid was raced, trial by trial the same

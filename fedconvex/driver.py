@@ -27,7 +27,7 @@ import numpy as np
 
 from .algorithms.base import RoundInfo
 from .backend import namespace, nbytes
-from .messages import client_problem, concat, keep, model_norm, preconditioner_trace
+from .messages import client_problem, concat, keep, model_norm, plainly_usable, preconditioner_trace
 from .screening import log as server_log
 from .screening import magnitude_rejections
 
@@ -186,8 +186,9 @@ def screen_message(up: dict, info: RoundInfo, d: int | None, round_: int, tamper
     fields = fields or {"theta": "model", "P": "psd"}
     psd_keys = tuple(k for k, role in fields.items() if role == "psd")
     rejected, rows, reasons = [], [], []
+    clean = plainly_usable(up, len(info.sel), psd_keys)   # nothing any participant could be rejected for
     for k, client in enumerate(info.sel):
-        problem = client_problem(up, k, d, psd_keys)
+        problem = None if clean else client_problem(up, k, d, psd_keys)
         if problem is None:
             rows.append(k)
         else:

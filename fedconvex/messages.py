@@ -67,6 +67,21 @@ def client_problem(up: dict, k: int, d: int | None, psd_keys=()) -> str | None:
     return None
 
 
+def plainly_usable(up: dict, n: int, psd_keys=()) -> bool:
+    """True when every field of the stacked message is a plain array over the ``n`` participants (no
+    preconditioner, no ``ActiveBlocks``, no decode report) and finite throughout: then ``client_problem``
+    finds nothing for any participant, and one check over each whole stack says so without a loop."""
+    if not isinstance(up, dict):
+        return False
+    for field, _, v in _items(up):
+        if field in psd_keys or isinstance(v, (ActiveBlocks, DecodeProblems)) or tuple(getattr(v, "shape", ())[:1]) != (n,):
+            return False
+        xp = namespace(v)
+        if not bool(xp.all(xp.isfinite(v))):
+            return False
+    return True
+
+
 def _f64(a):
     xp = namespace(a)
     return a.to(xp.float64) if xp.__name__ == "torch" else xp.asarray(a, dtype=xp.float64)

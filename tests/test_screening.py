@@ -135,3 +135,25 @@ def test_the_convex_loop_magnitude_guard_rejects_an_enormous_valid_preconditione
     # unguarded, client 0 dictates the model; guarded, the other four mix as without it
     assert np.linalg.norm(captured.theta - honest.theta) > 10
     assert np.linalg.norm(guarded.theta - honest.theta) < np.linalg.norm(captured.theta - honest.theta) / 10
+
+
+def test_the_whole_stack_check_agrees_with_the_per_client_one(rng):
+    from fedconvex.messages import client_problem, plainly_usable
+
+    n, d = 4, 3
+    blocks = ActiveBlocks(tuple(np.eye(2) for _ in range(n)), tuple(np.arange(2) for _ in range(n)), d, 0.1)
+    for _ in range(50):
+        up = {"theta": rng.normal(size=(n, d)), "dc": {"w": rng.normal(size=(n, 2))}}
+        if rng.random() < 0.5:
+            bad = ("theta", (rng.integers(n), rng.integers(d))) if rng.random() < 0.5 else ("dc", None)
+            if bad[0] == "theta":
+                up["theta"][bad[1]] = rng.choice([np.nan, np.inf, -np.inf])
+            else:
+                up["dc"]["w"][rng.integers(n), 1] = np.nan
+        per_client = [client_problem(up, k, d) for k in range(n)]
+        assert plainly_usable(up, n) == all(p is None for p in per_client)
+        assert not plainly_usable(up, n + 1)                     # a stack over other participants
+        assert not plainly_usable(up, n, psd_keys=("theta",))     # preconditioners keep their PSD test
+    assert not plainly_usable({"theta": np.zeros((n, d)), "H": blocks}, n)
+    assert not plainly_usable({"SAt": tuple(np.zeros((2, 2)) for _ in range(n))}, n)
+    assert not plainly_usable(None, 0)

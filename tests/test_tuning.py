@@ -134,3 +134,21 @@ def test_superlinear_tunes_in_two_workers_exactly_as_in_one(tmp_path):
         out[jobs] = ({m: (s["params"], s["trials"], s["final_dist"]) for m, s in summary.items()}, rows)
     assert out["1"] == out["2"]
     assert len(out["1"][0]["fedavgm"][1]) == 33          # the whole grid was raced, trial by trial the same
+
+
+def test_the_problem_built_for_test1_has_its_hessian_plan_as_if_built_at_once(a9a):
+    from types import SimpleNamespace
+
+    from validation import common
+
+    args = SimpleNamespace(backend="numpy", dataset="a9a", n_features=None, clients=8, per_client=150,
+                           split="sequential", seed=0, lam=1e-3, weighting="uniform", init="paper")
+    pb = common.build_problem(args)[0]        # plan built in a thread while the optimum was solved
+    direct = FederatedLogReg(a9a.X, a9a.y, common.build_split(args, a9a), lam=1e-3)
+    assert pb._plan is not None
+    for key in ("Q", "gather"):
+        a, b = pb._plan[key], direct._plan[key]
+        assert (a != b).nnz == 0 if hasattr(a, "nnz") else np.array_equal(a, b)
+    thetas = np.random.default_rng(1).normal(size=(pb.n_clients, pb.d))
+    for x, y in zip(pb.hessians(thetas).blocks, direct.hessians(thetas).blocks, strict=True):
+        np.testing.assert_array_equal(x, y)

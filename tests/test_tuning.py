@@ -196,3 +196,18 @@ def test_fedns_tuned_on_the_replayed_stream_is_tuned_on_the_stream(small, monkey
     replayed = _tune(small, "fedns")
     monkeypatch.setattr(tuning, "_Stream", lambda seed: np.random.default_rng(seed))
     _same(_tune(small, "fedns"), replayed)
+
+
+def test_the_figure_files_written_side_by_side_are_complete_and_a_failure_is_raised_here(tmp_path):
+    from validation import report
+
+    plt = report.import_pyplot()
+    fig, ax = plt.subplots()
+    ax.semilogy([1, 2, 3], [1.0, 1e-3, 1e-9])
+    report._save_each(fig, [str(tmp_path / "a.png"), str(tmp_path / "a.pdf")])
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "a.pdf").read_bytes()[:5] == b"%PDF-" and b"%%EOF" in (tmp_path / "a.pdf").read_bytes()[-32:]
+    with pytest.raises(FileNotFoundError):      # the child's path could not be written: this process says why
+        report._save_each(fig, [str(tmp_path / "missing" / "b.png"), str(tmp_path / "b.pdf")])
+    assert (tmp_path / "b.pdf").stat().st_size > 1000
+    plt.close(fig)

@@ -150,7 +150,7 @@ def _race_in_pool(jobs, methods, bar):
     total = {m: len(grid[m]) if m in grid else 1 for m in methods}
     started, running = dict.fromkeys(methods, 0), dict.fromkeys(methods, 0)
     records, seconds = {m: {} for m in grid}, dict.fromkeys(methods, 0.0)
-    results, in_flight = {}, set()
+    results, in_flight, warm = {}, set(), False
 
     def next_method():
         waiting = [m for m in ranked if started[m] < total[m]]
@@ -166,6 +166,9 @@ def _race_in_pool(jobs, methods, bar):
                 running[m] += 1
             if not in_flight:
                 break
+            if not warm:   # the workers are busy: plotting's imports now cost this process half their time
+                report.import_pyplot()
+                warm = True
             done, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
             for fut in done:
                 res = fut.result()

@@ -158,7 +158,7 @@ class _Stream:
         return call
 
 
-REPLAY_BYTES = 600 * 2 ** 20     # w8a: the first four rounds of FedNS sketches (its losing candidates run 2-3)
+REPLAY_BYTES = 600 * 2 ** 20     # w8a: the first five rounds of FedNS sketches (its losing candidates run 2-3)
 
 
 def race_candidate(problem, method: str, params: dict, theta0, theta_star, f_star, rounds: int, best, *,

@@ -85,7 +85,7 @@ def run(problem, algorithm, theta0, rounds: int, **kwargs):
 
 def _run(problem, algorithm, theta0, rounds: int, *, participants: int | None = None, seed: int = 0,
          theta_star=None, f_star=None, stop=None, on_round=None, tamper=None, screen: bool = True,
-         max_ratio: float | None = None, client_streams: bool = False, rng=None):
+         max_ratio: float | None = None, client_streams: bool = False):
     """Run ``rounds`` rounds; returns (final state, list of per-round metric dicts, round 0 first).
 
     ``screen`` (default on) rejects unusable client replies before the server step (see
@@ -95,10 +95,9 @@ def _run(problem, algorithm, theta0, rounds: int, *, participants: int | None = 
     draws from its own stream ``fedconvex.driver.client_rng(seed, round, client)``, as on Flower (off by default:
     the paper's runs share one stream, and their histories depend on it).  Raises ``Diverged`` when the iterate is not finite.
     bytes_up / bytes_down are per participating client and cumulative; ``seconds`` is the
-    cumulative wall time of the rounds themselves (metric evaluation excluded).  ``rng``: the round
-    stream to draw from instead of ``default_rng(seed)``, which it must equal (the tuner's replay of it).
+    cumulative wall time of the rounds themselves (metric evaluation excluded).
     """
-    rng = np.random.default_rng(seed) if rng is None else rng
+    rng = np.random.default_rng(seed)
     xp = problem.xp
     n = problem.n_clients
 

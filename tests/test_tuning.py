@@ -154,50 +154,6 @@ def test_the_problem_built_for_test1_has_its_hessian_plan_as_if_built_at_once(a9
         np.testing.assert_array_equal(x, y)
 
 
-# ------------------------------------------------------------------ the race's replayed random stream
-def _calls(rng):
-    return [rng.standard_normal((5, 3)), rng.integers(0, 10, 4), rng.standard_normal((5, 3)),
-            rng.choice(7, 3, replace=False), rng.random(2), rng.standard_normal(6)]
-
-
-def test_a_replayed_stream_draws_the_numbers_of_the_stream_itself(monkeypatch):
-    monkeypatch.setattr(tuning._Stream, "_kept", (None, []))
-    truth = _calls(np.random.default_rng(7))
-    first = _calls(tuning._Stream(7))                      # records
-    assert len(tuning._Stream._kept[1]) == 6
-    replayed = tuning._Stream(7)
-    again = _calls(replayed)                               # answered from the record
-    assert replayed._live is None and replayed._pos == 6
-    for a, b, c in zip(truth, first, again):
-        np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(a, c)
-    with pytest.raises(ValueError):
-        again[0][0, 0] = 1.0                               # kept draws are read-only
-    # another call sequence: replayed as far as it agrees, then the stream goes on from the recorded state
-    other = tuning._Stream(7)
-    x = [other.standard_normal((5, 3)), other.integers(0, 10, 4), other.standard_normal((2, 2)), other.random(3)]
-    live = np.random.default_rng(7)
-    y = [live.standard_normal((5, 3)), live.integers(0, 10, 4), live.standard_normal((2, 2)), live.random(3)]
-    for a, b in zip(x, y):
-        np.testing.assert_array_equal(a, b)
-    assert other._live is not None and len(tuning._Stream._kept[1]) == 6       # it did not record
-    # an array argument or another attribute: the generator itself from that point on
-    third = tuning._Stream(7)
-    third.standard_normal((5, 3))
-    z = [third.choice(np.arange(4.0), 2), third.bit_generator.state["state"]]
-    live = np.random.default_rng(7)
-    live.standard_normal((5, 3))
-    np.testing.assert_array_equal(z[0], live.choice(np.arange(4.0), 2))
-    assert z[1] == live.bit_generator.state["state"]
-    assert tuning._Stream(8)._record == [] and tuning._Stream._kept[0] == 8     # one seed kept at a time
-
-
-def test_fedns_tuned_on_the_replayed_stream_is_tuned_on_the_stream(small, monkeypatch):
-    replayed = _tune(small, "fedns")
-    monkeypatch.setattr(tuning, "_Stream", lambda seed: np.random.default_rng(seed))
-    _same(_tune(small, "fedns"), replayed)
-
-
 def test_the_figure_files_written_side_by_side_are_complete_and_a_failure_is_raised_here(tmp_path):
     from validation import report
 

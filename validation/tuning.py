@@ -100,67 +100,6 @@ def _race_stop(rounds: int, floor: float, best, initial_gap: float, seen: list |
     return stop
 
 
-class _Stream:
-    """The tuner's stand-in for a run's ``np.random.default_rng(seed)``: every candidate of a race starts the
-    same stream, and draws the same numbers as long as it makes the same calls (FedNS: one 15 M-normal
-    sketch matrix a round on w8a, the same for every learning rate).  The first run in this process that
-    draws keeps its first draws (up to ``REPLAY_BYTES``); a later run is answered from them while its calls
-    (method and arguments) are those recorded, then continues from a generator set to the state the
-    recorder had at that point: the numbers are the stream's own either way.  Kept arrays are read-only
-    (a consumer that wrote into one would fail loudly, never read altered numbers)."""
-
-    PURE = ("standard_normal", "normal", "random", "uniform", "integers", "choice")
-    _kept = (None, [])           # (seed, [(call, result, generator state after it)]) of this process
-
-    def __init__(self, seed: int):
-        self._seed = seed
-        if _Stream._kept[0] != seed:           # one seed's draws are kept at a time
-            _Stream._kept = (seed, [])
-        self._record = _Stream._kept[1]
-        self._recording = not self._record
-        self._pos = 0
-        self._live = None
-
-    def _go_live(self):
-        if self._live is None:
-            self._live = np.random.default_rng(self._seed)
-            if self._pos:
-                self._live.bit_generator.state = self._record[self._pos - 1][2]
-            self._recording = self._recording and self._pos == len(self._record)
-        return self._live
-
-    def __getattr__(self, name):
-        if name not in self.PURE:
-            self._recording = False
-            return getattr(self._go_live(), name)
-
-        def call(*args, **kwargs):
-            key = (name, args, tuple(sorted(kwargs.items())))
-            try:
-                hash(key)
-            except TypeError:              # array arguments: not a recordable call
-                self._recording = False
-                return getattr(self._go_live(), name)(*args, **kwargs)
-            if self._live is None and self._pos < len(self._record) and self._record[self._pos][0] == key:
-                self._pos += 1
-                return self._record[self._pos - 1][1]
-            gen = self._go_live()
-            out = getattr(gen, name)(*args, **kwargs)
-            if self._recording and isinstance(out, np.ndarray) and \
-                    sum(r[1].nbytes for r in self._record) + out.nbytes <= REPLAY_BYTES:
-                out.flags.writeable = False
-                self._record.append((key, out, gen.bit_generator.state))
-                self._pos += 1
-            else:
-                self._recording = False
-            return out
-
-        return call
-
-
-REPLAY_BYTES = 600 * 2 ** 20     # w8a: the first five rounds of FedNS sketches (its losing candidates run 2-3)
-
-
 def race_candidate(problem, method: str, params: dict, theta0, theta_star, f_star, rounds: int, best, *,
                    participants=None, seed: int = 0, max_ratio: float | None = None, initial_gap=None) -> dict:
     """One candidate's run under the race's stop rule against ``best`` (a score or a callable).
@@ -175,7 +114,7 @@ def race_candidate(problem, method: str, params: dict, theta0, theta_star, f_sta
         with _quiet_server():
             _, hist = run(problem, alg, theta0, rounds, stop=_race_stop(rounds, floor, best, initial_gap, seen),
                           participants=participants, seed=seed, theta_star=theta_star, f_star=f_star,
-                          max_ratio=max_ratio, rng=_Stream(seed))
+                          max_ratio=max_ratio)
     except _Abort:
         return {"rows": seen, "hist": None, "error": None}
     except (Diverged, ArithmeticError) as why:

@@ -82,7 +82,8 @@ class _Rows:
 
 
 class FederatedLogReg:
-    def __init__(self, X, y, parts, lam: float = DEFAULT_LAM, weighting: str = "uniform", xp=np):
+    def __init__(self, X, y, parts, lam: float = DEFAULT_LAM, weighting: str = "uniform", xp=np,
+                 hessian_plan: bool = True):
         if not lam >= 0:
             raise ValueError(f"lam must be >= 0, got {lam}")
         if weighting not in ("uniform", "samples"):
@@ -120,7 +121,16 @@ class FederatedLogReg:
             self.reduced_T_csr.append(sp.csr_matrix(dense.T) if xp is np else None)
         self.active = tuple(a if xp is np else _xp_asarray(xp, a) for a in self.active_host)
         self.block_flat = tuple((a[:, None] * self.d + a[None, :]).reshape(-1) for a in self.active)
-        self._plan = self._hessian_plan() if xp is np else None
+        # hessian_plan=False: the caller installs it later (validation.common builds it in a thread while
+        # the optimum is solved; nothing but ``hessians`` uses it, and they are right without it, only slower)
+        self._plan = self.build_hessian_plan() if hessian_plan else None
+
+    def build_hessian_plan(self):
+        """The one-product Hessian plan (NumPy; else None), returned, not installed: ``set_hessian_plan``."""
+        return self._hessian_plan() if self.xp is np else None
+
+    def set_hessian_plan(self, plan) -> None:
+        self._plan = plan
 
     # Above this many (row, feature pair) products the one-product plan would cost more memory than
     # it saves time (dense rows); the per-client loop is used instead.

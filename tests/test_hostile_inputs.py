@@ -456,13 +456,14 @@ def test_a_legacy_result_folder_is_ours_and_a_stale_partial_of_a_dead_process_is
     assert not stale.exists() and foreign.exists()
 
 
-def _killed(method):
+def _killed(*task):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
 def test_a_killed_worker_is_one_line_and_nothing_is_written(base, tmp_path, capsys, monkeypatch):
     """The parallel workers are forked: one of them killed (-9) must not hang the run."""
-    monkeypatch.setattr(superlinear, "_run_method", _killed)
+    monkeypatch.setattr(superlinear, "_run_method", _killed)       # a worker's task: a method with known lr,
+    monkeypatch.setattr(superlinear, "_run_candidate", _killed)    # or one tuning candidate
     out = tmp_path / "o"
     with pytest.raises(SystemExit) as exc:
         superlinear.main(["--dataset", str(base / "tiny.svm"), "--clients", "3", "--rounds", "2", "--quiet",

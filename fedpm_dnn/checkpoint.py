@@ -69,12 +69,16 @@ def _show(key: str) -> str:
 
 def first_difference(saved: dict, now: dict) -> str | None:
     """'<what>: checkpoint has X, this run Y' for the first differing entry, or None."""
+    if "engine" not in saved and "run.engine" in saved:   # a checkpoint from before the resolved engine was kept
+        saved = {**{k: v for k, v in saved.items() if k != "run.engine"}, "engine": saved["run.engine"]}
     order = list(now) + [k for k in saved if k not in now]
     for key in order:
         a, b = saved.get(key, "(absent)"), now.get(key, "(absent)")
         if a != b:
             if key == "data_hash":
                 return f"{_show(key)} differ"
+            if key == "engine":
+                return f"engine: checkpoint has {a!r}, this run {b!r} (resume with --engine {a})"
             return f"{_show(key)}: checkpoint has {a!r}, this run {b!r}"
     return None
 

@@ -1,5 +1,6 @@
 import json
 
+import numpy as np
 import pytest
 
 from validation import bench_convex
@@ -15,8 +16,6 @@ def test_benchmark_reports_ratios_and_matches_the_naive_loop(capsys):
 
 
 def test_all_methods_rows_on_a_small_problem():
-    import numpy as np
-
     from fedconvex.problem import FederatedLogReg
     from naive import random_data
 
@@ -31,6 +30,29 @@ def test_all_methods_rows_on_a_small_problem():
         assert by[label]["rounds_to_1e-9"] is not None and by[label]["seconds_to_1e-9"] > 0
         assert by[label]["round_vs_fedpm"] > 0
     json.dumps(rows)   # serialisable as it is
+
+
+def test_a_method_that_fails_is_reported_in_its_row_and_the_others_still_run(monkeypatch):
+    """One method raising (e.g. a backend it cannot run on) gives that row an 'error' and the rest their
+    numbers; Diverged stays a measurement (None), not an error."""
+    from fedconvex.problem import FederatedLogReg
+    from naive import random_data
+
+    rng = np.random.default_rng(1)
+    X, y, parts = random_data(rng, 3, 5, sizes=[20, 30, 25])
+    pb = FederatedLogReg(X, y, parts, lam=1e-2)
+    real = bench_convex._measure_method
+
+    def flaky(problem, alg, *a, **k):
+        if alg.name == "fedns":
+            raise TypeError("Implicit conversion to a NumPy array is not allowed")
+        return real(problem, alg, *a, **k)
+
+    monkeypatch.setattr(bench_convex, "_measure_method", flaky)
+    rows = bench_convex.measure_all(pb, np.zeros(5) + 0.1, fedpm_round=1e-3, rounds=2)
+    failed = [r for r in rows if "error" in r]
+    assert failed and all(r["method"] == "fedns" and "Implicit conversion" in r["error"] for r in failed)
+    assert all(r.get("seconds_per_round") is not None for r in rows if r["method"] == "fedpm")
 
 
 def test_dnn_benchmark_prints_both_engines(capsys):

@@ -127,8 +127,22 @@ def test_runner_cli_writes_results_and_resumes(tmp_path):
     assert (out / "history.csv").read_text().splitlines()[0].startswith("round,test_acc,train_loss")
     again = subprocess.run(base + ["--rounds", "3"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert again.returncode == 2 and "pass --resume" in again.stderr
-    r = subprocess.run(base + ["--rounds", "3", "--resume"], capture_output=True, text=True, env=env, cwd=ROOT)
+    other = subprocess.run(base + ["--rounds", "3", "--resume", "--engine", "vectorized"], capture_output=True,
+                           text=True, env=env, cwd=ROOT)   # the run was made by the engine auto chose: sequential
+    assert other.returncode == 2 and "resume with --engine sequential" in other.stderr, other.stderr
+    # --engine auto (the first run) and the engine it stood for resume each other
+    r = subprocess.run(base + ["--rounds", "3", "--resume", "--engine", "sequential"], capture_output=True, text=True,
+                       env=env, cwd=ROOT)
     assert r.returncode == 0 and json.loads((out / "summary.json").read_text())["rounds_done"] == 3
+
+
+def test_a_checkpoint_from_before_the_resolved_engine_compares_its_engine_flag():
+    from fedpm_dnn.checkpoint import first_difference
+
+    old = {"model": "cnn", "run.engine": "vectorized", "run.lr": 0.5}
+    assert first_difference(old, {"model": "cnn", "run.lr": 0.5, "engine": "vectorized"}) is None
+    msg = first_difference(old, {"model": "cnn", "run.lr": 0.5, "engine": "sequential"})
+    assert msg == "engine: checkpoint has 'vectorized', this run 'sequential' (resume with --engine vectorized)"
 
 
 @pytest.mark.parametrize("args,fragment", [

@@ -206,9 +206,11 @@ def main(argv=None) -> int:
         r = measure(args.dataset, all_methods=args.all_methods, backend=args.backend)
     except USER_ERRORS as exc:
         fail(prog, exc)
+    # a method that failed (its row has "error") makes the run fail too, after every number is printed
+    failed = 1 if any("error" in m for m in r.get("methods", ())) else 0
     if args.json:
         print(json.dumps(r))
-        return 0
+        return failed
     print(f"FedPM on {r['dataset']}: {r['clients']} clients x {r['per_client']} rows, d={r['d']}, exact Hessians, "
           f"float64, {r['backend']} on {r['device']}")
     print(f"  seconds per round (median)        {r['seconds_per_round']:.4f} s   (target <= 0.1 s; "
@@ -229,7 +231,7 @@ def main(argv=None) -> int:
             print(f"  {m['label']:34s} {f(m.get('seconds_per_round'), '9.4f')} {f(m.get('round_vs_fedpm'), '8.2f')} "
                   f"{f(m.get('seconds_to_1e-9'), '10.3f')} {f(m.get('rounds_to_1e-9'), '6d')}")
     print(f"reproduce: {r['command']}")
-    return 0
+    return failed
 
 
 if __name__ == "__main__":

@@ -124,7 +124,9 @@ def check_args(p, args):
 
 
 # flags that do not change what a run computes (where it writes, how it reports, how many rounds)
-NOT_IN_FINGERPRINT = {"out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir"}
+# engine: the checkpoint records the resolved engine (fedpm_dnn.checkpoint.fingerprint), not the flag, so that
+# "auto" and the engine it stands for resume each other
+NOT_IN_FINGERPRINT = {"out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine"}
 
 
 def run_fingerprint(args) -> dict:

@@ -114,7 +114,11 @@ def _save_each(fig, paths) -> None:
     """``fig.savefig`` to every path; where the platform forks, the first path in a forked child while this
     process writes the others (each format draws the figure anew), else one after another.  A child
     that fails leaves its path to this process, which then raises the error itself."""
-    pid = os.fork() if hasattr(os, "fork") and len(paths) > 1 else None
+    import threading
+
+    # fork only a single-threaded process: a fork while other threads (BLAS, torch) hold locks can hang the child
+    single = threading.active_count() == 1
+    pid = os.fork() if hasattr(os, "fork") and len(paths) > 1 and single else None
     if pid == 0:
         code = 1
         try:
@@ -122,9 +126,14 @@ def _save_each(fig, paths) -> None:
             code = 0
         finally:
             os._exit(code)
-    for p in paths[1:] if pid else paths:
-        fig.savefig(p, dpi=150)
-    if pid and os.waitpid(pid, 0)[1] != 0:
+    status = 0
+    try:
+        for p in paths[1:] if pid else paths:
+            fig.savefig(p, dpi=150)
+    finally:
+        if pid:   # reaped whatever happens here, before the caller discards its folder
+            status = os.waitpid(pid, 0)[1]
+    if pid and status != 0:
         fig.savefig(paths[0], dpi=150)
 
 

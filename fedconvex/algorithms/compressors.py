@@ -266,7 +266,7 @@ def top_abs_eigh(A, r):
     (dormqr on dsytrd's reflectors).  This is the sequence LAPACK's index-range solver dsyevr (range='I')
     runs for one end, with its workspace sizes (hence its blocking), so each end's pairs are dsyevr's to the
     last bit -- but the reduction is done once for both ends.  Small matrices, matrices dsyevr would rescale
-    (max |a_ij| outside 1e-140 .. 1e140) and LAPACK failures use the full solver."""
+    (max |a_ij| outside 1e-140 .. 1e76) and LAPACK failures use the full solver."""
     from scipy.linalg.lapack import dormqr, dstebz, dstein, dsytrd
 
     n = A.shape[0]

@@ -146,18 +146,13 @@ class FedNS(Algorithm):
         sizes = [int(problem.counts[c]) for c in sel]
         exact = [self.sketch == "identity" or k >= m for m in sizes]
         if self.sketch == "gaussian":
-            # one draw for every sketched client: the same stream as one draw per client, in order
-            rows = sum(m for m, e in zip(sizes, exact) if not e)
-            G = rng.standard_normal((rows, k)) if rows else None
-            out, at = [], 0
-            for m, e in zip(sizes, exact):
-                if e:
-                    out.append(None)
-                else:
-                    St = G[at:at + m]
-                    at += m
-                    out.append(St if problem.xp is np else problem.to_backend(St))
-            return out, 1.0 / np.sqrt(k)
+            # an (M x k) draw per sketched client, in order: the same numbers as one draw for all of them.  Drawing
+            # them is most of a round, so on NumPy a helper thread draws them ahead while the caller computes
+            # (``client_update`` joins it); other backends get them drawn here and copied over
+            shapes = [None if e else (m, k) for m, e in zip(sizes, exact)]
+            if problem.xp is np:
+                return _DrawnAhead(rng, shapes), 1.0 / np.sqrt(k)
+            return [None if sh is None else problem.to_backend(rng.standard_normal(sh)) for sh in shapes], 1.0 / np.sqrt(k)
         out = []
         for m, e in zip(sizes, exact):
             if e:
@@ -177,21 +172,14 @@ class FedNS(Algorithm):
     def client_update(self, problem, down, cstate, sel, rng):
         thetas = start_stack(problem, down["theta"], len(sel))
         k = problem.d if self.sketch_size is None else self.sketch_size
-        if self.sketch == "gaussian" and problem.xp is np:
-            # the draws (most of the round) start now, in a helper thread, client by client in the order of
-            # ``sketches``' one draw (the same numbers); the gradients and each client's product overlap them
-            sizes = [int(problem.counts[c]) for c in sel]
-            ahead = _DrawnAhead(rng, [None if k >= m else (m, k) for m in sizes])
-            try:
-                g = problem.gradients(thetas, sel)
-                SAt = problem.sketched_roots(thetas, iter(ahead), sel, scale=1.0 / np.sqrt(k))
-            finally:
-                ahead.join()
-        else:
+        sketches, scale = self.sketches(problem, sel, k, rng)   # Gaussian on NumPy: being drawn in a thread
+        try:
             g = problem.gradients(thetas, sel)
-            sketches, scale = self.sketches(problem, sel, k, rng)
             # (S_i A_i)^T on the client's active features: what the client sends (and its indices)
             SAt = problem.sketched_roots(thetas, sketches, sel, scale=scale)
+        finally:
+            if isinstance(sketches, _DrawnAhead):
+                sketches.join()
         return {"grad": g, "SAt": SAt, "active": tuple(problem.active[c] for c in sel)}, cstate
 
     def server_update(self, problem, state, up, info: RoundInfo) -> State:

@@ -32,19 +32,7 @@ def stacked_gram(block, x: torch.Tensor):
     """Per-client (sum a a^T, sum a, rows per sample) of a block's input x: (K, B, ...) -> (K, D, D), (K, D), int."""
     K, B = x.shape[:2]
     if isinstance(block, foof.Conv2dBlock):
-        # patches (K, b L, D) per chunk of b images (about 2^25 entries), one batched product each
-        m = block.module
-        D = m.weight[0].numel()
-        L = foof.conv_patches(m, x[0, :1]).shape[1]
-        step = max(1, int(2 ** 25 // (K * L * D)))
-        S = torch.zeros(K, D, D, dtype=x.dtype, device=x.device)
-        total = torch.zeros(K, D, dtype=x.dtype, device=x.device)
-        for i in range(0, B, step):
-            c = x[:, i:i + step]
-            a = foof.conv_patches(m, c.reshape(-1, *x.shape[2:])).view(K, -1, D)
-            S.baddbmm_(a.transpose(1, 2), a)
-            total += a.sum(1)
-        return S, total, L
+        return foof.conv_gram(block.module, x)
     a = x.reshape(K, -1, x.shape[-1])
     per = a.shape[1] // B
     return torch.bmm(a.transpose(1, 2), a), a.sum(1), per

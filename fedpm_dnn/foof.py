@@ -63,23 +63,30 @@ def conv_patches(m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return v.permute(0, 2, 3, 1, 4, 5).reshape(N, oh * ow, C * kh * kw)
 
 
+def conv_gram(m: nn.Conv2d, x: torch.Tensor):
+    """Per stack k of images x (K, B, C, H, W): (sum of a a^T, sum of a) over every patch a of conv ``m``,
+    (K, D, D) and (K, D), and the patches per image L.  Patches in chunks of about 2^25 entries, one batched
+    product each (bounded memory); the sequential engine's blocks are the K = 1 case."""
+    K, B = x.shape[:2]
+    D = m.weight[0].numel()
+    L = conv_patches(m, x[0, :1]).shape[1]
+    step = max(1, int(2 ** 25 // (K * L * D)))
+    S = torch.zeros(K, D, D, dtype=x.dtype, device=x.device)
+    total = torch.zeros(K, D, dtype=x.dtype, device=x.device)
+    for i in range(0, B, step):
+        a = conv_patches(m, x[:, i:i + step].reshape(-1, *x.shape[2:])).view(K, -1, D)
+        S.baddbmm_(a.transpose(1, 2), a)
+        total += a.sum(1)
+    return S, total, L
+
+
 class Conv2dBlock(LinearBlock):
     def patches(self, x):
         return conv_patches(self.module, x).reshape(-1, self.module.weight[0].numel())   # every position of every sample
 
     def gram(self, x):
-        # (rows, D) patches in chunks of about 2^24 entries: one matrix product each, bounded memory
-        m = self.module
-        D = m.weight[0].numel()
-        L = conv_patches(m, x[:1]).shape[1]
-        step = max(1, int(2 ** 24 // (L * D)))
-        S = torch.zeros(D, D, dtype=x.dtype, device=x.device)
-        total = torch.zeros(D, dtype=x.dtype, device=x.device)
-        for i in range(0, x.shape[0], step):
-            a = conv_patches(m, x[i:i + step]).reshape(-1, D)
-            S += a.T @ a
-            total += a.sum(0)
-        return S, total, x.shape[0] * L
+        S, total, L = conv_gram(self.module, x[None])
+        return S[0], total[0], x.shape[0] * L
 
     def weight_matrix(self, w):
         return w.reshape(w.shape[0], -1)

@@ -242,13 +242,12 @@ def with_uppers(factors: dict) -> dict:
 @torch.no_grad()
 def precondition_grads(model: nn.Module, blocks: dict, factors: dict) -> None:
     """Replace each block's gradient G_Theta by (A + lam I)^{-1} G_Theta in place (``factors``: name ->
-    L or (L, L^T) as ``with_uppers`` makes them)."""
+    (L, L^T), as ``with_uppers`` makes them)."""
     for name, block in blocks.items():
         m = block.module
         if m.weight.grad is None:
             continue
-        f = factors[name]
-        L, U = f if isinstance(f, tuple) else (f, None)
+        L, U = factors[name]
         D = solve_rows(get_theta(block, m.weight.grad, m.bias.grad if block.has_bias else None).T, L, U)
         gw, gb = split_theta(block, D.T)
         m.weight.grad.copy_(gw)

@@ -251,7 +251,7 @@ def _precondition(model, blocks, A, damping, grads):
     with torch.no_grad():
         for k, p in model.named_parameters():
             p.grad = grads[k].clone()
-        foof.precondition_grads(model, blocks, foof.factorize(A, damping, torch.float32))
+        foof.precondition_grads(model, blocks, foof.with_uppers(foof.factorize(A, damping, torch.float32)))
         return {k: p.grad.detach().clone() for k, p in model.named_parameters()}
 
 

@@ -80,7 +80,7 @@ def test_identity_foof_step_is_sgd():
     F.cross_entropy(model(torch.randn(4, 1, 6, 6)), torch.tensor([0, 1, 2, 0])).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     eye = {n: torch.eye(b.module.weight[0].numel() + 1) for n, b in blocks.items()}
-    foof.precondition_grads(model, blocks, foof.factorize(eye, 0.0))
+    foof.precondition_grads(model, blocks, foof.with_uppers(foof.factorize(eye, 0.0)))
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads[n])
 
@@ -155,7 +155,7 @@ def test_one_full_batch_foof_step_plus_fedpm_mixing_is_a_global_newton_step(damp
         A = foof.compute_foof(lin, blocks, [x])
         lin.zero_grad()
         (0.5 * ((lin(x) - y) ** 2).sum(1).mean()).backward()
-        foof.precondition_grads(lin, blocks, foof.factorize(A, damping))
+        foof.precondition_grads(lin, blocks, foof.with_uppers(foof.factorize(A, damping)))
         with torch.no_grad():
             for p in lin.parameters():
                 p.sub_(p.grad)                                            # lr = 1

@@ -11,6 +11,7 @@ import numpy as np
 
 from .backend import to_numpy
 from .driver import Diverged, Driver, InProcess, message_bytes, sample_clients, screen_message  # noqa: F401
+from .problem import FederatedLogReg
 
 COLUMNS = ("round", "f_gap", "dist", "grad_norm", "bytes_up", "bytes_down", "seconds", "rejected")
 
@@ -30,8 +31,8 @@ def blas_single_thread():
     return threadpool_limits(limits=1, user_api="blas")
 
 
-class _LastPoint:
-    """Mixin of ``reusing_last_point``: ``values_and_gradients`` answers a repeated question from memory."""
+class _ReusingLogReg(FederatedLogReg):
+    """``reusing_last_point``'s view: ``values_and_gradients`` answers a repeated question from memory."""
 
     _last = None
 
@@ -50,9 +51,6 @@ class _LastPoint:
         return vals, grads
 
 
-_REUSING: dict = {}
-
-
 def reusing_last_point(problem):
     """A shallow view of ``problem`` that answers ``values_and_gradients`` at the point it was last asked
     about from memory (copies of the very arrays computed then, so every result is bit-identical).
@@ -62,12 +60,9 @@ def reusing_last_point(problem):
     first gradients are that computation again (for first-order methods with K = 1, half of a round).
     Only for ``FederatedLogReg`` on NumPy, whose oracles are pure functions of their arguments; any
     other problem is returned as it is."""
-    from .problem import FederatedLogReg
-
     if type(problem) is not FederatedLogReg or problem.xp is not np:
         return problem
-    cls = _REUSING.setdefault(FederatedLogReg, type("FederatedLogReg", (_LastPoint, FederatedLogReg), {}))
-    view = object.__new__(cls)
+    view = object.__new__(_ReusingLogReg)
     view.__dict__.update(problem.__dict__)   # shares every array; the problem itself is not touched
     return view
 

@@ -15,7 +15,8 @@ sequential engine's (``client.local_train`` / ``simulation.client_round``), clie
   (no update) while the others go on;
 * the step: gradient (+ the method's ``grad_hook`` on the stacks, + coupled weight decay),
   per-client clipping of the raw gradient or of the step direction, FOOF preconditioning with
-  batched triangular solves (``foof.solve_rows``), theta -= lr direction, decoupled weight decay;
+  batched triangular solves (``foof.solve_rows``; on CUDA replayed as one graph per step,
+  ``solve_graph``), theta -= lr direction, decoupled weight decay;
 * FOOF matrices from batched Gram products (``batched_foof``) with the same first-layer cache.
 
 Replies are built by the method's ``client_reply``, shared with the sequential engine, so the message
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
-from . import batched_foof, foof, stacked
+from . import batched_foof, foof, solve_graph, stacked
 from .augment import crop_flip
 
 STATS_BATCH = 512   # the sequential path's plain-data chunk (client.ClientData.plain_batches)
@@ -263,6 +264,7 @@ class VectorizedEngine:
         loss_sum = torch.zeros(K, dtype=torch.float64, device=dev)
         steps_t = torch.tensor(n_steps)
         blocks = list(self.blocks.items())
+        graph, graph_wanted = None, factors is not None and solve_graph.enabled(dev)
         for t in range(T):
             act = (steps_t > t).nonzero().flatten()
             full = len(act) == K
@@ -295,18 +297,36 @@ class VectorizedEngine:
                 if cfg.clip is not None and cfg.clip_stage == "gradient":
                     _clip_(list(G.values()), cfg.clip)
                 if factors is not None:
+                    rhs = {}     # per block: the weight gradient's rows and the bias column (None: no bias)
                     for bname, block in blocks:
                         wn = foof.param_name(bname, "weight")
-                        bn = foof.param_name(bname, "bias")
                         gw = G[wn].reshape(kk, G[wn].shape[1], -1)
-                        Th = torch.cat([gw, G[bn][:, :, None]], 2) if block.has_bias else gw
-                        Lf, Uf = factors[bname] if full else (f.index_select(0, ids) for f in factors[bname])
-                        D = foof.solve_rows(Th, Lf, Uf)
+                        rhs[bname] = (gw, G[foof.param_name(bname, "bias")][:, :, None] if block.has_bias else None)
+                    if full and graph_wanted:   # once per chunk and round: every later full step replays it
+                        graph_wanted = False
+                        graph = solve_graph.capture(
+                            factors, {b: (kk, gw.shape[1], gw.shape[2] + (gb is not None)) for b, (gw, gb) in rhs.items()},
+                            dtype, dev)
+                    if full and graph is not None:
+                        for bname, (gw, gb) in rhs.items():
+                            if gb is None:
+                                graph.inputs[bname].copy_(gw)
+                            else:
+                                torch.cat([gw, gb], 2, out=graph.inputs[bname])
+                        dirs = graph.replay()
+                    else:
+                        dirs = {}
+                        for bname, (gw, gb) in rhs.items():
+                            Lf, Uf = factors[bname] if full else (f.index_select(0, ids) for f in factors[bname])
+                            dirs[bname] = foof.solve_rows(gw if gb is None else torch.cat([gw, gb], 2), Lf, Uf)
+                    # the directions as views of the solves' results (no copies: every copy is a launch on a
+                    # launch-bound GPU); the update below reads them before the next step's solves overwrite them
+                    for bname, block in blocks:
+                        wn = foof.param_name(bname, "weight")
+                        D = dirs[bname]
+                        G[wn] = (D[:, :, :-1] if block.has_bias else D).reshape(G[wn].shape)
                         if block.has_bias:
-                            G[wn].copy_(D[:, :, :-1].reshape(G[wn].shape))
-                            G[bn].copy_(D[:, :, -1])
-                        else:
-                            G[wn].copy_(D.reshape(G[wn].shape))
+                            G[foof.param_name(bname, "bias")] = D[:, :, -1]
                 if cfg.clip is not None and cfg.clip_stage == "update":
                     _clip_(list(G.values()), cfg.clip)
                 decay = cfg.lr * cfg.weight_decay if cfg.weight_decay_mode == "decoupled" else 0.0

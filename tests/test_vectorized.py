@@ -16,19 +16,20 @@ def make(name, **kw):
 SIZES = (40, 23, 7, 30)   # unequal clients; 7 is smaller than one batch of 16; 23 ends in a partial batch
 
 
-def experiment(cfg, engine, rounds=2, participants=3, augment=True, chunk=None):
+def experiment(cfg, engine, rounds=2, participants=3, augment=True, chunk=None, device="cpu"):
     g = np.random.default_rng(0)
     clients = []
     for i, n in enumerate(SIZES):
         y = g.integers(0, 3, n)
         x = g.integers(0, 256, (n, 3, 16, 16)).astype(np.uint8)
-        clients.append(ClientData(torch.as_tensor(x), torch.as_tensor(y), (0.4, 0.5, 0.45), (0.25, 0.3, 0.2),
+        clients.append(ClientData(torch.as_tensor(x).to(device), torch.as_tensor(y).to(device),
+                                  (0.4, 0.5, 0.45), (0.25, 0.3, 0.2),
                                   augment=augment and i != 1))
-    xt = torch.as_tensor(g.integers(0, 256, (30, 3, 16, 16)).astype(np.uint8))
-    yt = torch.as_tensor(g.integers(0, 3, 30))
+    xt = torch.as_tensor(g.integers(0, 256, (30, 3, 16, 16)).astype(np.uint8)).to(device)
+    yt = torch.as_tensor(g.integers(0, 3, 30)).to(device)
     return Experiment(cfg=cfg, model="cnn", num_classes=3, clients=clients, x_test=xt, y_test=yt,
                       mean=(0.4, 0.5, 0.45), std=(0.25, 0.3, 0.2), rounds=rounds, participants=participants,
-                      seed=3, image_size=16, engine=engine, client_chunk=chunk)
+                      seed=3, image_size=16, engine=engine, client_chunk=chunk, device=device)
 
 
 def run(cfg, engine, tmp=None, **kw):
@@ -108,3 +109,40 @@ def test_float16_parameters_on_the_wire_match_across_engines(method, tmp_path):
     for name, v in m_seq.items():
         assert m_vec[name].dtype == torch.float32 and rel(m_vec[name].double(), v.double()) <= 1e-3, name
     assert [a["bytes_up"] for a in h_vec] == [b["bytes_up"] for b in h_seq]
+
+
+def test_cuda_graph_capture_falls_back_to_eager_solves_where_it_cannot_run():
+    """Graphs are CUDA-only; a failed capture returns None and warns (the engine then solves eagerly)."""
+    from fedpm_dnn import solve_graph
+
+    assert not solve_graph.enabled("cpu")
+    L = torch.linalg.cholesky(torch.eye(3).expand(2, 3, 3) * 2.0)
+    solve_graph._warned.clear()
+    with pytest.warns(RuntimeWarning, match="CUDA graph capture"):
+        assert solve_graph.capture({"b": (L, L.mT.contiguous())}, {"b": (2, 4, 3)}, torch.float32, "cpu") is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("method", ["fedpm", "localnewton"])
+def test_cuda_graph_solves_give_the_eager_and_sequential_replies(method, monkeypatch):
+    """On CUDA the full steps replay the captured solves (steps where a client has dropped out solve
+    eagerly): the same replies as eager solves, and as the sequential engine within float32 tolerance."""
+    from fedpm_dnn import solve_graph
+
+    replays = []
+    real = solve_graph.GraphedDirections.replay
+    monkeypatch.setattr(solve_graph.GraphedDirections, "replay", lambda self: replays.append(1) or real(self))
+    # TF32 off: the engines' convolutions (grouped vs per client) would round differently in TF32
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    cfg = make(method, **CFG)
+    monkeypatch.setenv(solve_graph.ENV, "1")
+    _, r_graph = run(cfg, "vectorized", device="cuda")
+    assert replays, "the graph was never replayed"
+    monkeypatch.setenv(solve_graph.ENV, "0")
+    n = len(replays)
+    _, r_eager = run(cfg, "vectorized", device="cuda")
+    assert len(replays) == n
+    assert_same(r_graph, r_eager, tol=1e-6)
+    _, r_seq = run(cfg, "sequential", device="cuda")
+    assert_same(r_graph, r_seq)

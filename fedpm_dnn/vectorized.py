@@ -316,9 +316,10 @@ class VectorizedEngine:
                         dirs = graph.replay()
                     else:
                         dirs = {}
-                        for bname, (gw, gb) in rhs.items():
-                            Lf, Uf = factors[bname] if full else (f.index_select(0, ids) for f in factors[bname])
-                            dirs[bname] = foof.solve_rows(gw if gb is None else torch.cat([gw, gb], 2), Lf, Uf)
+                        with foof.one_cpu_thread(dev):
+                            for bname, (gw, gb) in rhs.items():
+                                Lf, Uf = factors[bname] if full else (f.index_select(0, ids) for f in factors[bname])
+                                dirs[bname] = foof.solve_rows(gw if gb is None else torch.cat([gw, gb], 2), Lf, Uf)
                     # the directions as views of the solves' results (no copies: every copy is a launch on a
                     # launch-bound GPU); the update below reads them before the next step's solves overwrite them
                     for bname, block in blocks:

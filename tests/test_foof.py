@@ -257,3 +257,20 @@ def test_conv_patches_are_unfolds_columns(conv, shape):
     assert rows == flat.shape[0]
     torch.testing.assert_close(S.double(), flat.T @ flat, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(total.double(), flat.sum(0), rtol=1e-5, atol=1e-4)
+
+
+def test_one_cpu_thread_runs_the_solves_single_threaded_and_restores_the_count():
+    from fedpm_dnn.foof import one_cpu_thread
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(KeyError):
+            with one_cpu_thread("cpu"):
+                assert torch.get_num_threads() == 1
+                raise KeyError("inside")
+        assert torch.get_num_threads() == 2          # restored after an exception too
+        with one_cpu_thread("meta"):                 # not a CPU tensor's device: untouched
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

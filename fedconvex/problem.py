@@ -310,8 +310,8 @@ class FederatedLogReg:
         return ActiveBlocks(layout.views(packed), active, self.d, self.lam, flat, packed, layout)
 
     def sketched_roots(self, thetas, sketches, sel=None, scale: float = 1.0):
-        """Per client (S_c A_c)^T = A_c^T S_c^T (a_c x k), given S_c^T (M_c x k) (dense, SciPy sparse
-        for CountSketch, or an SRHT sketch given by its random choices); ``None`` means S_c = I.  ``scale`` multiplies every sketch (e.g. 1/sqrt(k)).
+        """Per client (S_c A_c)^T = A_c^T S_c^T (a_c x k), given S_c^T (M_c x k) (dense, SciPy sparse,
+        or a CountSketch or SRHT sketch given by its random choices: fedns.CountSketch / fedns.SRHTSketch); ``None`` means S_c = I.  ``scale`` multiplies every sketch (e.g. 1/sqrt(k)).
 
         On NumPy the product goes through the sparse client design with the row weights and the scale
         folded into its non-zeros (nnz x k flops, no scaled copy of the M_c x k sketch)."""
@@ -328,6 +328,16 @@ class FederatedLogReg:
                 RT = self.reduced_T_csr[c]
                 w = r[:, 0] * scale if scale != 1.0 else r[:, 0]
                 data = RT.data * w[RT.indices]
+                if hasattr(St, "bucket"):
+                    # CountSketch (fedns.CountSketch): entry (i, b) is the sum, in row order, of the signed
+                    # weighted non-zeros of feature i in the rows hashed to bucket b -- the sums SciPy's sparse
+                    # product with S^T forms in the same order (its products v * (+-1) are exact), so the same
+                    # numbers; bincount adds its weights in input order, starting from 0 like SciPy's sums
+                    rowi = np.repeat(np.arange(RT.shape[0]), np.diff(RT.indptr))
+                    key = rowi * St.k + St.bucket[RT.indices]
+                    out.append(np.bincount(key, weights=data * St.sign[RT.indices],
+                                           minlength=RT.shape[0] * St.k).reshape(RT.shape[0], St.k))
+                    continue
                 if hasattr(St, "columns"):
                     # SRHT (fedns.SRHTSketch): S^T = s D H[:, pick]; sign (exact) and scale folded into the
                     # non-zeros, then the +-1 Hadamard columns: the same products, rounded alike, as with S^T

@@ -317,6 +317,41 @@ def test_srht_sketch_is_the_subsampled_hadamard_transform_and_its_product_is_exa
         assert np.array_equal(a, b)
 
 
+def test_countsketch_is_one_signed_bucket_per_row_and_its_product_is_exact(rng):
+    """The CountSketch kept as its random choices (per client k buckets, then M signs) is the M x k matrix
+    with the row's sign in its bucket; the product through bincount equals, to the last bit, the product
+    with that matrix as a SciPy sparse matrix and as a dense one, and A^T S^T to round-off."""
+    pb, _ = problem(rng, n=3, d=7, sizes=[30, 45, 12], density=0.5)
+    theta = rng.normal(size=pb.d)
+    alg = make_algorithm("fedns", sketch_size=6, sketch="countsketch")
+    sk, scale = alg.sketches(pb, np.arange(3), 6, np.random.default_rng(11))
+    draw = np.random.default_rng(11)
+    sparse_sk, dense_sk = [], []
+    for c, St in enumerate(sk):
+        m = int(pb.counts[c])
+        if m <= 6:
+            assert St is None
+            sparse_sk.append(None)
+            dense_sk.append(None)
+            continue
+        bucket, sign = draw.integers(0, 6, m), draw.choice((-1.0, 1.0), m)
+        ref = np.zeros((m, 6))
+        ref[np.arange(m), bucket] = sign
+        assert St.shape == (m, 6) and np.array_equal(St.dense(), ref)
+        sparse_sk.append(St.sparse())
+        dense_sk.append(ref)
+    thetas = np.tile(theta, (3, 1))
+    fast = pb.sketched_roots(thetas, sk, np.arange(3), scale=scale)
+    for other in (sparse_sk, dense_sk):
+        for a, b in zip(fast, pb.sketched_roots(thetas, other, np.arange(3), scale=scale)):
+            assert np.array_equal(a, b)
+    root = np.sqrt(pb._curvature(thetas, pb._rows(None)))
+    for c, (R, St) in enumerate(zip(fast, dense_sk)):
+        A = pb.X[pb.row_offsets[c]:pb.row_offsets[c + 1]][:, pb.active_host[c]].toarray()
+        A = A * root[pb.row_offsets[c]:pb.row_offsets[c + 1], None]
+        np.testing.assert_allclose(R, A.T if St is None else A.T @ St, rtol=1e-12, atol=1e-15)
+
+
 @pytest.mark.parametrize("sketch", ["srht", "countsketch"])
 def test_fedns_cheap_sketches_are_unbiased(rng, sketch):
     X, y, parts = random_data(rng, 2, 4, sizes=[40, 40], density=0.8)

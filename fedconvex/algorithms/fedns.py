@@ -80,6 +80,31 @@ class SRHTSketch:
         return (self.columns() * self.signs[:, None]) * self.scale
 
 
+@dataclass(frozen=True, eq=False)
+class CountSketch:
+    """One client's CountSketch as its random choices: S^T[l, bucket[l]] = sign[l], every other entry 0.
+    ``problem.sketched_roots`` adds each signed row of A_i into its bucket directly (one bincount), without
+    building S^T as a SciPy sparse matrix and multiplying by it (per client that costs more in SciPy's
+    Python layers than the product itself)."""
+
+    bucket: np.ndarray   # (M,) the bucket of each row, in 0..k-1
+    sign: np.ndarray     # (M,) +-1.0
+    k: int
+
+    @property
+    def shape(self):
+        return (len(self.sign), self.k)
+
+    def sparse(self):
+        """S^T as a SciPy CSR matrix (M x k)."""
+        m = len(self.sign)
+        return sp.csr_matrix((self.sign, (np.arange(m), self.bucket)), shape=(m, self.k))
+
+    def dense(self) -> np.ndarray:
+        """S^T itself (M x k)."""
+        return self.sparse().toarray()
+
+
 def _gram(R):
     """R R^T, exactly symmetric (BLAS syrk on NumPy: half the flops of a general product)."""
     if isinstance(R, np.ndarray) and R.dtype == np.float64 and R.size:
@@ -159,8 +184,8 @@ class FedNS(Algorithm):
                 out.append(None)
             elif self.sketch == "countsketch":
                 bucket, sign = rng.integers(0, k, m), rng.choice((-1.0, 1.0), m)
-                St = sp.csr_matrix((sign, (np.arange(m), bucket)), shape=(m, k))
-                out.append(St if problem.xp is np else problem.to_backend(St.toarray()))
+                St = CountSketch(bucket, sign, k)
+                out.append(St if problem.xp is np else problem.to_backend(St.dense()))
             else:  # srht: S^T = sqrt(P/k) (R H D)^T / sqrt(P), the first M rows of the padded transform
                 P = 1 << (m - 1).bit_length()
                 pick = rng.choice(P, k, replace=False)

@@ -530,3 +530,32 @@ def test_fednl_pp_with_every_client_is_the_papers_algorithm_3(rng, comp, kw, alp
     for t in range(1, 7):
         state, _ = run(pb, make_algorithm("fednl-pp", alpha=alpha, **kw), x0, t)
         np.testing.assert_allclose(state.theta, paper[t - 1], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("sketch", ["srht", "countsketch", "gaussian"])
+def test_fedns_server_sum_is_the_scatter_add_loop_and_screening_sees_each_client(rng, sketch):
+    """The server's sum over the packed layout is, to the last bit, ActiveBlocks.weighted_sum's per-client loop
+    over the Grams, and sum_i w_i E_i R_i R_i^T E_i^T + lam I to round-off; the stack-at-once screening of the
+    per-client arrays accepts a clean message and leaves a non-finite client's part to the per-client test."""
+    from fedconvex.algorithms.fedns import _gram, _weighted_gram_sum
+    from fedconvex.messages import all_usable
+
+    pb, _ = problem(rng, n=5, d=8, sizes=[30, 45, 12, 25, 40], density=0.5)
+    theta = rng.normal(size=pb.d)
+    alg = make_algorithm("fedns", sketch_size=6, sketch=sketch)
+    sel = np.arange(5)
+    up, _ = alg.client_update(pb, {"theta": np.asarray(theta)}, {}, sel, np.random.default_rng(3))
+    w = rng.uniform(0.1, 1.0, 5)
+    assert pb._plan is not None                         # the packed path is the one taken
+    fast = _weighted_gram_sum(pb, up["SAt"], up["active"], sel, w)
+    loop = ActiveBlocks(tuple(_gram(R) for R in up["SAt"]), up["active"], pb.d, pb.lam).weighted_sum(w)
+    assert np.array_equal(fast, loop)
+    ref = pb.lam * w.sum() * np.eye(pb.d)
+    for c, (R, a) in enumerate(zip(up["SAt"], up["active"])):
+        ref[np.ix_(a, a)] += w[c] * (R @ R.T)
+    np.testing.assert_allclose(fast, ref, rtol=1e-12, atol=1e-15)
+    assert all_usable(up, 5, pb.d) and all(client_problem(up, k, pb.d) is None for k in range(5))
+    bad = {**up, "SAt": tuple(R.copy() for R in up["SAt"])}
+    bad["SAt"][2][0, 0] = np.nan
+    assert not all_usable(bad, 5, pb.d)
+    assert [k for k in range(5) if client_problem(bad, k, pb.d)] == [2]

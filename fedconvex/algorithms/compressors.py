@@ -255,7 +255,7 @@ def _sorted_like_dsyevr(w, Z):
     return w, Z
 
 
-def top_abs_eigh(A, r):
+def top_abs_eigh(A, r, symmetric=False):
     """The r eigenpairs of the symmetric A with the largest |eigenvalue|, largest first.
 
     One reduction to tridiagonal form T = Q^T A Q (LAPACK dsytrd, the O(n^3) part), then bisection (dstebz)
@@ -266,7 +266,13 @@ def top_abs_eigh(A, r):
     (dormqr on dsytrd's reflectors).  This is the sequence LAPACK's index-range solver dsyevr (range='I')
     runs for one end, with its workspace sizes (hence its blocking), so each end's pairs are dsyevr's to the
     last bit -- but the reduction is done once for both ends.  Small matrices, matrices dsyevr would rescale
-    (max |a_ij| outside 1e-140 .. 1e76) and LAPACK failures use the full solver."""
+    (max |a_ij| outside 1e-140 .. 1e76) and LAPACK failures use the full solver.
+
+    ``symmetric=True`` promises that A equals A^T exactly (e.g. FedNL's block differences, built symmetric):
+    then A's memory read column-major is the same matrix, and dsytrd gets a plain copy of it instead of a
+    transposing one (dsytrd reads the lower triangle either way, so the same numbers).  The per-call
+    bookkeeping around the LAPACK calls is kept to a few array operations: on w8a it is called 142 times a
+    round on blocks of ~136 rows, where NumPy's per-call costs add up to a third of the reduction's time."""
     from scipy.linalg.lapack import dormqr, dstebz, dstein, dsytrd
 
     n = A.shape[0]
@@ -274,7 +280,9 @@ def top_abs_eigh(A, r):
     amax = max(float(A.max()), -float(A.min())) if n else 0.0
     if n <= max(8, 3 * r) or not (amax == 0.0 or 1e-140 < amax < 1e76):   # dsyevr rescales outside ~1e-146..8e76
         return _full_top_abs(A, r)
-    c, dd, e, tau, info = dsytrd(np.array(A, order="F"), lower=1, lwork=21 * n, overwrite_a=1)  # dsyevr: 26n - 5n
+    # f2py copies the (read-only to us) input into the column-major array dsytrd overwrites
+    a = A.T if symmetric and A.flags.c_contiguous else A
+    c, dd, e, tau, info = dsytrd(a, lower=1, lwork=21 * n, overwrite_a=0)    # dsyevr: 26n - 5n
     if info:  # pragma: no cover - LAPACK failure
         return _full_top_abs(A, r)
 
@@ -285,10 +293,14 @@ def top_abs_eigh(A, r):
 
     # the end that Gershgorin's discs of T reach further out is computed first; the other end only if a Sturm
     # count finds an eigenvalue there that the picking rule below would take (|.| above the first end's r-th,
-    # or equal to it on the top end, which comes first on equal magnitudes)
-    reach = np.abs(e)
-    reach = np.append(reach, 0.0) + np.insert(reach, 0, 0.0)
-    high, low = float((dd + reach).max()), float((dd - reach).min())    # every eigenvalue lies in [low, high]
+    # or equal to it on the top end, which comes first on equal magnitudes).  reach_i = |e_i| + |e_(i-1)|
+    # (missing terms 0): the sums of the same two numbers as np.append(|e|, 0) + np.insert(|e|, 0, 0)
+    ae = np.abs(e)
+    reach = np.empty(n)
+    reach[:-1] = ae
+    reach[-1] = 0.0
+    reach[1:] += ae
+    high, low = float(np.add(dd, reach).max()), float(np.subtract(dd, reach, out=reach).min())
     top_first = high >= -low
     first = end(top_first)
     if first is None:  # pragma: no cover
@@ -312,11 +324,13 @@ def top_abs_eigh(A, r):
             return _full_top_abs(A, r)
     order = [k for k in (True, False) if k in ends]           # [top, bottom] as far as computed
     # the eigenvalues in dsyevr's output order (ascending); dstein below takes them in dstebz's block order
-    lam = np.concatenate([_sorted_like_dsyevr(ends[k][0].copy(), None)[0] for k in order])
+    lam = np.concatenate([_sorted_like_dsyevr(ends[k][0].copy(), None)[0] for k in order]) if len(order) > 1 \
+        else _sorted_like_dsyevr(ends[order[0]][0].copy(), None)[0]
     pick = np.argsort(-np.abs(lam), kind="stable")[:r]
-    V = np.zeros((n, r * len(order)))
+    vecs = []
     for at, k in enumerate(order):
-        if not np.any((pick >= at * r) & (pick < (at + 1) * r)):
+        if not ((pick >= at * r) & (pick < (at + 1) * r)).any():
+            vecs.append(None)
             continue
         w, iblock, isplit = ends[k]
         z, info = dstein(dd, e, w, iblock, isplit)
@@ -324,8 +338,13 @@ def top_abs_eigh(A, r):
         if info or info2:  # pragma: no cover
             return _full_top_abs(A, r)
         z[1:, :] = zq
-        w, z = _sorted_like_dsyevr(w.copy(), z)
-        V[:, at * r:(at + 1) * r] = z
+        vecs.append(_sorted_like_dsyevr(w.copy(), z)[1])
+    if len(order) == 1:
+        return lam[pick], vecs[0][:, pick]
+    V = np.zeros((n, r * len(order)))
+    for at, z in enumerate(vecs):
+        if z is not None:
+            V[:, at * r:(at + 1) * r] = z
     return lam[pick], V[:, pick]
 
 

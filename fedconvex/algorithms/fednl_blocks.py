@@ -243,7 +243,7 @@ def encode(comp, diff, layout, active, d, rng):
         for c, (B, a) in enumerate(zip(views, active)):
             if not len(a):
                 continue
-            lam, V = top_abs_eigh(B, r)
+            lam, V = top_abs_eigh(B, r, symmetric=True)    # the differences are exactly symmetric
             vals[c, :len(lam)], vecs[c][a, :len(lam)] = lam, V
             M, tmp = out[c], np.empty((len(a), len(a)))
             for j in range(len(lam)):       # sum of exactly symmetric outer products lam_j (v_j v_j^T)

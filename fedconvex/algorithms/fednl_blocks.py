@@ -203,7 +203,7 @@ def encode(comp, diff, layout, active, d, rng):
         code.reshape(-1)[m["flat_up"]] = code_vals
         S = np.take(natural_values(code_vals), m["inv"])   # every block entry from its upper entry: symmetric
         return {"code": code}, S
-    S = np.zeros_like(diff)
+    S = np.zeros_like(diff) if not isinstance(comp, RankR) else np.empty_like(diff)   # Rank-R writes every entry
     if isinstance(comp, (TopK, TopLEK)):
         k = min(comp.k, n)
         vals, glob, loc = _top_entries(diff, m, k, d)
@@ -245,11 +245,19 @@ def encode(comp, diff, layout, active, d, rng):
                 continue
             lam, V = top_abs_eigh(B, r, symmetric=True)    # the differences are exactly symmetric
             vals[c, :len(lam)], vecs[c][a, :len(lam)] = lam, V
-            M, tmp = out[c], np.empty((len(a), len(a)))
-            for j in range(len(lam)):       # sum of exactly symmetric outer products lam_j (v_j v_j^T)
-                np.multiply(V[:, j, None], V[None, :, j], out=tmp)
-                tmp *= lam[j]
-                M += tmp
+            # sum of exactly symmetric outer products lam_j (v_j v_j^T), the first written in place (no zero
+            # fill and add: the same numbers, except that an entry may now be -0.0 where 0 + -0.0 gave +0.0,
+            # which leaves every estimate H + alpha S unchanged, as H never holds -0.0: it starts from sums
+            # and x + y is -0.0 only when both are)
+            M = out[c]
+            np.multiply(V[:, 0, None], V[None, :, 0], out=M)
+            M *= lam[0]
+            if len(lam) > 1:
+                tmp = np.empty((len(a), len(a)))
+                for j in range(1, len(lam)):
+                    np.multiply(V[:, j, None], V[None, :, j], out=tmp)
+                    tmp *= lam[j]
+                    M += tmp
         return {"eigvals": vals, "eigvecs": vecs}, S
     raise TypeError(f"no block path for {type(comp).__name__}")
 

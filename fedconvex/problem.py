@@ -272,7 +272,9 @@ class FederatedLogReg:
         return ActiveBlocks(tuple(blocks), tuple(self.active[c] for c in sel), self.d, self.lam,
                             tuple(self.block_flat[c] for c in sel))
 
-    def _planned_hessians(self, s, sel, rows):
+    def _planned_packed(self, s, sel, rows, minus=None):
+        """The packed Hessian blocks of ``sel`` (minus ``minus``, packed alike, if given), their layout and
+        whether every entry is finite."""
         plan = self._plan
         full = rows is self._full
         if not full:  # rows of the other clients get weight 0; their blocks are dropped below
@@ -285,8 +287,29 @@ class FederatedLogReg:
         if not full:
             layout = layout.take(sel)
             packed = np.concatenate([packed[plan["layout"].offsets[c]:plan["layout"].offsets[c + 1]] for c in sel])
+        if minus is not None:
+            np.subtract(packed, minus, out=packed)   # the numbers of packed - minus, in the gathered array
+        return packed, layout, bool(np.isfinite(u).all())
+
+    def hessian_differences(self, thetas, sel, packed):
+        """grad^2 f_c(theta_c) - (E_c B_c E_c^T + lam I) as a stack on the active blocks (shift 0: the lam I
+        parts cancel), for blocks B_c given ``packed`` in the layout ``hessians(thetas, sel)`` has; its packed
+        numbers are those of ``hessians(thetas, sel).packed - packed``, the Hessians gathered straight into the
+        result (one fresh d-block-sized array instead of two).  None where ``hessians`` has no plan."""
+        if self._plan is None:
+            return None
+        rows = self._rows(sel)
+        self._check(thetas, rows)
+        s = self._curvature(thetas, rows)
+        sel = np.arange(self.n_clients) if sel is None else np.asarray(sel)
+        diff, layout, _ = self._planned_packed(s, sel, rows, minus=packed)
+        return ActiveBlocks(layout.views(diff), tuple(self.active[c] for c in sel), self.d, 0.0,
+                            tuple(self.block_flat[c] for c in sel), diff, layout)
+
+    def _planned_hessians(self, s, sel, rows):
+        packed, layout, finite = self._planned_packed(s, sel, rows)
         packed.flags.writeable = False    # the certificate below describes these numbers; keep them
-        cert = {"symmetric": True, "finite": bool(np.isfinite(u).all())}
+        cert = {"symmetric": True, "finite": finite}
         return ActiveBlocks(layout.views(packed), tuple(self.active[c] for c in sel), self.d, self.lam,
                             tuple(self.block_flat[c] for c in sel), packed, layout, cert)
 

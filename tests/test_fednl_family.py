@@ -559,3 +559,24 @@ def test_fedns_server_sum_is_the_scatter_add_loop_and_screening_sees_each_client
     bad["SAt"][2][0, 0] = np.nan
     assert not all_usable(bad, 5, pb.d)
     assert [k for k in range(5) if client_problem(bad, k, pb.d)] == [2]
+
+
+@pytest.mark.parametrize("sel", [None, [3, 0, 4]])
+def test_hessian_differences_are_the_hessians_minus_the_blocks(rng, sel):
+    """FedNL's differences gathered straight into one array are hessians(...).packed - packed to the last bit,
+    the blocks of grad^2 f_c - (B_c + lam I) in the Hessians' layout; without a Hessian plan there are none."""
+    pb, ref = problem(rng, n=5, d=9, sizes=[4, 9, 1, 12, 6], density=0.4)
+    idx = np.arange(5) if sel is None else np.asarray(sel)
+    thetas = rng.normal(size=(len(idx), pb.d))
+    hess = pb.hessians(thetas, sel)
+    B = rng.normal(size=hess.packed.shape)
+    D = pb.hessian_differences(thetas, sel, B)
+    assert np.array_equal(D.packed, hess.packed - B) and D.shift == 0.0
+    assert D.layout.total == hess.layout.total and all(np.array_equal(a, b) for a, b in zip(D.active, hess.active))
+    for k, c in enumerate(idx):
+        a = pb.active_host[c]
+        Bk = B[hess.layout.offsets[k]:hess.layout.offsets[k + 1]].reshape(len(a), len(a))
+        full = ref.H_i(c, thetas[k])                       # the plain definition, lam I included
+        np.testing.assert_allclose(D.blocks[k], full[np.ix_(a, a)] - pb.lam * np.eye(len(a)) - Bk, atol=1e-12)
+    pb.set_hessian_plan(None)
+    assert pb.hessian_differences(thetas, sel, B) is None

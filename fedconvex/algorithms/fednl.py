@@ -59,9 +59,14 @@ def _initial_estimates(problem, theta0):
 
 def _differences(problem, thetas, sel, H):
     """grad^2 f_i(x) - H_i: packed on the blocks (the lam I parts cancel) or a dense stack."""
-    hess = problem.hessians(thetas, sel)
     if isinstance(H, BlockState):
+        diffs = problem.hessian_differences(thetas, sel, H.packed) if hasattr(problem, "hessian_differences") \
+            else None
+        if diffs is not None:       # the same numbers as below, without a separate array of Hessians
+            return diffs.packed, diffs
+        hess = problem.hessians(thetas, sel)
         return hess.packed - H.packed, hess
+    hess = problem.hessians(thetas, sel)
     return hess.plus_dense(-H, inplace=True), None   # scattered straight into -H_i (no dense Hessian stack)
 
 

@@ -580,3 +580,31 @@ def test_hessian_differences_are_the_hessians_minus_the_blocks(rng, sel):
         np.testing.assert_allclose(D.blocks[k], full[np.ix_(a, a)] - pb.lam * np.eye(len(a)) - Bk, atol=1e-12)
     pb.set_hessian_plan(None)
     assert pb.hessian_differences(thetas, sel, B) is None
+
+
+@pytest.mark.parametrize("alpha,r", [(1.0, 1), (0.5, 2)])
+def test_rank_r_block_encode_forms_the_new_estimate_of_add_scaled(rng, alpha, r):
+    """Rank-R's block path given the estimates forms H + alpha S itself: the same message and, bit for bit,
+    the estimate fednl._add_scaled makes from the decoded update S."""
+    from fedconvex.algorithms import fednl_blocks
+    from fedconvex.algorithms.fednl import _add_scaled
+
+    pb, _ = problem(rng, n=5, d=12, sizes=[30, 45, 12, 25, 40], density=0.5)
+    thetas = rng.normal(size=(5, pb.d))
+    hess = pb.hessians(thetas)
+    diff = np.empty_like(hess.packed)                       # per client an exactly symmetric block
+    for c, (a, b) in enumerate(zip(hess.layout.offsets[:-1], hess.layout.offsets[1:])):
+        n = len(pb.active_host[c])
+        X = rng.normal(size=(n, n))
+        diff[a:b] = (X + X.T).reshape(-1)
+    base = np.array(hess.packed)
+    comp = make_compressor("rankr", rank=r)
+    msg, S = fednl_blocks.encode(comp, diff, hess.layout, hess.active, pb.d, None)
+    msg2, H_new = fednl_blocks.encode(comp, diff, hess.layout, hess.active, pb.d, None, base=base, alpha=alpha)
+    assert all(np.array_equal(msg[k], msg2[k]) for k in msg)
+    assert np.array_equal(H_new, _add_scaled(base, alpha, S))
+    for c, B in enumerate(hess.layout.views(S)):           # S is the rank-r truncation of each block
+        D = hess.layout.views(diff)[c]
+        lam, V = np.linalg.eigh(D)
+        pick = np.argsort(-np.abs(lam))[:r]
+        np.testing.assert_allclose(B, (V[:, pick] * lam[pick]) @ V[:, pick].T, atol=1e-10)

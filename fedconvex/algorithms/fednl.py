@@ -31,7 +31,7 @@ from ..backend import namespace
 from ..mixing import simple_mix
 from . import fednl_blocks
 from .base import Algorithm, RoundInfo, State, start_stack
-from .compressors import Identity, make_compressor
+from .compressors import Identity, RankR, make_compressor
 from .fednl_blocks import BlockState
 from .grids import SECOND_ORDER_LR
 
@@ -161,14 +161,20 @@ class FedNL(Algorithm):
         f, g = problem.values_and_gradients(thetas, sel)
         diff, hess = _differences(problem, thetas, sel, cstate["H"])      # grad^2 f_i(x^k) - H_i^k
         comp = make_compressor(self.compressor, self.k, self.rank)
-        msg, S = _compress(comp, problem, diff, hess, sel, rng)
+        H = cstate["H"]
+        if hess is not None and isinstance(comp, RankR):
+            # Rank-R on the blocks forms H + alpha S block by block (the numbers of _add_scaled below)
+            msg, H_new = fednl_blocks.encode(comp, diff, hess.layout, hess.active, problem.d, rng,
+                                             base=H.packed, alpha=self.alpha)
+        else:
+            msg, S = _compress(comp, problem, diff, hess, sel, rng)
+            H_new = _add_scaled(H.packed if hess is not None else H, self.alpha, S)
         up = {"grad": g, **msg}
         if self.option == "shift":
             up["l"] = _norms(diff, hess)
         if self.sends_values:
             up["f"] = f
-        H = cstate["H"]
-        return up, {"H": _with(H, _add_scaled(H.packed if hess is not None else H, self.alpha, S))}
+        return up, {"H": _with(H, H_new)}
 
     def server_update(self, problem, state, up, info: RoundInfo) -> State:
         xp = problem.xp

@@ -337,7 +337,9 @@ class FederatedLogReg:
         or a CountSketch or SRHT sketch given by its random choices: fedns.CountSketch / fedns.SRHTSketch); ``None`` means S_c = I.  ``scale`` multiplies every sketch (e.g. 1/sqrt(k)).
 
         On NumPy the product goes through the sparse client design with the row weights and the scale
-        folded into its non-zeros (nnz x k flops, no scaled copy of the M_c x k sketch)."""
+        folded into its non-zeros (nnz x k flops, no scaled copy of the M_c x k sketch), except for SRHT,
+        whose fast transform runs on the dense reduced design (fedns.SRHTSketch.rows_product; its (S_c A_c)^T
+        comes column-major)."""
         rows = self._rows(sel)
         root = self._curvature(thetas, rows) ** 0.5
         sel = np.arange(self.n_clients) if sel is None else np.asarray(sel)
@@ -346,10 +348,16 @@ class FederatedLogReg:
         for k, (c, St) in enumerate(zip(sel, sketches)):
             r = root[starts[k]:starts[k + 1], None]
             if St is None:
-                out.append((self.reduced[c] * r).T)
+                # row-major like the sketched products (the server's Gram takes R^T as it is, see fedns._gram)
+                out.append(np.ascontiguousarray((self.reduced[c] * r).T) if self.xp is np else (self.reduced[c] * r).T)
             elif self.xp is np:
-                RT = self.reduced_T_csr[c]
                 w = r[:, 0] * scale if scale != 1.0 else r[:, 0]
+                if hasattr(St, "rows_product"):
+                    # SRHT (fedns.SRHTSketch): the Hadamard transform's Kronecker structure on the dense reduced
+                    # design, in BLAS, beats the sparse product with its k dense +-1 columns
+                    out.append(St.rows_product(self.reduced[c], w))
+                    continue
+                RT = self.reduced_T_csr[c]
                 data = RT.data * w[RT.indices]
                 if hasattr(St, "bucket"):
                     # CountSketch (fedns.CountSketch): entry (i, b) is the sum, in row order, of the signed
@@ -361,11 +369,6 @@ class FederatedLogReg:
                     out.append(np.bincount(key, weights=data * St.sign[RT.indices],
                                            minlength=RT.shape[0] * St.k).reshape(RT.shape[0], St.k))
                     continue
-                if hasattr(St, "columns"):
-                    # SRHT (fedns.SRHTSketch): S^T = s D H[:, pick]; sign (exact) and scale folded into the
-                    # non-zeros, then the +-1 Hadamard columns: the same products, rounded alike, as with S^T
-                    data = (data * St.signs[RT.indices]) * St.scale
-                    St = St.columns()
                 scaled = sp.csr_matrix((data, RT.indices, RT.indptr), shape=RT.shape)
                 prod = scaled @ St
                 out.append(prod.toarray() if sp.issparse(prod) else prod)

@@ -287,9 +287,10 @@ def test_fedns_gaussian_draws_ahead_in_a_thread_with_the_numbers_and_generator_s
 
 
 def test_srht_sketch_is_the_subsampled_hadamard_transform_and_its_product_is_exact(rng):
-    """The SRHT sketch kept as its random choices is sqrt(P/k) (R H D)^T / sqrt(P) on the first M rows, and
-    the product with it (signs and scale folded into the sparse design) equals the product with that dense
-    S^T to the last bit, with the random choices drawn as one pick of k of P rows, then M signs."""
+    """The SRHT sketch kept as its random choices is sqrt(P/k) (R H D)^T / sqrt(P) on the first M rows, with
+    the random choices drawn as one pick of k of P rows, then M signs; the product through the transform's
+    Kronecker structure (fedns.SRHTSketch.rows_product) equals the product with that dense S^T to round-off
+    (the sums are grouped differently) and to A^T S^T formed from the definition."""
     from fedconvex.algorithms.fedns import SRHTSketch
 
     pb, _ = problem(rng, n=3, d=7, sizes=[30, 45, 12], density=0.5)
@@ -311,10 +312,31 @@ def test_srht_sketch_is_the_subsampled_hadamard_transform_and_its_product_is_exa
         assert isinstance(St, SRHTSketch) and St.shape == (m, 5)
         np.testing.assert_allclose(St.dense(), ref, rtol=1e-15)
         dense_sk.append(St.dense())
-    fast = pb.sketched_roots(np.tile(theta, (3, 1)), sk, np.arange(3), scale=scale)
-    slow = pb.sketched_roots(np.tile(theta, (3, 1)), dense_sk, np.arange(3), scale=scale)
-    for a, b in zip(fast, slow):
-        assert np.array_equal(a, b)
+    thetas = np.tile(theta, (3, 1))
+    fast = pb.sketched_roots(thetas, sk, np.arange(3), scale=scale)
+    slow = pb.sketched_roots(thetas, dense_sk, np.arange(3), scale=scale)
+    root = np.sqrt(pb._curvature(thetas, pb._rows(None)))
+    for c, (a, b, St) in enumerate(zip(fast, slow, dense_sk)):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-16)
+        A = pb.X[pb.row_offsets[c]:pb.row_offsets[c + 1]][:, pb.active_host[c]].toarray()
+        A = A * root[pb.row_offsets[c]:pb.row_offsets[c + 1], None]
+        np.testing.assert_allclose(a, A.T if St is None else A.T @ St, rtol=1e-13, atol=1e-16)
+
+
+@pytest.mark.parametrize("m,k", [(2, 1), (3, 2), (5, 3), (17, 4), (40, 9), (100, 30), (350, 300), (600, 50)])
+def test_srht_fast_transform_product_is_the_dense_sketch_product(rng, m, k):
+    """rows_product's Kronecker-factored transform (P = P1 P2, also P1 = 1 and odd log2 P, rows padded) is
+    (diag(w) A)^T S^T with the dense S^T of the same random choices, to round-off."""
+    from fedconvex.algorithms.fedns import SRHTSketch
+
+    P = 1 << (m - 1).bit_length()
+    St = SRHTSketch(rng.choice(P, k, replace=False), rng.choice((-1.0, 1.0), m), P, 1.0 / np.sqrt(k))
+    A = rng.normal(size=(m, 7)) * (rng.random((m, 7)) < 0.3)
+    w = rng.uniform(0.1, 2.0, m)
+    got = St.rows_product(A, w)
+    ref = (A * w[:, None]).T @ St.dense()
+    assert got.shape == (7, k)
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-13 * np.abs(ref).max())
 
 
 def test_countsketch_is_one_signed_bucket_per_row_and_its_product_is_exact(rng):

@@ -79,6 +79,27 @@ class SRHTSketch:
         """S^T itself (M x k)."""
         return (self.columns() * self.signs[:, None]) * self.scale
 
+    def rows_product(self, A, w):
+        """(diag(w) A)^T S^T (a x k, F-contiguous) for a dense M x a design A and row weights w, by the fast
+        Walsh-Hadamard structure instead of the k dense +-1 columns.
+
+        With P = P1 P2 (Sylvester: H_P = H_P1 kron H_P2, row l = l1 P2 + l2), the padded weighted design
+        B = D diag(w) A s (P x a, rows >= M zero) goes through H_P2 on each of its L1 = ceil(M / P2) non-zero
+        row groups (L1 small products P2 x P2 by P2 x a) and H_P1[:, :L1] across the groups (one product),
+        and the k sampled rows of H_P B are S A.  That is a (M P2 + P L1) flops, P2 ~ sqrt(P): on w8a
+        (M = 350, P = 512, k = 300) 2.3M multiply-adds in BLAS per client against nnz(A) k = 1.2M in a sparse
+        product that runs ~5 times slower per flop, and no M x k copy of the sampled columns.  The sums are
+        grouped differently from S^T's product, so the result equals it to round-off (tests compare)."""
+        M, a = A.shape
+        P = self.P
+        P2 = 1 << (P.bit_length() // 2)                  # 2^ceil(log2(P) / 2)
+        P1, L1 = P // P2, -(-M // P2)
+        B = np.zeros((L1 * P2, a))
+        np.multiply(A, ((w * self.signs) * self.scale)[:, None], out=B[:M])
+        G = np.matmul(_hadamard(P2), B.reshape(L1, P2, a))                   # (L1, P2, a): H_P2 on each group
+        W = (_hadamard(P1)[:, :L1] @ G.reshape(L1, P2 * a)).reshape(P, a)    # row q1 P2 + q2 of H_P B
+        return W[self.pick].T
+
 
 @dataclass(frozen=True, eq=False)
 class CountSketch:
@@ -114,7 +135,10 @@ def _gram(R, out=None, scale=None):
         # upper triangle of (R^T)^T R^T = R R^T; syrk never touches the strict lower triangle of c, so it
         # stays zero and C + C^T (diagonal put back) mirrors the upper triangle exactly, without np.triu copies
         n = R.shape[0]
-        C = dsyrk(1.0, R.T, trans=1, lower=0, beta=0.0, c=np.zeros((n, n), order="F"), overwrite_c=1)
+        if R.flags.f_contiguous and not R.flags.c_contiguous:    # R column-major (SRHT's): R R^T as is
+            C = dsyrk(1.0, R, trans=0, lower=0, beta=0.0, c=np.zeros((n, n), order="F"), overwrite_c=1)
+        else:
+            C = dsyrk(1.0, R.T, trans=1, lower=0, beta=0.0, c=np.zeros((n, n), order="F"), overwrite_c=1)
         S = np.add(C, C.T, out=out)
         np.fill_diagonal(S, np.diagonal(C))
         if scale is not None:

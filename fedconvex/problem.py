@@ -233,7 +233,13 @@ class FederatedLogReg:
         return vals, grads
 
     def values(self, thetas, sel=None):
-        return self.values_and_gradients(thetas, sel)[0]
+        """f_c(theta_c) for each selected client: the numbers ``values_and_gradients`` gives, without the
+        gradients' product (FedNL-LS evaluates f at every backtracking trial)."""
+        xp, rows = self.xp, self._rows(sel)
+        self._check(thetas, rows)
+        m = rows.y * self._xv(thetas, rows)
+        loss = self._segment_sum(rows.row_w * xp.logaddexp(m * 0, -m), rows)
+        return loss + 0.5 * self.lam * (thetas * thetas).sum(1)
 
     def gradients(self, thetas, sel=None):
         return self.values_and_gradients(thetas, sel)[1]
@@ -389,7 +395,7 @@ class FederatedLogReg:
         return float((self.client_weights * vals).sum()), (self.client_weights[:, None] * grads).sum(0)
 
     def value(self, theta) -> float:
-        return self.value_and_gradient(theta)[0]
+        return float((self.client_weights * self.values(self._stack(theta))).sum())
 
     def gradient(self, theta):
         return self.value_and_gradient(theta)[1]

@@ -29,6 +29,7 @@ import numpy as np
 from ..backend import to_numpy
 
 FLOAT_BITS, INDEX_BITS = 64, 32
+_TRD_W = 21
 
 
 def _upper(d):
@@ -282,7 +283,7 @@ def top_abs_eigh(A, r, symmetric=False):
         return _full_top_abs(A, r)
     # f2py copies the (read-only to us) input into the column-major array dsytrd overwrites
     a = A.T if symmetric and A.flags.c_contiguous else A
-    c, dd, e, tau, info = dsytrd(a, lower=1, lwork=21 * n, overwrite_a=0)    # dsyevr: 26n - 5n
+    c, dd, e, tau, info = dsytrd(a, lower=1, lwork=_TRD_W * n, overwrite_a=0)    # dsyevr: 26n - 5n
     if info:  # pragma: no cover - LAPACK failure
         return _full_top_abs(A, r)
 

@@ -643,3 +643,16 @@ def test_rank_r_block_encode_forms_the_new_estimate_of_add_scaled(rng, alpha, r)
         lam, V = np.linalg.eigh(D)
         pick = np.argsort(-np.abs(lam))[:r]
         np.testing.assert_allclose(B, (V[:, pick] * lam[pick]) @ V[:, pick].T, atol=1e-10)
+
+
+def test_fedns_gram_is_the_same_for_either_memory_layout(rng):
+    """The server's Gram takes a column-major R (SRHT's messages) through syrk 'N' and a row-major one through
+    'T' on R^T, without copies; both give the same numbers, so a message's layout (Flower's records make every
+    array row-major) does not change the server's H.  Also exactly symmetric and R R^T to round-off."""
+    from fedconvex.algorithms.fedns import _gram
+
+    for a, k in [(1, 7), (5, 6), (37, 11), (136, 300), (198, 300), (64, 513)]:
+        R = rng.normal(size=(a, k))
+        C, F = _gram(np.ascontiguousarray(R)), _gram(np.asfortranarray(R))
+        assert np.array_equal(C, F) and np.array_equal(C, C.T)
+        np.testing.assert_allclose(C, R @ R.T, rtol=1e-12, atol=1e-12 * k)

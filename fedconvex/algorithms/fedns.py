@@ -135,7 +135,10 @@ def _gram(R, out=None, scale=None):
         # upper triangle of (R^T)^T R^T = R R^T; syrk never touches the strict lower triangle of c, so it
         # stays zero and C + C^T (diagonal put back) mirrors the upper triangle exactly, without np.triu copies
         n = R.shape[0]
-        if R.flags.f_contiguous and not R.flags.c_contiguous:    # R column-major (SRHT's): R R^T as is
+        # R column-major (SRHT's): syrk 'N' on R as it is, else 'T' on R^T -- no copy either way.  OpenBLAS
+        # rounds the two alike (tests/test_fednl_family.py checks it), so the server's H does not depend on the
+        # layout a message arrives in (Flower's records make every array row-major)
+        if R.flags.f_contiguous and not R.flags.c_contiguous:
             C = dsyrk(1.0, R, trans=0, lower=0, beta=0.0, c=np.zeros((n, n), order="F"), overwrite_c=1)
         else:
             C = dsyrk(1.0, R.T, trans=1, lower=0, beta=0.0, c=np.zeros((n, n), order="F"), overwrite_c=1)

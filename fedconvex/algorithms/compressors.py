@@ -255,10 +255,12 @@ def _sorted_like_dsyevr(w, Z):
     return w, Z
 
 
-# dsytrd's block size is its workspace / n (capped at 32).  dsyevr hands it 21n (block 21); on the w8a FedNL
-# blocks (n ~ 136, up to 198) block 8 reduces ~10 % faster on one core (33.8 vs 38.0 ms for the 142 blocks of a
-# round, 5..8 about alike, 12 and above slower), and blocks of n <= 32 are reduced unblocked either way.
-_TRD_BLOCK = 8
+# dsytrd's block size is its workspace / n (capped at 32).  dsyevr hands it 21n (block 21).  On one core here,
+# for the 142 w8a FedNL blocks of a round (n ~ 136, up to 198): block 21 51.9 ms, 8 41.1, 6 35.0, 5 34.3,
+# 4 35.0, 3 36.4; per size, blocks 6..8 slow down sharply once n * block passes ~1000 (n = 198: 5 -> 484 us,
+# 6 -> 647, 8 -> 729), 5 is at or near the best for every n up to 198.  Blocks of n <= 32 are reduced
+# unblocked whatever the workspace.
+_TRD_BLOCK = 5
 
 
 def top_abs_eigh(A, r, symmetric=False):

@@ -59,8 +59,8 @@ def _hadamard_top(n: int, m: int) -> np.ndarray:
 class SRHTSketch:
     """One client's SRHT sketch as its random choices: S^T[l, j] = scale * signs[l] * H[l, pick[j]]
     (l < M, H the Sylvester Hadamard matrix of order P; H is symmetric, so this is the first M rows of the
-    padded transform's (R H D)^T times scale).  ``problem.sketched_roots`` folds the signs and the scale
-    into the sparse client design and multiplies by the k Hadamard columns, without building S^T."""
+    padded transform's (R H D)^T times scale).  ``problem.sketched_roots`` applies it through ``rows_product``
+    (the transform's Kronecker structure), without building S^T."""
 
     pick: np.ndarray     # (k,) sampled rows of the P-point transform
     signs: np.ndarray    # (M,) the diagonal of D, +-1

@@ -280,7 +280,7 @@ class FederatedLogReg:
 
     def _planned_packed(self, s, sel, rows, minus=None):
         """The packed Hessian blocks of ``sel`` (minus ``minus``, packed alike, if given), their layout and
-        whether every entry is finite."""
+        the product Q s they were gathered from."""
         plan = self._plan
         full = rows is self._full
         if not full:  # rows of the other clients get weight 0; their blocks are dropped below
@@ -295,7 +295,7 @@ class FederatedLogReg:
             packed = np.concatenate([packed[plan["layout"].offsets[c]:plan["layout"].offsets[c + 1]] for c in sel])
         if minus is not None:
             np.subtract(packed, minus, out=packed)   # the numbers of packed - minus, in the gathered array
-        return packed, layout, bool(np.isfinite(u).all())
+        return packed, layout, u
 
     def hessian_differences(self, thetas, sel, packed):
         """grad^2 f_c(theta_c) - (E_c B_c E_c^T + lam I) as a stack on the active blocks (shift 0: the lam I
@@ -313,9 +313,9 @@ class FederatedLogReg:
                             tuple(self.block_flat[c] for c in sel), diff, layout)
 
     def _planned_hessians(self, s, sel, rows):
-        packed, layout, finite = self._planned_packed(s, sel, rows)
+        packed, layout, u = self._planned_packed(s, sel, rows)
         packed.flags.writeable = False    # the certificate below describes these numbers; keep them
-        cert = {"symmetric": True, "finite": finite}
+        cert = {"symmetric": True, "finite": bool(np.isfinite(u).all())}
         return ActiveBlocks(layout.views(packed), tuple(self.active[c] for c in sel), self.d, self.lam,
                             tuple(self.block_flat[c] for c in sel), packed, layout, cert)
 

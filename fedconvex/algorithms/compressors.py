@@ -259,7 +259,9 @@ def _sorted_like_dsyevr(w, Z):
 # for the 142 w8a FedNL blocks of a round (n ~ 136, up to 198): block 21 51.9 ms, 8 41.1, 6 35.0, 5 34.3,
 # 4 35.0, 3 36.4; per size, blocks 6..8 slow down sharply once n * block passes ~1000 (n = 198: 5 -> 484 us,
 # 6 -> 647, 8 -> 729), 5 is at or near the best for every n up to 198.  Blocks of n <= 32 are reduced
-# unblocked whatever the workspace.
+# unblocked whatever the workspace.  dormqr, which applies Q to the r eigenvectors of T, gets workspace n: with
+# dsyevr's 24n it switches to its blocked path from n = 175 on, which forms 32-column triangular factors to apply
+# them to r columns and is ~3x slower there (n = 198: 82 vs 25 us); below that both are the same unblocked code.
 _TRD_BLOCK = 5
 
 
@@ -333,7 +335,7 @@ def top_abs_eigh(A, r, symmetric=False):
         # and picking bookkeeping (a few microseconds a call, 142 calls a round on w8a)
         w, iblock, isplit = first
         z, info = dstein(dd, e, w, iblock, isplit)
-        zq, _, info2 = dormqr(b"L", b"N", c[1:, :n - 1], tau, z[1:, :], lwork=24 * n)   # dormtr('L', 'L', 'N')
+        zq, _, info2 = dormqr(b"L", b"N", c[1:, :n - 1], tau, z[1:, :], lwork=n)   # dormtr("L", "L", "N"), unblocked
         if info or info2:  # pragma: no cover
             return _full_top_abs(A, r)
         z[1:, :] = zq
@@ -354,7 +356,7 @@ def top_abs_eigh(A, r, symmetric=False):
             continue
         w, iblock, isplit = ends[k]
         z, info = dstein(dd, e, w, iblock, isplit)
-        zq, _, info2 = dormqr(b"L", b"N", c[1:, :n - 1], tau, z[1:, :], lwork=24 * n)   # dormtr('L', 'L', 'N')
+        zq, _, info2 = dormqr(b"L", b"N", c[1:, :n - 1], tau, z[1:, :], lwork=n)   # dormtr("L", "L", "N"), unblocked
         if info or info2:  # pragma: no cover
             return _full_top_abs(A, r)
         z[1:, :] = zq

@@ -55,6 +55,12 @@ def all_usable(up: dict, n: int, d: int | None, psd_keys=()) -> bool:
                     cat = np.concatenate(nonempty)
                     if int(cat.min()) < 0 or int(cat.max()) >= d:
                         return False
+        elif field not in psd_keys and isinstance(v, (tuple, list)) and len(v) == n:
+            # per-client arrays of different shapes (e.g. FedNS's sketched roots and feature indices): the
+            # per-client test below is their finiteness, checked here array by array
+            if not all(isinstance(a, np.ndarray) and a.dtype.kind in "biuf" and bool(np.isfinite(a).all())
+                       for a in v):
+                return False
         elif field in psd_keys or not isinstance(v, np.ndarray) or v.ndim < 1 or v.shape[0] != n:
             return False
         elif not bool(np.isfinite(v).all()):

@@ -233,7 +233,13 @@ class FederatedLogReg:
         return vals, grads
 
     def values(self, thetas, sel=None):
-        return self.values_and_gradients(thetas, sel)[0]
+        """f_c(theta_c) for each selected client: the numbers ``values_and_gradients`` gives, without the
+        gradients' product (FedNL-LS evaluates f at every backtracking trial)."""
+        xp, rows = self.xp, self._rows(sel)
+        self._check(thetas, rows)
+        m = rows.y * self._xv(thetas, rows)
+        loss = self._segment_sum(rows.row_w * xp.logaddexp(m * 0, -m), rows)
+        return loss + 0.5 * self.lam * (thetas * thetas).sum(1)
 
     def gradients(self, thetas, sel=None):
         return self.values_and_gradients(thetas, sel)[1]
@@ -272,7 +278,9 @@ class FederatedLogReg:
         return ActiveBlocks(tuple(blocks), tuple(self.active[c] for c in sel), self.d, self.lam,
                             tuple(self.block_flat[c] for c in sel))
 
-    def _planned_hessians(self, s, sel, rows):
+    def _planned_packed(self, s, sel, rows, minus=None):
+        """The packed Hessian blocks of ``sel`` (minus ``minus``, packed alike, if given), their layout and
+        the product Q s they were gathered from."""
         plan = self._plan
         full = rows is self._full
         if not full:  # rows of the other clients get weight 0; their blocks are dropped below
@@ -285,6 +293,27 @@ class FederatedLogReg:
         if not full:
             layout = layout.take(sel)
             packed = np.concatenate([packed[plan["layout"].offsets[c]:plan["layout"].offsets[c + 1]] for c in sel])
+        if minus is not None:
+            np.subtract(packed, minus, out=packed)   # the numbers of packed - minus, in the gathered array
+        return packed, layout, u
+
+    def hessian_differences(self, thetas, sel, packed):
+        """grad^2 f_c(theta_c) - (E_c B_c E_c^T + lam I) as a stack on the active blocks (shift 0: the lam I
+        parts cancel), for blocks B_c given ``packed`` in the layout ``hessians(thetas, sel)`` has; its packed
+        numbers are those of ``hessians(thetas, sel).packed - packed``, the Hessians gathered straight into the
+        result (one fresh d-block-sized array instead of two).  None where ``hessians`` has no plan."""
+        if self._plan is None:
+            return None
+        rows = self._rows(sel)
+        self._check(thetas, rows)
+        s = self._curvature(thetas, rows)
+        sel = np.arange(self.n_clients) if sel is None else np.asarray(sel)
+        diff, layout, _ = self._planned_packed(s, sel, rows, minus=packed)
+        return ActiveBlocks(layout.views(diff), tuple(self.active[c] for c in sel), self.d, 0.0,
+                            tuple(self.block_flat[c] for c in sel), diff, layout)
+
+    def _planned_hessians(self, s, sel, rows):
+        packed, layout, u = self._planned_packed(s, sel, rows)
         packed.flags.writeable = False    # the certificate below describes these numbers; keep them
         cert = {"symmetric": True, "finite": bool(np.isfinite(u).all())}
         return ActiveBlocks(layout.views(packed), tuple(self.active[c] for c in sel), self.d, self.lam,
@@ -310,11 +339,13 @@ class FederatedLogReg:
         return ActiveBlocks(layout.views(packed), active, self.d, self.lam, flat, packed, layout)
 
     def sketched_roots(self, thetas, sketches, sel=None, scale: float = 1.0):
-        """Per client (S_c A_c)^T = A_c^T S_c^T (a_c x k), given S_c^T (M_c x k) (dense, SciPy sparse
-        for CountSketch, or an SRHT sketch given by its random choices); ``None`` means S_c = I.  ``scale`` multiplies every sketch (e.g. 1/sqrt(k)).
+        """Per client (S_c A_c)^T = A_c^T S_c^T (a_c x k), given S_c^T (M_c x k) (dense, SciPy sparse,
+        or a CountSketch or SRHT sketch given by its random choices: fedns.CountSketch / fedns.SRHTSketch); ``None`` means S_c = I.  ``scale`` multiplies every sketch (e.g. 1/sqrt(k)).
 
         On NumPy the product goes through the sparse client design with the row weights and the scale
-        folded into its non-zeros (nnz x k flops, no scaled copy of the M_c x k sketch)."""
+        folded into its non-zeros (nnz x k flops, no scaled copy of the M_c x k sketch), except for SRHT,
+        whose fast transform runs on the dense reduced design (fedns.SRHTSketch.rows_product; its (S_c A_c)^T
+        comes column-major)."""
         rows = self._rows(sel)
         root = self._curvature(thetas, rows) ** 0.5
         sel = np.arange(self.n_clients) if sel is None else np.asarray(sel)
@@ -323,16 +354,27 @@ class FederatedLogReg:
         for k, (c, St) in enumerate(zip(sel, sketches)):
             r = root[starts[k]:starts[k + 1], None]
             if St is None:
-                out.append((self.reduced[c] * r).T)
+                # row-major like the sketched products (the server's Gram takes R^T as it is, see fedns._gram)
+                out.append(np.ascontiguousarray((self.reduced[c] * r).T) if self.xp is np else (self.reduced[c] * r).T)
             elif self.xp is np:
-                RT = self.reduced_T_csr[c]
                 w = r[:, 0] * scale if scale != 1.0 else r[:, 0]
+                if hasattr(St, "rows_product"):
+                    # SRHT (fedns.SRHTSketch): the Hadamard transform's Kronecker structure on the dense reduced
+                    # design, in BLAS, beats the sparse product with its k dense +-1 columns
+                    out.append(St.rows_product(self.reduced[c], w))
+                    continue
+                RT = self.reduced_T_csr[c]
                 data = RT.data * w[RT.indices]
-                if hasattr(St, "columns"):
-                    # SRHT (fedns.SRHTSketch): S^T = s D H[:, pick]; sign (exact) and scale folded into the
-                    # non-zeros, then the +-1 Hadamard columns: the same products, rounded alike, as with S^T
-                    data = (data * St.signs[RT.indices]) * St.scale
-                    St = St.columns()
+                if hasattr(St, "bucket"):
+                    # CountSketch (fedns.CountSketch): entry (i, b) is the sum, in row order, of the signed
+                    # weighted non-zeros of feature i in the rows hashed to bucket b -- the sums SciPy's sparse
+                    # product with S^T forms in the same order (its products v * (+-1) are exact), so the same
+                    # numbers; bincount adds its weights in input order, starting from 0 like SciPy's sums
+                    rowi = np.repeat(np.arange(RT.shape[0]), np.diff(RT.indptr))
+                    key = rowi * St.k + St.bucket[RT.indices]
+                    out.append(np.bincount(key, weights=data * St.sign[RT.indices],
+                                           minlength=RT.shape[0] * St.k).reshape(RT.shape[0], St.k))
+                    continue
                 scaled = sp.csr_matrix((data, RT.indices, RT.indptr), shape=RT.shape)
                 prod = scaled @ St
                 out.append(prod.toarray() if sp.issparse(prod) else prod)
@@ -353,7 +395,7 @@ class FederatedLogReg:
         return float((self.client_weights * vals).sum()), (self.client_weights[:, None] * grads).sum(0)
 
     def value(self, theta) -> float:
-        return self.value_and_gradient(theta)[0]
+        return float((self.client_weights * self.values(self._stack(theta))).sum())
 
     def gradient(self, theta):
         return self.value_and_gradient(theta)[1]

@@ -29,8 +29,10 @@ def test_oracles_match_the_naive_reference(seed, weighting, lam):
         np.testing.assert_allclose(grads[i], ref.g_i(i, T[i]), rtol=1e-10, atol=1e-14)
         np.testing.assert_allclose(H[i], ref.H_i(i, T[i]), rtol=1e-10, atol=1e-14)
         np.testing.assert_allclose(hv[i], ref.H_i(i, T[i]) @ V[i], rtol=1e-10, atol=1e-14)
+    assert np.array_equal(pb.values(T), vals)          # the values-only path: the same numbers
     th = T[0]
     assert pb.value(th) == pytest.approx(ref.f(th), rel=1e-12)
+    assert pb.value(th) == pb.value_and_gradient(th)[0]
     np.testing.assert_allclose(pb.gradient(th), ref.g(th), rtol=1e-10, atol=1e-14)
     np.testing.assert_allclose(pb.hessian(th), ref.H(th), rtol=1e-10, atol=1e-14)
 

@@ -255,7 +255,17 @@ def _sorted_like_dsyevr(w, Z):
     return w, Z
 
 
-def top_abs_eigh(A, r):
+# dsytrd's block size is its workspace / n (capped at 32).  dsyevr hands it 21n (block 21).  On one core here,
+# for the 142 w8a FedNL blocks of a round (n ~ 136, up to 198): block 21 51.9 ms, 8 41.1, 6 35.0, 5 34.3,
+# 4 35.0, 3 36.4; per size, blocks 6..8 slow down sharply once n * block passes ~1000 (n = 198: 5 -> 484 us,
+# 6 -> 647, 8 -> 729), 5 is at or near the best for every n up to 198.  Blocks of n <= 32 are reduced
+# unblocked whatever the workspace.  dormqr, which applies Q to the r eigenvectors of T, gets workspace n: with
+# dsyevr's 24n it switches to its blocked path from n = 175 on, which forms 32-column triangular factors to apply
+# them to r columns and is ~3x slower there (n = 198: 82 vs 25 us); below that both are the same unblocked code.
+_TRD_BLOCK = 5
+
+
+def top_abs_eigh(A, r, symmetric=False):
     """The r eigenpairs of the symmetric A with the largest |eigenvalue|, largest first.
 
     One reduction to tridiagonal form T = Q^T A Q (LAPACK dsytrd, the O(n^3) part), then bisection (dstebz)
@@ -264,9 +274,17 @@ def top_abs_eigh(A, r):
     two ends, and the r of largest magnitude are picked among those 2r (equal magnitudes: the top end's
     first).  Eigenvectors only for the end(s) picked from: inverse iteration on T (dstein), then Q applied
     (dormqr on dsytrd's reflectors).  This is the sequence LAPACK's index-range solver dsyevr (range='I')
-    runs for one end, with its workspace sizes (hence its blocking), so each end's pairs are dsyevr's to the
-    last bit -- but the reduction is done once for both ends.  Small matrices, matrices dsyevr would rescale
-    (max |a_ij| outside 1e-140 .. 1e76) and LAPACK failures use the full solver."""
+    runs for one end -- but the reduction is done once for both ends, and with a smaller block size than
+    dsyevr's workspace gives dsytrd (``_TRD_BLOCK``): for n <= 32, where dsytrd does not block, each end's
+    pairs are dsyevr's to the last bit; above, the blocked reduction rounds differently and the pairs agree
+    with dsyevr's (and eigh's) to round-off (tests check both).  Small matrices, matrices dsyevr would
+    rescale (max |a_ij| outside 1e-140 .. 1e76) and LAPACK failures use the full solver.
+
+    ``symmetric=True`` promises that A equals A^T exactly (e.g. FedNL's block differences, built symmetric):
+    then A's memory read column-major is the same matrix, and dsytrd gets a plain copy of it instead of a
+    transposing one (dsytrd reads the lower triangle either way, so the same numbers).  The bookkeeping
+    around the LAPACK calls is kept to a few array operations: FedNL Rank-1 on w8a calls this 142 times a round
+    on blocks of ~136 rows, where NumPy's per-call costs had grown to about half the time of the reductions."""
     from scipy.linalg.lapack import dormqr, dstebz, dstein, dsytrd
 
     n = A.shape[0]
@@ -274,7 +292,9 @@ def top_abs_eigh(A, r):
     amax = max(float(A.max()), -float(A.min())) if n else 0.0
     if n <= max(8, 3 * r) or not (amax == 0.0 or 1e-140 < amax < 1e76):   # dsyevr rescales outside ~1e-146..8e76
         return _full_top_abs(A, r)
-    c, dd, e, tau, info = dsytrd(np.array(A, order="F"), lower=1, lwork=21 * n, overwrite_a=1)  # dsyevr: 26n - 5n
+    # f2py copies the (read-only to us) input into the column-major array dsytrd overwrites
+    a = A.T if symmetric and A.flags.c_contiguous else A
+    c, dd, e, tau, info = dsytrd(a, lower=1, lwork=_TRD_BLOCK * n, overwrite_a=0)
     if info:  # pragma: no cover - LAPACK failure
         return _full_top_abs(A, r)
 
@@ -285,10 +305,14 @@ def top_abs_eigh(A, r):
 
     # the end that Gershgorin's discs of T reach further out is computed first; the other end only if a Sturm
     # count finds an eigenvalue there that the picking rule below would take (|.| above the first end's r-th,
-    # or equal to it on the top end, which comes first on equal magnitudes)
-    reach = np.abs(e)
-    reach = np.append(reach, 0.0) + np.insert(reach, 0, 0.0)
-    high, low = float((dd + reach).max()), float((dd - reach).min())    # every eigenvalue lies in [low, high]
+    # or equal to it on the top end, which comes first on equal magnitudes).  reach_i = |e_i| + |e_(i-1)|
+    # (missing terms 0): the sums of the same two numbers as np.append(|e|, 0) + np.insert(|e|, 0, 0)
+    ae = np.abs(e)
+    reach = np.empty(n)
+    reach[:-1] = ae
+    reach[-1] = 0.0
+    reach[1:] += ae
+    high, low = float(np.add(dd, reach).max()), float(np.subtract(dd, reach, out=reach).min())
     top_first = high >= -low
     first = end(top_first)
     if first is None:  # pragma: no cover
@@ -306,26 +330,43 @@ def top_abs_eigh(A, r):
         other = info != 0 or m > 0
     else:
         other = True
+    if not other and r == 1:
+        # one end, one pair (Rank-1's usual case): what the general steps below come to, without their sorting
+        # and picking bookkeeping (a few microseconds a call, 142 calls a round on w8a)
+        w, iblock, isplit = first
+        z, info = dstein(dd, e, w, iblock, isplit)
+        zq, _, info2 = dormqr(b"L", b"N", c[1:, :n - 1], tau, z[1:, :], lwork=n)   # dormtr("L", "L", "N"), unblocked
+        if info or info2:  # pragma: no cover
+            return _full_top_abs(A, r)
+        z[1:, :] = zq
+        return w, z
     if other:
         ends[not top_first] = end(not top_first)
         if ends[not top_first] is None:  # pragma: no cover
             return _full_top_abs(A, r)
     order = [k for k in (True, False) if k in ends]           # [top, bottom] as far as computed
     # the eigenvalues in dsyevr's output order (ascending); dstein below takes them in dstebz's block order
-    lam = np.concatenate([_sorted_like_dsyevr(ends[k][0].copy(), None)[0] for k in order])
+    lam = np.concatenate([_sorted_like_dsyevr(ends[k][0].copy(), None)[0] for k in order]) if len(order) > 1 \
+        else _sorted_like_dsyevr(ends[order[0]][0].copy(), None)[0]
     pick = np.argsort(-np.abs(lam), kind="stable")[:r]
-    V = np.zeros((n, r * len(order)))
+    vecs = []
     for at, k in enumerate(order):
-        if not np.any((pick >= at * r) & (pick < (at + 1) * r)):
+        if not ((pick >= at * r) & (pick < (at + 1) * r)).any():
+            vecs.append(None)
             continue
         w, iblock, isplit = ends[k]
         z, info = dstein(dd, e, w, iblock, isplit)
-        zq, _, info2 = dormqr(b"L", b"N", c[1:, :n - 1], tau, z[1:, :], lwork=24 * n)   # dormtr('L', 'L', 'N')
+        zq, _, info2 = dormqr(b"L", b"N", c[1:, :n - 1], tau, z[1:, :], lwork=n)   # dormtr("L", "L", "N"), unblocked
         if info or info2:  # pragma: no cover
             return _full_top_abs(A, r)
         z[1:, :] = zq
-        w, z = _sorted_like_dsyevr(w.copy(), z)
-        V[:, at * r:(at + 1) * r] = z
+        vecs.append(_sorted_like_dsyevr(w.copy(), z)[1])
+    if len(order) == 1:
+        return lam[pick], vecs[0][:, pick]
+    V = np.zeros((n, r * len(order)))
+    for at, z in enumerate(vecs):
+        if z is not None:
+            V[:, at * r:(at + 1) * r] = z
     return lam[pick], V[:, pick]
 
 

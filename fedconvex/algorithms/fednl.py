@@ -31,7 +31,7 @@ from ..backend import namespace
 from ..mixing import simple_mix
 from . import fednl_blocks
 from .base import Algorithm, RoundInfo, State, start_stack
-from .compressors import Identity, make_compressor
+from .compressors import Identity, RankR, make_compressor
 from .fednl_blocks import BlockState
 from .grids import SECOND_ORDER_LR
 
@@ -59,9 +59,14 @@ def _initial_estimates(problem, theta0):
 
 def _differences(problem, thetas, sel, H):
     """grad^2 f_i(x) - H_i: packed on the blocks (the lam I parts cancel) or a dense stack."""
-    hess = problem.hessians(thetas, sel)
     if isinstance(H, BlockState):
+        diffs = problem.hessian_differences(thetas, sel, H.packed) if hasattr(problem, "hessian_differences") \
+            else None
+        if diffs is not None:       # the same numbers as below, without a separate array of Hessians
+            return diffs.packed, diffs
+        hess = problem.hessians(thetas, sel)
         return hess.packed - H.packed, hess
+    hess = problem.hessians(thetas, sel)
     return hess.plus_dense(-H, inplace=True), None   # scattered straight into -H_i (no dense Hessian stack)
 
 
@@ -156,14 +161,20 @@ class FedNL(Algorithm):
         f, g = problem.values_and_gradients(thetas, sel)
         diff, hess = _differences(problem, thetas, sel, cstate["H"])      # grad^2 f_i(x^k) - H_i^k
         comp = make_compressor(self.compressor, self.k, self.rank)
-        msg, S = _compress(comp, problem, diff, hess, sel, rng)
+        H = cstate["H"]
+        if hess is not None and isinstance(comp, RankR):
+            # Rank-R on the blocks forms H + alpha S block by block (the numbers of _add_scaled below)
+            msg, H_new = fednl_blocks.encode(comp, diff, hess.layout, hess.active, problem.d, rng,
+                                             base=H.packed, alpha=self.alpha)
+        else:
+            msg, S = _compress(comp, problem, diff, hess, sel, rng)
+            H_new = _add_scaled(H.packed if hess is not None else H, self.alpha, S)
         up = {"grad": g, **msg}
         if self.option == "shift":
             up["l"] = _norms(diff, hess)
         if self.sends_values:
             up["f"] = f
-        H = cstate["H"]
-        return up, {"H": _with(H, _add_scaled(H.packed if hess is not None else H, self.alpha, S))}
+        return up, {"H": _with(H, H_new)}
 
     def server_update(self, problem, state, up, info: RoundInfo) -> State:
         xp = problem.xp

@@ -182,11 +182,19 @@ def _top_entries(diff, m, k, d):
     return vals, glob, loc
 
 
-def encode(comp, diff, layout, active, d, rng):
+def encode(comp, diff, layout, active, d, rng, base=None, alpha=1.0):
     """(message, S) for packed differences ``diff``: the message the dense path would send and the
-    decoded update S on the blocks (packed), which the client adds to its estimate."""
-    m = _upper_map(layout, active)
+    decoded update S on the blocks (packed), which the client adds to its estimate.
+
+    With ``base`` (the packed estimates H, Rank-R only) the second item is instead the new estimate
+    H + alpha S, the numbers of fednl._add_scaled(base, alpha, S), formed block by block while the block of S
+    is in cache instead of writing S and adding it in another pass over the whole buffer."""
     P, n = len(active), d * (d + 1) // 2
+    if base is not None and not isinstance(comp, RankR):
+        raise TypeError("encode forms H + alpha S itself only for Rank-R")
+    if isinstance(comp, RankR):
+        return _encode_rank(comp, diff, layout, active, d, base, alpha)
+    m = _upper_map(layout, active)
     if isinstance(comp, Identity):
         msg = PackedBlocks(layout.views(diff))
         msg.packed, msg.layout = diff, layout
@@ -203,7 +211,7 @@ def encode(comp, diff, layout, active, d, rng):
         code.reshape(-1)[m["flat_up"]] = code_vals
         S = np.take(natural_values(code_vals), m["inv"])   # every block entry from its upper entry: symmetric
         return {"code": code}, S
-    S = np.zeros_like(diff)
+    S = np.zeros_like(diff) if not isinstance(comp, RankR) else np.empty_like(diff)   # Rank-R writes every entry
     if isinstance(comp, (TopK, TopLEK)):
         k = min(comp.k, n)
         vals, glob, loc = _top_entries(diff, m, k, d)
@@ -235,23 +243,39 @@ def encode(comp, diff, layout, active, d, rng):
         if isinstance(comp, RandK):
             return {"values": vals, "index": idx.astype(np.int32)}, S
         return {"values": vals, "start": start.astype(np.int32)}, S
-    if isinstance(comp, RankR):
-        r = min(comp.r, d)
-        vals, vecs = np.zeros((P, r)), np.zeros((P, d, r))
-        views = layout.views(diff)
-        out = layout.views(S)
-        for c, (B, a) in enumerate(zip(views, active)):
-            if not len(a):
-                continue
-            lam, V = top_abs_eigh(B, r)
-            vals[c, :len(lam)], vecs[c][a, :len(lam)] = lam, V
-            M, tmp = out[c], np.empty((len(a), len(a)))
-            for j in range(len(lam)):       # sum of exactly symmetric outer products lam_j (v_j v_j^T)
+    raise TypeError(f"no block path for {type(comp).__name__}")
+
+
+def _encode_rank(comp, diff, layout, active, d, base, alpha):
+    """Rank-R on each client's block (see ``encode``)."""
+    P, r = len(active), min(comp.r, d)
+    vals, vecs = np.zeros((P, r)), np.zeros((P, d, r))
+    S = np.empty_like(diff)                           # every entry is written below
+    views, out = layout.views(diff), layout.views(S)
+    bases = layout.views(base) if base is not None else None
+    for c, (B, a) in enumerate(zip(views, active)):
+        if not len(a):
+            continue
+        lam, V = top_abs_eigh(B, r, symmetric=True)    # the differences are exactly symmetric
+        vals[c, :len(lam)], vecs[c][a, :len(lam)] = lam, V
+        # sum of exactly symmetric outer products lam_j (v_j v_j^T), the first written in place (no zero
+        # fill and add: the same numbers, except that an entry may now be -0.0 where 0 + -0.0 gave +0.0,
+        # which leaves every estimate H + alpha S unchanged, as H never holds -0.0: it starts from sums
+        # and x + y is -0.0 only when both are)
+        M = out[c]
+        np.multiply(V[:, 0, None], V[None, :, 0], out=M)
+        M *= lam[0]
+        if len(lam) > 1:
+            tmp = np.empty((len(a), len(a)))
+            for j in range(1, len(lam)):
                 np.multiply(V[:, j, None], V[None, :, j], out=tmp)
                 tmp *= lam[j]
                 M += tmp
-        return {"eigvals": vals, "eigvecs": vecs}, S
-    raise TypeError(f"no block path for {type(comp).__name__}")
+        if bases is not None:       # H + alpha S as _add_scaled forms it: H + S, or (S alpha) + H
+            if alpha != 1.0:
+                M *= alpha
+            M += bases[c]
+    return {"eigvals": vals, "eigvecs": vecs}, S
 
 
 # ---------------------------------------------------------------------------- server sum

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from fedconvex.algorithms import applicable, make_algorithm
+from fedconvex.algorithms.normal_memo import remembering_normals
 from fedconvex.run import Diverged, run
 
 
@@ -64,6 +65,12 @@ def candidates(method: str, fixed: dict):
     keys = list(space)
     for combo in itertools.product(*(space[k] for k in keys)):
         yield {**fixed, **dict(zip(keys, combo))}
+
+
+# Bytes of Gaussian draws a process keeps for the candidates after the first (fedconvex.algorithms.normal_memo):
+# every candidate starts from the same seed, so FedNS's candidates draw the same sketches round by round, and
+# the race stops the losing ones within a few rounds.  w8a: 119 MB a round; this keeps its first three.
+NORMALS_KEPT = 384 * 2 ** 20
 
 
 class _Abort(Exception):
@@ -111,7 +118,7 @@ def race_candidate(problem, method: str, params: dict, theta0, theta_star, f_sta
     seen = []
     alg = make_algorithm(method, **applicable(method, params))
     try:
-        with _quiet_server():
+        with _quiet_server(), remembering_normals(NORMALS_KEPT):
             _, hist = run(problem, alg, theta0, rounds, stop=_race_stop(rounds, floor, best, initial_gap, seen),
                           participants=participants, seed=seed, theta_star=theta_star, f_star=f_star,
                           max_ratio=max_ratio)

@@ -213,3 +213,24 @@ def test_the_memo_keeps_no_more_than_its_budget_and_nothing_when_off(small):
         _history(small, "fedns", 1.0, rounds=5)
     assert NORMALS.used == 2 * one_round            # the first two rounds' draws, then no room
     NORMALS.clear()
+
+
+def test_each_candidate_starts_knowing_the_first_point_and_the_search_is_unchanged(small, monkeypatch):
+    """Every candidate's round-0 metrics are f and grad f at theta0: computed once per process, not once a
+    candidate, and the search (trials, winner, history) is the same as when every run computes them."""
+    calls = []
+    real = FederatedLogReg.values_and_gradients
+
+    def counting(self, thetas, sel=None):
+        calls.append(1)
+        return real(self, thetas, sel)
+
+    monkeypatch.setattr(FederatedLogReg, "values_and_gradients", counting)
+    tuning._STARTS.clear()
+    shared = _tune(small, "fedavg")
+    n_shared = len(calls)
+    monkeypatch.setattr(tuning, "_starting_view", lambda problem, theta0: problem)
+    calls.clear()
+    alone = _tune(small, "fedavg")
+    assert n_shared == len(calls) - len(alone[2]) + 1      # one start computed instead of one a candidate
+    _same(shared, alone)

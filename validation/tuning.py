@@ -18,6 +18,7 @@ import itertools
 import json
 import math
 import os
+import weakref
 
 import logging
 from contextlib import contextmanager
@@ -26,7 +27,8 @@ import numpy as np
 
 from fedconvex.algorithms import applicable, make_algorithm
 from fedconvex.algorithms.normal_memo import remembering_normals
-from fedconvex.run import Diverged, run
+from fedconvex.backend import to_numpy
+from fedconvex.run import Diverged, known_point, reusing_last_point, run
 
 
 @contextmanager
@@ -71,6 +73,25 @@ def candidates(method: str, fixed: dict):
 # every candidate starts from the same seed, so FedNS's candidates draw the same sketches round by round, and
 # the race stops the losing ones within a few rounds.  w8a: 119 MB a round; this keeps its first three.
 NORMALS_KEPT = 384 * 2 ** 20
+
+
+# per problem: (theta0, what a run's view knows at theta0): every candidate's round-0 metrics (and, for the
+# first-order methods, its clients' first gradients) are the same numbers, computed once per process
+_STARTS = weakref.WeakKeyDictionary()
+
+
+def _starting_view(problem, theta0):
+    """``problem`` as a run from ``theta0`` sees it (``fedconvex.run.reusing_last_point``), already knowing the
+    f and grad f of every client at ``theta0``."""
+    try:
+        start = _STARTS.get(problem)
+    except TypeError:         # not weakly referable / hashable: nothing to remember it by
+        return problem
+    theta0_host = np.array(to_numpy(theta0))
+    if start is None or not np.array_equal(start[0], theta0_host) or start[0].shape != theta0_host.shape:
+        start = (theta0_host, known_point(problem, theta0))
+        _STARTS[problem] = start
+    return reusing_last_point(problem, start[1]) if start[1] is not None else problem
 
 
 class _Abort(Exception):
@@ -119,7 +140,7 @@ def race_candidate(problem, method: str, params: dict, theta0, theta_star, f_sta
     alg = make_algorithm(method, **applicable(method, params))
     try:
         with _quiet_server(), remembering_normals(NORMALS_KEPT):
-            _, hist = run(problem, alg, theta0, rounds, stop=_race_stop(rounds, floor, best, initial_gap, seen),
+            _, hist = run(_starting_view(problem, theta0), alg, theta0, rounds, stop=_race_stop(rounds, floor, best, initial_gap, seen),
                           participants=participants, seed=seed, theta_star=theta_star, f_star=f_star,
                           max_ratio=max_ratio)
     except _Abort:

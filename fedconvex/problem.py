@@ -155,7 +155,14 @@ class FederatedLogReg:
         keys = nnz_client * d + X.indices.astype(np.int64)
         uniq, inv = _unique_bounded(keys, self.n_clients * d)
         local = inv - np.searchsorted(uniq, np.arange(self.n_clients) * d)[nnz_client]  # index in active set
-        pos_parts, row_parts, val_parts = [], [], []
+        # every row's products laid out in row order (rows with the same count k are formed together, then
+        # scattered to their rows' places): the COO -> CSR conversion below is a stable counting sort, so each
+        # row of Q comes out with its X rows ascending -- the canonical order, which it would otherwise sort
+        # into (w8a: 3.9 M entries, ~0.5 s of the plan) -- and Q @ s sums them in that same order
+        npairs = rownnz * (rownnz + 1) // 2
+        start = np.concatenate([[0], np.cumsum(npairs)])
+        pos = np.empty(int(start[-1]), dtype=np.int64)
+        vals = np.empty(int(start[-1]))
         for k in np.unique(rownnz):
             if k == 0:
                 continue
@@ -164,14 +171,11 @@ class FederatedLogReg:
             iu, ju = np.triu_indices(k)
             li, lk, v = local[at], local[at], X.data[at]
             c = self._row_client[rows][:, None]
-            pos_parts.append((layout.offsets[c] + li[:, iu] * sizes[c] + lk[:, ju]).ravel())
-            row_parts.append(np.repeat(rows, len(iu)))
-            val_parts.append((v[:, iu] * v[:, ju]).ravel())
-        pos = np.concatenate(pos_parts) if pos_parts else np.zeros(0, dtype=np.int64)
+            dest = (start[rows][:, None] + np.arange(len(iu))[None, :]).ravel()
+            pos[dest] = (layout.offsets[c] + li[:, iu] * sizes[c] + lk[:, ju]).ravel()
+            vals[dest] = (v[:, iu] * v[:, ju]).ravel()
         upos, pid = _unique_bounded(pos, layout.total)
-        Q = sp.csr_matrix((np.concatenate(val_parts) if val_parts else np.zeros(0),
-                           (pid.ravel(), np.concatenate(row_parts) if row_parts else pid.ravel())),
-                          shape=(len(upos), X.shape[0]))
+        Q = sp.csr_matrix((vals, (pid, np.repeat(np.arange(X.shape[0]), npairs))), shape=(len(upos), X.shape[0]))
         c = np.searchsorted(layout.offsets, upos, side="right") - 1
         r = upos - layout.offsets[c]
         lpos = layout.offsets[c] + (r % sizes[c]) * sizes[c] + r // sizes[c]       # mirrored position

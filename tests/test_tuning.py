@@ -213,6 +213,10 @@ def test_the_memo_keeps_no_more_than_its_budget_and_nothing_when_off(small):
         _history(small, "fedns", 1.0, rounds=5)
     assert NORMALS.used == 2 * one_round            # the first two rounds' draws, then no room
     NORMALS.clear()
+    with remembering_normals(100 * one_round, entries=3):
+        _history(small, "fedns", 1.0, rounds=5)
+    assert NORMALS.used == 3 * one_round            # the first three draws: no more than asked for
+    NORMALS.clear()
 
 
 def test_each_candidate_starts_knowing_the_first_point_and_the_search_is_unchanged(small, monkeypatch):

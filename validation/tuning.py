@@ -69,10 +69,11 @@ def candidates(method: str, fixed: dict):
         yield {**fixed, **dict(zip(keys, combo))}
 
 
-# Bytes of Gaussian draws a process keeps for the candidates after the first (fedconvex.algorithms.normal_memo):
-# every candidate starts from the same seed, so FedNS's candidates draw the same sketches round by round, and
-# the race stops the losing ones within a few rounds.  w8a: 119 MB a round; this keeps its first three.
-NORMALS_KEPT = 384 * 2 ** 20
+# Gaussian draws a process keeps for the candidates after the first (fedconvex.algorithms.normal_memo): every
+# candidate starts from the same seed, so FedNS's candidates draw the same sketches round by round, and the race
+# stops the losing ones within a few rounds (Test 1: 2 or 3).  The first 4 rounds' draws, at most 384 MiB
+# (w8a: 119 MB a round, so its first three; a9a: 32 MB a round).
+NORMALS_KEPT, NORMALS_ROUNDS = 384 * 2 ** 20, 4
 
 
 # per problem: (theta0, what a run's view knows at theta0): every candidate's round-0 metrics (and, for the
@@ -139,7 +140,7 @@ def race_candidate(problem, method: str, params: dict, theta0, theta_star, f_sta
     seen = []
     alg = make_algorithm(method, **applicable(method, params))
     try:
-        with _quiet_server(), remembering_normals(NORMALS_KEPT):
+        with _quiet_server(), remembering_normals(NORMALS_KEPT, NORMALS_ROUNDS):
             _, hist = run(_starting_view(problem, theta0), alg, theta0, rounds, stop=_race_stop(rounds, floor, best, initial_gap, seen),
                           participants=participants, seed=seed, theta_star=theta_star, f_star=f_star,
                           max_ratio=max_ratio)

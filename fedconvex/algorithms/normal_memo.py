@@ -19,6 +19,7 @@ class NormalMemo:
 
     def __init__(self):
         self.budget = 0          # bytes that may be kept; 0: off (nothing is kept or recalled)
+        self.entries = 0         # and at most this many draws (a FedNS round's sketches are one draw)
         self.used = 0
         self._kept = {}
 
@@ -41,7 +42,7 @@ class NormalMemo:
         return list(arrays)
 
     def wants(self, nbytes: int) -> bool:
-        return bool(self.budget) and self.used + nbytes <= self.budget
+        return bool(self.budget) and self.used + nbytes <= self.budget and len(self._kept) < self.entries
 
     def keep(self, key, arrays, after) -> None:
         nbytes = sum(a.nbytes for a in arrays if a is not None)
@@ -62,12 +63,13 @@ NORMALS = NormalMemo()
 
 
 @contextmanager
-def remembering_normals(budget: int):
-    """Keep and recall Gaussian draws (up to ``budget`` bytes in all) inside the block.  What was kept stays
-    kept after it (the next candidate of a search recalls it); ``NORMALS.clear()`` frees it."""
-    was = NORMALS.budget
-    NORMALS.budget = max(was, int(budget))
+def remembering_normals(budget: int, entries: int = 4):
+    """Keep and recall Gaussian draws (the first ``entries`` draws, up to ``budget`` bytes in all) inside the
+    block.  What was kept stays kept after it (the next candidate of a search recalls it); ``NORMALS.clear()``
+    frees it."""
+    was = NORMALS.budget, NORMALS.entries
+    NORMALS.budget, NORMALS.entries = max(was[0], int(budget)), max(was[1], int(entries))
     try:
         yield NORMALS
     finally:
-        NORMALS.budget = was
+        NORMALS.budget, NORMALS.entries = was

@@ -51,9 +51,10 @@ class _ReusingLogReg(FederatedLogReg):
         return vals, grads
 
 
-def reusing_last_point(problem):
+def reusing_last_point(problem, known=None):
     """A shallow view of ``problem`` that answers ``values_and_gradients`` at the point it was last asked
     about from memory (copies of the very arrays computed then, so every result is bit-identical).
+    ``known`` (from ``known_point``) is such a point it remembers from the start.
 
     In a round the clients start from the broadcast model, which is the point at which the previous
     round's metrics evaluated f and grad f over every client: with full participation the clients'
@@ -64,7 +65,21 @@ def reusing_last_point(problem):
         return problem
     view = object.__new__(_ReusingLogReg)
     view.__dict__.update(problem.__dict__)   # shares every array; the problem itself is not touched
+    if known is not None:
+        view._last = known                   # never written into: a hit answers copies, a miss replaces it
     return view
+
+
+def known_point(problem, theta):
+    """What ``reusing_last_point``'s view remembers once it has answered f and grad f of every client at
+    ``theta`` (None where it remembers nothing): passed back as ``known``, a run from ``theta`` starts knowing
+    its round-0 metrics and its clients' first gradients, which are those numbers.  A search that runs many
+    candidates from one point computes them once instead of once a candidate."""
+    view = reusing_last_point(problem)
+    if view is problem:
+        return None
+    view.values_and_gradients(view._stack(theta))   # the question the round-0 metrics ask (value_and_gradient)
+    return view._last
 
 
 def run(problem, algorithm, theta0, rounds: int, **kwargs):

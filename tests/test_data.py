@@ -150,3 +150,54 @@ def test_dirichlet_errors():
         dirichlet_split([0, 1], 2, 0.0)
     with pytest.raises(DataError, match="cannot give"):
         dirichlet_split([0, 1], 3, 1.0)
+
+
+# ------------------------------------------------------------------ the whole-file reader of integer files
+def _same_dataset(a, b):
+    return (a.X.shape == b.X.shape and a.labels == b.labels and np.array_equal(a.y, b.y)
+            and all(np.array_equal(getattr(a.X, k), getattr(b.X, k)) and getattr(a.X, k).dtype == getattr(b.X, k).dtype
+                    for k in ("data", "indices", "indptr")))
+
+
+@pytest.mark.parametrize("name", ["w8a", "a9a"])
+def test_the_bundled_files_are_read_whole_exactly_as_line_by_line(name):
+    from importlib import resources
+
+    from fedconvex.data.libsvm import _parse_integer_file
+
+    raw = bz2.decompress(resources.files("fedconvex.data").joinpath(BUNDLED[name][0]).read_bytes())
+    lines = parse_libsvm(raw.decode("ascii").splitlines(), "x", n_features=BUNDLED[name][1])
+    whole = _parse_integer_file(raw, "x", BUNDLED[name][1])
+    assert whole is not None and _same_dataset(whole, lines)
+    assert _same_dataset(load_bundled(name), lines)
+    no_d = _parse_integer_file(raw, "x", None)
+    assert no_d is not None and _same_dataset(no_d, parse_libsvm(raw.decode("ascii").splitlines(), "x"))
+
+
+_token = st.one_of(st.integers(0, 40).map(str), st.sampled_from(["+1", "-1", "-0", "007", "0"]))
+_feature = st.tuples(st.integers(0, 12), st.one_of(st.integers(0, 3).map(str), st.sampled_from(
+    ["1.5", "-1", "1e2", "", "nan"])))
+_line = st.tuples(_token, st.lists(_feature, max_size=5), st.sampled_from([" ", "  "]), st.sampled_from(["", " "]))
+_noise = st.sampled_from(["", "", "", "\t", "\r", ":", "::", " x", "1:2:3", "+", "3 ", "\n\n", "--1", ":4"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_line, min_size=1, max_size=6), _noise, st.integers(0, 200), st.one_of(st.none(), st.integers(1, 14)))
+def test_the_whole_file_reader_reads_as_the_line_parser_or_leaves_it_to_it(lines, noise, at, n_features):
+    """On any text the whole-file reader either gives the line parser's Dataset to the last bit, or declines
+    (None) -- then the line parser reads it, errors and all; it never accepts what the line parser refuses."""
+    from fedconvex.data.libsvm import _parse_integer_file
+
+    text = "\n".join(lab + "".join(f"{sep}{i}:{v}" for i, v in feats) + tail for lab, feats, sep, tail in lines)
+    at = min(at, len(text))
+    text = text[:at] + noise + text[at:]
+    try:
+        ref = parse_libsvm(text.splitlines(), "x", n_features=n_features)
+    except DataError:
+        ref = None
+    got = _parse_integer_file(text.encode("ascii"), "x", n_features)
+    if got is not None:
+        assert ref is not None and _same_dataset(got, ref)
+    clean = noise == "" and all(v.isdigit() for _, feats, _, _ in lines for _, v in feats)
+    if clean and ref is not None:
+        assert got is not None                          # plain integer files are read whole

@@ -115,3 +115,20 @@ def test_hessian_plan_product_written_into_its_buffer_is_the_sparse_product():
         Qi = sp.csr_matrix((Q.data, Q.indices.astype(idx), Q.indptr.astype(idx)), shape=Q.shape)
         got = _matvec_into(Qi, x)
         assert got.shape == (301,) and got[-1] == 0.0 and np.array_equal(got[:-1], Qi @ x)
+
+
+def test_global_hessian_product_keeps_its_pattern_and_gives_scipys_numbers(rng):
+    """``_xtsx`` (X^T diag(s) X with the sparse product's symbolic pass made once) is, to the last bit, the
+    expression it replaces, on call after call with new weights (zeros and wide magnitudes included), and the
+    global Hessian built on it is still the naive one."""
+    X, y, parts = random_data(rng, 5, 9, density=0.3)
+    pb = FederatedLogReg(X, y, parts, lam=1e-2)
+    for _ in range(4):
+        s = rng.random(pb.X.shape[0]) * np.exp(rng.normal(size=pb.X.shape[0]) * 5)
+        s[rng.random(s.size) < 0.2] = 0.0
+        ref = (pb.X.T @ pb.X.multiply(s[:, None]).tocsr()).toarray()
+        got = pb._xtsx(s)
+        assert got.dtype == ref.dtype and np.array_equal(got, ref)
+    theta = rng.normal(size=pb.d)
+    np.testing.assert_allclose(pb.hessian(theta), NaiveLogReg(X, y, parts, 1e-2).H(theta), rtol=1e-10,
+                               atol=1e-12)

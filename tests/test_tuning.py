@@ -167,3 +167,74 @@ def test_the_figure_files_written_side_by_side_are_complete_and_a_failure_is_rai
         report._save_each(fig, [str(tmp_path / "missing" / "b.png"), str(tmp_path / "b.pdf")])
     assert (tmp_path / "b.pdf").stat().st_size > 1000
     plt.close(fig)
+
+
+# ------------------------------------------------------------------ work the candidates of a search share
+def test_kept_gaussian_draws_give_the_runs_numbers_and_generator_state_without_drawing(small, monkeypatch):
+    """FedNS's candidates draw the same sketches from the same seed: with the memo on, a second run recalls
+    the first run's draws (draws nothing), and its history is, bit for bit, the one drawn afresh."""
+    from fedconvex.algorithms import fedns
+    from fedconvex.algorithms.normal_memo import NORMALS, remembering_normals
+
+    pb, theta_star, f_star, theta0 = small
+    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
+    NORMALS.clear()
+    fresh = _history(small, "fedns", 0.5, rounds=4)
+    _, fresh7 = fr.run(pb, make_algorithm("fedns", lr=0.5), theta0, 4, seed=7, theta_star=theta_star, f_star=f_star)
+    draws = []
+
+    class Counting(fedns._DrawnAhead):
+        def __init__(self, *a, **k):
+            draws.append(1)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(fedns, "_DrawnAhead", Counting)
+    with remembering_normals(64 * 2 ** 20):
+        first = _history(small, "fedns", 1.0, rounds=4)
+        assert NORMALS.used > 0 and len(draws) == 4
+        again = _history(small, "fedns", 0.5, rounds=4)
+        assert again == fresh and len(draws) == 4       # every round recalled, and the very same numbers
+        assert first != fresh                           # (another lr: another run, from the same sketches)
+        # a draw from another state is not answered from the memo: a run from another seed draws its own
+        _, h7 = fr.run(pb, make_algorithm("fedns", lr=0.5), theta0, 4, seed=7, theta_star=theta_star, f_star=f_star)
+        assert len(draws) == 8 and strip(h7) == strip(fresh7)
+    NORMALS.clear()
+
+
+def test_the_memo_keeps_no_more_than_its_budget_and_nothing_when_off(small):
+    from fedconvex.algorithms.normal_memo import NORMALS, remembering_normals
+
+    NORMALS.clear()
+    _history(small, "fedns", 1.0, rounds=3)
+    assert NORMALS.used == 0                        # off outside a search
+    pb = small[0]
+    one_round = 8 * pb.d * int(sum(m for m in pb.counts if m > pb.d))
+    with remembering_normals(2 * one_round):
+        _history(small, "fedns", 1.0, rounds=5)
+    assert NORMALS.used == 2 * one_round            # the first two rounds' draws, then no room
+    NORMALS.clear()
+    with remembering_normals(100 * one_round, entries=3):
+        _history(small, "fedns", 1.0, rounds=5)
+    assert NORMALS.used == 3 * one_round            # the first three draws: no more than asked for
+    NORMALS.clear()
+
+
+def test_each_candidate_starts_knowing_the_first_point_and_the_search_is_unchanged(small, monkeypatch):
+    """Every candidate's round-0 metrics are f and grad f at theta0: computed once per process, not once a
+    candidate, and the search (trials, winner, history) is the same as when every run computes them."""
+    calls = []
+    real = FederatedLogReg.values_and_gradients
+
+    def counting(self, thetas, sel=None):
+        calls.append(1)
+        return real(self, thetas, sel)
+
+    monkeypatch.setattr(FederatedLogReg, "values_and_gradients", counting)
+    tuning._STARTS.clear()
+    shared = _tune(small, "fedavg")
+    n_shared = len(calls)
+    monkeypatch.setattr(tuning, "_starting_view", lambda problem, theta0: problem)
+    calls.clear()
+    alone = _tune(small, "fedavg")
+    assert n_shared == len(calls) - len(alone[2]) + 1      # one start computed instead of one a candidate
+    _same(shared, alone)

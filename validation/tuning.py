@@ -18,6 +18,7 @@ import itertools
 import json
 import math
 import os
+import weakref
 
 import logging
 from contextlib import contextmanager
@@ -25,7 +26,9 @@ from contextlib import contextmanager
 import numpy as np
 
 from fedconvex.algorithms import applicable, make_algorithm
-from fedconvex.run import Diverged, run
+from fedconvex.algorithms.normal_memo import remembering_normals
+from fedconvex.backend import to_numpy
+from fedconvex.run import Diverged, known_point, reusing_last_point, run
 
 
 @contextmanager
@@ -64,6 +67,32 @@ def candidates(method: str, fixed: dict):
     keys = list(space)
     for combo in itertools.product(*(space[k] for k in keys)):
         yield {**fixed, **dict(zip(keys, combo))}
+
+
+# Gaussian draws a process keeps for the candidates after the first (fedconvex.algorithms.normal_memo): every
+# candidate starts from the same seed, so FedNS's candidates draw the same sketches round by round, and the race
+# stops the losing ones within a few rounds (Test 1: 2 or 3).  The first 4 rounds' draws, at most 384 MiB
+# (w8a: 119 MB a round, so its first three; a9a: 32 MB a round).
+NORMALS_KEPT, NORMALS_ROUNDS = 384 * 2 ** 20, 4
+
+
+# per problem: (theta0, what a run's view knows at theta0): every candidate's round-0 metrics (and, for the
+# first-order methods, its clients' first gradients) are the same numbers, computed once per process
+_STARTS = weakref.WeakKeyDictionary()
+
+
+def _starting_view(problem, theta0):
+    """``problem`` as a run from ``theta0`` sees it (``fedconvex.run.reusing_last_point``), already knowing the
+    f and grad f of every client at ``theta0``."""
+    try:
+        start = _STARTS.get(problem)
+    except TypeError:         # not weakly referable / hashable: nothing to remember it by
+        return problem
+    theta0_host = np.array(to_numpy(theta0))
+    if start is None or not np.array_equal(start[0], theta0_host) or start[0].shape != theta0_host.shape:
+        start = (theta0_host, known_point(problem, theta0))
+        _STARTS[problem] = start
+    return reusing_last_point(problem, start[1]) if start[1] is not None else problem
 
 
 class _Abort(Exception):
@@ -111,8 +140,8 @@ def race_candidate(problem, method: str, params: dict, theta0, theta_star, f_sta
     seen = []
     alg = make_algorithm(method, **applicable(method, params))
     try:
-        with _quiet_server():
-            _, hist = run(problem, alg, theta0, rounds, stop=_race_stop(rounds, floor, best, initial_gap, seen),
+        with _quiet_server(), remembering_normals(NORMALS_KEPT, NORMALS_ROUNDS):
+            _, hist = run(_starting_view(problem, theta0), alg, theta0, rounds, stop=_race_stop(rounds, floor, best, initial_gap, seen),
                           participants=participants, seed=seed, theta_star=theta_star, f_star=f_star,
                           max_ratio=max_ratio)
     except _Abort:

@@ -21,6 +21,7 @@ active features only (the other columns of A_i are zero) together with their ind
 """
 from __future__ import annotations
 
+import math
 import queue
 import threading
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from ..blocks import ActiveBlocks
 from ..mixing import simple_mix
 from .base import Algorithm, RoundInfo, State, start_stack
 from .grids import SECOND_ORDER_LR
+from .normal_memo import NORMALS
 
 SKETCHES = ("gaussian", "srht", "countsketch", "identity")
 
@@ -186,17 +188,27 @@ class _DrawnAhead:
     while it fills an array, so the drawing overlaps the consumer's work.  ``join`` (always call it) waits
     until every draw is made, so the generator's state afterwards is the same as without the thread."""
 
-    def __init__(self, rng, shapes):
+    def __init__(self, rng, shapes, memo=None):
         self._shapes = list(shapes)
         self._q = queue.SimpleQueue()
+        # kept for ``memo`` (a normal_memo.NormalMemo with room for them), keyed by the state they start from
+        size = 8 * sum(math.prod(sh) for sh in self._shapes if sh is not None)
+        self._memo = memo if memo is not None and memo.wants(size) else None
+        self._key = self._memo.key(rng, self._shapes) if self._memo is not None else None
+        self._drawn = []
+        self._rng = rng
         self._thread = threading.Thread(target=self._draw, args=(rng,), daemon=True)
         self._thread.start()
 
     def _draw(self, rng):
         try:
             for shape in self._shapes:
-                self._q.put(None if shape is None else rng.standard_normal(shape))
+                a = None if shape is None else rng.standard_normal(shape)
+                if self._memo is not None:
+                    self._drawn.append(a)
+                self._q.put(a)
         except BaseException as exc:  # pragma: no cover - handed to the consumer
+            self._memo = None
             self._q.put(exc)
 
     def __iter__(self):
@@ -208,6 +220,9 @@ class _DrawnAhead:
 
     def join(self):
         self._thread.join()
+        if self._memo is not None:   # every draw made: the generator is in the state they leave it in
+            self._memo.keep(self._key, self._drawn, self._rng.bit_generator.state)
+            self._memo = self._drawn = None
 
 
 @dataclass(frozen=True)
@@ -235,7 +250,10 @@ class FedNS(Algorithm):
             # (``client_update`` joins it); other backends get them drawn here and copied over
             shapes = [None if e else (m, k) for m, e in zip(sizes, exact)]
             if problem.xp is np:
-                return _DrawnAhead(rng, shapes), 1.0 / np.sqrt(k)
+                # a learning-rate search's runs draw the same sketches from the same seed: kept ones are recalled
+                # (normal_memo: the same numbers and generator state, without drawing them again)
+                kept = NORMALS.recall(rng, shapes)
+                return (kept if kept is not None else _DrawnAhead(rng, shapes, NORMALS)), 1.0 / np.sqrt(k)
             return [None if sh is None else problem.to_backend(rng.standard_normal(sh)) for sh in shapes], 1.0 / np.sqrt(k)
         out = []
         for m, e in zip(sizes, exact):

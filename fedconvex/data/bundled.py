@@ -10,7 +10,7 @@ import hashlib
 import os
 from importlib import resources
 
-from .libsvm import DataError, Dataset, parse_libsvm, read_libsvm
+from .libsvm import DataError, Dataset, _parse_integer_file, parse_libsvm, read_libsvm
 
 # name: (file, n_features, sha256 of the decompressed original, paper's N clients, M per client)
 BUNDLED = {
@@ -25,7 +25,8 @@ def load_bundled(name: str) -> Dataset:
     got = hashlib.sha256(raw).hexdigest()
     if got != sha:
         raise DataError(f"bundled dataset {name}: checksum mismatch (got {got[:12]}…, expected {sha[:12]}…); reinstall the package")
-    return parse_libsvm(raw.decode("ascii").splitlines(), f"<bundled {name}>", n_features=d)
+    ds = _parse_integer_file(raw, f"<bundled {name}>", d)     # the bundled files are integers throughout
+    return ds if ds is not None else parse_libsvm(raw.decode("ascii").splitlines(), f"<bundled {name}>", n_features=d)
 
 
 def load_dataset(name_or_path: str, n_features: int | None = None) -> Dataset:

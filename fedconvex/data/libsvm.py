@@ -34,6 +34,77 @@ class Dataset:
         return self.X.shape[1]
 
 
+_DIGITS_MAX = 15   # integers of up to 15 digits are exact in float64 (and what the line parser reads them as)
+_BYTE_KIND = np.zeros(256, dtype=np.uint8)
+_BYTE_KIND[48:58], _BYTE_KIND[[43, 45]], _BYTE_KIND[32], _BYTE_KIND[10], _BYTE_KIND[58] = 1, 2, 3, 4, 5
+
+
+def _parse_integer_file(raw: bytes, source: str, n_features: int | None) -> Dataset | None:
+    """``parse_libsvm`` of a file whose every token is an integer label or ``index:value`` with integer value
+    (the bundled w8a and a9a), read as a whole with array operations instead of token by token in Python
+    (w8a: 0.35 -> ~0.03 s; it is on Test 1's serial start-up path).  Returns None for anything else -- another
+    character or layout, a check the line parser would fail -- and the caller parses the lines, with their
+    messages.  Accepted input gives exactly the line parser's Dataset (tested on both bundled files)."""
+    b = np.frombuffer(raw, dtype=np.uint8)
+    if b.size == 0:
+        return None
+    kind = _BYTE_KIND[b]                 # 0 other, 1 digit, 2 sign, 3 space, 4 newline, 5 colon
+    if not kind.all():
+        return None                      # tabs, CR, decimals, exponents, ...: the line parser's business
+    # fields: maximal runs of digits and signs, split by spaces, newlines and colons; [start, end)
+    edge = np.diff((kind <= 2).view(np.int8), prepend=np.int8(0), append=np.int8(0))
+    starts, ends = np.flatnonzero(edge == 1), np.flatnonzero(edge == -1)
+    del edge
+    if starts.size == 0 or (ends - starts).max() > _DIGITS_MAX + 1:
+        return None
+    # a field followed by ':' is an index, one preceded by ':' a value, any other the line's label
+    last = b.size - 1
+    is_index = (ends <= last) & (b[np.minimum(ends, last)] == 58)
+    is_value = (starts > 0) & (b[np.maximum(starts - 1, 0)] == 58)
+    # every ':' sits between an index and a value (no '::', ':' at a token's edge, or two in one token)
+    if np.count_nonzero(kind == 5) != np.count_nonzero(is_index) or np.any(is_index & is_value) or \
+            not np.array_equal(np.flatnonzero(is_index) + 1, np.flatnonzero(is_value)):
+        return None
+    is_label = ~(is_index | is_value)
+    line_of = np.searchsorted(np.flatnonzero(kind == 4), starts)    # line number (0-based) of each field
+    lab_line = line_of[is_label]
+    if lab_line.size == 0 or np.any(np.diff(lab_line) <= 0):
+        return None
+    first = np.searchsorted(lab_line, line_of, side="right") - 1
+    if np.any(first < 0) or not np.array_equal(lab_line[first], line_of) \
+            or np.any(starts < starts[is_label][first]):
+        return None
+    # signs: only a label's first character may be one
+    first_char_sign = kind[starts] == 2
+    if np.count_nonzero(kind == 2) != np.count_nonzero(first_char_sign) or np.any(first_char_sign & ~is_label):
+        return None
+    body = starts + first_char_sign                 # digits [body, ends)
+    ndig = ends - body
+    if np.any(ndig < 1) or ndig.max() > _DIGITS_MAX:
+        return None
+    value = np.zeros(starts.size)
+    for j in range(int(ndig.max())):                # Horner over the j-th digit of every field that has one
+        has = ndig > j
+        value[has] = value[has] * 10.0 + (b[body[has] + j] - 48)
+    value[first_char_sign & (b[starts] == 45)] *= -1.0
+    labels, idx, vals = value[is_label], value[is_index].astype(np.int64), value[is_value]
+    row = first[is_index]                           # row (label number) of each feature
+    if idx.size and (idx.min() < 1 or (n_features is not None and idx.max() > n_features)):
+        return None
+    if idx.size > 1 and np.any((np.diff(idx) <= 0) & (np.diff(row) == 0)):
+        return None                                 # indices must increase along a line
+    uniq = np.unique(labels)
+    if uniq.size != 2:
+        return None
+    keep = vals != 0.0                              # explicit zeros are not stored
+    d = n_features if n_features is not None else (int(idx[keep].max()) if keep.any() else 1)
+    indptr = np.concatenate(([0], np.cumsum(np.bincount(row[keep], minlength=labels.size)))).astype(np.int64)
+    X = sp.csr_matrix((vals[keep].astype(np.float64), (idx[keep] - 1).astype(np.int32), indptr),
+                      shape=(labels.size, d))
+    lo, hi = float(uniq[0]), float(uniq[1])
+    return Dataset(X=X, y=np.where(labels == hi, 1.0, -1.0), source=source, labels=(lo, hi))
+
+
 def parse_libsvm(lines, source: str, n_features: int | None = None) -> Dataset:
     """Parse LibSVM text lines.  Labels (any two distinct values) map smaller -> -1, larger -> +1.
 

@@ -656,3 +656,13 @@ def test_fedns_gram_is_the_same_for_either_memory_layout(rng):
         C, F = _gram(np.ascontiguousarray(R)), _gram(np.asfortranarray(R))
         assert np.array_equal(C, F) and np.array_equal(C, C.T)
         np.testing.assert_allclose(C, R @ R.T, rtol=1e-12, atol=1e-12 * k)
+
+
+def test_natural_uniforms_buffer_draws_what_rng_random_draws():
+    """The kept buffer changes where the numbers live, not which numbers or the generator's state."""
+    from fedconvex.algorithms.fednl_blocks import _uniforms
+    a, b = np.random.default_rng(11), np.random.default_rng(11)
+    for shape in [(3, 10), (3, 10), (2, 7)]:
+        got = _uniforms(a, shape).copy()
+        assert np.array_equal(got, b.random(shape))
+    assert a.bit_generator.state == b.bit_generator.state

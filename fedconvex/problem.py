@@ -146,7 +146,7 @@ class FederatedLogReg:
         (w8a: ~78 products a row, no Python loop), mirrored into the packed layout.
         """
         X, d = self.X, self.d
-        rownnz = np.diff(X.indptr)
+        rownnz = np.diff(X.indptr).astype(np.int64)      # int32 would overflow k (k + 1) / 2 past 46,340
         pairs = int((rownnz * (rownnz + 1) // 2).sum())
         if pairs > self.PLAN_MAX_PAIRS:
             return None
@@ -408,23 +408,24 @@ class FederatedLogReg:
         if plan is None:
             try:
                 plan = self._xtsx_pattern()
-            except (ImportError, AttributeError):  # pragma: no cover - another SciPy layout
+            except (ImportError, AttributeError, TypeError):  # pragma: no cover - another SciPy layout
                 plan = False
             self._xtsx_plan = plan
-        if plan is False:  # pragma: no cover
-            return (self.X.T @ self.X.multiply(s[:, None]).tocsr()).toarray()
-        from scipy.sparse._sparsetools import csr_matmat
-
-        Xc, XT, nnz, (ci, cj, ti, tj), idx = plan["Xc"], plan["XT"], plan["nnz"], plan["args"], plan["idx"]
-        if nnz == 0:
-            return np.zeros((self.d, self.d))
-        indptr, indices, data = np.empty(self.d + 1, dtype=idx), np.empty(nnz, dtype=idx), np.empty(nnz)
-        csr_matmat(self.d, self.d, ci, cj, Xc.data * s[Xc.indices], ti, tj, XT.data, indptr, indices, data)
-        return sp.csc_matrix((data, indices, indptr), shape=(self.d, self.d)).toarray()
+        if plan is not False:
+            Xc, XT, nnz, (ci, cj, ti, tj), idx = plan["Xc"], plan["XT"], plan["nnz"], plan["args"], plan["idx"]
+            if nnz == 0:
+                return np.zeros((self.d, self.d))
+            indptr, indices, data = np.empty(self.d + 1, dtype=idx), np.empty(nnz, dtype=idx), np.empty(nnz)
+            try:
+                plan["matmat"](self.d, self.d, ci, cj, Xc.data * s[Xc.indices], ti, tj, XT.data, indptr, indices, data)
+                return sp.csc_matrix((data, indices, indptr), shape=(self.d, self.d)).toarray()
+            except TypeError:  # pragma: no cover - a SciPy whose private kernel takes other arguments
+                self._xtsx_plan = False
+        return (self.X.T @ self.X.multiply(s[:, None]).tocsr()).toarray()
 
     def _xtsx_pattern(self):
         """What ``_xtsx`` keeps: X^T, X's CSC pattern, the product's size and SciPy's index arrays for it."""
-        from scipy.sparse._sparsetools import csr_matmat_maxnnz
+        from scipy.sparse._sparsetools import csr_matmat, csr_matmat_maxnnz
 
         XT = self.X.T                                    # CSC view of X's CSR arrays
         Xc = self.X.tocsc()                              # the row-scaled X's CSC pattern (rows ascending)
@@ -435,7 +436,7 @@ class FederatedLogReg:
         nnz = int(csr_matmat_maxnnz(self.d, self.d, *args))
         idx2 = XT._get_index_dtype(arrays, maxval=nnz)
         return {"Xc": Xc, "XT": XT, "nnz": nnz, "args": tuple(np.asarray(a, dtype=idx2) for a in arrays),
-                "idx": idx2}
+                "idx": idx2, "matmat": csr_matmat}
 
     def _stack(self, theta):
         xp = self.xp

@@ -321,7 +321,9 @@ class VectorizedEngine:
                                 Lf, Uf = factors[bname] if full else (f.index_select(0, ids) for f in factors[bname])
                                 dirs[bname] = foof.solve_rows(gw if gb is None else torch.cat([gw, gb], 2), Lf, Uf)
                     # the directions as views of the solves' results (no copies: every copy is a launch on a
-                    # launch-bound GPU); the update below reads them before the next step's solves overwrite them
+                    # launch-bound GPU); the update below reads them before the next step's solves overwrite them.
+                    # A clip of the update takes its norm on the strided bias view: within an ulp of the
+                    # contiguous copy's (float32 round-off, like the engines' other differences)
                     for bname, block in blocks:
                         wn = foof.param_name(bname, "weight")
                         D = dirs[bname]

@@ -201,3 +201,13 @@ def test_the_whole_file_reader_reads_as_the_line_parser_or_leaves_it_to_it(lines
     clean = noise == "" and all(v.isdigit() for _, feats, _, _ in lines for _, v in feats)
     if clean and ref is not None:
         assert got is not None                          # plain integer files are read whole
+
+
+def test_the_whole_file_reader_leaves_indices_past_32_bits_to_the_line_parser():
+    """Column indices are stored in 32 bits: an index the line parser rejects must not wrap around."""
+    from fedconvex.data.libsvm import _parse_integer_file
+
+    text = b"1 3:1 4294967297:2\n-1 1:1\n"
+    assert _parse_integer_file(text, "x", None) is None
+    with pytest.raises(DataError, match="2147483647"):
+        parse_libsvm(text.decode().splitlines(), "x")

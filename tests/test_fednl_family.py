@@ -666,3 +666,19 @@ def test_natural_uniforms_buffer_draws_what_rng_random_draws():
         got = _uniforms(a, shape).copy()
         assert np.array_equal(got, b.random(shape))
     assert a.bit_generator.state == b.bit_generator.state
+
+
+@pytest.mark.parametrize("k", [0, -3, 2.5, True])
+def test_fedns_rejects_a_sketch_size_that_is_not_a_positive_integer(k):
+    with pytest.raises(ValueError, match="sketch_size"):
+        make_algorithm("fedns", sketch_size=k)
+
+
+def test_fedns_gram_of_an_empty_sketch_writes_zeros_into_the_callers_buffer():
+    """The server's packed sum hands _gram a view of an uninitialised buffer: every path must fill it."""
+    from fedconvex.algorithms.fedns import _gram
+    buf = np.full(9, np.nan)
+    got = _gram(np.zeros((3, 0)), out=buf.reshape(3, 3), scale=2.0)
+    assert np.array_equal(buf, np.zeros(9)) and np.shares_memory(got, buf)
+    R = np.arange(6.0).reshape(3, 2)
+    np.testing.assert_array_equal(_gram(R, out=np.empty((3, 3)), scale=0.5), 0.5 * (R @ R.T))

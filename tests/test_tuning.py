@@ -1,4 +1,6 @@
 """Speed-ups of Test 1 that must not change a single number: the run's reuse of the last oracle point."""
+import math
+
 import numpy as np
 import pytest
 
@@ -7,6 +9,7 @@ from fedconvex.algorithms import applicable, make_algorithm
 from fedconvex.data import sequential_split
 from fedconvex.problem import FederatedLogReg
 from fedconvex.reference import initial_point, solve_optimum
+from validation import tuning
 
 
 @pytest.fixture(scope="module")
@@ -238,3 +241,34 @@ def test_each_candidate_starts_knowing_the_first_point_and_the_search_is_unchang
     alone = _tune(small, "fedavg")
     assert n_shared == len(calls) - len(alone[2]) + 1      # one start computed instead of one a candidate
     _same(shared, alone)
+
+
+def test_a_worker_frees_the_kept_draws_when_it_moves_on_to_another_method(small):
+    """The memo serves one method's candidates: racing a candidate of another method empties it."""
+    from fedconvex.algorithms.normal_memo import NORMALS
+
+    pb, theta_star, f_star, theta0 = small
+    NORMALS.clear()
+    tuning.race_candidate(pb, "fedns", {"lr": 1.0}, theta0, theta_star, f_star, 4, math.inf)
+    assert NORMALS.used > 0
+    tuning.race_candidate(pb, "fedns", {"lr": 0.5}, theta0, theta_star, f_star, 4, math.inf)
+    assert NORMALS.used > 0                         # the same method's next candidate recalls them
+    tuning.race_candidate(pb, "fedpm", {"lr": 1.0}, theta0, theta_star, f_star, 4, math.inf)
+    assert NORMALS.used == 0
+
+
+@pytest.mark.parametrize("bit_generator", [np.random.PCG64, np.random.MT19937, np.random.Philox, np.random.SFC64])
+def test_the_memo_keys_every_numpy_bit_generator_exactly(bit_generator):
+    from fedconvex.algorithms.normal_memo import NormalMemo
+
+    memo, shapes = NormalMemo(), [(3, 2), None, (1, 4)]
+    memo.budget, memo.entries = 2 ** 20, 4
+    rng = np.random.Generator(bit_generator(5))
+    key = memo.key(rng, shapes)
+    drawn = [None if s is None else rng.standard_normal(s) for s in shapes]
+    memo.keep(key, drawn, rng.bit_generator.state)
+    again = np.random.Generator(bit_generator(5))
+    got = memo.recall(again, shapes)
+    assert all((a is None and b is None) or np.array_equal(a, b) for a, b in zip(got, drawn))
+    assert again.random() == rng.random()           # moved on exactly as drawing would
+    assert memo.recall(np.random.Generator(bit_generator(6)), shapes) is None

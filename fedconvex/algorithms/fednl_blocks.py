@@ -228,7 +228,7 @@ def encode(comp, diff, layout, active, d, rng, base=None, alpha=1.0):
         code.reshape(-1)[m["flat_up"]] = code_vals
         S = np.take(natural_values(code_vals), m["inv"])   # every block entry from its upper entry: symmetric
         return {"code": code}, S
-    S = np.zeros_like(diff) if not isinstance(comp, RankR) else np.empty_like(diff)   # Rank-R writes every entry
+    S = np.zeros_like(diff)
     if isinstance(comp, (TopK, TopLEK)):
         k = min(comp.k, n)
         vals, glob, loc = _top_entries(diff, m, k, d)

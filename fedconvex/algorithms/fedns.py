@@ -150,7 +150,12 @@ def _gram(R, out=None, scale=None):
             S *= scale
         return S
     S = R @ R.T
-    return S if scale is None else S * scale
+    if out is None:
+        return S if scale is None else S * scale
+    out[...] = S          # an empty R (no sketch columns) too: the caller's buffer must hold its zeros
+    if scale is not None:
+        out *= scale
+    return out
 
 
 def _weighted_gram_sum(problem, Rs, active, sel, w):
@@ -239,6 +244,9 @@ class FedNS(Algorithm):
     def __post_init__(self):
         if self.sketch not in SKETCHES:
             raise ValueError(f"FedNS sketch must be one of {', '.join(SKETCHES)}, got {self.sketch!r}")
+        if self.sketch_size is not None and (isinstance(self.sketch_size, bool) or int(self.sketch_size) != self.sketch_size
+                                             or self.sketch_size < 1):
+            raise ValueError(f"FedNS sketch_size must be a positive integer (or None: k = d), got {self.sketch_size!r}")
 
     def sketches(self, problem, sel, k, rng):
         """Per participant S^T (M x k) or None (S = I), and the common scale of the S^T."""

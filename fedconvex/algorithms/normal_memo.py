@@ -10,7 +10,7 @@ afterwards, are those of drawing: only the drawing is skipped.
 """
 from __future__ import annotations
 
-import json
+import pickle
 from contextlib import contextmanager
 
 
@@ -27,7 +27,8 @@ class NormalMemo:
     def key(rng, shapes):
         # the bit generator's whole state (its name, counter and any buffered half-word), so that a hit is a
         # draw from exactly this point of exactly this stream
-        return json.dumps(rng.bit_generator.state, sort_keys=True), tuple(shapes)
+        # (pickled: exact for every bit generator, including those whose state holds arrays, which JSON refuses)
+        return pickle.dumps(rng.bit_generator.state), tuple(shapes)
 
     def recall(self, rng, shapes):
         """The kept draws (None for None shapes) from ``rng``'s state, ``rng`` moved on as drawing them would

@@ -89,8 +89,9 @@ def _parse_integer_file(raw: bytes, source: str, n_features: int | None) -> Data
     value[first_char_sign & (b[starts] == 45)] *= -1.0
     labels, idx, vals = value[is_label], value[is_index].astype(np.int64), value[is_value]
     row = first[is_index]                           # row (label number) of each feature
-    if idx.size and (idx.min() < 1 or (n_features is not None and idx.max() > n_features)):
-        return None
+    if idx.size and (idx.min() < 1 or idx.max() > np.iinfo(np.int32).max
+                     or (n_features is not None and idx.max() > n_features)):
+        return None                                 # the line parser names these; 32-bit column indices below
     if idx.size > 1 and np.any((np.diff(idx) <= 0) & (np.diff(row) == 0)):
         return None                                 # indices must increase along a line
     uniq = np.unique(labels)

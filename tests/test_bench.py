@@ -65,3 +65,18 @@ def test_dnn_benchmark_prints_both_engines(capsys):
     for key in ("images_per_second_sequential", "images_per_second_vectorized", "fedpm_over_fedavg",
                 "foof_seconds_share", "peak_memory_mb", "projected_100_round_minutes"):
         assert r[key] > 0
+
+
+def test_dnn_benchmark_measures_only_the_engines_asked_for(capsys):
+    pytest.importorskip("torch")
+    from validation import bench_dnn
+
+    argv = ["--models", "cnn", "--sizes", "2,20,1,3", "--repeats", "2", "--threads", "1", "--engines", "vectorized"]
+    assert bench_dnn.main(argv + ["--json"]) == 0
+    r = json.loads(capsys.readouterr().out)["results"][0]
+    assert r["engines"] == ["vectorized"] and r["timed_rounds_per_method"] == 4
+    assert r["fedpm_over_fedavg"] > 0 and r["images_per_second_vectorized"] > 0 and r["client_chunk"] == 2
+    assert r["images_per_second_sequential"] is None and r["vectorized_speedup"] is None
+    assert r["fedpm_over_fedavg_sequential"] is None and r["projected_100_round_minutes_sequential"] is None
+    assert bench_dnn.main(argv) == 0                     # the table prints a dash where an engine was left out
+    assert "sequential - img/s" in capsys.readouterr().out

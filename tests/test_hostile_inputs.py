@@ -243,6 +243,8 @@ CASES = [
     ("bd-models", bench_dnn, ["--models", "cnn,vgg"], "--models: unknown model(s) vgg"),
     ("bd-models-none", bench_dnn, ["--models", ","], "unknown model(s) (none given)"),
     ("bd-device", bench_dnn, ["--device", "tpu"], "invalid choice: 'tpu'"),
+    ("bd-engines", bench_dnn, ["--engines", "vectorized,gpu"], "--engines: unknown engine(s) gpu"),
+    ("bd-engines-none", bench_dnn, ["--engines", ","], "unknown engine(s) (none given)"),
 ]
 
 

@@ -4,6 +4,7 @@
     python -m validation.bench_dnn --json          # one JSON object
     python -m validation.bench_dnn --threads 2     # torch CPU threads (default: all cores)
     python -m validation.bench_dnn --sizes 10,128,2,2 --repeats 1   # smaller: clients,images,epochs,rounds
+    python -m validation.bench_dnn --engines vectorized --repeats 3  # one engine (the other's numbers null)
 
 Measured in one run on the current device, on synthetic CIFAR-shaped data (the speed does not
 depend on pixel values), for SimpleCNN at CIFAR-10 size and ResNet18-GN at CIFAR-100 size:
@@ -113,40 +114,51 @@ def _rounds(model, method, device, size, engine, chunk=None):
     return secs, list(per_round_foof[keep]), max(r["peak_memory_mb"] for r in hist), exp.meta.get("client_chunk")
 
 
-def measure(model, device, sizes=None, repeats=None, chunk=None):
+ENGINES = ("sequential", "vectorized")
+
+
+def measure(model, device, sizes=None, repeats=None, chunk=None, engines=ENGINES):
+    """The benchmark's numbers for one model; an engine left out of ``engines`` gets null numbers (a GPU
+    session short of time measures the vectorized engine's FedPM/FedAvg over more rounds instead)."""
     if repeats is None:  # ResNet rounds on a CPU take minutes: one repeat there
         repeats = 1 if (model == "resnet18gn" and not device.startswith("cuda")) else 2
     size = sizes or SIZES[(model, "cuda" if device.startswith("cuda") else "cpu")]
     clients, per_client, epochs, _ = size
-    times = {(e, m): [] for e in ("sequential", "vectorized") for m in ("fedavg", "fedpm")}
+    times = {(e, m): [] for e in engines for m in ("fedavg", "fedpm")}
     foof_share, peak, used = [], 0.0, None
     for _ in range(repeats):  # alternate engines and methods so machine drift hits all alike
-        for engine in ("sequential", "vectorized"):
+        for engine in engines:
             for method in ("fedavg", "fedpm"):
                 secs, fs, mb, ch = _rounds(model, method, device, size, engine, chunk)
                 times[(engine, method)] += secs
-                if engine == "vectorized" and method == "fedpm":
+                if method == "fedpm" and engine == engines[-1]:   # the vectorized engine's where measured
                     foof_share += [f / s for f, s in zip(fs, secs)]
-                    peak, used = max(peak, mb), ch
+                    peak, used = max(peak, mb), (ch if engine == "vectorized" else None)
     med = {k: float(np.median(v)) for k, v in times.items()}
+    med.update({(e, m): None for e in ENGINES if e not in engines for m in ("fedavg", "fedpm")})
     images = clients * per_client * epochs
     paper_images = PAPER_IMAGES * PAPER_EPOCHS
 
+    def ratio(a, b):
+        return None if a is None or b is None else a / b
+
     def projected(engine):   # 100 rounds, every client's 5 epochs over all 50,000 images, FedPM
-        return PAPER_ROUNDS * med[(engine, "fedpm")] * paper_images / images / 60
+        t = med[(engine, "fedpm")]
+        return None if t is None else PAPER_ROUNDS * t * paper_images / images / 60
 
     return {"model": model, "dataset_size_of": "cifar10" if model == "cnn" else "cifar100",
             "clients": clients, "samples_per_client": per_client, "local_epochs": epochs,
             "client_chunk": used,
-            "images_per_second_sequential": images / med[("sequential", "fedavg")],
-            "images_per_second_vectorized": images / med[("vectorized", "fedavg")],
-            "vectorized_speedup": med[("sequential", "fedavg")] / med[("vectorized", "fedavg")],
+            "engines": list(engines), "timed_rounds_per_method": repeats * max(size[3] - 1, 1),
+            "images_per_second_sequential": ratio(images, med[("sequential", "fedavg")]),
+            "images_per_second_vectorized": ratio(images, med[("vectorized", "fedavg")]),
+            "vectorized_speedup": ratio(med[("sequential", "fedavg")], med[("vectorized", "fedavg")]),
             "fedavg_round_seconds_sequential": med[("sequential", "fedavg")],
             "fedpm_round_seconds_sequential": med[("sequential", "fedpm")],
             "fedavg_round_seconds_vectorized": med[("vectorized", "fedavg")],
             "fedpm_round_seconds_vectorized": med[("vectorized", "fedpm")],
-            "fedpm_over_fedavg": med[("vectorized", "fedpm")] / med[("vectorized", "fedavg")],
-            "fedpm_over_fedavg_sequential": med[("sequential", "fedpm")] / med[("sequential", "fedavg")],
+            "fedpm_over_fedavg": ratio(med[("vectorized", "fedpm")], med[("vectorized", "fedavg")]),
+            "fedpm_over_fedavg_sequential": ratio(med[("sequential", "fedpm")], med[("sequential", "fedavg")]),
             "paper_ratio": PAPER[model],
             "foof_seconds_share": float(np.median(foof_share)),
             "peak_memory_mb": peak,
@@ -165,12 +177,18 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", default=None,
                    help="clients,samples_per_client,local_epochs,rounds for every model (default: per model and device)")
     p.add_argument("--repeats", type=int, default=None, help="runs per engine and method (default 2; ResNet on CPU 1)")
+    p.add_argument("--engines", default=",".join(ENGINES),
+                   help="comma-separated engines to measure (default both; the other's numbers are null)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in CLASSES]
     if unknown or not models:
         p.error(f"--models: unknown model(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(CLASSES)}")
+    engines = tuple(e for e in ENGINES if e in {v.strip() for v in args.engines.split(",")})
+    unknown = sorted({v.strip() for v in args.engines.split(",") if v.strip()} - set(ENGINES))
+    if unknown or not engines:
+        p.error(f"--engines: unknown engine(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(ENGINES)}")
     try:
         sizes = tuple(int(v) for v in args.sizes.split(",")) if args.sizes else None
     except ValueError:
@@ -194,7 +212,7 @@ def main(argv=None) -> int:
     out = {"command": "python -m validation.bench_dnn " + " ".join(argv if argv is not None else sys.argv[1:]),
            "device": device, "device_name": name, "torch_threads": torch.get_num_threads(),
            "torch": torch.__version__, "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-           "results": [measure(m, device, sizes, args.repeats, args.client_chunk) for m in models]}
+           "results": [measure(m, device, sizes, args.repeats, args.client_chunk, engines) for m in models]}
     cnn = next((r for r in out["results"] if r["model"] == "cnn"), None)
     if cnn:   # the headline keys: SimpleCNN, CIFAR-10 setting
         out.update({k: cnn[k] for k in ("images_per_second_sequential", "images_per_second_vectorized",
@@ -203,16 +221,19 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
+    def f(v, spec):
+        return "-" if v is None else format(v, spec)
+
     print(f"device: {name}, torch threads pinned to {out['torch_threads']}")
     for r in out["results"]:
         print(f"{r['model']:<11} {r['clients']} clients x {r['samples_per_client']} images x {r['local_epochs']} epochs "
-              f"(client chunk {r['client_chunk']}): local training sequential {r['images_per_second_sequential']:.0f} "
-              f"img/s, vectorized {r['images_per_second_vectorized']:.0f} img/s ({r['vectorized_speedup']:.2f}x); "
-              f"FedPM/FedAvg vectorized {r['fedpm_over_fedavg']:.2f}x, sequential "
-              f"{r['fedpm_over_fedavg_sequential']:.2f}x (paper {r['paper_ratio']:.2f}x); FOOF share "
+              f"(client chunk {r['client_chunk']}): local training sequential {f(r['images_per_second_sequential'], '.0f')} "
+              f"img/s, vectorized {f(r['images_per_second_vectorized'], '.0f')} img/s "
+              f"({f(r['vectorized_speedup'], '.2f')}x); FedPM/FedAvg vectorized {f(r['fedpm_over_fedavg'], '.2f')}x, "
+              f"sequential {f(r['fedpm_over_fedavg_sequential'], '.2f')}x (paper {r['paper_ratio']:.2f}x); FOOF share "
               f"{r['foof_seconds_share']:.0%}; peak {r['peak_memory_mb']:.0f} MB; projected 100-round "
-              f"{r['dataset_size_of']} run {r['projected_100_round_minutes']:.0f} min vectorized, "
-              f"{r['projected_100_round_minutes_sequential']:.0f} min sequential")
+              f"{r['dataset_size_of']} run {f(r['projected_100_round_minutes'], '.0f')} min vectorized, "
+              f"{f(r['projected_100_round_minutes_sequential'], '.0f')} min sequential")
     print("reproduce: python -m validation.bench_dnn " + " ".join(argv if argv is not None else sys.argv[1:]))
     return 0
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check of the open issues in one run, within a time budget (issue 11, item 5):
-#   1. the DNN benchmark on CUDA (SimpleCNN at the paper's 5 local epochs, ResNet18-GN; both engines),
+#   1. the DNN benchmark on CUDA (SimpleCNN at the paper's 5 local epochs, ResNet18-GN; both engines; then
+#      the vectorized engine's FedPM/FedAvg over more rounds),
 #   2. the convex benchmark with --backend cupy and the fedconvex tests that touch CuPy,
 #   3. a real 100-round CIFAR-10 alpha=0.1 FedPM run (full data, paper preset), to the deadline.
 #
@@ -32,6 +33,13 @@ step "DNN benchmark on CUDA, the paper's 5 local epochs: python -m validation.be
 timeout 200 $PY -m validation.bench_dnn --device cuda --json --models cnn --sizes 10,5000,5,2 --repeats 1 \
     > "$OUT/bench_dnn_cuda_cnn.json" || echo "bench_dnn cnn failed rc=$?"
 cat "$OUT/bench_dnn_cuda_cnn.json"; echo
+
+step "FedPM/FedAvg on the vectorized engine over 4 timed rounds each: python -m validation.bench_dnn --engines vectorized"
+# one timed round per method above is noisy on shared cards (FedAvg rounds of the same code: 1.69-2.66 s);
+# FEDPM_CUDA_GRAPHS=0 in front of this command measures the eager solves instead
+timeout 120 $PY -m validation.bench_dnn --device cuda --json --models cnn --engines vectorized --sizes 10,5000,5,3 \
+    --repeats 2 > "$OUT/bench_dnn_cuda_cnn_vectorized.json" || echo "bench_dnn vectorized failed rc=$?"
+cat "$OUT/bench_dnn_cuda_cnn_vectorized.json"; echo
 
 step "convex on CuPy: python -m validation.bench_convex --backend cupy --all-methods --json"
 timeout 200 $PY -m validation.bench_convex --backend cupy --all-methods --json > "$OUT/bench_convex_cupy.json" \

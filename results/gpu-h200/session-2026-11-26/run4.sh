@@ -1,19 +1,8 @@
 #!/usr/bin/env bash
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1
-exec > >(tee -a "$OUT/log.txt") 2>&1
-S=$(date +%s); step() { echo; echo "=== $1 (t=$(( $(date +%s) - S ))s)"; }
-step machine
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-step "CUDA tests of the vectorized engine"
-timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_vectorized.py -k "cuda" 2>&1 | tail -4
-step "FedAvg vs FedPM, graphed and eager solves, alternated"
-timeout 75 python3 .gpuprof/ratio.py 2 | tee "$OUT/ratio.txt" || echo "ratio rc=$?"
-step "bench_dnn cnn, paper's 5 local epochs"
-timeout 80 python3 -m validation.bench_dnn --device cuda --json --models cnn --sizes 10,5000,5,2 --repeats 1 > "$OUT/bench_dnn_cuda_cnn.json" || echo "bench rc=$?"
-cat "$OUT/bench_dnn_cuda_cnn.json"; echo
-step "bench_dnn resnet18gn"
-timeout 40 python3 -m validation.bench_dnn --device cuda --json --models resnet18gn --sizes 10,200,1,2 --repeats 1 > "$OUT/bench_dnn_cuda_resnet.json" || echo "resnet rc=$?"
-cat "$OUT/bench_dnn_cuda_resnet.json"; echo
+# call3: as call2, the directions used as views
+source "$(dirname "$0")/checks.sh"
+cuda_tests 60
+ratio 2 75
+bench cnn 10,5000,5,2 80
+bench resnet18gn 10,200,1,2 40
 step done

@@ -231,25 +231,25 @@ class FederatedLogReg:
         return self.xp.bincount(rows.row_slot, weights=v, minlength=rows.n_slots)
 
     # ---------------------------------------------------------- client oracles
+    def _margins_and_values(self, thetas, rows):
+        """The margins y x^T theta of every row and f_c(theta_c) of every selected client."""
+        self._check(thetas, rows)
+        m = rows.y * self._xv(thetas, rows)
+        loss = self._segment_sum(rows.row_w * self.xp.logaddexp(m * 0, -m), rows)
+        return m, loss + 0.5 * self.lam * (thetas * thetas).sum(1)
+
     def values_and_gradients(self, thetas, sel=None):
         """(f_c(theta_c) for each selected client, their gradients (P, d))."""
         xp, rows = self.xp, self._rows(sel)
-        self._check(thetas, rows)
-        m = rows.y * self._xv(thetas, rows)                     # margins y x^T theta
-        loss = self._segment_sum(rows.row_w * xp.logaddexp(m * 0, -m), rows)
-        vals = loss + 0.5 * self.lam * (thetas * thetas).sum(1)
+        m, vals = self._margins_and_values(thetas, rows)
         sig_neg = 0.5 * (1 - xp.tanh(0.5 * m))                 # sigma(-m), stable for any m
         grads = self._xtr(-rows.row_w * rows.y * sig_neg, rows) + self.lam * thetas
         return vals, grads
 
     def values(self, thetas, sel=None):
-        """f_c(theta_c) for each selected client: the numbers ``values_and_gradients`` gives, without the
-        gradients' product (FedNL-LS evaluates f at every backtracking trial)."""
-        xp, rows = self.xp, self._rows(sel)
-        self._check(thetas, rows)
-        m = rows.y * self._xv(thetas, rows)
-        loss = self._segment_sum(rows.row_w * xp.logaddexp(m * 0, -m), rows)
-        return loss + 0.5 * self.lam * (thetas * thetas).sum(1)
+        """f_c(theta_c) for each selected client, without the gradients' product (FedNL-LS evaluates f at
+        every backtracking trial)."""
+        return self._margins_and_values(thetas, self._rows(sel))[1]
 
     def gradients(self, thetas, sel=None):
         return self.values_and_gradients(thetas, sel)[1]

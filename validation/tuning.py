@@ -26,7 +26,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from fedconvex.algorithms import applicable, make_algorithm
-from fedconvex.algorithms.normal_memo import NORMALS, remembering_normals
+from fedconvex.algorithms.normal_memo import remembering_normals
 from fedconvex.backend import to_numpy
 from fedconvex.run import Diverged, known_point, reusing_last_point, run
 
@@ -72,9 +72,8 @@ def candidates(method: str, fixed: dict):
 # Gaussian draws a process keeps for the candidates after the first (fedconvex.algorithms.normal_memo): every
 # candidate starts from the same seed, so FedNS's candidates draw the same sketches round by round, and the race
 # stops the losing ones within a few rounds (Test 1: 2 or 3).  The first 4 rounds' draws, at most 384 MiB
-# (w8a: 119 MB a round, so its first three; a9a: 32 MB a round).
+# (w8a: 119 MB a round, so its first three; a9a: 32 MB a round), freed when a worker moves on to another method.
 NORMALS_KEPT, NORMALS_ROUNDS = 384 * 2 ** 20, 4
-_NORMALS_FOR = None       # the method whose candidates the kept draws belong to (per process)
 
 
 # per problem: (theta0, what a run's view knows at theta0): every candidate's round-0 metrics (and, for the
@@ -140,12 +139,8 @@ def race_candidate(problem, method: str, params: dict, theta0, theta_star, f_sta
         initial_gap = abs(problem.value(theta0) - f_star)
     seen = []
     alg = make_algorithm(method, **applicable(method, params))
-    global _NORMALS_FOR
-    if _NORMALS_FOR != method:   # the kept draws serve this method's candidates only: free them on moving on
-        NORMALS.clear()
-        _NORMALS_FOR = method
     try:
-        with _quiet_server(), remembering_normals(NORMALS_KEPT, NORMALS_ROUNDS):
+        with _quiet_server(), remembering_normals(NORMALS_KEPT, NORMALS_ROUNDS, owner=method):
             _, hist = run(_starting_view(problem, theta0), alg, theta0, rounds, stop=_race_stop(rounds, floor, best, initial_gap, seen),
                           participants=participants, seed=seed, theta_star=theta_star, f_star=f_star,
                           max_ratio=max_ratio)

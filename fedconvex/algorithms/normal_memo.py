@@ -21,6 +21,7 @@ class NormalMemo:
         self.budget = 0          # bytes that may be kept; 0: off (nothing is kept or recalled)
         self.entries = 0         # and at most this many draws (a FedNS round's sketches are one draw)
         self.used = 0
+        self.owner = None        # what the kept draws serve (remembering_normals' ``owner``)
         self._kept = {}
 
     @staticmethod
@@ -64,10 +65,13 @@ NORMALS = NormalMemo()
 
 
 @contextmanager
-def remembering_normals(budget: int, entries: int = 4):
+def remembering_normals(budget: int, entries: int = 4, owner=None):
     """Keep and recall Gaussian draws (the first ``entries`` draws, up to ``budget`` bytes in all) inside the
-    block.  What was kept stays kept after it (the next candidate of a search recalls it); ``NORMALS.clear()``
-    frees it."""
+    block.  What was kept stays kept after it (the next candidate of a search recalls it) until a block with
+    another ``owner`` (a search: the method whose candidates run) starts, or ``NORMALS.clear()``."""
+    if owner is not None and owner != NORMALS.owner:
+        NORMALS.clear()
+        NORMALS.owner = owner
     was = NORMALS.budget, NORMALS.entries
     NORMALS.budget, NORMALS.entries = max(was[0], int(budget)), max(was[1], int(entries))
     try:

@@ -126,12 +126,13 @@ def measure(model, device, sizes=None, repeats=None, chunk=None, engines=ENGINES
     clients, per_client, epochs, _ = size
     times = {(e, m): [] for e in engines for m in ("fedavg", "fedpm")}
     foof_share, peak, used = [], 0.0, None
+    reported = "vectorized" if "vectorized" in engines else "sequential"   # FOOF share and peak memory of its FedPM
     for _ in range(repeats):  # alternate engines and methods so machine drift hits all alike
         for engine in engines:
             for method in ("fedavg", "fedpm"):
                 secs, fs, mb, ch = _rounds(model, method, device, size, engine, chunk)
                 times[(engine, method)] += secs
-                if method == "fedpm" and engine == engines[-1]:   # the vectorized engine's where measured
+                if method == "fedpm" and engine == reported:
                     foof_share += [f / s for f, s in zip(fs, secs)]
                     peak, used = max(peak, mb), (ch if engine == "vectorized" else None)
     med = {k: float(np.median(v)) for k, v in times.items()}
@@ -181,14 +182,17 @@ def main(argv=None) -> int:
                    help="comma-separated engines to measure (default both; the other's numbers are null)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in models if m not in CLASSES]
-    if unknown or not models:
-        p.error(f"--models: unknown model(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(CLASSES)}")
-    engines = tuple(e for e in ENGINES if e in {v.strip() for v in args.engines.split(",")})
-    unknown = sorted({v.strip() for v in args.engines.split(",") if v.strip()} - set(ENGINES))
-    if unknown or not engines:
-        p.error(f"--engines: unknown engine(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(ENGINES)}")
+    def listed(flag, what, value, allowed):
+        """The comma-separated names of ``value``, each one of ``allowed``, or one error line."""
+        names = [v.strip() for v in value.split(",") if v.strip()]
+        unknown = [v for v in names if v not in allowed]
+        if unknown or not names:
+            p.error(f"{flag}: unknown {what}(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(allowed)}")
+        return names
+
+    models = listed("--models", "model", args.models, CLASSES)
+    chosen = listed("--engines", "engine", args.engines, ENGINES)
+    engines = tuple(e for e in ENGINES if e in chosen)          # sequential first, as the alternation runs them
     try:
         sizes = tuple(int(v) for v in args.sizes.split(",")) if args.sizes else None
     except ValueError:

@@ -63,6 +63,7 @@ def all_methods(d):
         ("FedNL-LS Rank-1", "fednl-ls", {"compressor": "rankr", "rank": 1}),
         ("FedNL-PP identity (all clients)", "fednl-pp", {}),
         ("FedNS Gaussian", "fedns", {}),
+        ("FedNS Gaussian (Bartlett draw)", "fedns", {"gaussian_draw": "bartlett"}),
         ("FedNS SRHT", "fedns", {"sketch": "srht"}),
         ("FedNS CountSketch", "fedns", {"sketch": "countsketch"}),
         ("FedAvg", "fedavg", {"lr": 100.0}),

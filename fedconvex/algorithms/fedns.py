@@ -8,9 +8,14 @@ S_i A_i and grad f_i.  When k >= M_i a sketch cannot compress, so the client sen
 Sketch size k = d in the paper's Test 1 (``sketch_size=None``).
 
 Sketches (``sketch``), as in the FedNS paper's variants:
-  'gaussian'    entries N(0, 1/k) (the paper's Test 1; one stream for all clients, the same numbers
-                as one draw per client; drawing them is most of a round's cost, so on NumPy a helper
-                thread draws them client by client while the clients' products run)
+  'gaussian'    entries N(0, 1/k).  ``gaussian_draw`` says how:
+                'dense' (default) draws S_i itself, k x M_i normals (the paper's Test 1; one stream for all
+                  clients, the same numbers as one draw per client; drawing them is most of a round's cost,
+                  so on NumPy a helper thread draws them while the products run);
+                'bartlett' draws the sketch's Gram instead: exactly the same distribution of the server's H,
+                  from r(r-1)/2 normals per client (r <= rank of A_i) instead of k M_i, and a message of at
+                  most k columns -- but round-off-sensitive where a client's curvature is (near-)singular,
+                  see fedconvex.algorithms.wishart
   'srht'        subsampled randomized Hadamard transform sqrt(P/k) R H D (P = M_i padded to a power
                 of two, D random signs, R k rows sampled without replacement): no normals to draw
   'countsketch' each row of A_i added, with a random sign, into one of k buckets: O(nnz(A_i))
@@ -21,9 +26,6 @@ active features only (the other columns of A_i are zero) together with their ind
 """
 from __future__ import annotations
 
-import math
-import queue
-import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar
@@ -35,9 +37,12 @@ from ..blocks import ActiveBlocks
 from ..mixing import simple_mix
 from .base import Algorithm, RoundInfo, State, start_stack
 from .grids import SECOND_ORDER_LR
+from .drawn_ahead import DrawnAhead as _DrawnAhead
 from .normal_memo import NORMALS
+from .wishart import wishart_roots
 
 SKETCHES = ("gaussian", "srht", "countsketch", "identity")
+GAUSSIAN_DRAWS = ("dense", "bartlett")
 
 
 @lru_cache(maxsize=8)
@@ -186,50 +191,6 @@ def _weighted_gram_sum(problem, Rs, active, sel, w):
     return ActiveBlocks(tuple(_gram(R) for R in Rs), active, d, problem.lam).weighted_sum(w)
 
 
-class _DrawnAhead:
-    """``rng.standard_normal(shape)`` for each shape in order (None for None), drawn by a helper thread ahead
-    of the loop that iterates over them.  The numbers are those of drawing them in that loop (the same
-    generator, the same order, and nothing else draws from it until ``join`` returns); NumPy releases the GIL
-    while it fills an array, so the drawing overlaps the consumer's work.  ``join`` (always call it) waits
-    until every draw is made, so the generator's state afterwards is the same as without the thread."""
-
-    def __init__(self, rng, shapes, memo=None):
-        self._shapes = list(shapes)
-        self._q = queue.SimpleQueue()
-        # kept for ``memo`` (a normal_memo.NormalMemo with room for them), keyed by the state they start from
-        size = 8 * sum(math.prod(sh) for sh in self._shapes if sh is not None)
-        self._memo = memo if memo is not None and memo.wants(size) else None
-        self._key = self._memo.key(rng, self._shapes) if self._memo is not None else None
-        self._drawn = []
-        self._rng = rng
-        self._thread = threading.Thread(target=self._draw, args=(rng,), daemon=True)
-        self._thread.start()
-
-    def _draw(self, rng):
-        try:
-            for shape in self._shapes:
-                a = None if shape is None else rng.standard_normal(shape)
-                if self._memo is not None:
-                    self._drawn.append(a)
-                self._q.put(a)
-        except BaseException as exc:  # pragma: no cover - handed to the consumer
-            self._memo = None
-            self._q.put(exc)
-
-    def __iter__(self):
-        for _ in self._shapes:
-            item = self._q.get()
-            if isinstance(item, BaseException):  # pragma: no cover
-                raise item
-            yield item
-
-    def join(self):
-        self._thread.join()
-        if self._memo is not None:   # every draw made: the generator is in the state they leave it in
-            self._memo.keep(self._key, self._drawn, self._rng.bit_generator.state)
-            self._memo = self._drawn = None
-
-
 @dataclass(frozen=True)
 class FedNS(Algorithm):
     name: ClassVar[str] = "fedns"
@@ -240,10 +201,14 @@ class FedNS(Algorithm):
     lr: float = 1.0
     sketch_size: int | None = None
     sketch: str = "gaussian"
+    gaussian_draw: str = "dense"     # how a Gaussian sketch is drawn (module docstring)
 
     def __post_init__(self):
         if self.sketch not in SKETCHES:
             raise ValueError(f"FedNS sketch must be one of {', '.join(SKETCHES)}, got {self.sketch!r}")
+        if self.gaussian_draw not in GAUSSIAN_DRAWS:
+            raise ValueError(f"FedNS gaussian_draw must be one of {', '.join(GAUSSIAN_DRAWS)}, "
+                             f"got {self.gaussian_draw!r}")
         if self.sketch_size is not None and (isinstance(self.sketch_size, bool) or int(self.sketch_size) != self.sketch_size
                                              or self.sketch_size < 1):
             raise ValueError(f"FedNS sketch_size must be a positive integer (or None: k = d), got {self.sketch_size!r}")
@@ -282,6 +247,9 @@ class FedNS(Algorithm):
     def client_update(self, problem, down, cstate, sel, rng):
         thetas = start_stack(problem, down["theta"], len(sel))
         k = problem.d if self.sketch_size is None else self.sketch_size
+        if self.sketch == "gaussian" and self.gaussian_draw == "bartlett":
+            return {"grad": problem.gradients(thetas, sel), "SAt": wishart_roots(problem, thetas, sel, k, rng),
+                    "active": tuple(problem.active[c] for c in sel)}, cstate
         sketches, scale = self.sketches(problem, sel, k, rng)   # Gaussian on NumPy: being drawn in a thread
         try:
             g = problem.gradients(thetas, sel)

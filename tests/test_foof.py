@@ -245,6 +245,7 @@ def test_solve_rows_is_the_damped_solve(damping, batch):
     (nn.Conv2d(3, 6, 5), (7, 3, 32, 32)),
     (nn.Conv2d(4, 5, 3, stride=2, padding=1, dilation=2), (3, 4, 11, 9)),
     (nn.Conv2d(2, 3, (3, 2), stride=(1, 2), padding=(2, 1)), (2, 2, 7, 8)),
+    (nn.Conv2d(3, 4, 1), (5, 3, 6, 7)),                   # its patches are a permuted view of x, not a copy
 ])
 def test_conv_patches_are_unfolds_columns(conv, shape):
     """The strided-view patches are exactly F.unfold's, in its order, with stride, padding and dilation."""

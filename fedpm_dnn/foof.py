@@ -187,7 +187,8 @@ def row_form_gram(m: nn.Conv2d, x: torch.Tensor):
     """conv_gram by Grams of input rows (``row_pairings``): the receptive fields of neighbouring output rows
     share kh - 1 input rows, so the patch form multiplies most row pairs kh times over; this multiplies each
     once.  float products (x's dtype) per segment, summed in float64 into the blocks of kernel rows (i, i + e)
-    of S, the blocks below by symmetry.  total = the patches' sum, from the images' float64 sum."""
+    of S, the blocks below by symmetry.  total = the patches' sum, from the images' float64 sum.  CPU tensors
+    only (its float64 sums live on the CPU; ``conv_gram`` sends nothing else here)."""
     K, B, C, H, W = x.shape
     (kh, kw), (sh, sw), (dh, dw), (ph, pw) = conv_geometry(m)
     oh, ow = _out_size(H, kh, sh, dh, ph), _out_size(W, kw, sw, dw, pw)

@@ -64,6 +64,30 @@ def test_bartlett_factor_refuses_more_dimensions_than_degrees_of_freedom():
         bartlett_factor(np.random.default_rng(0), 4, 3)
 
 
+@pytest.mark.parametrize("n,rank,k", [(8, 3, 5), (8, 3, 3), (10, 6, 6), (8, 3, 2), (9, 5, 12)])
+def test_sketched_root_is_r_transpose_times_the_factor_in_the_features_order(rng, n, rank, k):
+    """The message is R^T T / sqrt(k) (R^T G^T / sqrt(k) when k < r), R = the pivoted factor with its columns put
+    back in B's order -- checked row by row with several non-pivot features (n - r >= 2), whose rows come from
+    the rectangle of the factor."""
+    B = psd(rng, n, rank)
+    R = psd_root(B)
+    a, b = np.random.default_rng(4), np.random.default_rng(4)
+    M = sketched_root(B, k, a)
+    if rank <= k:
+        expected = R.T @ bartlett_factor(b, rank, k) / np.sqrt(k)
+    else:
+        expected = R.T @ b.standard_normal((k, rank)).T / np.sqrt(k)
+    np.testing.assert_allclose(M, expected, rtol=0, atol=1e-13 * np.abs(expected).max())
+    assert a.random() == b.random()
+
+
+def test_a_non_finite_hessian_gives_a_non_finite_message():
+    """As the dense draw's S A would: the server's screening then rejects the reply (pivoting would drop a NaN)."""
+    B = np.eye(3)
+    B[1, 1] = np.nan
+    assert not np.isfinite(sketched_root(B, 5, np.random.default_rng(0))).all()
+
+
 @pytest.mark.parametrize("k", [10, 2])          # k >= rank: Bartlett; k < rank: G drawn directly
 def test_sketched_root_quadratic_forms_are_scaled_chi_squares(rng, k):
     """For S (k x M) with N(0, 1/k) entries, k v^T (SA)^T (SA) v / ||A v||^2 ~ chi^2_k for every v."""

@@ -19,6 +19,8 @@ class DrawnAhead:
     as without the thread."""
 
     def __init__(self, rng, shapes, memo=None, draw=None):
+        if memo is not None and draw is not None:   # the memo's keys say "standard normals of these shapes"
+            raise ValueError("DrawnAhead keeps standard normals only: give memo or draw, not both")
         self._shapes = list(shapes)
         self._make = draw or (lambda g, shape: g.standard_normal(shape))
         self._q = queue.SimpleQueue()

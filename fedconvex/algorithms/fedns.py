@@ -13,9 +13,11 @@ Sketches (``sketch``), as in the FedNS paper's variants:
                   clients, the same numbers as one draw per client; drawing them is most of a round's cost,
                   so on NumPy a helper thread draws them while the products run);
                 'bartlett' draws the sketch's Gram instead: exactly the same distribution of the server's H,
-                  from r(r-1)/2 normals per client (r <= rank of A_i) instead of k M_i, and a message of at
-                  most k columns -- but round-off-sensitive where a client's curvature is (near-)singular,
-                  see fedconvex.algorithms.wishart
+                  from a(a-1)/2 normals per client (a: its active features; r(r-1)/2, r = rank A_i, when k < a)
+                  instead of k M_i, and a message of at most k columns; each client factors its dense a x a
+                  Hessian (O(a^3): for sparse data of high dimension the dense draw is the cheaper one), and it
+                  is round-off-sensitive where a client's curvature is (near-)singular, see
+                  fedconvex.algorithms.wishart
   'srht'        subsampled randomized Hadamard transform sqrt(P/k) R H D (P = M_i padded to a power
                 of two, D random signs, R k rows sampled without replacement): no normals to draw
   'countsketch' each row of A_i added, with a random sign, into one of k buckets: O(nnz(A_i))

@@ -46,11 +46,11 @@ def pivoted_root(B: np.ndarray):
     return C, piv - 1, int(rank)
 
 
-@lru_cache(maxsize=512)
+@lru_cache(maxsize=32)   # bounded: r^2 / 2 int32 each (d = 1000: 2 MB)
 def _strict_lower(r: int) -> np.ndarray:
     """Flat positions of an r x r matrix's strictly lower triangle, row by row (read-only)."""
     rows, cols = np.tril_indices(r, -1)
-    flat = rows * r + cols
+    flat = (rows * r + cols).astype(np.int32)
     flat.flags.writeable = False
     return flat
 
@@ -70,9 +70,13 @@ def bartlett_factor(rng: np.random.Generator, r: int, k: int) -> np.ndarray:
 def sketched_root(B: np.ndarray, k: int, rng: np.random.Generator, factor=None) -> np.ndarray:
     """One client's message for the loss Hessian B on its active features: M (n x c, c <= k, C-contiguous)
     whose Gram M M^T is distributed as (S A)^T (S A) for a k-row Gaussian sketch S with E[S^T S] = I.
-    ``factor``: a Bartlett factor of order >= rank B drawn beforehand (else drawn here from ``rng``)."""
-    C, order, r = pivoted_root(B)
+    ``factor``: a Bartlett factor of order >= rank B drawn beforehand (else drawn here from ``rng``).
+    A B with NaN or Inf (diverged iterate) gives a NaN message, as the dense draw's S A would: the server's
+    screening rejects it instead of receiving a finite sketch of the finite part (pivoting would drop a NaN)."""
     n = B.shape[0]
+    if not np.isfinite(B).all():
+        return np.full((n, min(n, k)), np.nan)
+    C, order, r = pivoted_root(B)
     out = np.empty((n, min(r, k)))
     if r == 0:
         return out
@@ -88,7 +92,7 @@ def sketched_root(B: np.ndarray, k: int, rng: np.random.Generator, factor=None) 
     out[order[:r]] = dtrmm(s, np.asfortranarray(C[:r, :r]), np.array(T.T, order="F"), side=1, lower=0,
                            overwrite_b=1).T
     if r < n:
-        out[order[r:]] = dtrmm(s, np.ascontiguousarray(T), C[:r, r:], lower=1, trans_a=1).T
+        out[order[r:]] = dtrmm(s, T.T, C[:r, r:], lower=0).T      # T^T: upper, column-major without a copy
     return out
 
 

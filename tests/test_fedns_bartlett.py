@@ -118,7 +118,7 @@ def server_hessians(alg, pb, theta, seeds):
     return out
 
 
-@pytest.mark.parametrize("k", [4, 6])   # 6 = d >= every client's active features: factors drawn ahead
+@pytest.mark.parametrize("k", [4, 6])   # k < and = the clients' active features
 def test_bartlett_and_dense_draws_give_the_same_distribution_of_the_sketched_hessian(rng, k):
     """Two-sample tests on bilinear forms u^T (S_c A_c)^T (S_c A_c) w of both clients' messages: one
     distribution, whichever way the sketch is drawn; and both unbiased for the exact loss Hessian."""
@@ -148,18 +148,17 @@ def test_bartlett_and_dense_draws_give_the_same_distribution_of_the_sketched_hes
         assert stats.ks_2samp(samples["bartlett"][:, j], samples["dense"][:, j]).pvalue > 1e-3
 
 
-def test_factors_drawn_ahead_are_the_numbers_of_drawing_them_client_by_client(rng):
-    """k = d: every client's factor is drawn by a helper thread, of the order of its active features, before
-    its rank is known; the messages and the generator's final state are those of the plain loop."""
+def test_the_round_draws_client_by_client_in_order_with_the_clients_hessians(rng):
+    """The participants' messages are ``sketched_root`` of each one's exact loss Hessian, drawn one after the
+    other from the round's generator (given in another order than the clients' own)."""
     from fedconvex.algorithms.wishart import wishart_roots
     pb, _ = small_problem(rng)
     theta = np.tile(rng.normal(size=pb.d), (2, 1))
+    sel = np.array([1, 0])
     a, b = np.random.default_rng(5), np.random.default_rng(5)
-    got = wishart_roots(pb, theta, np.arange(2), pb.d, a)
-    blocks = pb.hessians(theta, np.arange(2)).blocks
-    for c, B in enumerate(blocks):
-        T = bartlett_factor(b, len(pb.active[c]), pb.d)
-        assert np.array_equal(got[c], sketched_root(B, pb.d, None, T))
+    got = wishart_roots(pb, theta, sel, pb.d, a)
+    for M, B in zip(got, pb.hessians(theta, sel).blocks):
+        assert np.array_equal(M, sketched_root(B, pb.d, b))
     assert a.random() == b.random()
 
 

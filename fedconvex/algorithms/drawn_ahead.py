@@ -12,20 +12,16 @@ import threading
 
 
 class DrawnAhead:
-    """``draw(rng, spec)`` -- by default ``rng.standard_normal(spec)`` -- for each spec in order (None for None),
-    drawn by a helper thread ahead of the loop that iterates over them.  The numbers are those of drawing them
+    """``rng.standard_normal(shape)`` for each shape in order (None for None), drawn by a helper thread ahead
+    of the loop that iterates over them.  The numbers are those of drawing them
     in that loop (the same generator, the same order, and nothing else draws from it until ``join`` returns).
     ``join`` (always call it) waits until every draw is made, so the generator's state afterwards is the same
     as without the thread."""
 
-    def __init__(self, rng, shapes, memo=None, draw=None):
-        if memo is not None and draw is not None:   # the memo's keys say "standard normals of these shapes"
-            raise ValueError("DrawnAhead keeps standard normals only: give memo or draw, not both")
+    def __init__(self, rng, shapes, memo=None):
         self._shapes = list(shapes)
-        self._make = draw or (lambda g, shape: g.standard_normal(shape))
         self._q = queue.SimpleQueue()
-        # kept for ``memo`` (a normal_memo.NormalMemo with room for them; standard normals of the given shapes),
-        # keyed by the state they start from
+        # kept for ``memo`` (a normal_memo.NormalMemo with room for them), keyed by the state they start from
         self._memo = memo if memo is not None and memo.wants(8 * sum(math.prod(sh) for sh in self._shapes
                                                                    if sh is not None)) else None
         self._key = self._memo.key(rng, self._shapes) if self._memo is not None else None
@@ -37,7 +33,7 @@ class DrawnAhead:
     def _draw(self, rng):
         try:
             for shape in self._shapes:
-                a = None if shape is None else self._make(rng, shape)
+                a = None if shape is None else rng.standard_normal(shape)
                 if self._memo is not None:
                     self._drawn.append(a)
                 self._q.put(a)

@@ -13,8 +13,8 @@ Sketches (``sketch``), as in the FedNS paper's variants:
                   clients, the same numbers as one draw per client; drawing them is most of a round's cost,
                   so on NumPy a helper thread draws them while the products run);
                 'bartlett' draws the sketch's Gram instead: exactly the same distribution of the server's H,
-                  from a(a-1)/2 normals per client (a: its active features; r(r-1)/2, r = rank A_i, when k < a)
-                  instead of k M_i, and a message of at most k columns; each client factors its dense a x a
+                  from r(r-1)/2 normals and r chi-squares per client (r = rank A_i <= its active features a)
+                  instead of k M_i normals, and a message of at most k columns; each client factors its dense a x a
                   Hessian (O(a^3): for sparse data of high dimension the dense draw is the cheaper one), and it
                   is round-off-sensitive where a client's curvature is (near-)singular, see
                   fedconvex.algorithms.wishart

@@ -29,8 +29,6 @@ import numpy as np
 from scipy.linalg.blas import dtrmm
 from scipy.linalg.lapack import dpstrf
 
-from .drawn_ahead import DrawnAhead
-
 
 def pivoted_root(B: np.ndarray):
     """(C, order, r): LAPACK's pivoted Cholesky (dpstrf, default tolerance n eps max(diag B)) of the symmetric
@@ -67,10 +65,9 @@ def bartlett_factor(rng: np.random.Generator, r: int, k: int) -> np.ndarray:
     return T.reshape(r, r)
 
 
-def sketched_root(B: np.ndarray, k: int, rng: np.random.Generator, factor=None) -> np.ndarray:
+def sketched_root(B: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
     """One client's message for the loss Hessian B on its active features: M (n x c, c <= k, C-contiguous)
     whose Gram M M^T is distributed as (S A)^T (S A) for a k-row Gaussian sketch S with E[S^T S] = I.
-    ``factor``: a Bartlett factor of order >= rank B drawn beforehand (else drawn here from ``rng``).
     A B with NaN or Inf (diverged iterate) gives a NaN message, as the dense draw's S A would: the server's
     screening rejects it instead of receiving a finite sketch of the finite part (pivoting would drop a NaN)."""
     n = B.shape[0]
@@ -84,7 +81,7 @@ def sketched_root(B: np.ndarray, k: int, rng: np.random.Generator, factor=None) 
     if r > k:
         out[order] = (rng.standard_normal((k, r)) @ np.triu(C[:r])).T * s
         return out
-    T = bartlett_factor(rng, r, k) if factor is None else factor[:r, :r]
+    T = bartlett_factor(rng, r, k)
     # V = T^T U / sqrt(k) by trmm (half the flops of a general product), rows put back in B's order: on U's
     # triangle U1 as the triangular operand (trmm reads only its upper triangle: no triu copy of C's block;
     # measured on w8a, 14 against 27 ms a round for T as the operand on a cleaned U1), then on its rectangle
@@ -98,12 +95,9 @@ def sketched_root(B: np.ndarray, k: int, rng: np.random.Generator, factor=None) 
 
 def wishart_roots(problem, thetas, sel, k: int, rng: np.random.Generator) -> tuple:
     """Per participant its message (a_c x c), in ``sel`` order: A_c^T itself where k >= M_c (a sketch cannot
-    compress; as the dense draw does), else ``sketched_root`` of its exact loss Hessian.
-
-    The random numbers are drawn client by client in that order.  When every sketched client has at most k
-    active features (the paper's k = d always), its rank r is at most k and its factor T is the leading r x r
-    block of a Bartlett factor of order a_c drawn before r is known (the leading block of Wishart_a(k, I)'s
-    factor is Wishart_r(k, I)'s): those are drawn by a helper thread while this one factors the Hessians."""
+    compress; as the dense draw does), else ``sketched_root`` of its exact loss Hessian, its random numbers
+    drawn client by client in that order.  (Drawing the factors ahead in a helper thread, as the dense draw
+    does, gained nothing measurable here: the draws are ~15 % of the round and the loop holds the GIL.)"""
     sel = np.asarray(sel)
     exact = [i for i, c in enumerate(sel) if k >= int(problem.counts[c])]
     drawn = [i for i, c in enumerate(sel) if k < int(problem.counts[c])]
@@ -111,17 +105,9 @@ def wishart_roots(problem, thetas, sel, k: int, rng: np.random.Generator) -> tup
     if exact:
         for i, M in zip(exact, problem.sketched_roots(thetas[exact], [None] * len(exact), sel[exact])):
             out[i] = M
-    if not drawn:
-        return tuple(out)
-    sizes = [len(problem.active[sel[i]]) for i in drawn]
-    ahead = DrawnAhead(rng, sizes, draw=lambda g, a: bartlett_factor(g, a, k)) if max(sizes) <= k else None
-    try:
+    if drawn:
         # all participants at once when none is exact: the Hessian plan's one product for every block
         blocks = problem.hessians(thetas if len(drawn) == len(sel) else thetas[drawn], sel[drawn]).blocks
-        factors = iter(ahead) if ahead is not None else iter(lambda: None, 0)
-        for i, B, T in zip(drawn, blocks, factors):
-            out[i] = problem.to_backend(sketched_root(problem.to_host(B), k, rng, T))
-    finally:
-        if ahead is not None:
-            ahead.join()
+        for i, B in zip(drawn, blocks):
+            out[i] = problem.to_backend(sketched_root(problem.to_host(B), k, rng))
     return tuple(out)

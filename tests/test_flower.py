@@ -507,3 +507,17 @@ def test_the_check_command_passes_and_writes_the_one_history_format(tmp_path, me
     rows = read_run(out / "history.csv")
     assert [r["round"] for r in rows] == [h["round"] for h in result["history"]]
     assert [r["bytes_up"] for r in rows] == [h["bytes_up"] for h in result["history"]]
+
+
+def test_check_refuses_fedns_bartlett_before_starting_anything(tmp_path, capsys):
+    """The Bartlett draw is exact in distribution but not round-off-stable: a --check run would fail after the
+    whole Flower run; it is refused up front, in one line, with nothing written."""
+    from validation.flower import main
+
+    out = tmp_path / "r"
+    with pytest.raises(SystemExit):
+        main(["--problem", "logreg", "--method", "fedns", "--params", '{"gaussian_draw": "bartlett"}',
+              "--clients", "3", "--rounds", "1", "--check", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not round-off-stable" in err[0] and "'dense'" in err[0]
+    assert not out.exists()

@@ -202,7 +202,11 @@ def main(argv=None) -> int:
         if args.problem == "logreg":
             from fedpm_flower.logreg import algorithm
 
-            algorithm(cfg)    # unknown hyper-parameters, bad codec settings: before any process starts
+            alg = algorithm(cfg)    # unknown hyper-parameters, bad codec settings: before any process starts
+            if args.check and getattr(alg, "gaussian_draw", None) == "bartlett":
+                raise ValueError("--check compares with the in-process run to round-off, and FedNS's "
+                                 "gaussian_draw 'bartlett' is not round-off-stable (README, FedNS's Gaussian sketch); "
+                                 "check with 'dense'")
         check_split(cfg)
         with ResultDir(args.out) as tmp:
             final = os.path.abspath(os.path.join(args.out, "result.json"))

@@ -10,14 +10,16 @@ rotation invariance of the Gaussian, so
 
 For k >= r, Bartlett's decomposition draws W = T T^T with T lower triangular, T_jj^2 ~ chi^2_(k-j)
 (j = 0..r-1) and N(0, 1) below the diagonal: r(r-1)/2 normals and r chi-squares instead of k M_i normals
-(w8a: ~10^4 against 1.05 x 10^5 per client, and no sparse-by-dense product).  For k < r, W = G^T G with G
+(w8a: ~10^4 against 1.05 x 10^5 per client); the price is the client's dense a x a Hessian and its O(a^3)
+factorisation, which the dense draw never forms.  For k < r, W = G^T G with G
 (k x r) drawn directly.  The client sends R^T T / sqrt(k) (a x r; a x k when k < r): the server's Gram of it
 is the sketched Hessian.  Its r columns are at most k, so it is never larger than S_i A_i.
 
 What this costs: the message is a function of the Hessian through a root of it, and no root is Lipschitz at
 a (near-)singular Hessian: a round-off change of H can move R by ~sqrt(eps) along its (near-)null directions,
 or change the pivot order, which rotates R -- another sketch, equally distributed.  So two runs whose
-Hessians differ by round-off (another BLAS, Flower's one-client problems) can follow different trajectories
+Hessians differ by round-off (another BLAS; on a9a, Flower's server summing in another order: theta 7e-15
+apart after one round, messages 4e-2 apart in the next) can follow different trajectories
 of the same random algorithm, where the dense draw (S A_i, Lipschitz in A_i) stays within round-off.  That
 is why 'dense' stays FedNS's default: Test 1's tables and the Flower equivalence are to round-off.
 """

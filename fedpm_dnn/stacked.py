@@ -16,6 +16,16 @@ stacked parameters (K, ...):
 Layers without parameters (ReLU, pooling, flatten, residual additions) act per sample and need no
 change.  Models with other parametrised layers go through ``torch.func.vmap`` instead
 (``vectorized.VectorizedEngine`` decides).
+
+Training on the CPU uses ``StackedModel.per_client`` instead: the model run once per client on its own
+batch with its own parameters, inside the one autograd graph.  There the stacked batch (K B images) only
+adds work: ReLU, pooling and their gradients on a 10 x 64-image stack ran 3-4 times slower per image than on
+64-image batches that stay in cache, and the per-client convolutions' outputs had to be concatenated --
+measured on 2 cores, a SimpleCNN step of 10 clients x 64 images at one thread: 77.5-81.3 ms client by client
+against 91.4-95.3 ms stacked and 81.8-84.1 ms for ten steps of the sequential engine; at two threads 47.4-60.7,
+54.0-59.0 and 53.7-58.4 ms, within the noise (``python results/cpu-bench-2026-11-26/session2/per_client_forward.py``).  The FOOF statistics pass
+keeps the stacked form: it runs without gradients, in chunks of 512 images, and its hooks read each layer's
+stacked input.
 """
 from __future__ import annotations
 
@@ -100,6 +110,36 @@ class StackedModel:
         finally:
             for m in self.mods.values():
                 m.__dict__.pop("forward", None)
+
+    @contextmanager
+    def bind_client(self, parts: dict, k: int):
+        """The model's parametrised layers reading client k's parameters (``parts``: name -> its K slices)."""
+        try:
+            for name, m in self.mods.items():
+                W = parts.get(f"{name}.weight" if name else "weight")
+                b = parts.get(f"{name}.bias" if name else "bias")
+                W, b = (None if W is None else W[k]), (None if b is None else b[k])
+                if isinstance(m, nn.Conv2d):
+                    m.forward = partial(F.conv2d, weight=W, bias=b, stride=m.stride, padding=m.padding,
+                                        dilation=m.dilation, groups=m.groups)
+                elif isinstance(m, nn.Linear):
+                    m.forward = partial(F.linear, weight=W, bias=b)
+                else:
+                    m.forward = partial(F.group_norm, num_groups=m.num_groups, weight=W, bias=b, eps=m.eps)
+            yield
+        finally:
+            for m in self.mods.values():
+                m.__dict__.pop("forward", None)
+
+    def per_client(self, P: dict, x: torch.Tensor) -> torch.Tensor:
+        """``self(P, x)`` computed client by client (module doc: the CPU's training form).  The parameters are
+        sliced by ``unbind``, whose backward stacks each parameter's K gradients once."""
+        parts = {n: v.unbind(0) for n, v in P.items()}
+        outs = []
+        for k in range(x.shape[0]):
+            with self.bind_client(parts, k):
+                outs.append(self.model(x[k]))
+        return torch.stack(outs)
 
     def __call__(self, P: dict, x: torch.Tensor) -> torch.Tensor:
         K, B = x.shape[:2]

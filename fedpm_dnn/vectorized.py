@@ -2,8 +2,8 @@
 
 The participants' parameters are stacked on a leading client axis and every local step is one
 forward (``stacked.StackedModel``: grouped convolutions, batched matrix products; other layer types
-through ``vmap`` over ``functional_call``) and one backward for all of them -- FedJAX's
-``ClientBlock`` recipe in PyTorch.  The result is the
+through ``vmap`` over ``functional_call``; on the CPU the model client by client inside the one graph,
+``StackedModel.per_client``) and one backward for all of them -- FedJAX's ``ClientBlock`` recipe in PyTorch.  The result is the
 sequential engine's (``client.local_train`` / ``simulation.client_round``), client by client:
 
 * random streams: each client's generator is consumed on the CPU in exactly the sequential order
@@ -158,6 +158,8 @@ class VectorizedEngine:
                 return {k: v.view(K, B, *v.shape[1:]) for k, v in self.capture.store.items()}
 
             self.forward_capture = stacked_capture
+            # training on the CPU: client by client inside the one graph (stacked.py's module doc)
+            self.train_forward = self.forward.per_client if torch.device(device).type == "cpu" else self.forward
         else:                          # any other layer: torch.func.vmap over functional_call
             def fwd(p, x):
                 return functional_call(model, p, (x,))
@@ -169,6 +171,7 @@ class VectorizedEngine:
 
             self.forward = vmap(fwd)
             self.forward_capture = vmap(fwd_capture)
+            self.train_forward = self.forward
 
     # --- inputs -------------------------------------------------------------------------------------------------
     def _norm(self, sel, x):
@@ -280,7 +283,7 @@ class VectorizedEngine:
             x = crop_flip(x, sel_o(oy).reshape(-1), sel_o(ox).reshape(-1), sel_o(flip).reshape(-1))
             x = self._norm(sub_sel, x.view(kk, B, C, H, W))
             y = self.y_all[g_t.reshape(-1)]
-            out = self.forward(Pk, x)
+            out = self.train_forward(Pk, x)
             ce = F.cross_entropy(out.reshape(kk * B, -1), y, reduction="none").view(kk, B)
             loss = (ce * m_t).sum(1) / c_t
             grads = torch.autograd.grad(loss.sum(), [Pk[n] for n in self.names])

@@ -178,3 +178,32 @@ def test_grouped_and_per_client_convolutions_agree(model_name):
     for k in range(K):   # and the per-client form is client k's own model
         ref = functional_call(model, {n: v[k] for n, v in P.items()}, (x[k],))
         assert rel(o1[k], ref) <= 1e-12
+
+
+@pytest.mark.parametrize("model_name", ["cnn", "resnet18gn"])
+def test_the_cpu_training_form_client_by_client_agrees_with_the_stacked_form(model_name):
+    """StackedModel.per_client (the CPU's training forward) gives the stacked form's outputs and every stacked
+    parameter's gradient (float64), each client's own model run on its own batch."""
+    from torch.func import functional_call
+
+    from fedpm_dnn.models import make_model
+    from fedpm_dnn.stacked import StackedModel
+
+    torch.manual_seed(1)
+    K, B = 3, 4
+    model = make_model(model_name, 5, 3, 16).double()
+    P = {n: torch.stack([p.detach() + 0.01 * torch.randn_like(p) for _ in range(K)]) for n, p in model.named_parameters()}
+    x = torch.randn(K, B, 3, 16, 16, dtype=torch.float64)
+    stacked = StackedModel(model)
+    results = []
+    for fwd in (stacked, stacked.per_client):
+        Pk = {n: v.clone().requires_grad_(True) for n, v in P.items()}
+        out = fwd(Pk, x)
+        results.append((out.detach(), torch.autograd.grad((out ** 3).sum(), list(Pk.values()))))
+    (o1, g1), (o2, g2) = results
+    assert o2.shape == o1.shape and rel(o2, o1) <= 1e-12
+    for a, b in zip(g2, g1):
+        assert a.shape == b.shape and rel(a, b) <= 1e-10
+    for k in range(K):
+        assert rel(o2[k], functional_call(model, {n: v[k] for n, v in P.items()}, (x[k],))) <= 1e-12
+    assert all("forward" not in m.__dict__ for m in model.modules())      # the layers are restored

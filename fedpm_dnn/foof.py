@@ -50,6 +50,9 @@ def conv_geometry(m: nn.Conv2d):
         raise ValueError("FOOF needs numeric Conv2d padding")
     if m.groups != 1:
         raise ValueError("FOOF blocks support Conv2d with groups=1 only")
+    if m.padding_mode != "zeros" and any(m.padding):
+        # the patches are built with zero padding: a reflect/replicate/circular border would be read wrongly
+        raise ValueError(f"FOOF blocks support Conv2d with zero padding only, got padding_mode={m.padding_mode!r}")
     return m.kernel_size, m.stride, m.dilation, m.padding
 
 

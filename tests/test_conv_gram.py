@@ -126,10 +126,21 @@ def test_appended_zero_images_add_nothing():
 
 @pytest.mark.parametrize("form", FORMS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("conv,message", [(nn.Conv2d(4, 4, 3, padding="same"), "numeric Conv2d padding"),
-                                          (nn.Conv2d(4, 4, 3, groups=2), "groups=1 only")])
+                                          (nn.Conv2d(4, 4, 3, groups=2), "groups=1 only"),
+                                          (nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"), "zero padding only")])
 def test_unsupported_convs_raise_as_before(form, conv, message):
     with pytest.raises(ValueError, match=message):
         form(conv, torch.randn(1, 2, 4, 8, 8))
+
+
+def test_a_border_mode_without_padding_is_no_border_at_all():
+    """padding_mode only matters where there is padding: an unpadded 'reflect' conv is an ordinary one."""
+    m = nn.Conv2d(3, 4, 3, padding_mode="reflect")
+    x = activations((1, 5, 3, 9, 9), 4)
+    ref = nn.Conv2d(3, 4, 3)
+    for form in FORMS:
+        for got, want in zip(form(m, x)[:2], form(ref, x)[:2]):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_a_convolution_without_kernel_rows_to_share_keeps_the_patch_form():

@@ -95,41 +95,36 @@ class StackedModel:
         return fn(m, W, b, K, x)
 
     @contextmanager
-    def bind(self, P: dict, K: int):
+    def _forwards(self, P: dict, make):
+        """For the block, every parametrised layer's forward is ``make(name, m, W, b)`` (W, b: the layer's entries
+        of P, None where it has none); the layers' own forwards come back after it."""
         try:
             for name, m in self.mods.items():
-                W = P.get(f"{name}.weight" if name else "weight")
-                b = P.get(f"{name}.bias" if name else "bias")
-                if isinstance(m, nn.Conv2d):
-                    m.forward = partial(self._conv, name, m, W, b, K)
-                elif isinstance(m, nn.Linear):
-                    m.forward = partial(_linear, m, W, b, K)
-                else:
-                    m.forward = partial(_group_norm, m, W, b, K)
+                m.forward = make(name, m, P.get(f"{name}.weight" if name else "weight"),
+                                 P.get(f"{name}.bias" if name else "bias"))
             yield
         finally:
             for m in self.mods.values():
                 m.__dict__.pop("forward", None)
 
-    @contextmanager
-    def bind_client(self, parts: dict, k: int):
-        """The model's parametrised layers reading client k's parameters (``parts``: name -> its K slices)."""
-        try:
-            for name, m in self.mods.items():
-                W = parts.get(f"{name}.weight" if name else "weight")
-                b = parts.get(f"{name}.bias" if name else "bias")
-                W, b = (None if W is None else W[k]), (None if b is None else b[k])
-                if isinstance(m, nn.Conv2d):
-                    m.forward = partial(F.conv2d, weight=W, bias=b, stride=m.stride, padding=m.padding,
-                                        dilation=m.dilation, groups=m.groups)
-                elif isinstance(m, nn.Linear):
-                    m.forward = partial(F.linear, weight=W, bias=b)
-                else:
-                    m.forward = partial(F.group_norm, num_groups=m.num_groups, weight=W, bias=b, eps=m.eps)
-            yield
-        finally:
-            for m in self.mods.values():
-                m.__dict__.pop("forward", None)
+    def bind(self, P: dict, K: int):
+        """The layers reading the stacked parameters P[name] (K, ...) on the clients' batches laid end to end."""
+        def make(name, m, W, b):
+            if isinstance(m, nn.Conv2d):
+                return partial(self._conv, name, m, W, b, K)
+            return partial(_linear if isinstance(m, nn.Linear) else _group_norm, m, W, b, K)
+        return self._forwards(P, make)
+
+    def bind_client(self, P: dict):
+        """The layers reading one client's parameters P[name] (unstacked) on its own batch."""
+        def make(name, m, W, b):
+            if isinstance(m, nn.Conv2d):
+                return partial(F.conv2d, weight=W, bias=b, stride=m.stride, padding=m.padding, dilation=m.dilation,
+                               groups=m.groups)
+            if isinstance(m, nn.Linear):
+                return partial(F.linear, weight=W, bias=b)
+            return partial(F.group_norm, num_groups=m.num_groups, weight=W, bias=b, eps=m.eps)
+        return self._forwards(P, make)
 
     def per_client(self, P: dict, x: torch.Tensor) -> torch.Tensor:
         """``self(P, x)`` computed client by client (module doc: the CPU's training form).  The parameters are
@@ -137,7 +132,7 @@ class StackedModel:
         parts = {n: v.unbind(0) for n, v in P.items()}
         outs = []
         for k in range(x.shape[0]):
-            with self.bind_client(parts, k):
+            with self.bind_client({n: v[k] for n, v in parts.items()}):
                 outs.append(self.model(x[k]))
         return torch.stack(outs)
 

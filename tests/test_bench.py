@@ -22,14 +22,40 @@ def test_all_methods_rows_on_a_small_problem():
     rng = np.random.default_rng(0)
     X, y, parts = random_data(rng, 4, 6, sizes=[20, 30, 25, 15])
     pb = FederatedLogReg(X, y, parts, lam=1e-2)
-    rows = bench_convex.measure_all(pb, np.zeros(6) + 0.1, fedpm_round=1e-3, rounds=2)
+    rows = bench_convex.measure_all(pb, np.zeros(6) + 0.1, rounds=2)
     by = {r["label"]: r for r in rows}
     assert {"FedPM", "FedNL Rank-1", "FedNL-LS identity", "FedNL-PP identity (all clients)", "FedNS SRHT",
             "FedNL Natural", "FedNL TopLEK (k=d)", "FedNL RandSeqK (k=d)"} <= set(by)
     for label in ("FedPM", "FedNL identity", "FedNL-LS identity", "FedNL-PP identity (all clients)"):
         assert by[label]["rounds_to_1e-9"] is not None and by[label]["seconds_to_1e-9"] > 0
         assert by[label]["round_vs_fedpm"] > 0
+    for r in rows:
+        if r.get("seconds_per_round") is not None:   # each ratio is against the FedPM rounds timed beside it
+            assert r["round_vs_fedpm"] == r["seconds_per_round"] / r["fedpm_seconds_per_round_beside"]
     json.dumps(rows)   # serialisable as it is
+
+
+def test_each_method_is_timed_alternately_with_fedpm(monkeypatch):
+    """round_vs_fedpm divides by FedPM rounds run between the method's own runs, not by one FedPM
+    measurement taken minutes earlier: the order of the timed runs, and the medians the ratio is made of."""
+    from fedconvex.problem import FederatedLogReg
+    from naive import random_data
+
+    rng = np.random.default_rng(2)
+    X, y, parts = random_data(rng, 3, 5, sizes=[20, 30, 25])
+    pb = FederatedLogReg(X, y, parts, lam=1e-2)
+    order, fake = [], {"fedpm": [1.0, 3.0], "fednl": [4.0, 8.0]}
+
+    def timed(problem, alg, theta0, rounds):
+        order.append(alg.name)
+        return list(fake.get(alg.name, [2.0]))
+
+    monkeypatch.setattr(bench_convex, "_round_times", timed)
+    monkeypatch.setattr(bench_convex, "all_methods", lambda d: [("FedNL identity", "fednl", {})])
+    (row,) = bench_convex.measure_all(pb, np.zeros(5) + 0.1, rounds=2)
+    assert order == ["fednl", "fedpm"] * bench_convex.ALTERNATIONS
+    assert row["seconds_per_round"] == 6.0 and row["fedpm_seconds_per_round_beside"] == 2.0
+    assert row["round_vs_fedpm"] == 3.0
 
 
 def test_a_method_that_fails_is_reported_in_its_row_and_the_others_still_run(monkeypatch):
@@ -49,7 +75,7 @@ def test_a_method_that_fails_is_reported_in_its_row_and_the_others_still_run(mon
         return real(problem, alg, *a, **k)
 
     monkeypatch.setattr(bench_convex, "_measure_method", flaky)
-    rows = bench_convex.measure_all(pb, np.zeros(5) + 0.1, fedpm_round=1e-3, rounds=2)
+    rows = bench_convex.measure_all(pb, np.zeros(5) + 0.1, rounds=2)
     failed = [r for r in rows if "error" in r]
     assert failed and all(r["method"] == "fedns" and "Implicit conversion" in r["error"] for r in failed)
     assert all(r.get("seconds_per_round") is not None for r in rows if r["method"] == "fedpm")

@@ -16,7 +16,8 @@ Measured in one run, on this machine:
 
 --all-methods adds, per method (second-order ones with each FedNL compressor and each FedNS sketch,
 first-order ones for reference): seconds_per_round (median, from the paper's theta0, screening on),
-round_vs_fedpm (that / FedPM's), and seconds_to_1e-9 / rounds_to_1e-9 from theta = 0 within
+round_vs_fedpm (that / FedPM's median round measured alternately with it, ``ALTERNATIONS`` runs each, given as
+fedpm_seconds_per_round_beside), and seconds_to_1e-9 / rounds_to_1e-9 from theta = 0 within
 ``MAX_ROUNDS`` rounds and ``TIME_CAP`` seconds (null where the method does not get there; "diverged"
 where it blows up; final_grad_norm says how far it got).
 Every run pins BLAS to one thread (fedconvex.run does), so the numbers are per core.  With
@@ -41,6 +42,7 @@ from fedconvex.reference import initial_point, solve_optimum
 from fedconvex.run import Diverged, run
 
 MAX_ROUNDS = 40
+ALTERNATIONS = 2   # runs of a method's rounds, each followed by a run of FedPM's, for its round_vs_fedpm
 TIME_CAP = 10.0   # seconds of rounds after which a method's run from theta = 0 is given up
 
 
@@ -71,12 +73,23 @@ def all_methods(d):
     ]
 
 
-def _measure_method(problem, alg, theta0, zero, fedpm_round, rounds, row):
+def _round_times(problem, alg, theta0, rounds):
+    _, h = run(problem, alg, theta0, rounds)
+    return [h[t]["seconds"] - h[t - 1]["seconds"] for t in range(1, len(h))]
+
+
+def _measure_method(problem, alg, theta0, zero, fedpm, rounds, row):
+    # the method's rounds alternate with FedPM's (ALTERNATIONS runs of each, back to back), and the ratio is
+    # against those FedPM rounds: a machine that drifts during the minutes of the table (clock, cache, other
+    # load) moves both sides of each ratio alike
     try:
-        _, h = run(problem, alg, theta0, rounds)
-        row["seconds_per_round"] = statistics.median(h[t]["seconds"] - h[t - 1]["seconds"]
-                                                     for t in range(1, len(h)))
-        row["round_vs_fedpm"] = row["seconds_per_round"] / fedpm_round
+        mine, theirs = [], []
+        for _ in range(ALTERNATIONS):
+            mine += _round_times(problem, alg, theta0, rounds)
+            theirs += _round_times(problem, fedpm, theta0, rounds)
+        row["seconds_per_round"] = statistics.median(mine)
+        row["fedpm_seconds_per_round_beside"] = statistics.median(theirs)
+        row["round_vs_fedpm"] = row["seconds_per_round"] / row["fedpm_seconds_per_round_beside"]
     except Diverged:
         row["seconds_per_round"] = row["round_vs_fedpm"] = None
     try:
@@ -91,15 +104,17 @@ def _measure_method(problem, alg, theta0, zero, fedpm_round, rounds, row):
         row["final_grad_norm"] = "diverged"
 
 
-def measure_all(problem, theta0, fedpm_round, rounds=5):
-    """Per method: median seconds per round from theta0, and seconds from 0 to ||grad f|| <= 1e-9."""
+def measure_all(problem, theta0, rounds=5):
+    """Per method: median seconds per round from theta0 (and FedPM's, measured alternately with it), and
+    seconds from 0 to ||grad f|| <= 1e-9."""
     zero = problem.to_backend(np.zeros(problem.d))
+    fedpm = make_algorithm("fedpm", lr=1.0, local_steps=1)
     rows = []
     for label, name, params in all_methods(problem.d):
         alg = make_algorithm(name, **params)
         row = {"label": label, "method": name, "params": params}
         try:
-            _measure_method(problem, alg, theta0, zero, fedpm_round, rounds, row)
+            _measure_method(problem, alg, theta0, zero, fedpm, rounds, row)
         except Exception as exc:   # one method failing on a backend must not hide the others' numbers
             row["error"] = f"{type(exc).__name__}: {exc}"
             print(f"bench_convex: {label} failed: {row['error']}", file=sys.stderr)
@@ -168,7 +183,7 @@ def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False, backend=
     agree = float(np.linalg.norm(ours_theta - theta) / np.linalg.norm(theta))
     extra = {}
     if all_methods:
-        extra["methods"] = measure_all(problem, theta0, per_round)
+        extra["methods"] = measure_all(problem, theta0)
         extra["max_rounds_to_target"] = MAX_ROUNDS
     return {**extra, "dataset": dataset, "clients": n_clients, "per_client": per_client, "d": problem.d,
             "seconds_per_round": per_round, "seconds_per_round_without_screening": per_round_unscreened,

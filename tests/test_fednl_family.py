@@ -515,6 +515,17 @@ def test_block_compressors_send_the_dense_messages_of_the_same_matrices(rng):
                                    rtol=1e-12, atol=1e-15)
 
 
+def test_the_block_path_refuses_active_features_out_of_order(rng):
+    """Its blocks' upper entries are numbered in row-major order, which is global upper-index order (TopK's
+    tie rule) only for increasing features."""
+    from fedconvex.algorithms import fednl_blocks
+    from fedconvex.blocks import Layout
+    active = [np.array([1, 3]), np.array([5, 2])]
+    layout = Layout([2, 2], [(a[:, None] * 7 + a[None, :]).reshape(-1) for a in active], 7)
+    with pytest.raises(ValueError, match="client 1's active features"):
+        fednl_blocks.encode(make_compressor("topk", k=2), rng.normal(size=8), layout, active, 7,
+                            np.random.default_rng(0))
+
 def _paper_fednl_pp(ref, x0, rounds, compress, alpha):
     """Safaryan et al. 2022, Algorithm 3 with every client taking part, written from the paper:
     init H_i^0 = grad^2 f_i(x^0), l_i^0 = ||H_i^0 - grad^2 f_i(x^0)||_F, g_i^0 = (H_i^0 + l_i^0 I) x^0 - grad f_i(x^0);

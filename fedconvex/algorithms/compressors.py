@@ -40,6 +40,11 @@ def _upper_pos(d):
     return (iu * d + ju).astype(np.int64)
 
 
+def upper_index(i, j, d):
+    """The number of entry (i, j), i <= j, among the d(d+1)/2 upper entries in row-major order."""
+    return i * d - i * (i - 1) // 2 + (j - i)
+
+
 def _scatter_upper(xp, vals, idx, d):
     """(P, d, d) symmetric matrices from per-matrix upper-entry values and their upper-entry indices
     (arrays of shape (P, k), or tuples of per-matrix 1-D arrays of any lengths)."""

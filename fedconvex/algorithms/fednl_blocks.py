@@ -22,7 +22,7 @@ import numpy as np
 
 from ..blocks import ActiveBlocks, Layout
 from .compressors import (_EXP_BIAS, Identity, Natural, RandK, RandSeqK, RankR, TopK, TopLEK, natural_values,
-                          top_abs_eigh)
+                          top_abs_eigh, upper_index)
 
 
 class PackedBlocks(tuple):
@@ -90,7 +90,10 @@ def _upper_rc(d):
 
 def _upper_map(layout: Layout, active):
     """Per client, the packed positions of its block's upper entries (and their mirrors) and their
-    global upper indices, concatenated; cached on the layout (the full one is reused every round)."""
+    global upper indices, concatenated; cached on the layout (the full one is reused every round).
+
+    Each block's entries come in its row-major order, which is global upper-index order because the
+    active features are increasing (checked): TopK's tie rule relies on it."""
     cached = getattr(layout, "_fednl_upper", None)
     if cached is not None:
         return cached
@@ -98,12 +101,14 @@ def _upper_map(layout: Layout, active):
     pos, mir, glob = [], [], []
     for c, a in enumerate(active):
         n = len(a)
+        if n > 1 and not (np.diff(a) > 0).all():
+            raise ValueError(f"client {c}'s active features are not strictly increasing (its block's "
+                             "entries must come in global upper-index order)")
         iu, ju = np.triu_indices(n)
         off = int(layout.offsets[c])
         pos.append(off + iu * n + ju)
         mir.append(off + ju * n + iu)
-        i, j = a[iu], a[ju]
-        glob.append(i * d - i * (i - 1) // 2 + (j - i))
+        glob.append(upper_index(a[iu], a[ju], d))
     sizes = np.array([len(a) for a in active], dtype=np.int64)
     counts = sizes * (sizes + 1) // 2
     local = np.full((len(active), d), -1, dtype=np.int64)      # feature -> position in the block

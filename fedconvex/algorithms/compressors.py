@@ -16,8 +16,13 @@ symmetric) and are symmetrised on decoding.
     rankr      r eigenpairs of largest |eigenvalue|  contractive             64 r (d + 1)
 
 (n = d(d+1)/2.)  ``support`` (optional, per matrix the indices of the rows/columns that may be
-non-zero, e.g. a client's active features) lets Rank-R solve on that sub-block; it is verified
-(the Frobenius norm must all lie inside), so a wrong support only costs time.
+non-zero, e.g. a client's active features) is read by Rank-R and Natural, which both check it against
+the matrix; the other compressors ignore it.  Rank-R solves on that sub-block (on the whole matrix if
+not all of the Frobenius norm lies inside), so for it a wrong support only costs time.  For Natural it
+decides which uniforms are drawn: one per upper entry inside the support, so the same matrices with
+another support get other messages (from the same distribution); a matrix with a non-zero entry outside
+its support draws one uniform per upper entry of the whole matrix, as without a support, so no entry is
+ever dropped.
 """
 from __future__ import annotations
 
@@ -43,6 +48,15 @@ def _upper_pos(d):
 def upper_index(i, j, d):
     """The number of entry (i, j), i <= j, among the d(d+1)/2 upper entries in row-major order."""
     return i * d - i * (i - 1) // 2 + (j - i)
+
+
+def support_upper_entries(support, d):
+    """The upper entries (i <= j, both in ``support``) of a d x d matrix, as increasing upper indices."""
+    a = np.unique(np.asarray(support, dtype=np.int64))       # sorted: the block's row-major order is global order
+    if len(a) and (a[0] < 0 or a[-1] >= d):
+        raise ValueError(f"support holds features outside 0..{d - 1}")
+    iu, ju = np.triu_indices(len(a))
+    return upper_index(a[iu], a[ju], d)
 
 
 def _scatter_upper(xp, vals, idx, d):
@@ -220,13 +234,27 @@ class Natural:
     """Natural compression (Horvath et al. 2019) of every upper-triangular entry: t in [2^a, 2^(a+1))
     becomes 2^(a+1) with probability t / 2^a - 1, else 2^a (sign kept).  Unbiased with
     E||C(x) - x||^2 <= ||x||^2 / 8, so FedNL uses alpha = 1 / (1 + 1/8).  On the wire: a sign bit and the
-    11-bit exponent, 12 bits an entry (the message holds them as int16 codes)."""
+    11-bit exponent, 12 bits an entry (the message holds them as int16 codes).
+
+    The uniforms: matrix after matrix, one per upper entry that can be non-zero, in upper-index order
+    (row-major upper triangle).  Without a support that is every upper entry, ``rng.random((P, n))``;
+    with one, matrix c draws only for the entries ``support_upper_entries(support[c], d)`` -- a zero entry
+    gets code 0 whatever its uniform, so leaving it out changes no distribution -- unless M[c] has a
+    non-zero entry outside them, which then draws for all n (see the module docstring).  FedNL's block
+    path (fednl_blocks.encode) draws the same numbers for the clients' active features."""
 
     def encode(self, xp, M, rng, support=None):
-        iu, ju = _upper(M.shape[1])
+        d = M.shape[1]
+        iu, ju = _upper(d)
         U = to_numpy(M[:, iu, ju])                     # host: the randomness is NumPy's stream
         mant, ex = np.frexp(np.abs(U))                 # |U| = mant 2^ex, mant in [0.5, 1)
-        up = rng.random(U.shape) < (2.0 * mant - 1.0)  # P(round up) = |U| / 2^(ex-1) - 1
+        if support is None:
+            draw = rng.random(U.shape)
+        else:
+            draw = np.zeros(U.shape)                   # not drawn: zero entries, never rounded up
+            entries = _natural_draw_entries(U, support, d)
+            draw.reshape(-1)[entries] = rng.random(len(entries))
+        up = draw < (2.0 * mant - 1.0)                 # P(round up) = |U| / 2^(ex-1) - 1
         code = (ex - 1 + up + _EXP_BIAS).astype(np.int16) * np.sign(U).astype(np.int16)
         return {"code": xp.asarray(code)}
 
@@ -238,6 +266,22 @@ class Natural:
 
     def bits(self, msg, d):
         return np.full(len(msg["code"]), 12 * msg["code"].shape[1], dtype=np.int64)
+
+
+def _natural_draw_entries(U, support, d):
+    """Positions in the flattened (P, n) upper stack ``U`` that get a uniform, in drawing order (see Natural)."""
+    P, n = U.shape
+    if len(support) != P:
+        raise ValueError(f"support has {len(support)} entries for {P} matrices")
+    entries = []
+    for c in range(P):
+        inside = support_upper_entries(support[c], d)
+        outside = np.ones(n, dtype=bool)
+        outside[inside] = False
+        if U[c, outside].any():                      # mass outside the support: every entry, nothing dropped
+            inside = np.arange(n)
+        entries.append(c * n + inside)
+    return np.concatenate(entries) if entries else np.zeros(0, dtype=np.int64)
 
 
 def _full_top_abs(A, r):

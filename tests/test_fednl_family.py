@@ -500,7 +500,10 @@ def test_block_compressors_send_the_dense_messages_of_the_same_matrices(rng):
     for name, kw in [("topk", dict(k=30)), ("toplek", dict(k=30)), ("topk", dict(k=200)), ("randk", dict(k=25)),
                      ("randseqk", dict(k=25)), ("natural", {}), ("rankr", dict(rank=2))]:
         comp = make_compressor(name, **kw)
-        ref = comp.encode(np, D, np.random.default_rng(3))
+        # Natural draws for the entries of the support, so it gets the active features, as FedNL passes them;
+        # Rank-R solves on the whole matrix here, an independent check of the block path's sub-block solves
+        support = H1.active if name == "natural" else None
+        ref = comp.encode(np, D, np.random.default_rng(3), support=support)
         msg, S = fednl_blocks.encode(comp, diff, H1.layout, H1.active, 14, np.random.default_rng(3))
         assert set(msg) == set(ref)
         for key in ref:
@@ -514,6 +517,17 @@ def test_block_compressors_send_the_dense_messages_of_the_same_matrices(rng):
         np.testing.assert_allclose(fednl_blocks.server_sum(comp, msg, w, 14), np.tensordot(w, Sd, 1),
                                    rtol=1e-12, atol=1e-15)
 
+
+def test_the_block_path_refuses_active_features_out_of_order(rng):
+    """Its blocks' upper entries are numbered in row-major order, which is global upper-index order (TopK's
+    tie rule) only for increasing features."""
+    from fedconvex.algorithms import fednl_blocks
+    from fedconvex.blocks import Layout
+    active = [np.array([1, 3]), np.array([5, 2])]
+    layout = Layout([2, 2], [(a[:, None] * 7 + a[None, :]).reshape(-1) for a in active], 7)
+    with pytest.raises(ValueError, match="client 1's active features"):
+        fednl_blocks.encode(make_compressor("topk", k=2), rng.normal(size=8), layout, active, 7,
+                            np.random.default_rng(0))
 
 def _paper_fednl_pp(ref, x0, rounds, compress, alpha):
     """Safaryan et al. 2022, Algorithm 3 with every client taking part, written from the paper:

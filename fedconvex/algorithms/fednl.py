@@ -41,10 +41,12 @@ COMPRESSED = {"index": "entries", "start": "entries", "active": "features"}
 
 
 def _support(problem, sel):
-    """Each client's active features: grad^2 f_i - H_i vanishes outside them (H_i^0 = grad^2 f_i(x^0) and
-    every compressed update keeps that), which lets Rank-R solve on the small block (it checks)."""
+    """Each client's active features (host arrays, on every backend): grad^2 f_i - H_i vanishes outside them
+    (H_i^0 = grad^2 f_i(x^0) and every compressed update keeps that).  Rank-R on NumPy solves on the small
+    block (it checks); Natural draws its uniforms for the block's entries only, as the block path does, so
+    the dense path -- NumPy without a Hessian plan, or another backend -- sends the block path's messages."""
     active = getattr(problem, "active_host", None)
-    return None if active is None or problem.xp is not np else tuple(active[c] for c in sel)
+    return None if active is None else tuple(active[c] for c in sel)
 
 
 def _initial_estimates(problem, theta0):

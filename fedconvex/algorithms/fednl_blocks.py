@@ -9,9 +9,11 @@ the block's upper entries instead of all d(d+1)/2 of them.
 
 The messages are those of the dense path (fednl.py / compressors.py): the entry compressors still
 name entries by their index among the d(d+1)/2 upper entries of the whole matrix, the random ones draw
-exactly the same numbers (RandK's indices, Natural's uniforms over every entry), and the server decodes
-them into its dense sum directly.  Only the identity compressor sends the block itself (and its feature
-indices), as FedPM does.  tests/test_fednl_family.py checks this path against the dense one.
+exactly the same numbers (RandK's indices; Natural's uniforms, one per upper entry of each client's block,
+which the dense path draws when it is given the clients' active features as supports, as fednl.py does),
+and the server decodes them into its dense sum directly.  Only the identity compressor sends the block
+itself (and its feature indices), as FedPM does.  tests/test_fednl_family.py and tests/test_natural_support.py
+check this path against the dense one.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import numpy as np
 
 from ..blocks import ActiveBlocks, Layout
 from .compressors import (_EXP_BIAS, Identity, Natural, RandK, RandSeqK, RankR, TopK, TopLEK, natural_values,
-                          top_abs_eigh)
+                          top_abs_eigh, upper_index)
 
 
 class PackedBlocks(tuple):
@@ -90,7 +92,10 @@ def _upper_rc(d):
 
 def _upper_map(layout: Layout, active):
     """Per client, the packed positions of its block's upper entries (and their mirrors) and their
-    global upper indices, concatenated; cached on the layout (the full one is reused every round)."""
+    global upper indices, concatenated; cached on the layout (the full one is reused every round).
+
+    Each block's entries come in its row-major order, which is global upper-index order because the
+    active features are increasing (checked): TopK's tie rule and Natural's draw order rely on it."""
     cached = getattr(layout, "_fednl_upper", None)
     if cached is not None:
         return cached
@@ -98,12 +103,14 @@ def _upper_map(layout: Layout, active):
     pos, mir, glob = [], [], []
     for c, a in enumerate(active):
         n = len(a)
+        if n > 1 and not (np.diff(a) > 0).all():
+            raise ValueError(f"client {c}'s active features are not strictly increasing (its block's "
+                             "entries must come in global upper-index order)")
         iu, ju = np.triu_indices(n)
         off = int(layout.offsets[c])
         pos.append(off + iu * n + ju)
         mir.append(off + ju * n + iu)
-        i, j = a[iu], a[ju]
-        glob.append(i * d - i * (i - 1) // 2 + (j - i))
+        glob.append(upper_index(a[iu], a[ju], d))
     sizes = np.array([len(a) for a in active], dtype=np.int64)
     counts = sizes * (sizes + 1) // 2
     local = np.full((len(active), d), -1, dtype=np.int64)      # feature -> position in the block
@@ -189,9 +196,8 @@ _DRAWS = threading.local()
 def _uniforms(rng, shape):
     """rng.random(shape) -- the same numbers and generator state -- written into a buffer this thread keeps
     for the next call of the same shape.  Natural draws one uniform per upper entry of every participant's
-    d x d matrix (w8a: 142 x 45,150, 51 MB a round); a fresh array of that size is a fresh mapping whose pages
-    fault in on every round (18.7 ms against 14.1 ms for the draw measured on this project's CPU).  The
-    caller reads it before drawing again."""
+    block (w8a: 1.44 M, 11.5 MB a round), and a fresh array that large can be a fresh mapping whose pages
+    fault in on every round.  The caller reads it before drawing again."""
     buf = getattr(_DRAWS, "buf", None)
     if buf is None or buf.shape != tuple(shape):
         buf = _DRAWS.buf = np.empty(shape)
@@ -217,10 +223,13 @@ def encode(comp, diff, layout, active, d, rng, base=None, alpha=1.0):
         msg.packed, msg.layout = diff, layout
         return {"blocks": msg, "active": tuple(active)}, diff
     if isinstance(comp, Natural):
-        draw = _uniforms(rng, (P, n))     # every entry's uniform, as the dense path draws them
+        # one uniform per block upper entry, clients in order, each block in global upper-index order (the
+        # map's order): what Natural.encode draws given the active features as supports.  The blocks hold all
+        # of each difference, so its fallback (mass outside the support: draw for every entry) never applies.
+        draw = _uniforms(rng, (len(m["pos"]),))
         U = diff[m["pos"]]
         mant, ex = np.frexp(np.abs(U))
-        up = draw.reshape(-1)[m["flat_up"]] < (2.0 * mant - 1.0)
+        up = draw < (2.0 * mant - 1.0)
         code_vals = (ex + (_EXP_BIAS - 1)).astype(np.int16)
         code_vals += up
         code_vals *= np.sign(U).astype(np.int16)

@@ -19,8 +19,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .cpu_solves import solve_all
-
 
 class LinearBlock:
     def __init__(self, module: nn.Linear):
@@ -371,9 +369,9 @@ def factorize(A: dict, damping: float, dtype=None) -> dict:
     return out
 
 
-def solve_rows(T, L, U=None, out=None):
+def solve_rows(T, L, U=None):
     """T (A + lam I)^{-1} for row blocks T (..., d_out, d) and the Cholesky factor L of A + lam I
-    (U = L^T, contiguous; formed here when not given); written into ``out`` when given.
+    (U = L^T, contiguous; formed here when not given).
 
     Two right-side triangular solves, Z U = T then D L = Z: the rows form keeps T in the layout the
     gradients already have (cholesky_solve wants (d, d_out) columns and copies them), and on CUDA it
@@ -382,9 +380,7 @@ def solve_rows(T, L, U=None, out=None):
     if U is None:
         U = L.mT.contiguous()
     Z = torch.linalg.solve_triangular(U, T, upper=True, left=False)
-    if out is None:
-        return torch.linalg.solve_triangular(L, Z, upper=False, left=False)
-    return torch.linalg.solve_triangular(L, Z, upper=False, left=False, out=out)
+    return torch.linalg.solve_triangular(L, Z, upper=False, left=False)
 
 
 def with_uppers(factors: dict) -> dict:
@@ -399,15 +395,14 @@ def one_cpu_thread(device):
     The per-step solves are small (SimpleCNN's largest is 401 x 401 with 120 rows); at two OpenMP
     threads each call pays the team's hand-off instead of splitting useful work -- measured on this
     project's 2-core CPU: 0.24 ms a call against 0.11 ms at one thread, and far worse while another
-    process keeps the second core busy.  Switching the count costs nothing measurable.  Yields the thread
-    count it replaced (1 on a GPU), over which ``cpu_solves.solve_all`` spreads the solves instead."""
+    process keeps the second core busy.  Switching the count costs nothing measurable."""
     n = torch.get_num_threads()
     if torch.device(device).type != "cpu" or n == 1:
-        yield 1
+        yield
         return
     torch.set_num_threads(1)
     try:
-        yield n
+        yield
     finally:
         torch.set_num_threads(n)
 
@@ -415,24 +410,19 @@ def one_cpu_thread(device):
 @torch.no_grad()
 def precondition_grads(model: nn.Module, blocks: dict, factors: dict) -> None:
     """Replace each block's gradient G_Theta by (A + lam I)^{-1} G_Theta in place (``factors``: name ->
-    (L, L^T), as ``with_uppers`` makes them); on a CPU the solves run at one OpenMP thread each
-    (``one_cpu_thread``), spread over as many Python threads as torch had (``cpu_solves.solve_all``)."""
+    (L, L^T), as ``with_uppers`` makes them); on a CPU with the solves on one thread (``one_cpu_thread``)."""
     device = next(iter(factors.values()))[0].device if factors else "cpu"
-    with one_cpu_thread(device) as threads:
-        _precondition(blocks, factors, threads)
+    with one_cpu_thread(device):
+        _precondition(blocks, factors)
 
 
-def _precondition(blocks: dict, factors: dict, threads: int) -> None:
-    problems = {}
+def _precondition(blocks: dict, factors: dict) -> None:
     for name, block in blocks.items():
         m = block.module
-        if m.weight.grad is not None:
-            problems[name] = (get_theta(block, m.weight.grad, m.bias.grad if block.has_bias else None).T,
-                              *factors[name])
-    dirs = solve_all(problems, threads, solve_rows)
-    for name, D in dirs.items():
-        block = blocks[name]
-        m = block.module
+        if m.weight.grad is None:
+            continue
+        L, U = factors[name]
+        D = solve_rows(get_theta(block, m.weight.grad, m.bias.grad if block.has_bias else None).T, L, U)
         gw, gb = split_theta(block, D.T)
         m.weight.grad.copy_(gw)
         if gb is not None:

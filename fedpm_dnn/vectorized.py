@@ -15,7 +15,7 @@ sequential engine's (``client.local_train`` / ``simulation.client_round``), clie
   (no update) while the others go on;
 * the step: gradient (+ the method's ``grad_hook`` on the stacks, + coupled weight decay),
   per-client clipping of the raw gradient or of the step direction, FOOF preconditioning with
-  batched triangular solves (``foof.solve_rows``; on a CPU spread over its threads, ``cpu_solves``; on CUDA replayed as one graph per step,
+  batched triangular solves (``foof.solve_rows``; on CUDA replayed as one graph per step,
   ``solve_graph``), theta -= lr direction, decoupled weight decay;
 * FOOF matrices from batched Gram products (``batched_foof``) with the same first-layer cache.
 
@@ -30,7 +30,6 @@ import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
 from . import batched_foof, foof, solve_graph, stacked
-from .cpu_solves import solve_all
 from .augment import crop_flip
 
 STATS_BATCH = 512   # the sequential path's plain-data chunk (client.ClientData.plain_batches)
@@ -319,12 +318,11 @@ class VectorizedEngine:
                                 torch.cat([gw, gb], 2, out=graph.inputs[bname])
                         dirs = graph.replay()
                     else:
-                        with foof.one_cpu_thread(dev) as threads:
-                            problems = {}
+                        dirs = {}
+                        with foof.one_cpu_thread(dev):
                             for bname, (gw, gb) in rhs.items():
                                 Lf, Uf = factors[bname] if full else (f.index_select(0, ids) for f in factors[bname])
-                                problems[bname] = (gw if gb is None else torch.cat([gw, gb], 2), Lf, Uf)
-                            dirs = solve_all(problems, threads, foof.solve_rows)
+                                dirs[bname] = foof.solve_rows(gw if gb is None else torch.cat([gw, gb], 2), Lf, Uf)
                     # the directions as views of the solves' results (no copies: every copy is a launch on a
                     # launch-bound GPU); the update below reads them before the next step's solves overwrite them.
                     # A clip of the update takes its norm on the strided bias view: within an ulp of the

@@ -1,3 +1,4 @@
+# runs against commit 121f2b4 (fedpm_dnn.cpu_solves), which was reverted: see README.md here
 """One fc1-sized FOOF solve (401 x 401 factor), whole vs halved over two Python threads at one torch thread each:
 
     PYTHONPATH=. python results/cpu-bench-2026-11-26/session3/split_solves_micro.py

@@ -1,3 +1,4 @@
+# runs against commit 121f2b4 (fedpm_dnn.cpu_solves), which was reverted: see README.md here
 """A vectorized-engine CPU FedPM round (bench_dnn's CPU size: 10 clients x 300 images, 5 epochs, SimpleCNN) with the
 per-step FOOF solves split over the torch threads (cpu_solves, the default) and kept whole on one thread, and a
 FedAvg round beside them; the three alternated, median of the timed rounds:

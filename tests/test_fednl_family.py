@@ -529,6 +529,7 @@ def test_the_block_path_refuses_active_features_out_of_order(rng):
         fednl_blocks.encode(make_compressor("topk", k=2), rng.normal(size=8), layout, active, 7,
                             np.random.default_rng(0))
 
+
 def _paper_fednl_pp(ref, x0, rounds, compress, alpha):
     """Safaryan et al. 2022, Algorithm 3 with every client taking part, written from the paper:
     init H_i^0 = grad^2 f_i(x^0), l_i^0 = ||H_i^0 - grad^2 f_i(x^0)||_F, g_i^0 = (H_i^0 + l_i^0 I) x^0 - grad f_i(x^0);

@@ -162,3 +162,5 @@ def test_natural_rejects_supports_that_do_not_fit_the_matrices(rng):
     with pytest.raises(ValueError, match="outside 0..8"):
         Natural().encode(np, M, np.random.default_rng(0), support=[np.array([1]), np.array([3, 9])])
 
+    with pytest.raises(ValueError, match="boolean mask"):
+        Natural().encode(np, M, np.random.default_rng(0), support=[np.arange(9) < 4, np.arange(9) < 2])

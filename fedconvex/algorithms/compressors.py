@@ -16,8 +16,8 @@ symmetric) and are symmetrised on decoding.
     rankr      r eigenpairs of largest |eigenvalue|  contractive             64 r (d + 1)
 
 (n = d(d+1)/2.)  ``support`` (optional, per matrix the indices of the rows/columns that may be
-non-zero, e.g. a client's active features) is read by Rank-R and Natural, which both check it against
-the matrix; the other compressors ignore it.  Rank-R solves on that sub-block (on the whole matrix if
+non-zero, e.g. a client's active features; host integer indices) is read by Rank-R (on NumPy only) and
+Natural, which both check it against the matrix; the other compressors ignore it.  Rank-R solves on that sub-block (on the whole matrix if
 not all of the Frobenius norm lies inside), so for it a wrong support only costs time.  For Natural it
 decides which uniforms are drawn: one per upper entry inside the support, so the same matrices with
 another support get other messages (from the same distribution); a matrix with a non-zero entry outside
@@ -267,6 +267,8 @@ def _natural_drawn(U, support, d):
     P = U.shape[0]
     if len(support) != P:
         raise ValueError(f"support has {len(support)} entries for {P} matrices")
+    if any(np.asarray(a).dtype == bool for a in support):     # a mask would silently read as indices 0 and 1
+        raise ValueError("support must hold feature indices, not a boolean mask")
     feats = [np.asarray(a, dtype=np.int64).reshape(-1) for a in support]
     owner = np.repeat(np.arange(P), [len(a) for a in feats])
     feats = np.concatenate(feats) if P else np.zeros(0, dtype=np.int64)

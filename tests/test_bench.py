@@ -82,6 +82,27 @@ def test_a_method_that_fails_is_reported_in_its_row_and_the_others_still_run(mon
     assert all(r.get("seconds_per_round") is not None for r in rows if r["method"] == "fedpm")
 
 
+def test_the_table_says_how_far_each_method_got(monkeypatch, capsys):
+    """A method that did not reach 1e-9 shows its last gradient norm (a blow-up to 1e18 reads as one, not as
+    a plain '-'), one whose run raised Diverged says so."""
+    rows = [{"label": "FedNL Top-K (k=d)", "seconds_per_round": 0.05, "round_vs_fedpm": 1.2, "seconds_to_1e-9": None,
+             "rounds_to_1e-9": None, "final_grad_norm": 1.1e18},
+            {"label": "FedAvg", "seconds_per_round": None, "round_vs_fedpm": None, "seconds_to_1e-9": None,
+             "rounds_to_1e-9": None, "final_grad_norm": "diverged"},
+            {"label": "FedPM", "seconds_per_round": 0.04, "round_vs_fedpm": 1.0, "seconds_to_1e-9": 0.3,
+             "rounds_to_1e-9": 8, "final_grad_norm": 9.4e-12}]
+    fake = {"methods": rows, "max_rounds_to_target": 40, "dataset": "w8a", "clients": 142, "per_client": 350, "d": 300,
+            "seconds_per_round": 0.04, "seconds_per_round_without_screening": 0.038, "seconds_to_1e-9": 0.3,
+            "rounds_to_1e-9": 8, "naive_seconds_per_round": 0.3, "loop_ratio": 8.0,
+            "naive_vs_ours_relative_difference": 1e-15, "backend": "numpy", "device": "cpu", "command": "x"}
+    monkeypatch.setattr(bench_convex, "measure", lambda *a, **k: fake)
+    assert bench_convex.main(["--all-methods"]) == 0
+    lines = {ln.split("  ")[1].strip(): ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  F")}
+    assert lines["FedNL Top-K (k=d)"].rstrip().endswith("1.1e+18")
+    assert lines["FedAvg"].rstrip().endswith("diverged")
+    assert lines["FedPM"].rstrip().endswith("9.4e-12")
+
+
 def test_dnn_benchmark_prints_both_engines(capsys):
     pytest.importorskip("torch")
     from validation import bench_dnn

@@ -2,7 +2,8 @@
 # Every GPU check of the open issues in one run, within a time budget (issue 11, item 5):
 #   1. the DNN benchmark on CUDA (SimpleCNN at the paper's 5 local epochs, ResNet18-GN; both engines; then
 #      the vectorized engine's FedPM/FedAvg over more rounds),
-#   2. the convex benchmark with --backend cupy and the fedconvex tests that touch CuPy,
+#   2. the vectorized engine's CUDA-graph solve tests (which skip on a CPU), the convex benchmark with
+#      --backend cupy and the fedconvex tests that touch CuPy,
 #   3. a real 100-round CIFAR-10 alpha=0.1 FedPM run (full data, paper preset), to the deadline.
 #
 #   bash validation/gpu_checks.sh DATA_DIR OUT_DIR [SECONDS]
@@ -40,6 +41,10 @@ step "FedPM/FedAvg on the vectorized engine over 4 timed rounds each: python -m 
 timeout 120 $PY -m validation.bench_dnn --device cuda --json --models cnn --engines vectorized --sizes 10,5000,5,3 \
     --repeats 2 > "$OUT/bench_dnn_cuda_cnn_vectorized.json" || echo "bench_dnn vectorized failed rc=$?"
 cat "$OUT/bench_dnn_cuda_cnn_vectorized.json"; echo
+
+step "CUDA-graph solves against eager and sequential replies (skipped without a GPU): tests/test_vectorized.py -k cuda_graph"
+timeout 90 $PY -m pytest -q -p no:cacheprovider -rs tests/test_vectorized.py -k "cuda_graph" \
+    || echo "cuda graph tests failed rc=$?"
 
 step "convex on CuPy: python -m validation.bench_convex --backend cupy --all-methods --json"
 timeout 200 $PY -m validation.bench_convex --backend cupy --all-methods --json > "$OUT/bench_convex_cupy.json" \

@@ -8,13 +8,13 @@ Prints a training step (forward, backward, SGD update: FedAvg's whole step), the
 data (its forward pass and each block's Gram; conv1's is cached, it reads the data only) and the ratio
 (FedAvg + FedPM's extra) / FedAvg these pieces imply, with and without the Grams."""
 import sys
-import time
 
 import torch
 
 torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
 from fedpm_dnn import foof  # noqa: E402
 from fedpm_dnn.models import SimpleCNN  # noqa: E402
+from validation.timing import best_seconds  # noqa: E402
 
 torch.manual_seed(0)
 IMAGES, EPOCHS, BATCH = 300, 5, 64
@@ -33,13 +33,7 @@ for h in hooks:
 
 
 def ms(f, reps=10):
-    f()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        f()
-        best = min(best, time.perf_counter() - t)
-    return best * 1e3
+    return best_seconds(f, reps) * 1e3
 
 
 opt = torch.optim.SGD(m.parameters(), lr=0.01)

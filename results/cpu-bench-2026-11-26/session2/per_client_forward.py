@@ -4,7 +4,6 @@
     PYTHONPATH=. python results/cpu-bench-2026-11-26/session2/per_client_forward.py [threads]
 """
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +11,7 @@ import torch.nn.functional as F
 torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
 from fedpm_dnn.models import SimpleCNN  # noqa: E402
 from fedpm_dnn.stacked import StackedModel  # noqa: E402
+from validation.timing import best_seconds  # noqa: E402
 
 torch.manual_seed(0)
 K, B = 10, 64
@@ -44,13 +44,7 @@ def sequential_steps():
 
 
 def ms(f, reps=15):
-    f()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        f()
-        best = min(best, time.perf_counter() - t)
-    return best * 1e3
+    return best_seconds(f, reps) * 1e3
 
 
 for _ in range(3):

@@ -9,7 +9,6 @@ a FedPM round and a dense Gaussian FedNS round (BLAS at one thread, as bench_con
 """
 import statistics
 import threading
-import time
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -19,6 +18,7 @@ from fedconvex.data import load_dataset, paper_split_sizes, sequential_split
 from fedconvex.problem import DEFAULT_LAM, FederatedLogReg
 from fedconvex.reference import initial_point, solve_optimum
 from fedconvex.run import run
+from validation.timing import best_seconds
 
 ds = load_dataset("w8a")
 n, m = paper_split_sizes("w8a")
@@ -29,13 +29,7 @@ shapes = [(int(c), k) for c in problem.counts]
 
 
 def best(f, reps=5):
-    f()
-    out = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        f()
-        out = min(out, time.perf_counter() - t)
-    return out
+    return best_seconds(f, reps)
 
 
 def draw(bitgen, threads):

@@ -73,8 +73,9 @@ def all_methods(d):
     ]
 
 
-def _round_times(problem, alg, theta0, rounds):
-    _, h = run(problem, alg, theta0, rounds)
+def _round_times(problem, alg, theta0, rounds, **kw):
+    """Wall seconds of each round after the first of a run (the run loop's own clock, metrics excluded)."""
+    _, h = run(problem, alg, theta0, rounds, **kw)
     return [h[t]["seconds"] - h[t - 1]["seconds"] for t in range(1, len(h))]
 
 
@@ -155,8 +156,7 @@ def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False, backend=
     # per-round time (the run loop's own clock excludes metric evaluation); with the server's
     # screening of client replies (default) and without it
     def median_round(**kw):
-        _, h = run(problem, alg, theta0, rounds, **kw)
-        return statistics.median(h[t]["seconds"] - h[t - 1]["seconds"] for t in range(1, len(h)))
+        return statistics.median(_round_times(problem, alg, theta0, rounds, **kw))
 
     per_round = median_round()
     per_round_unscreened = median_round(screen=False)

@@ -74,7 +74,7 @@ def all_methods(d):
 
 
 def _round_times(problem, alg, theta0, rounds, **kw):
-    """Wall seconds of each round after the first of a run (the run loop's own clock, metrics excluded)."""
+    """Wall seconds of each round of a run (the run loop's own clock, metrics excluded)."""
     _, h = run(problem, alg, theta0, rounds, **kw)
     return [h[t]["seconds"] - h[t - 1]["seconds"] for t in range(1, len(h))]
 

@@ -192,6 +192,8 @@ CASES = [
     ("dnn-preset-other-dataset", dnn, D + OUT + ["--preset", "cifar100-a0.1"], "is for --dataset cifar100"),
     ("dnn-preset-no-row", dnn, D + OUT + ["--preset", "cifar10-foof-64", "--method", "fedavg"], "has no row for 'fedavg'"),
     ("dnn-participants", dnn, D + OUT + ["--participants", "5"], "--participants 5 exceeds --clients 3"),
+    ("dnn-participants-default-clients", dnn, D[:2] + D[4:] + OUT + ["--participants", "11"],
+     "--participants 11 exceeds the 10 clients (default --clients)"),
     ("dnn-train-subset-small", dnn, D + OUT + ["--train-subset", "5"], "--train-subset 5: must be between"),
     ("dnn-train-subset-big", dnn, D + OUT + ["--train-subset", "1000000"], "--train-subset 1000000: must be between"),
     ("dnn-test-subset-big", dnn, D + OUT + ["--test-subset", "1000000"], "--test-subset 1000000: must be between"),

@@ -66,6 +66,7 @@ def base(tmp_path_factory, one_thread):
     (w / "binary.svm").write_bytes(bytes(range(256)) * 4)
     (w / "bigindex.svm").write_text("1 1:1 1000000000:1\n-1 2:1\n1 3:1\n-1 4:1\n")
     (w / "hugeindex.svm").write_text("1 1:1 10000000000:1\n-1 2:1\n")
+    (w / "list.json").write_text("[1]\n")
     (w / "app").mkdir()
     (w / "app" / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
     os.symlink(w / "foreign", w / "link")
@@ -163,6 +164,10 @@ CASES = [
     ("sl-per-client-dirichlet", superlinear, S + OUT + ["--split", "dirichlet"], "--per-client does not apply"),
     ("sl-cache-folder", superlinear, [a for a in S if a != "--no-cache"] + ["--cache", "{W}/foreign"] + OUT,
      "--cache {W}/foreign: is not a regular file"),
+    ("sl-cache-foreign-file", superlinear, [a for a in S if a != "--no-cache"] + ["--cache", "{W}/file.txt"] + OUT,
+     "--cache {W}/file.txt: is not a tuning cache of this tool (not JSON)"),
+    ("sl-cache-json-list", superlinear, [a for a in S if a != "--no-cache"] + ["--cache", "{W}/list.json"] + OUT,
+     "--cache {W}/list.json: is not a tuning cache of this tool (not a JSON object"),
     ("sl-out-foreign", superlinear, S + ["--out", "{W}/foreign"], "is not a previous result of this tool"),
     ("sl-out-file", superlinear, S + ["--out", "{W}/file.txt"], "exists and is not a folder"),
     ("sl-out-symlink", superlinear, S + ["--out", "{W}/link"], "is a symbolic link"),

@@ -70,6 +70,11 @@ def parse_args(argv=None):
                     + (" (--clients)" if args.clients else ""))
     if not args.no_cache and (os.path.isdir(args.cache) or (os.path.lexists(args.cache) and not os.path.isfile(args.cache))):
         p.error(f"--cache {args.cache}: is not a regular file; give a JSON file path (or --no-cache)")
+    if not args.no_cache:
+        try:
+            TuningCache.check(args.cache)
+        except ValueError as exc:
+            p.error(str(exc))
     common.check_out_arg(p, args.out)
     return args
 

@@ -235,6 +235,16 @@ CASES = [
     ("fl-method", flower, ["--method", "nosuch"] + OUT, "invalid choice: 'nosuch'"),
     ("fl-params", flower, ["--method", "scaffold", "--params", '{"momentum": 0.9}'] + OUT,
      "scaffold has no hyper-parameter 'momentum'"),
+    ("fl-params-not-json", flower, ["--params", "nan"] + OUT, "--params 'nan': not JSON"),
+    ("fl-params-lr-text", flower, ["--params", '{"lr": "x"}'] + OUT, "fedpm: lr must be a number, got 'x'"),
+    ("fl-params-lr-neg", flower, ["--params", '{"lr": -1}'] + OUT, "fedpm: lr must be > 0, got -1"),
+    ("fl-params-lr-nan", flower, ["--params", '{"lr": NaN}'] + OUT, "fedpm: lr must be a finite number, got nan"),
+    ("fl-params-steps-0", flower, ["--params", '{"local_steps": 0}'] + OUT, "fedpm: local_steps must be >= 1, got 0"),
+    ("fl-params-cnn-lr-text", flower, ["--problem", "cnn", "--method", "fedavg", "--params", '{"lr": "x"}'] + OUT,
+     "fedavg: lr must be a number, got 'x'"),
+    ("fl-lam-0", flower, ["--lam", "0"] + OUT, "--lam: must be a number > 0"),
+    ("fl-participants", flower, ["--participants", "5"] + OUT, "--participants 5 exceeds --clients 3"),
+    ("fl-write-app-empty", flower, ["--write-app", ""], "--write-app: empty path"),
     ("fl-cnn-method", flower, ["--problem", "cnn", "--method", "fednl"] + OUT, "--method fednl: the cnn runs fedavg"),
     ("fl-mode", flower, ["--mode", "cloud"] + OUT, "invalid choice: 'cloud'"),
     ("fl-out-foreign", flower, ["--out", "{W}/foreign"], "is not a previous result of this tool"),
@@ -278,6 +288,35 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(work, capsys, name, mod
 def test_the_catalogue_is_large_enough():
     assert len(CASES) >= 60
     assert {m for _, m, _, _ in CASES} == set(PROGS)
+
+
+@pytest.mark.parametrize("method,params,message", [
+    ("fedpm", {"lr": -1.0}, "fedpm: lr must be > 0, got -1.0"),
+    ("fedpm", {"lr": float("nan")}, "fedpm: lr must be a finite number"),
+    ("fedpm", {"lr": "1"}, "fedpm: lr must be a number, got '1'"),
+    ("fedpm", {"local_steps": 0}, "fedpm: local_steps must be >= 1, got 0"),
+    ("fedpm", {"local_steps": 1.5}, "fedpm: local_steps must be an integer, got 1.5"),
+    ("fedpm", {"local_steps": True}, "fedpm: local_steps must be an integer, got True"),
+    ("fedavgm", {"momentum": float("inf")}, "fedavgm: momentum must be a finite number"),
+    ("fednl", {"compressor": 3}, "fednl: compressor must be a string, got 3"),
+], ids=["lr-neg", "lr-nan", "lr-text", "steps-0", "steps-float", "steps-bool", "momentum-inf", "compressor-int"])
+def test_make_algorithm_refuses_a_bad_value_at_construction(method, params, message):
+    """README's library example builds methods with make_algorithm: a bad value is one ValueError there,
+    not an obscure failure inside a round (or, for a negative lr, a silent ascent)."""
+    from fedconvex.algorithms import make_algorithm
+
+    with pytest.raises(ValueError) as exc:
+        make_algorithm(method, **params)
+    assert message in str(exc.value)
+
+
+def test_make_method_refuses_a_bad_value_at_construction():
+    from fedpm_dnn.algorithms import make_method
+
+    with pytest.raises(ValueError, match="fedavg: batch_size must be >= 1, got 0"):
+        make_method("fedavg", batch_size=0)
+    with pytest.raises(ValueError, match="fedpm: damping must be a number, got '1'"):
+        make_method("fedpm", damping="1")
 
 
 # ------------------------------------------------------------------------ the server

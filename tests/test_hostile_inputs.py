@@ -20,12 +20,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fake_cifar import cifar_pickle  # noqa: E402
-from validation import bench_convex, bench_dnn, dnn, flower, outputs, superlinear  # noqa: E402
+from figures import __main__ as figures_main  # noqa: E402
+from validation import bench_convex, bench_dnn, dnn, experiments, flower, outputs, superlinear  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGS = {superlinear: "python -m validation.superlinear", dnn: "python -m validation.dnn",
          flower: "python -m validation.flower", bench_convex: "python -m validation.bench_convex",
-         bench_dnn: "python -m validation.bench_dnn"}
+         bench_dnn: "python -m validation.bench_dnn", experiments: "python -m validation.experiments",
+         figures_main: "python -m figures"}
 
 
 class Evil:
@@ -262,6 +264,15 @@ CASES = [
     ("bd-device", bench_dnn, ["--device", "tpu"], "invalid choice: 'tpu'"),
     ("bd-engines", bench_dnn, ["--engines", "vectorized,gpu"], "--engines: unknown engine(s) gpu"),
     ("bd-engines-none", bench_dnn, ["--engines", ","], "unknown engine(s) (none given)"),
+    # ---------------------------------------------------------------- validation.experiments, figures
+    ("ex-profile", experiments, ["--profile", "huge"], "argument --profile: invalid choice: 'huge'"),
+    ("ex-unknown-flag", experiments, ["--bogus"], "unrecognized arguments: --bogus"),
+    ("ex-results-file", experiments, ["--results", "{W}/file.txt"], "--results {W}/file.txt: is not a folder"),
+    ("fig-profile", figures_main, ["--profile", "huge"], "argument --profile: invalid choice: 'huge'"),
+    ("fig-results-file", figures_main, ["--no-compute", "--results", "{W}/file.txt"],
+     "--results {W}/file.txt: is not a folder"),
+    ("fig-out-file", figures_main, ["--no-compute", "--results", "{W}/foreign", "--out", "{W}/file.txt"],
+     "--out {W}/file.txt: exists and is not a folder"),
 ]
 
 

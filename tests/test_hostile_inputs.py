@@ -296,6 +296,49 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(work, capsys, name, mod
     assert not (work / "PWNED").exists()
 
 
+PREPARE = [
+    (["--train-subset", "5"], "--train-subset 5: must be between the 10 classes and the 150 training images"),
+    (["--train-subset", "99999"], "--train-subset 99999: must be between the 10 classes and the 150 training images"),
+    (["--test-subset", "3"], "--test-subset 3: must be between the 10 classes and the 30 test images"),
+    (["--out", ""], "--out: empty path"),
+    (["--out", "{W}/link"], "--out {W}/link: is a symbolic link"),
+    (["--out", "{W}/file.txt"], "--out {W}/file.txt: exists and is not an empty folder"),
+]
+
+
+@pytest.mark.parametrize("argv,fragment", PREPARE, ids=["train-small", "train-big", "test-small", "out-empty",
+                                                         "out-symlink", "out-file"])
+def test_prepare_bad_input_is_one_clear_line_and_changes_nothing(work, capsys, argv, fragment):
+    argv = ["prepare", "--data-dir", str(work / "data"), "--clients", "3", "--out", str(work / "parts")] + \
+        [a.replace("{W}", str(work)) for a in argv]
+    before = snapshot(work)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        flower.main(argv)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exc.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("python -m validation.flower prepare: error: ")
+    assert fragment.replace("{W}", str(work)) in lines[0], lines[0]
+    assert snapshot(work) == before
+
+
+def test_prepare_interrupted_while_writing_leaves_nothing(work, monkeypatch):
+    from fedpm_flower import prepared
+
+    real, calls = prepared.write, []
+
+    def write_then_interrupt(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+    monkeypatch.setattr(prepared, "write", write_then_interrupt)
+    before = snapshot(work)
+    with pytest.raises(KeyboardInterrupt):
+        flower.main(["prepare", "--data-dir", str(work / "data"), "--clients", "3", "--out", str(work / "parts")])
+    assert snapshot(work) == before
+
+
 def test_the_catalogue_is_large_enough():
     assert len(CASES) >= 60
     assert {m for _, m, _, _ in CASES} == set(PROGS)

@@ -134,4 +134,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from validation.common import run_command
+
+    sys.exit(run_command("python -m figures", main, "the results already computed are kept"))

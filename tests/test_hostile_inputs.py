@@ -590,6 +590,45 @@ def test_sigterm_while_writing_leaves_no_partial_folder(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) mid-run: one line, exit 130, no
+    traceback, no result and no temporary folder."""
+    out = tmp_path / "o"
+    p = subprocess.Popen([sys.executable, "-m", "validation.superlinear", "--dataset", "w8a", "--quiet", "--no-cache",
+                          "--methods", "fedpm,fedavg,fednl", "--rounds", "50", "--jobs", "2", "--out", str(out)],
+                         env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}, cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # not inherited as ignored
+    time.sleep(4)
+    os.killpg(p.pid, signal.SIGINT)
+    err = p.communicate(timeout=120)[1]
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert p.returncode == 130 and "Traceback" not in err, err
+    assert lines == ["python -m validation.superlinear: error: interrupted (Ctrl-C); nothing was written"], err
+    assert os.listdir(tmp_path) == []
+
+
+def test_ctrl_c_while_a_checkpoint_is_written_keeps_the_old_one_and_no_temporary_file(tmp_path, monkeypatch):
+    """torch's zip writer turns a Ctrl-C inside torch.save into a RuntimeError ('unexpected pos'): it must
+    still end the run as a Ctrl-C (one line), leave the previous checkpoint and no checkpoint.pt.tmp."""
+    from fedpm_dnn import checkpoint as ck
+
+    path = tmp_path / "checkpoint.pt"
+    ck.save(str(path), {"round": torch.tensor(1)})
+    before = path.read_bytes()
+
+    def interrupted_save(obj, fh):
+        fh.write(b"PK half a zip")
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 3866432 vs 3866328")
+    monkeypatch.setattr(ck.torch, "save", interrupted_save)
+    with pytest.raises(KeyboardInterrupt):
+        ck.save(str(path), {"round": torch.tensor(2)})
+    assert os.listdir(tmp_path) == ["checkpoint.pt"] and path.read_bytes() == before
+
+
 def test_kill_9_then_resume_gives_the_uninterrupted_history(base, tmp_path, capsys):
     """The CLI killed with SIGKILL after its first checkpoint, then --resume: the same history as a
     run that was never interrupted (timings and memory aside)."""

@@ -223,9 +223,16 @@ def build(args):
 
 def write_atomic(path, text):
     tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:   # Ctrl-C, a full disk: the previous file stays, no .tmp beside it
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def write_outputs(out, history, summary):
@@ -311,6 +318,8 @@ def main(argv=None) -> int:
         # a folder this run created and no round completed: remove it, as if never started
         if created and not os.path.exists(ckpt):
             shutil.rmtree(args.out, ignore_errors=True)
+        if isinstance(exc, KeyboardInterrupt) and os.path.exists(ckpt):    # said in one line (run_command)
+            raise KeyboardInterrupt(f"{args.out} keeps the rounds done so far; --resume continues") from None
         if not isinstance(exc, (ArithmeticError, ValueError)):
             raise
         fail_run(args, exc)
@@ -324,4 +333,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_command(PROG, main))

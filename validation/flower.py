@@ -279,4 +279,4 @@ def finish(args, cfg, tmp, final) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_command(PROG, main))

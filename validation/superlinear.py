@@ -275,4 +275,4 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     common.keep_freed_memory()   # as a command only: the workers fork from here and inherit it
-    sys.exit(main())
+    sys.exit(common.run_command(PROG, main))

@@ -263,6 +263,8 @@ CASES = [
     ("bd-models-none", bench_dnn, ["--models", ","], "unknown model(s) (none given)"),
     ("bd-device", bench_dnn, ["--device", "tpu"], "invalid choice: 'tpu'"),
     ("bd-engines", bench_dnn, ["--engines", "vectorized,gpu"], "--engines: unknown engine(s) gpu"),
+    ("bd-sizes-too-big", bench_dnn, ["--sizes", "99999999,99999999,1,1"],
+     "--sizes 99999999,99999999,1,1: 99999999 clients x 99999999 images need"),
     ("bd-engines-none", bench_dnn, ["--engines", ","], "unknown engine(s) (none given)"),
     # ---------------------------------------------------------------- validation.experiments, figures
     ("ex-profile", experiments, ["--profile", "huge"], "argument --profile: invalid choice: 'huge'"),

@@ -10,11 +10,11 @@ message.  Output: figures/out/<profile>/*.png|pdf, tables also as .md and .tex.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-from validation.experiments import DNN_METHODS, PROFILES, ensure
+from validation.common import OneLineParser
+from validation.experiments import DNN_METHODS, PROFILES, check_results_arg, ensure
 
 from . import compression, draw
 from .results import best_by_seed, read_summary, runs_matching
@@ -113,13 +113,16 @@ def build_all(root, out, profile, log=print):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m figures", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m figures", description=__doc__.split("\n")[0])
     p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
     p.add_argument("--data-dir", default=None, help="image data (default $FEDPM_DATA); Test 1 needs none")
     p.add_argument("--results", default="results")
     p.add_argument("--out", default=None, help="default figures/out/<profile>")
     p.add_argument("--no-compute", action="store_true", help="only draw what exists")
     args = p.parse_args(argv)
+    check_results_arg(p, args.results)
+    if args.out is not None and os.path.lexists(args.out) and not os.path.isdir(args.out):
+        p.error(f"--out {args.out}: exists and is not a folder")
     if not args.no_compute:
         ensure(args.profile, args.data_dir, args.results)
     out = args.out or os.path.join("figures", "out", args.profile)
@@ -131,4 +134,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from validation.common import run_command
+
+    sys.exit(run_command("python -m figures", main, "the results already computed are kept"))

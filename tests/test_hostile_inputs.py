@@ -20,12 +20,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fake_cifar import cifar_pickle  # noqa: E402
-from validation import bench_convex, bench_dnn, dnn, flower, outputs, superlinear  # noqa: E402
+from figures import __main__ as figures_main  # noqa: E402
+from validation import bench_convex, bench_dnn, dnn, experiments, flower, outputs, superlinear  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGS = {superlinear: "python -m validation.superlinear", dnn: "python -m validation.dnn",
          flower: "python -m validation.flower", bench_convex: "python -m validation.bench_convex",
-         bench_dnn: "python -m validation.bench_dnn"}
+         bench_dnn: "python -m validation.bench_dnn", experiments: "python -m validation.experiments",
+         figures_main: "python -m figures"}
 
 
 class Evil:
@@ -66,6 +68,7 @@ def base(tmp_path_factory, one_thread):
     (w / "binary.svm").write_bytes(bytes(range(256)) * 4)
     (w / "bigindex.svm").write_text("1 1:1 1000000000:1\n-1 2:1\n1 3:1\n-1 4:1\n")
     (w / "hugeindex.svm").write_text("1 1:1 10000000000:1\n-1 2:1\n")
+    (w / "list.json").write_text("[1]\n")
     (w / "app").mkdir()
     (w / "app" / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
     os.symlink(w / "foreign", w / "link")
@@ -163,6 +166,10 @@ CASES = [
     ("sl-per-client-dirichlet", superlinear, S + OUT + ["--split", "dirichlet"], "--per-client does not apply"),
     ("sl-cache-folder", superlinear, [a for a in S if a != "--no-cache"] + ["--cache", "{W}/foreign"] + OUT,
      "--cache {W}/foreign: is not a regular file"),
+    ("sl-cache-foreign-file", superlinear, [a for a in S if a != "--no-cache"] + ["--cache", "{W}/file.txt"] + OUT,
+     "--cache {W}/file.txt: is not a tuning cache of this tool (not JSON)"),
+    ("sl-cache-json-list", superlinear, [a for a in S if a != "--no-cache"] + ["--cache", "{W}/list.json"] + OUT,
+     "--cache {W}/list.json: is not a tuning cache of this tool (not a JSON object"),
     ("sl-out-foreign", superlinear, S + ["--out", "{W}/foreign"], "is not a previous result of this tool"),
     ("sl-out-file", superlinear, S + ["--out", "{W}/file.txt"], "exists and is not a folder"),
     ("sl-out-symlink", superlinear, S + ["--out", "{W}/link"], "is a symbolic link"),
@@ -192,6 +199,8 @@ CASES = [
     ("dnn-preset-other-dataset", dnn, D + OUT + ["--preset", "cifar100-a0.1"], "is for --dataset cifar100"),
     ("dnn-preset-no-row", dnn, D + OUT + ["--preset", "cifar10-foof-64", "--method", "fedavg"], "has no row for 'fedavg'"),
     ("dnn-participants", dnn, D + OUT + ["--participants", "5"], "--participants 5 exceeds --clients 3"),
+    ("dnn-participants-default-clients", dnn, D[:2] + D[4:] + OUT + ["--participants", "11"],
+     "--participants 11 exceeds the 10 clients (default --clients)"),
     ("dnn-train-subset-small", dnn, D + OUT + ["--train-subset", "5"], "--train-subset 5: must be between"),
     ("dnn-train-subset-big", dnn, D + OUT + ["--train-subset", "1000000"], "--train-subset 1000000: must be between"),
     ("dnn-test-subset-big", dnn, D + OUT + ["--test-subset", "1000000"], "--test-subset 1000000: must be between"),
@@ -228,6 +237,16 @@ CASES = [
     ("fl-method", flower, ["--method", "nosuch"] + OUT, "invalid choice: 'nosuch'"),
     ("fl-params", flower, ["--method", "scaffold", "--params", '{"momentum": 0.9}'] + OUT,
      "scaffold has no hyper-parameter 'momentum'"),
+    ("fl-params-not-json", flower, ["--params", "nan"] + OUT, "--params 'nan': not JSON"),
+    ("fl-params-lr-text", flower, ["--params", '{"lr": "x"}'] + OUT, "fedpm: lr must be a number, got 'x'"),
+    ("fl-params-lr-neg", flower, ["--params", '{"lr": -1}'] + OUT, "fedpm: lr must be > 0, got -1"),
+    ("fl-params-lr-nan", flower, ["--params", '{"lr": NaN}'] + OUT, "fedpm: lr must be a finite number, got nan"),
+    ("fl-params-steps-0", flower, ["--params", '{"local_steps": 0}'] + OUT, "fedpm: local_steps must be >= 1, got 0"),
+    ("fl-params-cnn-lr-text", flower, ["--problem", "cnn", "--method", "fedavg", "--params", '{"lr": "x"}'] + OUT,
+     "fedavg: lr must be a number, got 'x'"),
+    ("fl-lam-0", flower, ["--lam", "0"] + OUT, "--lam: must be a number > 0"),
+    ("fl-participants", flower, ["--participants", "5"] + OUT, "--participants 5 exceeds --clients 3"),
+    ("fl-write-app-empty", flower, ["--write-app", ""], "--write-app: empty path"),
     ("fl-cnn-method", flower, ["--problem", "cnn", "--method", "fednl"] + OUT, "--method fednl: the cnn runs fedavg"),
     ("fl-mode", flower, ["--mode", "cloud"] + OUT, "invalid choice: 'cloud'"),
     ("fl-out-foreign", flower, ["--out", "{W}/foreign"], "is not a previous result of this tool"),
@@ -244,7 +263,18 @@ CASES = [
     ("bd-models-none", bench_dnn, ["--models", ","], "unknown model(s) (none given)"),
     ("bd-device", bench_dnn, ["--device", "tpu"], "invalid choice: 'tpu'"),
     ("bd-engines", bench_dnn, ["--engines", "vectorized,gpu"], "--engines: unknown engine(s) gpu"),
+    ("bd-sizes-too-big", bench_dnn, ["--sizes", "99999999,99999999,1,1"],
+     "--sizes 99999999,99999999,1,1: 99999999 clients x 99999999 images need"),
     ("bd-engines-none", bench_dnn, ["--engines", ","], "unknown engine(s) (none given)"),
+    # ---------------------------------------------------------------- validation.experiments, figures
+    ("ex-profile", experiments, ["--profile", "huge"], "argument --profile: invalid choice: 'huge'"),
+    ("ex-unknown-flag", experiments, ["--bogus"], "unrecognized arguments: --bogus"),
+    ("ex-results-file", experiments, ["--results", "{W}/file.txt"], "--results {W}/file.txt: is not a folder"),
+    ("fig-profile", figures_main, ["--profile", "huge"], "argument --profile: invalid choice: 'huge'"),
+    ("fig-results-file", figures_main, ["--no-compute", "--results", "{W}/file.txt"],
+     "--results {W}/file.txt: is not a folder"),
+    ("fig-out-file", figures_main, ["--no-compute", "--results", "{W}/foreign", "--out", "{W}/file.txt"],
+     "--out {W}/file.txt: exists and is not a folder"),
 ]
 
 
@@ -268,9 +298,81 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(work, capsys, name, mod
     assert not (work / "PWNED").exists()
 
 
+PREPARE = [
+    (["--train-subset", "5"], "--train-subset 5: must be between the 10 classes and the 150 training images"),
+    (["--train-subset", "99999"], "--train-subset 99999: must be between the 10 classes and the 150 training images"),
+    (["--test-subset", "3"], "--test-subset 3: must be between the 10 classes and the 30 test images"),
+    (["--out", ""], "--out: empty path"),
+    (["--out", "{W}/link"], "--out {W}/link: is a symbolic link"),
+    (["--out", "{W}/file.txt"], "--out {W}/file.txt: exists and is not an empty folder"),
+]
+
+
+@pytest.mark.parametrize("argv,fragment", PREPARE, ids=["train-small", "train-big", "test-small", "out-empty",
+                                                         "out-symlink", "out-file"])
+def test_prepare_bad_input_is_one_clear_line_and_changes_nothing(work, capsys, argv, fragment):
+    argv = ["prepare", "--data-dir", str(work / "data"), "--clients", "3", "--out", str(work / "parts")] + \
+        [a.replace("{W}", str(work)) for a in argv]
+    before = snapshot(work)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        flower.main(argv)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exc.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("python -m validation.flower prepare: error: ")
+    assert fragment.replace("{W}", str(work)) in lines[0], lines[0]
+    assert snapshot(work) == before
+
+
+def test_prepare_interrupted_while_writing_leaves_nothing(work, monkeypatch):
+    from fedpm_flower import prepared
+
+    real, calls = prepared.write, []
+
+    def write_then_interrupt(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+    monkeypatch.setattr(prepared, "write", write_then_interrupt)
+    before = snapshot(work)
+    with pytest.raises(KeyboardInterrupt):
+        flower.main(["prepare", "--data-dir", str(work / "data"), "--clients", "3", "--out", str(work / "parts")])
+    assert snapshot(work) == before
+
+
 def test_the_catalogue_is_large_enough():
     assert len(CASES) >= 60
     assert {m for _, m, _, _ in CASES} == set(PROGS)
+
+
+@pytest.mark.parametrize("method,params,message", [
+    ("fedpm", {"lr": -1.0}, "fedpm: lr must be > 0, got -1.0"),
+    ("fedpm", {"lr": float("nan")}, "fedpm: lr must be a finite number"),
+    ("fedpm", {"lr": "1"}, "fedpm: lr must be a number, got '1'"),
+    ("fedpm", {"local_steps": 0}, "fedpm: local_steps must be >= 1, got 0"),
+    ("fedpm", {"local_steps": 1.5}, "fedpm: local_steps must be an integer, got 1.5"),
+    ("fedpm", {"local_steps": True}, "fedpm: local_steps must be an integer, got True"),
+    ("fedavgm", {"momentum": float("inf")}, "fedavgm: momentum must be a finite number"),
+    ("fednl", {"compressor": 3}, "fednl: compressor must be a string, got 3"),
+], ids=["lr-neg", "lr-nan", "lr-text", "steps-0", "steps-float", "steps-bool", "momentum-inf", "compressor-int"])
+def test_make_algorithm_refuses_a_bad_value_at_construction(method, params, message):
+    """README's library example builds methods with make_algorithm: a bad value is one ValueError there,
+    not an obscure failure inside a round (or, for a negative lr, a silent ascent)."""
+    from fedconvex.algorithms import make_algorithm
+
+    with pytest.raises(ValueError) as exc:
+        make_algorithm(method, **params)
+    assert message in str(exc.value)
+
+
+def test_make_method_refuses_a_bad_value_at_construction():
+    from fedpm_dnn.algorithms import make_method
+
+    with pytest.raises(ValueError, match="fedavg: batch_size must be >= 1, got 0"):
+        make_method("fedavg", batch_size=0)
+    with pytest.raises(ValueError, match="fedpm: damping must be a number, got '1'"):
+        make_method("fedpm", damping="1")
 
 
 # ------------------------------------------------------------------------ the server
@@ -488,6 +590,45 @@ def test_sigterm_while_writing_leaves_no_partial_folder(tmp_path):
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=30) == 128 + signal.SIGTERM
     assert os.listdir(tmp_path) == []
+
+
+def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) mid-run: one line, exit 130, no
+    traceback, no result and no temporary folder."""
+    out = tmp_path / "o"
+    p = subprocess.Popen([sys.executable, "-m", "validation.superlinear", "--dataset", "w8a", "--quiet", "--no-cache",
+                          "--methods", "fedpm,fedavg,fednl", "--rounds", "50", "--jobs", "2", "--out", str(out)],
+                         env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}, cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # not inherited as ignored
+    time.sleep(4)
+    os.killpg(p.pid, signal.SIGINT)
+    err = p.communicate(timeout=120)[1]
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert p.returncode == 130 and "Traceback" not in err, err
+    assert lines == ["python -m validation.superlinear: error: interrupted (Ctrl-C); nothing was written"], err
+    assert os.listdir(tmp_path) == []
+
+
+def test_ctrl_c_while_a_checkpoint_is_written_keeps_the_old_one_and_no_temporary_file(tmp_path, monkeypatch):
+    """torch's zip writer turns a Ctrl-C inside torch.save into a RuntimeError ('unexpected pos'): it must
+    still end the run as a Ctrl-C (one line), leave the previous checkpoint and no checkpoint.pt.tmp."""
+    from fedpm_dnn import checkpoint as ck
+
+    path = tmp_path / "checkpoint.pt"
+    ck.save(str(path), {"round": torch.tensor(1)})
+    before = path.read_bytes()
+
+    def interrupted_save(obj, fh):
+        fh.write(b"PK half a zip")
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 3866432 vs 3866328")
+    monkeypatch.setattr(ck.torch, "save", interrupted_save)
+    with pytest.raises(KeyboardInterrupt):
+        ck.save(str(path), {"round": torch.tensor(2)})
+    assert os.listdir(tmp_path) == ["checkpoint.pt"] and path.read_bytes() == before
 
 
 def test_kill_9_then_resume_gives_the_uninterrupted_history(base, tmp_path, capsys):

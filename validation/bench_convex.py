@@ -253,4 +253,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from validation.common import run_command
+
+    sys.exit(run_command("python -m validation.bench_convex", main))

@@ -199,6 +199,13 @@ def main(argv=None) -> int:
         sizes = ()
     if sizes is not None and (len(sizes) != 4 or min(sizes) < 1):
         p.error("--sizes takes four positive integers: clients,samples_per_client,local_epochs,rounds")
+    if sizes is not None:   # the synthetic images alone (uint8, 3 x 32 x 32), before any training copy
+        from validation.common import memory_bytes
+
+        need, have = sizes[0] * sizes[1] * 3 * 32 * 32, memory_bytes()
+        if need > have // 2:
+            p.error(f"--sizes {args.sizes}: {sizes[0]} clients x {sizes[1]} images need {need / 2 ** 30:.3g} GiB, "
+                    f"more than half of this machine's {have / 2 ** 30:.3g} GiB")
     for flag, v in (("--threads", args.threads), ("--client-chunk", args.client_chunk), ("--repeats", args.repeats)):
         if v is not None and v < 1:
             p.error(f"{flag} must be a positive integer, got {v}")
@@ -243,4 +250,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from validation.common import run_command
+
+    sys.exit(run_command("python -m validation.bench_dnn", main))

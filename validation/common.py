@@ -189,6 +189,18 @@ def keep_freed_memory(mmap_threshold: int = 32 * 2 ** 20, trim_threshold: int = 
     return bool(mallopt(M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(mallopt(M_TRIM_THRESHOLD, int(trim_threshold)))
 
 
+def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> int:
+    """A command's ``__main__``: ``sys.exit(run_command(PROG, main))``.  Ctrl-C ends it with one line and exit
+    130 (128 + SIGINT, as a shell reports it) instead of a traceback; ``main``'s own cleanup (temporary
+    folders, child processes) has run by then.  A KeyboardInterrupt carrying a message (validation.dnn: what
+    the output folder keeps) says that instead of ``what_is_kept``."""
+    try:
+        return main()
+    except KeyboardInterrupt as exc:
+        sys.stderr.write(f"{prog}: error: interrupted (Ctrl-C); {str(exc) or what_is_kept}\n")
+        return 130
+
+
 def fail(prog: str, exc: BaseException) -> None:
     """Print one line naming the cause and exit 2 (no traceback for user errors)."""
     sys.stderr.write(f"{prog}: error: {exc}\n")

@@ -114,8 +114,11 @@ def check_args(p, args):
         setting = PRESETS[args.preset]["setting"]
         if setting.get("dataset", args.dataset) != args.dataset:
             p.error(f"--preset {args.preset} is for --dataset {setting['dataset']}, not {args.dataset}")
-    if args.participants is not None and args.participants > args.clients and args.dataset != "femnist":
-        p.error(f"--participants {args.participants} exceeds --clients {args.clients}")
+    if args.participants is not None and args.dataset != "femnist":   # FEMNIST's writers are counted at load
+        if args.clients is not None and args.participants > args.clients:
+            p.error(f"--participants {args.participants} exceeds --clients {args.clients}")
+        if args.clients is None and args.participants > 10:    # build()'s default
+            p.error(f"--participants {args.participants} exceeds the 10 clients (default --clients)")
     common.check_out_arg(p, args.out)
     ckpt = os.path.join(args.out, "checkpoint.pt")
     if args.resume and not os.path.isfile(ckpt):
@@ -220,9 +223,16 @@ def build(args):
 
 def write_atomic(path, text):
     tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:   # Ctrl-C, a full disk: the previous file stays, no .tmp beside it
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def write_outputs(out, history, summary):
@@ -308,6 +318,8 @@ def main(argv=None) -> int:
         # a folder this run created and no round completed: remove it, as if never started
         if created and not os.path.exists(ckpt):
             shutil.rmtree(args.out, ignore_errors=True)
+        if isinstance(exc, KeyboardInterrupt) and os.path.exists(ckpt):    # said in one line (run_command)
+            raise KeyboardInterrupt(f"{args.out} keeps the rounds done so far; --resume continues") from None
         if not isinstance(exc, (ArithmeticError, ValueError)):
             raise
         fail_run(args, exc)
@@ -321,4 +333,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_command(PROG, main))

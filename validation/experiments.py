@@ -15,7 +15,6 @@ command and versions).  A run whose summary.json exists with all its rounds is n
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -190,13 +189,24 @@ def ensure(profile: str, data_dir: str | None, results: str = "results", only=No
     return {r.name: os.path.join(root, r.name) for r in runs if os.path.isfile(os.path.join(root, r.name, "summary.json"))}
 
 
+def check_results_arg(parser, path: str) -> None:
+    """--results must be a folder (or not exist yet): every run writes below it."""
+    if not path.strip():
+        parser.error("--results: empty path")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        parser.error(f"--results {path}: is not a folder")
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m validation.experiments", description=__doc__.split("\n")[0])
+    from validation.common import OneLineParser
+
+    p = OneLineParser(prog="python -m validation.experiments", description=__doc__.split("\n")[0])
     p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--results", default="results")
     p.add_argument("--list", action="store_true", help="list the runs and whether they exist")
     args = p.parse_args(argv)
+    check_results_arg(p, args.results)
     if args.list:
         for r in plan(args.profile):
             done = is_done(r, os.path.join(args.results, args.profile, r.name))
@@ -207,4 +217,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from validation.common import run_command
+
+    sys.exit(run_command("python -m validation.experiments", main, "the runs already finished are kept"))

@@ -50,7 +50,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=common.positive_int, default=2)
     p.add_argument("--lr", type=common.positive_float, default=None, help="default: the method's own (fedavg: 10)")
     p.add_argument("--local-steps", type=common.positive_int, default=1)
-    p.add_argument("--lam", type=common.nonneg_float, default=1e-3)
+    p.add_argument("--lam", type=common.positive_float, default=1e-3,
+                   help="L2 regularisation (> 0: without it a client's Hessian can be singular)")
     p.add_argument("--precond-dtype", choices=("float64", "float32", "float16"), default="float64")
     p.add_argument("--precond-codec", default="none", type=_codec,
                    help="how FedPM's preconditioners travel: none, sym, fp16, bf16, lowrank:R, delta:C (the delta "
@@ -71,6 +72,17 @@ def parse_args(argv=None):
         args.out = os.path.join("results", f"flower-{args.problem}-{args.method}-{args.mode}")
     if args.max_ratio and args.max_ratio < 1:
         p.error(f"--max-ratio {args.max_ratio:g}: must be >= 1 (or 0 = off): below 1 even the median reply is rejected")
+    if args.params:
+        try:
+            extra = json.loads(args.params)
+        except ValueError as exc:
+            p.error(f"--params {args.params!r}: not JSON ({exc})")
+        if not isinstance(extra, dict):
+            p.error(f"--params {args.params!r}: expected a JSON object of hyper-parameters")
+    if args.participants is not None and args.participants > args.clients:
+        p.error(f"--participants {args.participants} exceeds --clients {args.clients}")
+    if args.write_app is not None and not args.write_app.strip():
+        p.error("--write-app: empty path")
     if args.write_app:
         if os.path.lexists(args.write_app) and not os.path.isdir(args.write_app):
             p.error(f"--write-app {args.write_app}: exists and is not a folder")
@@ -199,6 +211,10 @@ def main(argv=None) -> int:
                           precond_dtype=args.precond_dtype, precond_codec=args.precond_codec, timeout=args.timeout,
                           max_ratio=args.max_ratio, out="")
     try:
+        if args.problem == "cnn":
+            from fedpm_flower.cnn import algorithm as cnn_algorithm
+
+            cnn_algorithm(cfg)      # unknown or bad hyper-parameters: before any process starts
         if args.problem == "logreg":
             from fedpm_flower.logreg import algorithm
 
@@ -263,4 +279,4 @@ def finish(args, cfg, tmp, final) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_command(PROG, main))

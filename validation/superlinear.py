@@ -70,6 +70,11 @@ def parse_args(argv=None):
                     + (" (--clients)" if args.clients else ""))
     if not args.no_cache and (os.path.isdir(args.cache) or (os.path.lexists(args.cache) and not os.path.isfile(args.cache))):
         p.error(f"--cache {args.cache}: is not a regular file; give a JSON file path (or --no-cache)")
+    if not args.no_cache:
+        try:
+            TuningCache.check(args.cache)
+        except ValueError as exc:
+            p.error(str(exc))
     common.check_out_arg(p, args.out)
     return args
 
@@ -270,4 +275,4 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     common.keep_freed_memory()   # as a command only: the workers fork from here and inherit it
-    sys.exit(main())
+    sys.exit(common.run_command(PROG, main))

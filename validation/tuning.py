@@ -214,6 +214,25 @@ class TuningCache:
                     self.data = json.load(fh)
             except (OSError, ValueError):
                 self.data = {}  # a corrupt cache is only a cache: re-tune
+            if not isinstance(self.data, dict):
+                self.data = {}
+
+    @staticmethod
+    def check(path: str) -> None:
+        """Raise ValueError unless ``path`` may serve as the cache: absent, empty, or a cache of ours (a JSON
+        object of hyper-parameter objects).  Any other file would be overwritten by ``put``."""
+        if not os.path.isfile(path) or os.path.getsize(path) == 0:
+            return
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not JSON"
+            raise ValueError(f"--cache {path}: is not a tuning cache of this tool ({why}); choose another "
+                             f"--cache, remove it, or pass --no-cache") from None
+        if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+            raise ValueError(f"--cache {path}: is not a tuning cache of this tool (not a JSON object of "
+                             f"hyper-parameters); choose another --cache, remove it, or pass --no-cache")
 
     @staticmethod
     def key(**parts) -> str:

@@ -334,3 +334,50 @@ def test_make_algorithm_rejects_a_hyper_parameter_the_method_does_not_have():
     # shared command-line settings are passed on only where they apply
     assert applicable("fednl", {"local_steps": 2, "lr": 0.5}) == {"lr": 0.5}
     assert make_algorithm("fedpm", **applicable("fedpm", {"local_steps": 2})).local_steps == 2
+
+
+# ------------------------------------------------- first-order baselines written out by hand
+def test_fedprox_local_steps_follow_the_proximal_gradient_rule(rng):
+    """K local steps on f_i(x) + mu/2 ||x - theta||^2, then the mean (FedProx, Li et al. 2020)."""
+    pb, ref = hetero_problem(rng, n=4, d=5)
+    theta, lr, mu, K = rng.normal(size=5), 0.2, 0.7, 3
+    theta0 = theta.copy()
+    for _ in range(2):
+        local = []
+        for i in range(4):
+            x = theta.copy()
+            for _ in range(K):
+                x = x - lr * (ref.g_i(i, x) + mu * (x - theta))
+            local.append(x)
+        theta = np.mean(local, axis=0)
+    assert rel(one_round(pb, "fedprox", theta0, rounds=2, lr=lr, mu=mu, local_steps=K), theta) < 1e-12
+
+
+def test_fedavgm_server_step_is_heavy_ball_on_the_pseudo_gradient(rng):
+    """v <- beta v + Delta, theta <- theta - server_lr v, Delta = theta - mean_i theta_i (Hsu et al. 2019)."""
+    pb, ref = hetero_problem(rng, n=4, d=5)
+    theta0, lr, beta, slr, K = rng.normal(size=5), 0.3, 0.7, 0.8, 2
+    theta, v = theta0.copy(), np.zeros(5)
+    for _ in range(3):
+        local = []
+        for i in range(4):
+            x = theta.copy()
+            for _ in range(K):
+                x = x - lr * ref.g_i(i, x)
+            local.append(x)
+        v = beta * v + (theta - np.mean(local, axis=0))
+        theta = theta - slr * v
+    out = one_round(pb, "fedavgm", theta0, rounds=3, lr=lr, momentum=beta, server_lr=slr, local_steps=K)
+    assert rel(out, theta) < 1e-12
+
+
+@pytest.mark.parametrize("weighting", ["uniform", "samples"])
+def test_scaffold_server_control_is_the_mean_of_the_client_controls(rng, weighting):
+    """SCAFFOLD's invariant c = (1/N) sum_i c_i, which c <- c + (|S|/N) mean_{i in S} dc_i keeps under partial
+    participation and whatever the mixing weights of the parameters."""
+    X, y, parts = random_data(rng, 6, 5)
+    pb = FederatedLogReg(X, y, parts, lam=1e-2, weighting=weighting)
+    state, _ = run(pb, make_algorithm("scaffold", lr=0.3, local_steps=3), rng.normal(size=5), 4,
+                   participants=3, seed=2)
+    assert np.abs(state.clients["c"]).sum() > 0
+    np.testing.assert_allclose(state.server["c"], state.clients["c"].mean(0), rtol=1e-12, atol=1e-15)

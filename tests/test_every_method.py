@@ -28,6 +28,7 @@ def test_every_method_reduces_the_gap(name, shape):
     state, hist = run(pb, make_algorithm(name, **params), theta0, 15, participants=4, seed=1,
                       theta_star=theta_star, f_star=f_star)
     assert np.all(np.isfinite(state.theta))
+    assert state.round == 15        # State.round counts the server updates (FedAdam's bias correction reads it)
     # LocalNewton's simple mixing settles at a biased point on heterogeneous clients (the paper's
     # point), so it only has to improve; every other method must cut the gap substantially
     assert hist[-1]["f_gap"] < (1.0 if name == "localnewton" else 0.7) * hist[0]["f_gap"]

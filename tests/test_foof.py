@@ -275,3 +275,31 @@ def test_one_cpu_thread_runs_the_solves_single_threaded_and_restores_the_count()
             assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("damping", [1e-4, 0.3])
+def test_stacked_factorisation_is_the_per_client_factorisation(damping):
+    """The vectorized engine's batched Cholesky (batched_foof.factorize_stacked) gives every client the factor
+    of foof.factorize -- the sequential engine's -- also for a client whose matrix is indefinite beyond the
+    damping and goes through the nearest-PSD repair (the damping must be added there as well)."""
+    from fedpm_dnn.batched_foof import factorize_stacked
+
+    g = torch.Generator().manual_seed(2)
+    d = 7
+    good = [_random_spd(d, g).double() for _ in range(3)]
+    V = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))[0]
+    w = torch.tensor([-1.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0], dtype=torch.float64)   # indefinite beyond the damping
+    bad = (V * w) @ V.T
+    bad = 0.5 * (bad + bad.T)
+    stack = torch.stack([good[0], bad, good[1], good[2]])
+    eye = torch.eye(d, dtype=torch.float64)
+    assert int(torch.linalg.cholesky_ex(bad + damping * eye)[1]) != 0       # a plain Cholesky fails: repaired
+    for dtype in (torch.float64, torch.float32):
+        L = factorize_stacked({"b": stack}, damping, dtype)["b"]
+        assert L.dtype == dtype
+        for i in range(4):
+            ref = foof.factorize({"b": stack[i]}, damping, dtype)["b"]
+            torch.testing.assert_close(L[i], ref)
+        # every factor is that of A_i + damping I (the repaired one: of its PSD part + damping I)
+        rebuilt = L.double() @ L.double().mT
+        assert torch.linalg.eigvalsh(rebuilt).min() >= 0.5 * damping

@@ -132,3 +132,17 @@ def test_mixing_arrays_of_two_libraries_is_an_error():
         pytest.skip("torch not installed")
     with pytest.raises(TypeError, match="different libraries"):
         precond_mix(torch.eye(2)[None], np.zeros((1, 2)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems, st.sampled_from([0.3, 2.0]))
+def test_default_weights_are_uniform_one_over_n(prob, damping):
+    # paper eq. fedpm_multi: w_i = 1/N; the damping's scale relative to sum_i w_i P_i depends on it
+    n, d, seed = prob
+    rng = np.random.default_rng(seed)
+    P, X = spd_stack(rng, n, d, rank=1), rng.normal(size=(n, d))
+    A = sum(Pi + damping * np.eye(d) for Pi in P) / n
+    b = sum((Pi + damping * np.eye(d)) @ xi for Pi, xi in zip(P, X)) / n
+    np.testing.assert_allclose(precond_mix(P, X, damping=damping), np.linalg.solve(A, b), rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(precond_mix(P, X, damping=damping), precond_mix(P, X, np.ones(n), damping=damping),
+                               rtol=1e-10, atol=1e-12)

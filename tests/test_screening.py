@@ -165,3 +165,53 @@ def test_whole_stack_check_accepts_exactly_what_every_per_client_check_accepts(r
         assert not per_client(msg) and not all_usable(msg, 4, 6, psd)
     honest = dict(up, P=ActiveBlocks(P.blocks, P.active, P.d, P.shift, P.flat, P.packed, P.layout))   # no certificate
     assert per_client(honest) and not all_usable(honest, 4, 6, psd)   # undecided cheaply: the per-client path decides
+
+
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch", "generic"])
+def test_psd_check_with_a_shift_is_the_check_of_the_shifted_matrix(library, monkeypatch):
+    """A stack stored as block + shift I (ActiveBlocks: B + lam I) is judged as the matrix B + shift I,
+    on each of psd_problem's three paths (NumPy, torch, and the generic one CuPy takes)."""
+    import types
+
+    from fedconvex import screening
+
+    conv = lambda a: a  # noqa: E731
+    if library == "torch":
+        conv = pytest.importorskip("torch").asarray
+    elif library == "generic":            # a NumPy stand-in that is not ``np``: the branch CuPy runs
+        class Forward(types.ModuleType):
+            def __getattr__(self, name):
+                return getattr(np, name)
+        fwd = Forward("generic_numpy")
+        monkeypatch.setattr(screening, "namespace", lambda *a: fwd)
+    rng = np.random.default_rng(5)
+    A = rng.normal(size=(6, 6))
+    B = A @ A.T
+    B = B - (np.linalg.eigvalsh(B)[0] + 0.5) * np.eye(6)        # lowest eigenvalue -0.5
+    for shift in (0.0, 0.2, 0.8, 3.0):
+        expect = psd_problem(conv(B + shift * np.eye(6)))
+        assert psd_problem(conv(B), shift=shift) == expect, shift
+        assert (expect is None) == (shift > 0.5)
+
+
+def test_magnitude_guard_with_two_replies_uses_the_smaller_as_reference():
+    """The guard compares with the lower median: with two replies (or half of them inflated) the honest
+    magnitude is the reference, so the enormous reply is rejected, whichever position it has."""
+    from fedconvex.screening import magnitude_outliers
+
+    for vals, bad in (([1.0, 1e6], [1]), ([1e6, 1.0], [0]), ([2.0, 1e6, 1e7, 1.0], [1, 2]), ([3.0, 1.0, 1e9], [2])):
+        assert magnitude_outliers(vals, 100.0) == bad
+    assert magnitude_outliers([1.0, 50.0], 100.0) == [] and magnitude_outliers([1e9], 100.0) == []
+
+
+def test_magnitudes_are_the_trace_and_the_euclidean_norm(rng):
+    from fedconvex.screening import magnitudes
+
+    A = rng.normal(size=(4, 4))
+    P = {"a": A @ A.T, "b": np.diag([1.0, 2.0])}
+    theta, extra = rng.normal(size=5), rng.normal(size=(2, 3))
+    trace, norm = magnitudes({"P": P, "theta": theta, "x": extra}, ("P",))
+    assert trace == pytest.approx(np.trace(P["a"]) + 3.0, rel=1e-12)
+    assert norm == pytest.approx(np.sqrt(np.sum(theta ** 2) + np.sum(extra ** 2)), rel=1e-12)

@@ -207,3 +207,27 @@ def test_the_cpu_training_form_client_by_client_agrees_with_the_stacked_form(mod
     for k in range(K):
         assert rel(o2[k], functional_call(model, {n: v[k] for n, v in P.items()}, (x[k],))) <= 1e-12
     assert all("forward" not in m.__dict__ for m in model.modules())      # the layers are restored
+
+
+@pytest.mark.parametrize("max_norm", [0.05, 1.0, 100.0])
+def test_stacked_clipping_is_clip_grad_norm_client_by_client(max_norm):
+    """vectorized._clip_ on (K, ...) gradient stacks equals torch.nn.utils.clip_grad_norm_ on each client's own
+    gradients: one client's norm never scales another's (here the clients' norms straddle the threshold)."""
+    from fedpm_dnn.vectorized import _clip_
+
+    g = torch.Generator().manual_seed(0)
+    scales = torch.tensor([0.001, 0.1, 1.0, 30.0])
+    shapes = [(6, 5), (6,), (2, 3, 3, 3)]
+    stacks = [torch.randn(4, *s, generator=g) * scales.view(4, *([1] * len(s))) for s in shapes]
+    expect = []
+    for k in range(4):
+        own = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+        for p, st in zip(own, stacks):
+            p.grad = st[k].clone()
+        torch.nn.utils.clip_grad_norm_(own, max_norm)
+        expect.append([p.grad for p in own])
+    got = [st.clone() for st in stacks]
+    _clip_(got, max_norm)
+    for k in range(4):
+        for a, b in zip(got, expect[k]):
+            torch.testing.assert_close(a[k], b, rtol=1e-6, atol=0)

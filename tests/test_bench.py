@@ -128,3 +128,32 @@ def test_dnn_benchmark_measures_only_the_engines_asked_for(capsys):
     assert r["fedpm_over_fedavg_sequential"] is None and r["projected_100_round_minutes_sequential"] is None
     assert bench_dnn.main(argv) == 0                     # the table prints a dash where an engine was left out
     assert "sequential - img/s" in capsys.readouterr().out
+
+
+def test_the_paper_round_projection_scales_each_part_by_what_it_reads():
+    from validation.bench_dnn import paper_round_seconds
+
+    parts = {"seconds": 10.0, "statistics": 1.0, "factorisations": 2.0, "server": 3.0}     # training: 4 s
+    assert paper_round_seconds(parts, 10, 5000, 5) == pytest.approx(10.0)   # the paper's own size: the round itself
+    # 2 clients x 100 images x 1 epoch: training x 1250 (image-epochs), statistics x 250 (images), the rest x 5
+    assert paper_round_seconds(parts, 2, 100, 1) == pytest.approx(4 * 1250 + 1 * 250 + (2 + 3) * 5)
+    more_epochs = paper_round_seconds(parts, 2, 100, 2)
+    assert paper_round_seconds(parts, 2, 100, 1) - more_epochs == pytest.approx(4 * 1250 / 2)   # only training moved
+
+
+def test_the_foof_timer_counts_a_nested_factorisation_once(monkeypatch):
+    """The batched factorisation repairs a non-PSD matrix through foof.factorize, itself timed: 0.3 s spent
+    there must count 0.3 s, not 0.6."""
+    torch = pytest.importorskip("torch")
+    import time
+
+    from fedpm_dnn import batched_foof, foof
+    from validation.bench_dnn import FoofTimer
+
+    A = torch.eye(3, dtype=torch.float64)[None].repeat(2, 1, 1)
+    A[1] = -A[1]                                                   # not PSD: repaired by foof.factorize inside
+    real = foof.factorize
+    monkeypatch.setattr(foof, "factorize", lambda *a, **k: time.sleep(0.3) or real(*a, **k))
+    with FoofTimer("cpu") as timer:
+        batched_foof.factorize_stacked({"b": A}, 1.0, torch.float32)
+    assert 0.3 <= timer.seconds["factorisations"] < 0.5 and timer.seconds["statistics"] == 0.0

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fedconvex.data import (BUNDLED, DataError, client_class_counts, dirichlet_split, load_bundled, load_dataset,
-                            parse_libsvm, read_libsvm, sequential_split, shuffled_split)
+                            parse_libsvm, read_libsvm, relaysum_split, sequential_split, shuffled_split)
 import fedconvex.data.bundled as bundled
 
 
@@ -111,6 +111,27 @@ def test_sequential_split_is_the_papers():
 def test_split_errors(args):
     with pytest.raises(DataError):
         sequential_split(*args)
+
+
+@pytest.mark.parametrize("call,fragment", [
+    (lambda: sequential_split(10, 1.5), "clients must be an integer, got 1.5"),
+    (lambda: sequential_split(10.0, 2), "n_rows must be an integer, got 10.0"),
+    (lambda: sequential_split(10, 2, 2.5), "per_client must be an integer, got 2.5"),
+    (lambda: sequential_split(10, "2"), "clients must be an integer, got '2'"),
+    (lambda: shuffled_split(10, True), "clients must be an integer, got True"),
+    (lambda: dirichlet_split([0, 1, 0, 1], 2.0, 1.0), "clients must be an integer, got 2.0"),
+    (lambda: dirichlet_split([0, 1, 0, 1], 2, 1.0, min_size=1.5), "min_size must be an integer, got 1.5"),
+    (lambda: relaysum_split([0, 1, 0, 1], 2.5, 1.0), "clients must be an integer, got 2.5"),
+], ids=["clients", "rows", "per-client", "text", "bool", "dirichlet", "dirichlet-min-size", "relaysum"])
+def test_split_counts_must_be_integers(call, fragment):
+    with pytest.raises(TypeError) as err:
+        call()
+    assert fragment in str(err.value)
+
+
+def test_split_counts_may_be_numpy_integers():
+    a = sequential_split(np.int64(10), np.int32(3), np.uint8(3))
+    assert [p.tolist() for p in a] == [p.tolist() for p in sequential_split(10, 3)]
 
 
 def test_shuffled_split_disjoint_and_seeded():

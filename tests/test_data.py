@@ -11,7 +11,7 @@ import fedconvex.data.bundled as bundled
 
 def write(tmp_path, text, name="d.svm"):
     p = tmp_path / name
-    p.write_text(text)
+    p.write_text(text, encoding="utf-8")
     return str(p)
 
 
@@ -56,6 +56,13 @@ def test_compressed_files(tmp_path):
     ("\n\n", "no samples"),
     ("1 1:1\n1 2:1\n", "only one label"),
     ("nan 1:1\n", ":1: label 'nan' is not finite"),
+    # Python's int()/float() read these as numbers (1_0 as 10, Arabic-Indic digits as digits); a LibSVM file does not
+    ("-1 1:1\n1 1_0:1\n", ":2: token '1_0:1' holds '_'"),
+    ("-1 1:1\n1 2:0_5\n", ":2: token '2:0_5' holds '_'"),
+    ("1_0 1:1\n-1 2:1\n", ":1: token '1_0' holds '_'"),
+    ("-1 1:1\n1 \u0663:1\n", ":2: token '\u0663:1' holds non-ASCII character '\u0663' (U+0663)"),
+    ("-1 1:1\n1 2:\uff11\n", ":2: token '2:\uff11' holds non-ASCII character '\uff11' (U+FF11)"),
+    ("-1 1:1\u00a02:1\n1 2:1\n", ":1: non-ASCII character '\\xa0' (U+00A0) between tokens"),
 ])
 def test_malformed_input_names_file_and_line(tmp_path, text, fragment):
     path = write(tmp_path, text)
@@ -232,3 +239,12 @@ def test_the_whole_file_reader_leaves_indices_past_32_bits_to_the_line_parser():
     assert _parse_integer_file(text, "x", None) is None
     with pytest.raises(DataError, match="2147483647"):
         parse_libsvm(text.decode().splitlines(), "x")
+
+
+@pytest.mark.parametrize("raw", [b"-1 1:1\n1 1_0:1\n", "-1 1:1\n1 2:\u0661\n".encode("utf-8")], ids=["underscore", "unicode"])
+def test_the_whole_file_reader_leaves_underscores_and_unicode_digits_to_the_line_parser_which_refuses_them(raw):
+    from fedconvex.data.libsvm import _parse_integer_file
+
+    assert _parse_integer_file(raw, "<x>", None) is None
+    with pytest.raises(DataError, match="<x>:2: token .* holds"):
+        parse_libsvm(raw.decode("utf-8").splitlines(), "<x>")

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from .backend import asarray_like, eye_like, namespace
 
+_INF = float("inf")
+
 
 def _weights(xp, weights, n, like):
     """Normalised (n,) weights in ``like``'s library."""
@@ -25,8 +27,9 @@ def _weights(xp, weights, n, like):
     if w.shape != (n,):
         raise ValueError(f"weights must have shape ({n},), got {tuple(w.shape)}")
     total = xp.sum(w)
-    if not float(total) > 0:
-        raise ValueError("weights must sum to a positive number")
+    t = float(total)
+    if not 0 < t < _INF:     # NaN or Inf here would make every mixed parameter NaN
+        raise ValueError(f"weights must sum to a finite positive number, got {t}")
     return w / total
 
 
@@ -57,14 +60,23 @@ def precond_mix(P, X, weights=None, damping: float = 0.0):
     Returns the mixed parameters with the shape of one client's X (``(d,)`` or ``(d, k)``).
     """
     structured = hasattr(P, "weighted_sum")
+    # attribute and length checks only: this runs once per block per round, on any backend
+    if not structured and not hasattr(P, "ndim"):
+        raise TypeError(f"P must be an (N, d, d) array stack or a structured stack, got {type(P).__name__}")
+    if not hasattr(X, "ndim"):
+        raise TypeError(f"X must be an (N, d) or (N, d, k) array, got {type(X).__name__}")
     xp = namespace(X) if structured else namespace(P, X)
     if not structured and (P.ndim != 3 or P.shape[1] != P.shape[2]):
         raise ValueError(f"P must have shape (N, d, d), got {tuple(P.shape)}")
     n, d = (len(P), P.d) if structured else (P.shape[0], P.shape[1])
+    if X.ndim not in (2, 3):
+        raise ValueError(f"X has shape {tuple(X.shape)}, expected (N, {d}) or (N, {d}, k)")
     if X.shape[0] != n:
         raise ValueError(f"P has {n} clients but X has {X.shape[0]}")
-    if damping < 0:
-        raise ValueError(f"damping must be >= 0, got {damping}")
+    if n < 1:
+        raise ValueError("precond_mix needs at least one client (P and X hold 0)")
+    if not 0 <= damping < _INF:
+        raise ValueError(f"damping must be a finite number >= 0, got {damping}")
     Xm, was_vector = _as_matrix_rhs(X, d)
     # written with array-API functions (xp.sum, xp.matmul, ...) so any conforming library works
     w = _weights(xp, weights, n, X)
@@ -85,6 +97,12 @@ def precond_mix(P, X, weights=None, damping: float = 0.0):
 
 def simple_mix(X, weights=None):
     """Weighted average of client parameters (FedAvg / LocalNewton mixing)."""
+    if not hasattr(X, "ndim"):
+        raise TypeError(f"X must be an (N, ...) array stack, got {type(X).__name__}")
+    if X.ndim < 1:
+        raise ValueError("X must be an (N, ...) array stack, got a 0-d array")
+    if X.shape[0] < 1:
+        raise ValueError("simple_mix needs at least one client (X holds 0)")
     xp = namespace(X)
     w = _weights(xp, weights, X.shape[0], X)
     return xp.sum(xp.reshape(w, (-1,) + (1,) * (X.ndim - 1)) * X, axis=0)

@@ -12,6 +12,9 @@ per client on its active features (see ``blocks.ActiveBlocks``).
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -82,23 +85,111 @@ class _Rows:
         self.row_slot = _xp_asarray(xp, row_slot)
 
 
+def _check_lam(lam) -> None:
+    if isinstance(lam, bool) or not isinstance(lam, numbers.Real):
+        raise TypeError(f"lam must be a real number, got {lam!r}")
+    if not (lam >= 0 and math.isfinite(lam)):
+        raise ValueError(f"lam must be a finite number >= 0, got {lam}")
+
+
+def _checked_data(X, y):
+    """X as CSR float64 and y as float64 labels, or one clear error: X 2-D, finite, with a column; y 1-D, one
+    label a row, every label -1 or +1 (the loss is log(1 + exp(-y x^T theta)); ``parse_libsvm`` maps a file's
+    two labels to these)."""
+    try:
+        if not sp.issparse(X):
+            X = np.asarray(X, dtype=np.float64)
+            if X.ndim != 2:
+                raise DataError(f"X must be 2-D (rows x features), got shape {X.shape}")
+        X = sp.csr_matrix(X, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, DataError):
+            raise
+        raise TypeError(f"X must be a 2-D numeric array or SciPy sparse matrix, got {type(X).__name__}"
+                        f"{' of ' + str(X.dtype) if hasattr(X, 'dtype') else ''}") from None
+    if X.shape[1] < 1:
+        raise DataError(f"X has no columns (shape {X.shape}); a problem needs at least one feature")
+    if not np.isfinite(X.data).all():
+        row = int(np.searchsorted(X.indptr, np.flatnonzero(~np.isfinite(X.data))[0], side="right") - 1)
+        raise DataError(f"X holds NaN or Inf (row {row}); remove or impute those entries")
+    try:
+        y = np.asarray(y, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"y must be numeric labels -1 and +1, got {type(y).__name__}"
+                        f"{' of ' + str(y.dtype) if hasattr(y, 'dtype') else ''}") from None
+    if y.ndim != 1:
+        raise DataError(f"y must be a 1-D array of labels, got shape {y.shape}")
+    if len(y) != X.shape[0]:
+        raise DataError(f"y has {len(y)} labels but X has {X.shape[0]} rows")
+    bad = (y != 1.0) & (y != -1.0)
+    if bad.any():
+        if not np.isfinite(y).all():
+            raise DataError(f"y holds NaN or Inf (row {int(np.flatnonzero(~np.isfinite(y))[0])})")
+        got = ", ".join(f"{v:g}" for v in np.unique(y[bad])[:3])
+        raise DataError(f"y must hold labels -1 and +1 (the loss is log(1 + exp(-y x^T theta))), got {got} "
+                        f"(row {int(np.flatnonzero(bad)[0])}); for 0/1 labels pass 2 * y - 1, for others "
+                        "np.where(y == positive, 1.0, -1.0)")
+    return X, y
+
+
+def _checked_parts(parts, n_rows: int) -> list:
+    """The clients' row indices as int64 arrays, or one clear error: a non-empty sequence of non-empty 1-D
+    integer arrays, every index in 0..n_rows-1 (no wrap-around of negative indices, no truncated floats), no row
+    twice in one client (a row may belong to several clients: identical clients are a valid problem)."""
+    if isinstance(parts, (str, bytes)) or not hasattr(parts, "__iter__"):
+        raise TypeError(f"parts must be a sequence of row-index arrays (one per client), got {type(parts).__name__}")
+    parts = list(parts)
+    if not parts:
+        raise DataError("a federated problem needs at least one client")
+    out = []
+    for c, p in enumerate(parts):
+        try:
+            a = np.asarray(p)
+        except (TypeError, ValueError):
+            raise TypeError(f"client {c}'s rows are not an array of row indices") from None
+        if a.ndim != 1:
+            raise DataError(f"client {c}'s rows must be a 1-D array of row indices, got "
+                            + ("a scalar" if a.ndim == 0 else f"shape {a.shape}"))
+        if a.size == 0:
+            raise DataError(f"every client needs at least one sample (client {c} has none)")
+        if a.dtype.kind not in "iu":
+            raise TypeError(f"client {c}'s row indices must be integers, got {a.dtype}")
+        out.append(np.asarray(a, dtype=np.int64) if a.dtype.kind == "i" else _uint_rows(a, c, n_rows))
+    order = np.concatenate(out)
+    if order.min() < 0 or order.max() >= n_rows:
+        at = int(np.flatnonzero((order < 0) | (order >= n_rows))[0])
+        c = int(np.searchsorted(np.cumsum([len(a) for a in out]), at, side="right"))
+        raise DataError(f"client {c} has row index {order[at]}; row indices must be in 0..{n_rows - 1} "
+                        f"(X has {n_rows} rows)")
+    # no row twice in a client: sorted (client, row) keys have no equal neighbours
+    keys = np.sort(np.repeat(np.arange(len(out), dtype=np.int64), [len(a) for a in out]) * n_rows + order)
+    same = keys[1:] == keys[:-1]
+    if same.any():
+        k = int(keys[1:][same][0])
+        raise DataError(f"client {k // n_rows} lists row {k % n_rows} more than once; a row may belong to "
+                        "several clients, but once to each")
+    return out
+
+
+def _uint_rows(a, c: int, n_rows: int):
+    if a.max() >= n_rows:
+        raise DataError(f"client {c} has row index {a.max()}; row indices must be in 0..{n_rows - 1} "
+                        f"(X has {n_rows} rows)")
+    return a.astype(np.int64)
+
+
 class FederatedLogReg:
     def __init__(self, X, y, parts, lam: float = DEFAULT_LAM, weighting: str = "uniform", xp=np,
                  hessian_plan: bool = True):
-        if not lam >= 0:
-            raise ValueError(f"lam must be >= 0, got {lam}")
+        _check_lam(lam)
         if weighting not in ("uniform", "samples"):
             raise ValueError(f"weighting must be 'uniform' or 'samples', got {weighting!r}")
-        X = sp.csr_matrix(X, dtype=np.float64)
-        y = np.asarray(y, dtype=np.float64)
-        if not len(parts):
-            raise DataError("a federated problem needs at least one client")
-        if any(len(p) == 0 for p in parts):
-            raise DataError("every client needs at least one sample")
+        X, y = _checked_data(X, y)
+        parts = _checked_parts(parts, X.shape[0])
         self.xp, self.lam, self.weighting = xp, float(lam), weighting
         self.d = X.shape[1]
         self.n_clients = len(parts)
-        order = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+        order = np.concatenate(parts)
         self.X = X[order]
         self.X.sort_indices()
         self.y_host = y[order]

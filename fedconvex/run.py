@@ -6,6 +6,7 @@ Algorithms never loop over rounds, log or count; the driver does, for every meth
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
@@ -82,8 +83,25 @@ def known_point(problem, theta):
     return view._last
 
 
+def _check_run_args(problem, theta0, rounds) -> None:
+    """One clear error for a round count that is not an integer >= 0 or a theta0 that is not a finite (d,) array."""
+    if isinstance(rounds, bool) or not isinstance(rounds, numbers.Integral):
+        raise TypeError(f"rounds must be an integer, got {rounds!r}")
+    if rounds < 0:
+        raise ValueError(f"rounds must be an integer >= 0, got {rounds}")
+    d = problem.d
+    if not hasattr(theta0, "shape"):
+        raise TypeError(f"theta0 must be an array of shape ({d},), got {type(theta0).__name__}")
+    if tuple(theta0.shape) != (d,):
+        raise ValueError(f"theta0 must have shape ({d},) (the problem's {d} features), got {tuple(theta0.shape)}")
+    if not np.isfinite(to_numpy(theta0)).all():
+        raise ValueError("theta0 holds NaN or Inf")
+
+
 def run(problem, algorithm, theta0, rounds: int, **kwargs):
-    """Run ``rounds`` rounds; see ``_run`` (this wrapper pins BLAS to one thread on NumPy)."""
+    """Run ``rounds`` rounds; see ``_run`` (this wrapper pins BLAS to one thread on NumPy).  ``rounds`` = 0
+    evaluates ``theta0`` only (the history's round-0 row)."""
+    _check_run_args(problem, theta0, rounds)
     problem = reusing_last_point(problem)
     # overflow on the way to divergence is reported once, as Diverged, not as NumPy warnings
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):

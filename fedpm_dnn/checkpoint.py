@@ -104,6 +104,8 @@ def save(path: str, payload: dict) -> None:
 
 def load(path: str, map_location=None) -> dict:
     """The checkpoint's contents, loaded without running code; CheckpointError if unusable."""
+    if os.path.isdir(path):
+        raise CheckpointError(f"{path}: is a folder, not a checkpoint file; move it away or choose another --out")
     try:
         ck = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # truncated, corrupted, foreign, or holding arbitrary objects

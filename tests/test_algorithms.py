@@ -381,3 +381,42 @@ def test_scaffold_server_control_is_the_mean_of_the_client_controls(rng, weighti
                    participants=3, seed=2)
     assert np.abs(state.clients["c"]).sum() > 0
     np.testing.assert_allclose(state.server["c"], state.clients["c"].mean(0), rtol=1e-12, atol=1e-15)
+
+
+# ----------------------------------------------------------------- run's arguments, checked at the boundary
+@pytest.mark.parametrize("rounds,exc,fragment", [
+    (-1, ValueError, "rounds must be an integer >= 0, got -1"),
+    (2.5, TypeError, "rounds must be an integer, got 2.5"),
+    (True, TypeError, "rounds must be an integer, got True"),
+    ("3", TypeError, "rounds must be an integer, got '3'"),
+], ids=["negative", "float", "bool", "text"])
+def test_run_refuses_a_bad_round_count(rng, rounds, exc, fragment):
+    X, y, parts = random_data(rng, 3, 4)
+    pb = FederatedLogReg(X, y, parts, lam=1e-2)
+    with pytest.raises(exc) as info:
+        run(pb, make_algorithm("fedpm", lr=1.0), np.zeros(4), rounds)
+    assert fragment in str(info.value)
+
+
+def test_run_with_zero_rounds_is_the_initial_point_and_its_metrics(rng):
+    X, y, parts = random_data(rng, 3, 4)
+    pb = FederatedLogReg(X, y, parts, lam=1e-2)
+    theta0 = rng.normal(size=4)
+    state, hist = run(pb, make_algorithm("fedpm", lr=1.0), theta0, 0)
+    assert [r["round"] for r in hist] == [0]
+    np.testing.assert_array_equal(state.theta, theta0)
+    assert hist[0]["grad_norm"] == np.linalg.norm(pb.gradient(theta0))
+
+
+@pytest.mark.parametrize("theta0,exc,fragment", [
+    (np.zeros(5), ValueError, "theta0 must have shape (4,) (the problem's 4 features), got (5,)"),
+    (np.zeros((1, 4)), ValueError, "theta0 must have shape (4,) (the problem's 4 features), got (1, 4)"),
+    (np.array([0.0, np.nan, 0.0, 0.0]), ValueError, "theta0 holds NaN or Inf"),
+    ([0.0] * 4, TypeError, "theta0 must be an array of shape (4,), got list"),
+], ids=["long", "2d", "nan", "list"])
+def test_run_refuses_a_bad_starting_point(rng, theta0, exc, fragment):
+    X, y, parts = random_data(rng, 3, 4)
+    pb = FederatedLogReg(X, y, parts, lam=1e-2)
+    with pytest.raises(exc) as info:
+        run(pb, make_algorithm("fedpm", lr=1.0), theta0, 2)
+    assert fragment in str(info.value)

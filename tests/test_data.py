@@ -5,13 +5,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fedconvex.data import (BUNDLED, DataError, client_class_counts, dirichlet_split, load_bundled, load_dataset,
-                            parse_libsvm, read_libsvm, sequential_split, shuffled_split)
+                            parse_libsvm, read_libsvm, relaysum_split, sequential_split, shuffled_split)
 import fedconvex.data.bundled as bundled
 
 
 def write(tmp_path, text, name="d.svm"):
     p = tmp_path / name
-    p.write_text(text)
+    p.write_text(text, encoding="utf-8")
     return str(p)
 
 
@@ -56,6 +56,13 @@ def test_compressed_files(tmp_path):
     ("\n\n", "no samples"),
     ("1 1:1\n1 2:1\n", "only one label"),
     ("nan 1:1\n", ":1: label 'nan' is not finite"),
+    # Python's int()/float() read these as numbers (1_0 as 10, Arabic-Indic digits as digits); a LibSVM file does not
+    ("-1 1:1\n1 1_0:1\n", ":2: token '1_0:1' holds '_'"),
+    ("-1 1:1\n1 2:0_5\n", ":2: token '2:0_5' holds '_'"),
+    ("1_0 1:1\n-1 2:1\n", ":1: token '1_0' holds '_'"),
+    ("-1 1:1\n1 \u0663:1\n", ":2: token '\u0663:1' holds non-ASCII character '\u0663' (U+0663)"),
+    ("-1 1:1\n1 2:\uff11\n", ":2: token '2:\uff11' holds non-ASCII character '\uff11' (U+FF11)"),
+    ("-1 1:1\u00a02:1\n1 2:1\n", ":1: non-ASCII character '\\xa0' (U+00A0) between tokens"),
 ])
 def test_malformed_input_names_file_and_line(tmp_path, text, fragment):
     path = write(tmp_path, text)
@@ -111,6 +118,27 @@ def test_sequential_split_is_the_papers():
 def test_split_errors(args):
     with pytest.raises(DataError):
         sequential_split(*args)
+
+
+@pytest.mark.parametrize("call,fragment", [
+    (lambda: sequential_split(10, 1.5), "clients must be an integer, got 1.5"),
+    (lambda: sequential_split(10.0, 2), "n_rows must be an integer, got 10.0"),
+    (lambda: sequential_split(10, 2, 2.5), "per_client must be an integer, got 2.5"),
+    (lambda: sequential_split(10, "2"), "clients must be an integer, got '2'"),
+    (lambda: shuffled_split(10, True), "clients must be an integer, got True"),
+    (lambda: dirichlet_split([0, 1, 0, 1], 2.0, 1.0), "clients must be an integer, got 2.0"),
+    (lambda: dirichlet_split([0, 1, 0, 1], 2, 1.0, min_size=1.5), "min_size must be an integer, got 1.5"),
+    (lambda: relaysum_split([0, 1, 0, 1], 2.5, 1.0), "clients must be an integer, got 2.5"),
+], ids=["clients", "rows", "per-client", "text", "bool", "dirichlet", "dirichlet-min-size", "relaysum"])
+def test_split_counts_must_be_integers(call, fragment):
+    with pytest.raises(TypeError) as err:
+        call()
+    assert fragment in str(err.value)
+
+
+def test_split_counts_may_be_numpy_integers():
+    a = sequential_split(np.int64(10), np.int32(3), np.uint8(3))
+    assert [p.tolist() for p in a] == [p.tolist() for p in sequential_split(10, 3)]
 
 
 def test_shuffled_split_disjoint_and_seeded():
@@ -211,3 +239,12 @@ def test_the_whole_file_reader_leaves_indices_past_32_bits_to_the_line_parser():
     assert _parse_integer_file(text, "x", None) is None
     with pytest.raises(DataError, match="2147483647"):
         parse_libsvm(text.decode().splitlines(), "x")
+
+
+@pytest.mark.parametrize("raw", [b"-1 1:1\n1 1_0:1\n", "-1 1:1\n1 2:\u0661\n".encode("utf-8")], ids=["underscore", "unicode"])
+def test_the_whole_file_reader_leaves_underscores_and_unicode_digits_to_the_line_parser_which_refuses_them(raw):
+    from fedconvex.data.libsvm import _parse_integer_file
+
+    assert _parse_integer_file(raw, "<x>", None) is None
+    with pytest.raises(DataError, match="<x>:2: token .* holds"):
+        parse_libsvm(raw.decode("utf-8").splitlines(), "<x>")

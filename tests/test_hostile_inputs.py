@@ -69,6 +69,8 @@ def base(tmp_path_factory, one_thread):
     (w / "bigindex.svm").write_text("1 1:1 1000000000:1\n-1 2:1\n1 3:1\n-1 4:1\n")
     (w / "hugeindex.svm").write_text("1 1:1 10000000000:1\n-1 2:1\n")
     (w / "list.json").write_text("[1]\n")
+    (w / "ckdir" / "checkpoint.pt").mkdir(parents=True)      # a previous result whose checkpoint.pt is a folder
+    (w / "ckdir" / ".fedpm-result").write_text("")
     (w / "app").mkdir()
     (w / "app" / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
     os.symlink(w / "foreign", w / "link")
@@ -209,6 +211,10 @@ CASES = [
     ("dnn-out-file", dnn, D + ["--out", "{W}/file.txt"], "exists and is not a folder"),
     ("dnn-resume-nothing", dnn, D + OUT + ["--resume"], "--resume: {W}/out/checkpoint.pt does not exist"),
     ("dnn-checkpoint-no-resume", dnn, D + ["--out", "{W}/run"], "exists: pass --resume"),
+    ("dnn-checkpoint-folder", dnn, D + ["--out", "{W}/ckdir"],
+     "{W}/ckdir/checkpoint.pt: is a folder, not a checkpoint file; move it away or choose another --out"),
+    ("dnn-checkpoint-folder-resume", dnn, D + ["--out", "{W}/ckdir", "--resume"],
+     "{W}/ckdir/checkpoint.pt: is a folder, not a checkpoint file; move it away or choose another --out"),
     ("dnn-resume-alpha", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/run", "--alpha", "0.5"],
      "different configuration (--alpha: checkpoint has 0.1, this run 0.5)"),
     ("dnn-resume-model", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/run", "--model", "resnet18gn"],
@@ -364,6 +370,15 @@ def test_make_algorithm_refuses_a_bad_value_at_construction(method, params, mess
     with pytest.raises(ValueError) as exc:
         make_algorithm(method, **params)
     assert message in str(exc.value)
+
+
+def test_loading_a_folder_as_a_checkpoint_says_it_is_a_folder(tmp_path):
+    from fedpm_dnn import checkpoint as ck
+
+    (tmp_path / "checkpoint.pt").mkdir()
+    with pytest.raises(ck.CheckpointError) as exc:
+        ck.load(str(tmp_path / "checkpoint.pt"))
+    assert str(exc.value) == f"{tmp_path}/checkpoint.pt: is a folder, not a checkpoint file; move it away or choose another --out"
 
 
 def test_make_method_refuses_a_bad_value_at_construction():

@@ -146,3 +146,29 @@ def test_default_weights_are_uniform_one_over_n(prob, damping):
     np.testing.assert_allclose(precond_mix(P, X, damping=damping), np.linalg.solve(A, b), rtol=1e-9, atol=1e-10)
     np.testing.assert_allclose(precond_mix(P, X, damping=damping), precond_mix(P, X, np.ones(n), damping=damping),
                                rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------------------------ malformed inputs, refused at the call
+@pytest.mark.parametrize("args,kw,exc,fragment", [
+    (([], [], []), {}, TypeError, "P must be an (N, d, d) array stack or a structured stack, got list"),
+    ((np.eye(2)[None], [[1.0, 2.0]]), {}, TypeError, "X must be an (N, d) or (N, d, k) array, got list"),
+    ((np.eye(2)[None], np.float64(1.0)), {}, ValueError, "X has shape (), expected (N, 2) or (N, 2, k)"),
+    ((np.zeros((0, 3, 3)), np.zeros((0, 3))), {}, ValueError, "precond_mix needs at least one client (P and X hold 0)"),
+    ((np.eye(2)[None], np.ones((1, 2))), {"damping": float("nan")}, ValueError, "damping must be a finite number >= 0, got nan"),
+    ((np.eye(2)[None], np.ones((1, 2))), {"damping": float("inf")}, ValueError, "damping must be a finite number >= 0, got inf"),
+    ((np.eye(2)[None], np.ones((1, 2))), {"damping": -1.0}, ValueError, "damping must be a finite number >= 0, got -1.0"),
+    ((np.eye(2)[None], np.ones((1, 2)), [np.inf]), {}, ValueError, "weights must sum to a finite positive number"),
+], ids=["lists", "x-list", "x-scalar", "empty", "damping-nan", "damping-inf", "damping-neg", "weights-inf"])
+def test_precond_mix_refuses_malformed_input(args, kw, exc, fragment):
+    with pytest.raises(exc) as info:
+        precond_mix(*args, **kw)
+    assert fragment in str(info.value), str(info.value)
+
+
+def test_simple_mix_refuses_malformed_input():
+    with pytest.raises(TypeError, match=r"X must be an \(N, \.\.\.\) array stack, got list"):
+        simple_mix([])
+    with pytest.raises(ValueError, match=r"simple_mix needs at least one client \(X holds 0\)"):
+        simple_mix(np.zeros((0, 3)))
+    with pytest.raises(ValueError, match="got a 0-d array"):
+        simple_mix(np.float64(1.0))

@@ -132,3 +132,101 @@ def test_global_hessian_product_keeps_its_pattern_and_gives_scipys_numbers(rng):
     theta = rng.normal(size=pb.d)
     np.testing.assert_allclose(pb.hessian(theta), NaiveLogReg(X, y, parts, 1e-2).H(theta), rtol=1e-10,
                                atol=1e-12)
+
+
+# ------------------------------------------------------------------ malformed inputs, refused at the boundary
+def _small(rng):
+    X, y, parts = random_data(rng, 3, 4, sizes=[4, 5, 3])
+    return X, y, parts
+
+
+@pytest.mark.parametrize("lam,exc,fragment", [
+    (float("inf"), ValueError, "lam must be a finite number >= 0, got inf"),
+    (float("nan"), ValueError, "lam must be a finite number >= 0, got nan"),
+    (-1e-3, ValueError, "lam must be a finite number >= 0, got -0.001"),
+    ("x", TypeError, "lam must be a real number, got 'x'"),
+    (None, TypeError, "lam must be a real number, got None"),
+    (True, TypeError, "lam must be a real number, got True"),
+], ids=["inf", "nan", "negative", "text", "none", "bool"])
+def test_bad_lam_is_one_clear_error(rng, lam, exc, fragment):
+    X, y, parts = _small(rng)
+    with pytest.raises(exc) as info:
+        FederatedLogReg(X, y, parts, lam=lam)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_labels_must_be_exactly_plus_minus_one(rng):
+    """0/1 labels would give another (wrong) problem: log(1 + exp(0)) for every 0 label, whatever theta."""
+    X, y, parts = _small(rng)
+    with pytest.raises(ValueError) as info:
+        FederatedLogReg(X, (y + 1) / 2, parts)
+    msg = str(info.value)
+    assert "y must hold labels -1 and +1" in msg and "got 0" in msg and "2 * y - 1" in msg
+    for bad in (y * 2, np.where(y > 0, 1.0, 0.5), (y > 0)):        # +-2, a fraction, booleans
+        with pytest.raises(ValueError, match="y must hold labels -1 and \\+1"):
+            FederatedLogReg(X, bad, parts)
+    # +-1 of any numeric dtype are the same problem
+    a = FederatedLogReg(X, y.astype(np.int8), parts, lam=0.1)
+    b = FederatedLogReg(X, y, parts, lam=0.1)
+    theta = rng.normal(size=4)
+    assert a.value(theta) == b.value(theta)
+
+
+@pytest.mark.parametrize("case,fragment", [
+    ("y-short", "y has 11 labels but X has 12 rows"),
+    ("y-2d", "y must be a 1-D array of labels, got shape (12, 1)"),
+    ("y-text", "y must be numeric"),
+    ("y-nan", "y holds NaN or Inf"),
+    ("X-nan", "X holds NaN or Inf"),
+    ("X-inf", "X holds NaN or Inf"),
+    ("X-text", "X must be a 2-D numeric array or SciPy sparse matrix"),
+    ("X-no-columns", "X has no columns"),
+])
+def test_malformed_data_is_one_clear_error(rng, case, fragment):
+    X, y, parts = _small(rng)
+    if case == "y-short":
+        y = y[:-1]
+    elif case == "y-2d":
+        y = y[:, None]
+    elif case == "y-text":
+        y = np.array(["a"] * len(y))
+    elif case == "y-nan":
+        y = y.copy()
+        y[3] = np.nan
+    elif case in ("X-nan", "X-inf"):
+        X = X.toarray()
+        X[2, 1] = np.nan if case == "X-nan" else np.inf
+    elif case == "X-text":
+        X = np.array([["a"] * 4] * 12)
+    elif case == "X-no-columns":
+        X = np.zeros((12, 0))
+    with pytest.raises((ValueError, TypeError)) as info:
+        FederatedLogReg(X, y, parts)
+    assert fragment in str(info.value), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("parts,exc,fragment", [
+    ([[0, 1, 2], [3, -1]], ValueError, "client 1 has row index -1; row indices must be in 0..11"),
+    ([[0, 1, 2], [3, 12]], ValueError, "client 1 has row index 12; row indices must be in 0..11"),
+    ([[0, 1, 2], [3.0, 4.0]], TypeError, "client 1's row indices must be integers, got float64"),
+    ([[0, 1, 2], [True, False]], TypeError, "client 1's row indices must be integers, got bool"),
+    ([[0, 1, 2], [3, 4, 3]], ValueError, "client 1 lists row 3 more than once"),
+    ([[0, 1], 2], ValueError, "client 1's rows must be a 1-D array of row indices, got a scalar"),
+    ([[[0, 1], [2, 3]]], ValueError, "client 0's rows must be a 1-D array of row indices, got shape (2, 2)"),
+    (None, TypeError, "parts must be a sequence of row-index arrays (one per client), got NoneType"),
+    ([], ValueError, "a federated problem needs at least one client"),
+], ids=["negative", "out-of-range", "float", "bool", "duplicate", "scalar", "2d", "none", "empty"])
+def test_bad_client_partition_is_one_clear_error(rng, parts, exc, fragment):
+    X, y, _ = _small(rng)
+    with pytest.raises(exc) as info:
+        FederatedLogReg(X, y, parts)
+    assert fragment in str(info.value), str(info.value)
+
+
+def test_a_row_may_belong_to_several_clients_and_index_arrays_of_any_integer_type_work(rng):
+    X, y, parts = _small(rng)
+    a = FederatedLogReg(X, y, [parts[0], parts[0], list(parts[1])], lam=0.1)
+    b = FederatedLogReg(X, y, [parts[0].astype(np.uint16), parts[0].astype(np.int32), range(4, 9)], lam=0.1)
+    theta = rng.normal(size=4)
+    assert a.n_clients == 3 and a.value(theta) == b.value(theta)

@@ -121,6 +121,9 @@ def check_args(p, args):
             p.error(f"--participants {args.participants} exceeds the 10 clients (default --clients)")
     common.check_out_arg(p, args.out)
     ckpt = os.path.join(args.out, "checkpoint.pt")
+    if os.path.lexists(ckpt) and not os.path.isfile(ckpt):     # a folder (or a dangling link) by that name
+        what = "is a folder" if os.path.isdir(ckpt) else "is not a regular file"
+        p.error(f"{ckpt}: {what}, not a checkpoint file; move it away or choose another --out")
     if args.resume and not os.path.isfile(ckpt):
         p.error(f"--resume: {ckpt} does not exist; drop --resume to start a new run")
     if not args.resume and os.path.exists(ckpt):

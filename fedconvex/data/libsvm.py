@@ -106,6 +106,23 @@ def _parse_integer_file(raw: bytes, source: str, n_features: int | None) -> Data
     return Dataset(X=X, y=np.where(labels == hi, 1.0, -1.0), source=source, labels=(lo, hi))
 
 
+def _foreign_characters(where: str, line: str) -> str:
+    """The message for a line holding '_' or a non-ASCII character, which Python's int() and float() accept
+    ('1_0' is 10, Arabic-Indic and full-width digits are digits, U+00A0 splits tokens) and a LibSVM file never
+    holds."""
+    def bad(c):
+        return c == "_" or not c.isascii()
+
+    def show(c):
+        return "'_'" if c == "_" else f"non-ASCII character {c!r} (U+{ord(c):04X})"
+
+    for tok in line.split():
+        if any(bad(c) for c in tok):
+            return (f"{where}: token {tok!r} holds {show(next(c for c in tok if bad(c)))}; numbers in a LibSVM file "
+                    "are plain ASCII")
+    return f"{where}: {show(next(c for c in line if bad(c)))} between tokens; separate tokens with ASCII spaces"
+
+
 def parse_libsvm(lines, source: str, n_features: int | None = None) -> Dataset:
     """Parse LibSVM text lines.  Labels (any two distinct values) map smaller -> -1, larger -> +1.
 
@@ -117,6 +134,8 @@ def parse_libsvm(lines, source: str, n_features: int | None = None) -> Dataset:
     indptr, indices, values, raw_labels = [0], [], [], []
     label_set: dict[float, int] = {}
     for lineno, line in enumerate(lines, 1):
+        if not line.isascii() or "_" in line:   # two C-speed scans a line; what int()/float() would wave through
+            raise DataError(_foreign_characters(f"{source}:{lineno}", line))
         parts = line.split()
         if not parts:
             continue  # blank lines (e.g. a trailing newline) carry no sample

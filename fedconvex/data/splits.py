@@ -4,12 +4,22 @@ per client; every returned row belongs to exactly one client.
 """
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from .libsvm import DataError
 
 
+def _integers(**counts) -> None:
+    """TypeError for a count that is not an integer (1.5 clients, True, '2'); NumPy integers are integers."""
+    for name, v in counts.items():
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"{name} must be an integer, got {v!r}")
+
+
 def _check_counts(n_rows: int, clients: int, per_client: int | None) -> int:
+    _integers(n_rows=n_rows, clients=clients, **({} if per_client is None else {"per_client": per_client}))
     if clients < 1:
         raise DataError(f"clients must be >= 1, got {clients}")
     if per_client is None:
@@ -45,6 +55,7 @@ def dirichlet_split(labels, clients: int, alpha: float, seed: int = 0, min_size:
     the largest clients to the short ones, which always succeeds when enough samples exist.
     """
     labels = np.asarray(labels)
+    _integers(clients=clients, min_size=min_size, max_tries=max_tries)
     if clients < 1:
         raise DataError(f"clients must be >= 1, got {clients}")
     if not alpha > 0:
@@ -86,6 +97,7 @@ def relaysum_split(labels, clients: int, alpha: float, seed: int = 0, min_fracti
     """
     labels = np.asarray(labels)
     n = len(labels)
+    _integers(clients=clients, max_tries=max_tries)
     if clients < 1:
         raise DataError(f"clients must be >= 1, got {clients}")
     if not (alpha > 0 and np.isfinite(alpha)):

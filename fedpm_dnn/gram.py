@@ -1,14 +1,16 @@
-"""Gram matrices a^T a of the FOOF statistics, on the CPU by BLAS's symmetric rank-k update (syrk).
+"""Gram matrices a^T a of the FOOF statistics, on a one-thread CPU by BLAS's symmetric rank-k update (syrk).
 
 A Gram is symmetric, so syrk computes one triangle: half the multiply-adds of the general product.  torch has
-no syrk, so on the CPU the rows go to SciPy's BLAS (ssyrk/dsyrk) as NumPy views of the same memory, and each
-product is added in place into one triangle of the accumulator; ``mirror`` fills the other triangle once at the
-end.  Measured at one thread on this project's 2-core CPU, (4096 x 401) float32 rows: torch's a.T @ a 18.2 ms,
-ssyrk 8.5 ms; ResNet18-GN's layer-4 patches (512 x 4608): 477 against 215 ms
-(results/cpu-bench-2026-11-26/session4/).  Other devices keep torch's general product (torch exposes no syrk).
+no syrk, so the rows go to SciPy's BLAS (ssyrk/dsyrk) as NumPy views of the same memory, and each product is
+added in place into one triangle of the accumulator; ``mirror`` fills the other triangle once at the end.
 
-SciPy's BLAS has its own thread pool: each call runs it at torch's thread count, so ``torch.set_num_threads``
-(and ``bench_dnn --threads``) pins these products too."""
+Only where torch itself runs on one CPU thread (``torch.set_num_threads(1)``, as in parallel single-thread
+runs), and then on one BLAS thread.  Measured on this project's 2-core CPU (results/cpu-bench-2026-11-26/session4/):
+at one thread syrk takes about half the time of torch's product (SimpleCNN's fc1 rows, ResNet18-GN's patch
+Grams); at two threads a one-thread syrk only matches torch's two-thread product, and a two-thread syrk left
+SciPy's BLAS workers spinning after each call beside torch's own threads: sequential-engine FedPM rounds 3.1-3.4 s
+against 2.5-2.8 s with torch's product.  On more cores torch's threads win outright.  Other devices keep torch's
+general product (torch exposes no syrk)."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -20,9 +22,14 @@ from scipy.linalg import blas
 _SYRK = {torch.float32: blas.ssyrk, torch.float64: blas.dsyrk}
 
 
+def syrk_on_cpu(dtype) -> bool:
+    """Whether CPU rows of ``dtype`` take syrk now: float32 or float64, torch on one thread."""
+    return dtype in _SYRK and torch.get_num_threads() == 1
+
+
 def uses_syrk(a: torch.Tensor) -> bool:
-    """Whether ``add_gram`` runs syrk for rows like ``a`` (CPU, float32 or float64, not part of a graph)."""
-    return a.device.type == "cpu" and a.dtype in _SYRK and not a.requires_grad
+    """Whether ``add_gram`` runs syrk for rows like ``a`` (``syrk_on_cpu``, and not part of a graph)."""
+    return a.device.type == "cpu" and not a.requires_grad and syrk_on_cpu(a.dtype)
 
 
 @lru_cache(maxsize=1)
@@ -32,9 +39,9 @@ def _controller():
 
 
 @contextmanager
-def blas_threads_like_torch():
-    """SciPy's BLAS at torch's thread count for the calls inside (restored afterwards)."""
-    with _controller().limit(limits=torch.get_num_threads()):
+def one_blas_thread():
+    """SciPy's BLAS on one thread for the calls inside (restored afterwards): no worker left spinning."""
+    with _controller().limit(limits=1):
         yield
 
 
@@ -62,7 +69,7 @@ def gram(a: torch.Tensor) -> torch.Tensor:
     if not uses_syrk(a):
         return a.T @ a
     S = torch.zeros(a.shape[1], a.shape[1], dtype=a.dtype)
-    with blas_threads_like_torch():
+    with one_blas_thread():
         add_gram(S, a)
     return mirror(S)
 
@@ -72,7 +79,7 @@ def stacked_grams(a: torch.Tensor) -> torch.Tensor:
     if not uses_syrk(a):
         return torch.bmm(a.transpose(1, 2), a)
     S = torch.zeros(a.shape[0], a.shape[2], a.shape[2], dtype=a.dtype)
-    with blas_threads_like_torch():
+    with one_blas_thread():
         for k in range(a.shape[0]):
             add_gram(S[k], a[k])
     return mirror(S)

@@ -7,6 +7,15 @@ from hypothesis import given, settings, strategies as st
 from fedpm_dnn import gram
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """syrk is taken where torch runs one thread (fedpm_dnn.gram); these tests check it there."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def rows(n, D, seed, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     return torch.relu(torch.randn(n, D, generator=g, dtype=torch.float64)).to(dtype)   # ReLU-like inputs
@@ -59,16 +68,22 @@ def test_rows_in_a_graph_and_other_devices_take_the_general_product():
     assert gram.stacked_grams(torch.empty(2, 7, 3, device="meta")).shape == (2, 3, 3)
 
 
-def test_the_blas_runs_at_torchs_thread_count_and_is_restored():
-    lib = gram._controller().lib_controllers[0]
-    before, threads = lib.num_threads, torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        with gram.blas_threads_like_torch():
-            assert all(c.num_threads == 1 for c in gram._controller().lib_controllers)
-        assert lib.num_threads == before
-    finally:
-        torch.set_num_threads(threads)
+def test_syrk_runs_on_one_blas_thread_which_is_restored_after():
+    libs = gram._controller().lib_controllers
+    before = [c.num_threads for c in libs]
+    with gram.one_blas_thread():
+        assert all(c.num_threads == 1 for c in libs)
+    assert [c.num_threads for c in libs] == before
+
+
+def test_more_torch_threads_keep_torchs_product(monkeypatch):
+    """On two threads torch's multithreaded product is used (a one-thread syrk only matched it here and loses on
+    more cores): the same numbers as a.T @ a, bit for bit."""
+    torch.set_num_threads(2)
+    a = rows(64, 20, 6)
+    assert not gram.uses_syrk(a) and not gram.syrk_on_cpu(torch.float32)
+    assert torch.equal(gram.gram(a), a.T @ a)
+    assert torch.equal(gram.stacked_grams(a[None]), torch.bmm(a[None].transpose(1, 2), a[None]))
 
 
 def test_a_non_contiguous_input_is_read_correctly():

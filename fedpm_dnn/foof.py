@@ -12,14 +12,12 @@ A registry maps layer types to their block adapter (KFAC-jax / BackPACK style).
 """
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from functools import lru_cache
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-from . import gram as _gram
 
 
 class LinearBlock:
@@ -37,7 +35,7 @@ class LinearBlock:
     def gram(self, x):
         """(sum_rows a a^T, sum_rows a, rows) of the block's input batch."""
         a = self.patches(x)
-        return _gram.gram(a), a.sum(0), a.shape[0]
+        return a.T @ a, a.sum(0), a.shape[0]
 
     def weight_matrix(self, w):
         return w
@@ -94,26 +92,19 @@ def _chunk(K: int, L: int, D: int) -> int:
 
 
 def patch_gram(m: nn.Conv2d, x: torch.Tensor):
-    """conv_gram from the patches, in chunks of images (``_chunk``): on a one-thread CPU a symmetric rank-k update
-    per client and chunk (``gram.add_gram``: one triangle, half the multiply-adds), else one batched product."""
+    """conv_gram from the patches, in chunks of images (``_chunk``), one batched product each."""
     K, B = x.shape[:2]
     D = m.weight[0].numel()
     L = conv_patches(m, x[0, :1]).shape[1]
     step = _chunk(K, L, D)
     S = torch.zeros(K, D, D, dtype=x.dtype, device=x.device)
     total = torch.zeros(K, D, dtype=x.dtype, device=x.device)
-    syrk = _gram.uses_syrk(x)
-    with _gram.one_blas_thread() if syrk else nullcontext():
-        for i in range(0, B, step):
-            # reshape, not view: an unpadded 1x1 stride-1 conv's patches are a permuted view of x
-            a = conv_patches(m, x[:, i:i + step].reshape(-1, *x.shape[2:])).reshape(K, -1, D)
-            if syrk:     # one triangle per client, mirrored once below
-                for k in range(K):
-                    _gram.add_gram(S[k], a[k])
-            else:
-                S.baddbmm_(a.transpose(1, 2), a)
-            total += a.sum(1)
-    return (_gram.mirror(S) if syrk else S), total, L
+    for i in range(0, B, step):
+        # reshape, not view: an unpadded 1x1 stride-1 conv's patches are a permuted view of x
+        a = conv_patches(m, x[:, i:i + step].reshape(-1, *x.shape[2:])).reshape(K, -1, D)
+        S.baddbmm_(a.transpose(1, 2), a)
+        total += a.sum(1)
+    return S, total, L
 
 
 def _out_size(size: int, k: int, stride: int, dilation: int, pad: int) -> int:
@@ -164,9 +155,8 @@ def row_form_pays(m: nn.Conv2d, shape) -> bool:
 def row_form_costs(m: nn.Conv2d, shape) -> tuple:
     """(multiply-adds the row form saves, its float64 element updates (window sums and S), its products).
 
-    Per image and output column the patch form multiplies D^2 per output row (D = C kh kw), or D (D + 1) / 2
-    where it is a symmetric rank-k update (``gram.syrk_on_cpu``: one thread), the row form (C kw)^2 per input
-    row of a segment."""
+    Per image and output column the patch form multiplies (C kh kw)^2 per output row, the row form
+    (C kw)^2 per input row of a segment."""
     K, B, C, H, W = shape
     (kh, kw), (sh, sw), (dh, dw), (ph, pw) = conv_geometry(m)
     oh, ow = _out_size(H, kh, sh, dh, ph), _out_size(W, kw, sw, dw, pw)
@@ -178,8 +168,7 @@ def row_form_costs(m: nn.Conv2d, shape) -> tuple:
     rows = sum(b - a for *_, segments, _ in pairings for a, b in segments)
     products = chunks * sum(len(segments) for *_, segments, _ in pairings)
     sums = chunks * sum(len(members) for *_, windows in pairings for members in windows.values())
-    patch = D * (D + 1) // 2 if _gram.syrk_on_cpu(torch.float32) else D * D
-    return K * B * ow * (oh * patch - rows * E * E), K * (sums * E * E + D * D), products
+    return K * B * ow * (oh * kh * kh - rows) * E * E, K * (sums * E * E + D * D), products
 
 
 def width_patches(m: nn.Conv2d, x: torch.Tensor) -> list:

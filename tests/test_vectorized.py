@@ -231,31 +231,3 @@ def test_stacked_clipping_is_clip_grad_norm_client_by_client(max_norm):
     for k in range(4):
         for a, b in zip(got, expect[k]):
             torch.testing.assert_close(a[k], b, rtol=1e-6, atol=0)
-
-
-@pytest.fixture
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.mark.parametrize("method", ["fedpm", "localnewton"])
-def test_one_thread_grams_by_syrk_give_the_same_replies_in_both_engines(method, one_torch_thread, monkeypatch):
-    """On one torch thread the FOOF Grams are symmetric rank-k updates (fedpm_dnn.gram) in both engines; the
-    engines still agree, and with the general product the replies are the same to float32 round-off."""
-    from fedpm_dnn import gram
-
-    calls = []
-    real = gram.add_gram
-    monkeypatch.setattr(gram, "add_gram", lambda S, a: calls.append(a.shape) or real(S, a))
-    cfg = make(method, **CFG)
-    _, r_seq = run(cfg, "sequential")
-    n_seq = len(calls)
-    _, r_vec = run(cfg, "vectorized")
-    assert n_seq > 0 and len(calls) > n_seq                   # syrk ran in both engines
-    assert_same(r_vec, r_seq)
-    monkeypatch.setattr(gram, "syrk_on_cpu", lambda dtype: False)
-    _, r_gen = run(cfg, "sequential")
-    assert_same(r_gen, r_seq)

@@ -279,4 +279,12 @@ def finish(args, cfg, tmp, final) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_command(PROG, main))
+    rc = common.run_command(PROG, main)
+    if rc == 130:
+        # Ctrl-C inside run_simulation leaves Flower's non-daemon threads waiting on dead Ray actors (up to
+        # --timeout a round): the interpreter would print the line and then hang joining them.  The output's
+        # temporary folder is already removed (ResultDir), so end here.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    sys.exit(rc)

@@ -102,3 +102,13 @@ def nbytes(a) -> int:
     if type(a).__module__.startswith("torch"):
         return a.numel() * a.element_size()
     return int(a.nbytes)
+
+
+def python_scalar(value):
+    """A 0-d array of any library (NumPy, torch, CuPy: ``np.array(1e-3)``, ``torch.tensor(0.5)``) as the Python
+    number it holds, so that hyper-parameters given that way pass the checks of plain numbers; anything else is
+    returned as it is."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        return value.item()
+    return value
+

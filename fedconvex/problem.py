@@ -18,7 +18,7 @@ import numbers
 import numpy as np
 import scipy.sparse as sp
 
-from .backend import is_torch, namespace, to_numpy
+from .backend import is_torch, namespace, python_scalar, to_numpy
 from .blocks import ActiveBlocks, Layout
 from .data.libsvm import DataError
 
@@ -85,11 +85,14 @@ class _Rows:
         self.row_slot = _xp_asarray(xp, row_slot)
 
 
-def _check_lam(lam) -> None:
+def _check_lam(lam):
+    """lam as a Python number (a 0-d array's value), or one clear error."""
+    lam = python_scalar(lam)
     if isinstance(lam, bool) or not isinstance(lam, numbers.Real):
         raise TypeError(f"lam must be a real number, got {lam!r}")
     if not (lam >= 0 and math.isfinite(lam)):
         raise ValueError(f"lam must be a finite number >= 0, got {lam}")
+    return lam
 
 
 def _checked_data(X, y):
@@ -134,8 +137,8 @@ def _checked_data(X, y):
 
 def _checked_parts(parts, n_rows: int) -> list:
     """The clients' row indices as int64 arrays, or one clear error: a non-empty sequence of non-empty 1-D
-    integer arrays, every index in 0..n_rows-1 (no wrap-around of negative indices, no truncated floats), no row
-    twice in one client (a row may belong to several clients: identical clients are a valid problem)."""
+    integer arrays, every index in 0..n_rows-1 (no wrap-around of negative indices, no truncated floats).  A row may
+    stand twice in one client (a resampled client: the same problem as that row copied) or in several clients."""
     if isinstance(parts, (str, bytes)) or not hasattr(parts, "__iter__"):
         raise TypeError(f"parts must be a sequence of row-index arrays (one per client), got {type(parts).__name__}")
     parts = list(parts)
@@ -161,13 +164,6 @@ def _checked_parts(parts, n_rows: int) -> list:
         c = int(np.searchsorted(np.cumsum([len(a) for a in out]), at, side="right"))
         raise DataError(f"client {c} has row index {order[at]}; row indices must be in 0..{n_rows - 1} "
                         f"(X has {n_rows} rows)")
-    # no row twice in a client: sorted (client, row) keys have no equal neighbours
-    keys = np.sort(np.repeat(np.arange(len(out), dtype=np.int64), [len(a) for a in out]) * n_rows + order)
-    same = keys[1:] == keys[:-1]
-    if same.any():
-        k = int(keys[1:][same][0])
-        raise DataError(f"client {k // n_rows} lists row {k % n_rows} more than once; a row may belong to "
-                        "several clients, but once to each")
     return out
 
 
@@ -181,7 +177,7 @@ def _uint_rows(a, c: int, n_rows: int):
 class FederatedLogReg:
     def __init__(self, X, y, parts, lam: float = DEFAULT_LAM, weighting: str = "uniform", xp=np,
                  hessian_plan: bool = True):
-        _check_lam(lam)
+        lam = _check_lam(lam)
         if weighting not in ("uniform", "samples"):
             raise ValueError(f"weighting must be 'uniform' or 'samples', got {weighting!r}")
         X, y = _checked_data(X, y)

@@ -7,6 +7,8 @@ import dataclasses
 import math
 import numbers
 
+from .backend import python_scalar
+
 
 class Registry(dict):
     """name -> class, in registration order (the order figures and tables use)."""
@@ -32,8 +34,7 @@ class Registry(dict):
             raise ValueError(f"{name} has no hyper-parameter {', '.join(map(repr, unknown))}; it takes "
                              f"{', '.join(sorted(self.hyperparameters(name)))}")
         defaults = {f.name: f.default for f in dataclasses.fields(self.cls(name))}
-        for key, value in params.items():
-            check_value(name, key, value, defaults[key])
+        params = {key: check_value(name, key, value, defaults[key]) for key, value in params.items()}
         return self.cls(name)(**params)
 
     def applicable(self, name: str, shared: dict) -> dict:
@@ -48,11 +49,13 @@ _POSITIVE = {"lr"}
 _AT_LEAST_ONE = {"local_steps", "local_epochs", "batch_size"}
 
 
-def check_value(method: str, key: str, value, default) -> None:
+def check_value(method: str, key: str, value, default):
     """A hyper-parameter of the kind its default is (a finite number, an integer, a string), and in range where
     the meaning is the same in every method (``lr`` > 0; counts of steps >= 1): a value from outside (a JSON
     ``--params``, a caller) fails here with one line naming it, not later in the middle of a round.  Fields
     without a typed default (None) are the method's own business."""
+    if isinstance(default, numbers.Number) and not isinstance(value, numbers.Number):
+        value = python_scalar(value)          # np.array(0.5), torch.tensor(0.5): the number they hold
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ValueError(f"{method}: {key} must be true or false, got {value!r}")
@@ -70,3 +73,4 @@ def check_value(method: str, key: str, value, default) -> None:
         raise ValueError(f"{method}: {key} must be > 0, got {value!r}")
     if key in _AT_LEAST_ONE and isinstance(value, numbers.Integral) and value < 1:
         raise ValueError(f"{method}: {key} must be >= 1, got {value!r}")
+    return value

@@ -211,17 +211,30 @@ def test_malformed_data_is_one_clear_error(rng, case, fragment):
     ([[0, 1, 2], [3, 12]], ValueError, "client 1 has row index 12; row indices must be in 0..11"),
     ([[0, 1, 2], [3.0, 4.0]], TypeError, "client 1's row indices must be integers, got float64"),
     ([[0, 1, 2], [True, False]], TypeError, "client 1's row indices must be integers, got bool"),
-    ([[0, 1, 2], [3, 4, 3]], ValueError, "client 1 lists row 3 more than once"),
     ([[0, 1], 2], ValueError, "client 1's rows must be a 1-D array of row indices, got a scalar"),
     ([[[0, 1], [2, 3]]], ValueError, "client 0's rows must be a 1-D array of row indices, got shape (2, 2)"),
     (None, TypeError, "parts must be a sequence of row-index arrays (one per client), got NoneType"),
     ([], ValueError, "a federated problem needs at least one client"),
-], ids=["negative", "out-of-range", "float", "bool", "duplicate", "scalar", "2d", "none", "empty"])
+], ids=["negative", "out-of-range", "float", "bool", "scalar", "2d", "none", "empty"])
 def test_bad_client_partition_is_one_clear_error(rng, parts, exc, fragment):
     X, y, _ = _small(rng)
     with pytest.raises(exc) as info:
         FederatedLogReg(X, y, parts)
     assert fragment in str(info.value), str(info.value)
+
+
+def test_a_row_twice_in_a_client_is_that_row_copied(rng):
+    """A resampled client (a row listed twice) is the problem whose data holds that row twice."""
+    X, y, parts = _small(rng)
+    X = np.asarray(X.todense()) if hasattr(X, "todense") else np.asarray(X)
+    twice = FederatedLogReg(X, y, [parts[0], np.r_[parts[1], parts[1][:2]], parts[2]], lam=0.1)
+    Xc, yc = np.vstack([X, X[parts[1][:2]]]), np.r_[y, y[parts[1][:2]]]
+    copied = FederatedLogReg(Xc, yc, [parts[0], np.r_[parts[1], len(y), len(y) + 1], parts[2]], lam=0.1)
+    theta = rng.normal(size=X.shape[1])
+    np.testing.assert_allclose(twice.value(theta), copied.value(theta), rtol=1e-14)
+    np.testing.assert_allclose(twice.gradient(theta), copied.gradient(theta), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(twice.hessian(theta), copied.hessian(theta), rtol=1e-13, atol=1e-15)
+    assert twice.counts[1] == len(parts[1]) + 2
 
 
 def test_a_row_may_belong_to_several_clients_and_index_arrays_of_any_integer_type_work(rng):
@@ -230,3 +243,21 @@ def test_a_row_may_belong_to_several_clients_and_index_arrays_of_any_integer_typ
     b = FederatedLogReg(X, y, [parts[0].astype(np.uint16), parts[0].astype(np.int32), range(4, 9)], lam=0.1)
     theta = rng.normal(size=4)
     assert a.n_clients == 3 and a.value(theta) == b.value(theta)
+
+
+def test_zero_dimensional_arrays_are_the_numbers_they_hold(rng):
+    """lam (and a method's hyper-parameters) given as 0-d arrays, as array code often has them, act as floats."""
+    from fedconvex.algorithms import make_algorithm
+
+    X, y, parts = _small(rng)
+    theta = rng.normal(size=4)
+    plain = FederatedLogReg(X, y, parts, lam=1e-3)
+    assert FederatedLogReg(X, y, parts, lam=np.array(1e-3)).value(theta) == plain.value(theta)
+    alg = make_algorithm("fedpm", lr=np.array(0.5))
+    assert type(alg.lr) is float and alg.lr == 0.5
+    with pytest.raises(ValueError, match="must be > 0"):
+        make_algorithm("fedpm", lr=np.array(-0.5))
+    with pytest.raises(TypeError, match="lam must be a real number"):
+        FederatedLogReg(X, y, parts, lam=np.array("x"))
+    torch = pytest.importorskip("torch")
+    assert FederatedLogReg(X, y, parts, lam=torch.tensor(1e-3, dtype=torch.float64)).value(theta) == plain.value(theta)

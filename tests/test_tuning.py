@@ -272,3 +272,22 @@ def test_the_memo_keys_every_numpy_bit_generator_exactly(bit_generator):
     assert all((a is None and b is None) or np.array_equal(a, b) for a, b in zip(got, drawn))
     assert again.random() == rng.random()           # moved on exactly as drawing would
     assert memo.recall(np.random.Generator(bit_generator(6)), shapes) is None
+
+
+def test_a_damaged_cache_is_re_tuned_and_a_foreign_file_refused(tmp_path):
+    """A cache of ours cut short (text opening a JSON object) is only a cache: accepted, read as empty, rewritten
+    whole; a file that is not ours is refused before anything could overwrite it."""
+    from validation.tuning import TuningCache
+
+    damaged = tmp_path / "tuning.json"
+    damaged.write_text('{"abc": {"lr": 0.5}, "de')
+    TuningCache.check(str(damaged))
+    cache = TuningCache(str(damaged))
+    assert cache.get("abc") is None
+    cache.put("k", {"lr": 1.0})
+    assert TuningCache(str(damaged)).get("k") == {"lr": 1.0}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tuning.json"]        # no temporary file left
+    foreign = tmp_path / "data.svm"
+    foreign.write_text("+1 3:1 7:1\n")
+    with pytest.raises(ValueError, match="is not a tuning cache of this tool"):
+        TuningCache.check(str(foreign))

@@ -219,17 +219,22 @@ class TuningCache:
 
     @staticmethod
     def check(path: str) -> None:
-        """Raise ValueError unless ``path`` may serve as the cache: absent, empty, or a cache of ours (a JSON
-        object of hyper-parameter objects).  Any other file would be overwritten by ``put``."""
+        """Raise ValueError unless ``path`` may serve as the cache: absent, empty, a cache of ours (a JSON object of
+        hyper-parameter objects), or a damaged one (text that opens a JSON object but does not parse: only a cache,
+        re-tuned and rewritten).  Any other file -- not ours -- would be overwritten by ``put``."""
         if not os.path.isfile(path) or os.path.getsize(path) == 0:
             return
         try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except (OSError, ValueError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else "not JSON"
-            raise ValueError(f"--cache {path}: is not a tuning cache of this tool ({why}); choose another "
-                             f"--cache, remove it, or pass --no-cache") from None
+            with open(path, "rb") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise ValueError(f"--cache {path}: cannot be read ({exc.strerror})") from None
+        try:
+            data = json.loads(text)
+        except ValueError:
+            if text.lstrip()[:1] == b"{":
+                return                                  # a damaged cache of ours: re-tune
+            data = None
         if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
             raise ValueError(f"--cache {path}: is not a tuning cache of this tool (not a JSON object of "
                              f"hyper-parameters); choose another --cache, remove it, or pass --no-cache")
@@ -246,7 +251,7 @@ class TuningCache:
             return
         self.data[key] = params
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        tmp = self.path + ".tmp"
+        tmp = f"{self.path}.{os.getpid()}.tmp"   # per process: two runs sharing a cache never write one file
         with open(tmp, "w") as fh:
             json.dump(self.data, fh, indent=1, sort_keys=True)
         os.replace(tmp, self.path)

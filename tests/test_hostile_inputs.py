@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 from fake_cifar import cifar_pickle  # noqa: E402
 from figures import __main__ as figures_main  # noqa: E402
-from validation import bench_convex, bench_dnn, dnn, experiments, flower, outputs, superlinear  # noqa: E402
+from validation import bench_convex, bench_dnn, common, dnn, experiments, flower, outputs, superlinear  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGS = {superlinear: "python -m validation.superlinear", dnn: "python -m validation.dnn",
@@ -169,7 +169,7 @@ CASES = [
     ("sl-cache-folder", superlinear, [a for a in S if a != "--no-cache"] + ["--cache", "{W}/foreign"] + OUT,
      "--cache {W}/foreign: is not a regular file"),
     ("sl-cache-foreign-file", superlinear, [a for a in S if a != "--no-cache"] + ["--cache", "{W}/file.txt"] + OUT,
-     "--cache {W}/file.txt: is not a tuning cache of this tool (not JSON)"),
+     "--cache {W}/file.txt: is not a tuning cache of this tool (not a JSON object"),
     ("sl-cache-json-list", superlinear, [a for a in S if a != "--no-cache"] + ["--cache", "{W}/list.json"] + OUT,
      "--cache {W}/list.json: is not a tuning cache of this tool (not a JSON object"),
     ("sl-out-foreign", superlinear, S + ["--out", "{W}/foreign"], "is not a previous result of this tool"),
@@ -671,3 +671,34 @@ def test_kill_9_then_resume_gives_the_uninterrupted_history(base, tmp_path, caps
 
     assert rows(killed) == rows(full) and len(rows(full)) == 4
     assert sorted(os.listdir(killed)) == sorted(os.listdir(full))
+
+
+@pytest.mark.parametrize("where", ["before-round-1", "final-write"])
+def test_ctrl_c_in_dnn_says_what_is_kept_and_leaves_an_empty_out_as_it_was(base, tmp_path, capsys, monkeypatch, where):
+    """An empty --out that the run marked as ours is empty again after a Ctrl-C before the first round ('nothing
+    was written' is then true); a Ctrl-C while the final files are written keeps the rounds and says so."""
+    from fedpm_dnn import simulation
+
+    out = tmp_path / "empty"
+    out.mkdir()
+    args = [a.replace("{W}", str(base)) for a in DNN] + ["--rounds", "1", "--out", str(out)]
+    if where == "before-round-1":
+        monkeypatch.setattr(simulation, "run_experiment", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    else:
+        real = dnn.write_outputs
+        calls = []
+
+        def interrupted_last_write(*a, **k):
+            calls.append(1)
+            if len(calls) == 2:      # the first is round 1's, the second the final one
+                raise KeyboardInterrupt
+            return real(*a, **k)
+        monkeypatch.setattr(dnn, "write_outputs", interrupted_last_write)
+    assert common.run_command("python -m validation.dnn", lambda: dnn.main(args)) == 130
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line
+    if where == "before-round-1":
+        assert line.endswith("interrupted (Ctrl-C); nothing was written") and os.listdir(out) == []
+    else:
+        assert line.endswith("keeps the rounds done so far; --resume continues")
+        assert {"checkpoint.pt", "history.csv", "summary.json"} <= set(os.listdir(out))

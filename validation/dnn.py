@@ -263,15 +263,28 @@ def summarize(desc, history, command):
                                              "numpy": np.__version__}}
 
 
-def open_out(out) -> bool:
-    """Create ``out`` (marked as ours) if needed; True when this run created it."""
+def open_out(out) -> str:
+    """Create ``out`` (marked as ours) if needed: 'created' (this run made it), 'marked' (it was an empty folder,
+    now marked as ours) or 'ours' (a previous result)."""
     from validation.outputs import is_ours, mark
 
     created = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
     if created or not is_ours(out):   # new, or empty (check_args refused anything else)
         mark(out)
-    return created
+        return "created" if created else "marked"
+    return "ours"
+
+
+def undo_open_out(out, state: str) -> None:
+    """A run that ended before its first round leaves ``out`` as it found it: a folder it created is removed,
+    the marker it put into an empty folder too."""
+    from validation.outputs import MARKER
+
+    if state == "created":
+        shutil.rmtree(out, ignore_errors=True)
+    elif state == "marked" and os.listdir(out) == [MARKER]:
+        os.remove(os.path.join(out, MARKER))
 
 
 def fail_run(args, exc):
@@ -302,7 +315,7 @@ def main(argv=None) -> int:
     exp.meta["fingerprint"] = run_fingerprint(args)
     ckpt = os.path.join(args.out, "checkpoint.pt")
     try:
-        created = open_out(args.out)
+        opened = open_out(args.out)
     except OSError as exc:
         common.fail(PROG, exc)
     bar = Progress(args.rounds, f"{args.method}", enabled=not args.quiet)
@@ -318,16 +331,19 @@ def main(argv=None) -> int:
         with sigterm_as_exit():   # SIGTERM unwinds like Ctrl-C, so the cleanup below runs
             history = run_experiment(exp, checkpoint=ckpt, resume=args.resume, on_round=on_round)
     except BaseException as exc:
-        # a folder this run created and no round completed: remove it, as if never started
-        if created and not os.path.exists(ckpt):
-            shutil.rmtree(args.out, ignore_errors=True)
+        # no round completed: leave --out as it was found, as if never started
+        if not os.path.exists(ckpt):
+            undo_open_out(args.out, opened)
         if isinstance(exc, KeyboardInterrupt) and os.path.exists(ckpt):    # said in one line (run_command)
             raise KeyboardInterrupt(f"{args.out} keeps the rounds done so far; --resume continues") from None
         if not isinstance(exc, (ArithmeticError, ValueError)):
             raise
         fail_run(args, exc)
     summary = summarize(desc, history, command)
-    write_outputs(args.out, history, summary)
+    try:
+        write_outputs(args.out, history, summary)
+    except KeyboardInterrupt:   # each file is replaced whole: the last round's files stand
+        raise KeyboardInterrupt(f"{args.out} keeps the rounds done so far; --resume continues") from None
     print(f"{args.method}: best test accuracy {summary['best_test_acc']:.4f}, final {summary['final_test_acc']:.4f} "
           f"after {len(history)} rounds ({time.perf_counter() - start:.1f}s)")
     print(f"wrote {args.out}/history.csv, summary.json, checkpoint.pt")

@@ -142,8 +142,8 @@ def test_the_paper_round_projection_scales_each_part_by_what_it_reads():
 
 
 def test_the_foof_timer_counts_a_nested_factorisation_once(monkeypatch):
-    """The batched factorisation repairs a non-PSD matrix through foof.factorize, itself timed: 0.3 s spent
-    there must count 0.3 s, not 0.6."""
+    """The batched factorisation repairs a non-PSD matrix through foof.factorize, itself timed: 0.5 s spent
+    there must count 0.5 s, not 1.0."""
     torch = pytest.importorskip("torch")
     import time
 
@@ -153,7 +153,7 @@ def test_the_foof_timer_counts_a_nested_factorisation_once(monkeypatch):
     A = torch.eye(3, dtype=torch.float64)[None].repeat(2, 1, 1)
     A[1] = -A[1]                                                   # not PSD: repaired by foof.factorize inside
     real = foof.factorize
-    monkeypatch.setattr(foof, "factorize", lambda *a, **k: time.sleep(0.3) or real(*a, **k))
+    monkeypatch.setattr(foof, "factorize", lambda *a, **k: time.sleep(0.5) or real(*a, **k))
     with FoofTimer("cpu") as timer:
         batched_foof.factorize_stacked({"b": A}, 1.0, torch.float32)
-    assert 0.3 <= timer.seconds["factorisations"] < 0.5 and timer.seconds["statistics"] == 0.0
+    assert 0.5 <= timer.seconds["factorisations"] < 0.95 and timer.seconds["statistics"] == 0.0

@@ -168,6 +168,9 @@ class LocalFederation:
 
     def _on_signal(self, signum, frame):
         self.stop()
+        before = self._old.get(signum)
+        if callable(before):     # the command's own handler (validation's run_command: a one-line "terminated")
+            before(signum, frame)
         raise KeyboardInterrupt(f"signal {signum}")
 
     def alive(self) -> list[int]:

@@ -702,3 +702,36 @@ def test_ctrl_c_in_dnn_says_what_is_kept_and_leaves_an_empty_out_as_it_was(base,
     else:
         assert line.endswith("keeps the rounds done so far; --resume continues")
         assert {"checkpoint.pt", "history.csv", "summary.json"} <= set(os.listdir(out))
+
+
+def test_sigterm_to_the_command_alone_stops_its_workers_in_one_line(tmp_path):
+    """SIGTERM to the main process only (``kill PID``, a scheduler, ``Popen.terminate``) while its tuning workers
+    run: one line, exit 143, no result, and no worker left behind (they were orphaned, holding their memory)."""
+    out = tmp_path / "o"
+    p = subprocess.Popen([sys.executable, "-m", "validation.superlinear", "--dataset", "w8a", "--quiet", "--no-cache",
+                          "--methods", "fedpm,fedavg,fednl", "--rounds", "50", "--jobs", "2", "--out", str(out)],
+                         env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}, cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def children():
+        try:
+            with open(f"/proc/{p.pid}/task/{p.pid}/children") as fh:
+                return [int(c) for c in fh.read().split()]
+        except OSError:
+            return []
+    deadline = time.time() + 60
+    while len(children()) < 2 and p.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    workers = children()
+    assert len(workers) >= 2, "the tuning pool did not start"
+    time.sleep(1.0)
+    p.terminate()
+    err = p.communicate(timeout=120)[1]
+    assert p.returncode == 143 and "Traceback" not in err, err
+    assert [ln for ln in err.splitlines() if ln.strip()] == [
+        "python -m validation.superlinear: error: terminated (SIGTERM); nothing was written"], err
+    deadline = time.time() + 30
+    while any(os.path.exists(f"/proc/{w}") for w in workers) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(os.path.exists(f"/proc/{w}") for w in workers), "a worker outlived the command"
+    assert os.listdir(tmp_path) == []

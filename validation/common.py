@@ -5,7 +5,9 @@ import argparse
 import hashlib
 import math
 import os
+import signal
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from fedconvex.backend import BackendError, get_backend
@@ -189,16 +191,33 @@ def keep_freed_memory(mmap_threshold: int = 32 * 2 ** 20, trim_threshold: int = 
     return bool(mallopt(M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(mallopt(M_TRIM_THRESHOLD, int(trim_threshold)))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill PID``, a scheduler, ``Popen.terminate``), unwound through the same cleanup as Ctrl-C."""
+
+
 def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> int:
     """A command's ``__main__``: ``sys.exit(run_command(PROG, main))``.  Ctrl-C ends it with one line and exit
-    130 (128 + SIGINT, as a shell reports it) instead of a traceback; ``main``'s own cleanup (temporary
-    folders, child processes) has run by then.  A KeyboardInterrupt carrying a message (validation.dnn: what
-    the output folder keeps) says that instead of ``what_is_kept``."""
+    130 (128 + SIGINT, as a shell reports it) instead of a traceback; SIGTERM likewise with exit 143: it is
+    raised as ``Terminated`` (a KeyboardInterrupt), so ``main``'s own cleanup (temporary folders, child
+    processes, a worker pool that would otherwise be orphaned) has run by then.  A KeyboardInterrupt carrying a
+    message (validation.dnn: what the output folder keeps) says that instead of ``what_is_kept``."""
+    def terminated(signum, frame):
+        raise Terminated()
+    terminated.raises_terminated = True   # outputs.sigterm_as_exit leaves this handler in place
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, terminated) if main_thread else None
     try:
         return main()
+    except Terminated as exc:
+        sys.stderr.write(f"{prog}: error: terminated (SIGTERM); {str(exc) or what_is_kept}\n")
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt as exc:
         sys.stderr.write(f"{prog}: error: interrupted (Ctrl-C); {str(exc) or what_is_kept}\n")
         return 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, old)
 
 
 def fail(prog: str, exc: BaseException) -> None:

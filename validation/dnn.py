@@ -335,15 +335,15 @@ def main(argv=None) -> int:
         if not os.path.exists(ckpt):
             undo_open_out(args.out, opened)
         if isinstance(exc, KeyboardInterrupt) and os.path.exists(ckpt):    # said in one line (run_command)
-            raise KeyboardInterrupt(f"{args.out} keeps the rounds done so far; --resume continues") from None
+            raise type(exc)(f"{args.out} keeps the rounds done so far; --resume continues") from None
         if not isinstance(exc, (ArithmeticError, ValueError)):
             raise
         fail_run(args, exc)
     summary = summarize(desc, history, command)
     try:
         write_outputs(args.out, history, summary)
-    except KeyboardInterrupt:   # each file is replaced whole: the last round's files stand
-        raise KeyboardInterrupt(f"{args.out} keeps the rounds done so far; --resume continues") from None
+    except KeyboardInterrupt as exc:   # each file is replaced whole: the last round's files stand
+        raise type(exc)(f"{args.out} keeps the rounds done so far; --resume continues") from None
     print(f"{args.method}: best test accuracy {summary['best_test_acc']:.4f}, final {summary['final_test_acc']:.4f} "
           f"after {len(history)} rounds ({time.perf_counter() - start:.1f}s)")
     print(f"wrote {args.out}/history.csv, summary.json, checkpoint.pt")

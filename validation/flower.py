@@ -280,7 +280,7 @@ def finish(args, cfg, tmp, final) -> None:
 
 if __name__ == "__main__":
     rc = common.run_command(PROG, main)
-    if rc == 130:
+    if rc in (130, 143):   # Ctrl-C or SIGTERM
         # Ctrl-C inside run_simulation leaves Flower's non-daemon threads waiting on dead Ray actors (up to
         # --timeout a round): the interpreter would print the line and then hang joining them.  The output's
         # temporary folder is already removed (ResultDir), so end here.

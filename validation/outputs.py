@@ -92,8 +92,11 @@ def mark(folder: str) -> None:
 
 @contextlib.contextmanager
 def sigterm_as_exit():
-    """Within the block SIGTERM raises SystemExit(143), so cleanup code runs (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
+    """Within the block SIGTERM raises SystemExit(143), so cleanup code runs (main thread only).  Under
+    ``common.run_command``, whose handler raises ``Terminated`` (cleaned up the same way, then reported in one
+    line), that handler stays."""
+    if threading.current_thread() is not threading.main_thread() or \
+            getattr(signal.getsignal(signal.SIGTERM), "raises_terminated", False):
         yield
         return
 

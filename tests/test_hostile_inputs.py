@@ -5,6 +5,7 @@ reason naming the client and that the round completes with the others.
 
 The commands run in-process (``main(argv)``), on tiny generated data."""
 import hashlib
+import json
 import logging
 import os
 import pickle
@@ -136,6 +137,8 @@ CASES = [
     ("sl-alpha-inf", superlinear, S[:4] + S[6:] + OUT + ["--split", "dirichlet", "--alpha", "inf"],
      "--alpha: must be a finite number"),
     ("sl-alpha-0", superlinear, S + OUT + ["--alpha", "0"], "--alpha: must be a number > 0"),
+    ("sl-alpha-without-dirichlet", superlinear, S + OUT + ["--alpha", "0.3"],
+     "--alpha applies to --split dirichlet only (this run's split is sequential)"),
     ("sl-max-ratio-neg", superlinear, S + OUT + ["--max-ratio", "-1"], "--max-ratio: must be a number >= 0"),
     ("sl-max-ratio-nan", superlinear, S + OUT + ["--max-ratio", "nan"], "--max-ratio: must be a finite number"),
     ("sl-lr-diverges", superlinear, ["--dataset", "{W}/tiny.svm", "--clients", "3", "--rounds", "3", "--quiet",
@@ -209,6 +212,9 @@ CASES = [
     ("dnn-too-many-clients", dnn, D + OUT + ["--clients", "1000"], "samples cannot give 1000 clients"),
     ("dnn-out-foreign", dnn, D + ["--out", "{W}/foreign"], "is not a previous result of this tool"),
     ("dnn-out-file", dnn, D + ["--out", "{W}/file.txt"], "exists and is not a folder"),
+    ("dnn-chunk-sequential", dnn, D + OUT + ["--engine", "sequential", "--client-chunk", "2"],
+     "--client-chunk applies to --engine vectorized"),
+    ("dnn-threads-0", dnn, D + OUT + ["--threads", "0"], "--threads: must be a positive integer"),
     ("dnn-resume-nothing", dnn, D + OUT + ["--resume"], "--resume: {W}/out/checkpoint.pt does not exist"),
     ("dnn-checkpoint-no-resume", dnn, D + ["--out", "{W}/run"], "exists: pass --resume"),
     ("dnn-checkpoint-folder", dnn, D + ["--out", "{W}/ckdir"],
@@ -735,3 +741,15 @@ def test_sigterm_to_the_command_alone_stops_its_workers_in_one_line(tmp_path):
         time.sleep(0.1)
     assert not any(os.path.exists(f"/proc/{w}") for w in workers), "a worker outlived the command"
     assert os.listdir(tmp_path) == []
+
+
+def test_dnn_threads_flag_sets_and_records_torchs_threads(base, tmp_path):
+    """--threads pins torch's CPU threads (float32 sums depend on them); summary.json says which ran."""
+    before = torch.get_num_threads()
+    try:
+        out = tmp_path / "t"
+        args = [a.replace("{W}", str(base)) for a in DNN] + ["--rounds", "1", "--threads", "1", "--out", str(out)]
+        assert dnn.main(args) == 0
+        assert json.loads((out / "summary.json").read_text())["torch_threads"] == 1 == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)

@@ -89,6 +89,9 @@ def precond_codec(spec):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+DEFAULT_ALPHA = 0.5
+
+
 def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="w8a", help=f"bundled name ({', '.join(BUNDLED)}) or path to a LibSVM file")
     p.add_argument("--n-features", type=positive_int, default=None, help="columns of a LibSVM file given by path")
@@ -96,7 +99,8 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-client", type=positive_int, default=None, help="M rows per client (default floor(rows/N))")
     p.add_argument("--split", choices=("sequential", "shuffled", "dirichlet"), default="sequential",
                    help="sequential = the paper's file-order split")
-    p.add_argument("--alpha", type=positive_float, default=0.5, help="Dirichlet concentration for --split dirichlet")
+    p.add_argument("--alpha", type=positive_float, default=None,
+                   help=f"Dirichlet concentration for --split dirichlet (default {DEFAULT_ALPHA})")
     p.add_argument("--lam", type=positive_float, default=DEFAULT_LAM,
                    help="L2 regularisation lambda (> 0: the problem must have a unique optimum)")
     p.add_argument("--weighting", choices=("uniform", "samples"), default="uniform",
@@ -111,6 +115,10 @@ def check_problem_args(parser, args) -> None:
     if args.n_features is not None and args.dataset in BUNDLED:
         parser.error(f"--n-features applies to a LibSVM file given by path, not to the bundled {args.dataset} "
                      f"({BUNDLED[args.dataset][1]} features)")
+    if args.alpha is not None and args.split != "dirichlet":
+        parser.error(f"--alpha applies to --split dirichlet only (this run's split is {args.split})")
+    if args.split == "dirichlet" and args.alpha is None:
+        args.alpha = DEFAULT_ALPHA
     if args.per_client is not None and args.split == "dirichlet":
         parser.error("--per-client does not apply to --split dirichlet (client sizes follow the Dirichlet draw)")
     if os.path.isdir(args.dataset):
@@ -142,7 +150,7 @@ def build_split(args, ds):
         return sequential_split(ds.n, clients, per_client)
     if args.split == "shuffled":
         return shuffled_split(ds.n, clients, per_client, seed=args.seed)
-    return dirichlet_split(ds.y, clients, args.alpha, seed=args.seed)
+    return dirichlet_split(ds.y, clients, DEFAULT_ALPHA if args.alpha is None else args.alpha, seed=args.seed)
 
 
 def dataset_fingerprint(name_or_path: str) -> str:

@@ -70,6 +70,9 @@ def parse_args(argv=None):
     p.add_argument("--max-ratio", type=common.nonneg_float, default=0.0,
                    help="server magnitude guard: reject a reply whose FOOF-matrix trace or parameter norm exceeds "
                         "R x the round's median (default 0 = off, as in the paper's runs)")
+    p.add_argument("--threads", type=common.positive_int, default=None,
+                   help="torch CPU threads (default: torch's, all cores); float32 sums, and so the last digits of a "
+                        "run, depend on it: summary.json records it")
     p.add_argument("--client-chunk", type=common.positive_int, default=None,
                    help="vectorized: clients per chunk (default: as many as fit in the free device memory)")
     p.add_argument("--out", default=None, help="output folder (default results/dnn-<dataset>-<method>-s<seed>)")
@@ -119,6 +122,8 @@ def check_args(p, args):
             p.error(f"--participants {args.participants} exceeds --clients {args.clients}")
         if args.clients is None and args.participants > 10:    # build()'s default
             p.error(f"--participants {args.participants} exceeds the 10 clients (default --clients)")
+    if args.client_chunk is not None and args.engine == "sequential":
+        p.error("--client-chunk applies to --engine vectorized (or auto on a GPU), not to --engine sequential")
     common.check_out_arg(p, args.out)
     ckpt = os.path.join(args.out, "checkpoint.pt")
     if os.path.lexists(ckpt) and not os.path.isfile(ckpt):     # a folder (or a dangling link) by that name
@@ -259,8 +264,8 @@ def summarize(desc, history, command):
             "bytes_up_per_round": history[-1]["bytes_up"] / n if n else None,
             "bytes_down_per_round": history[-1]["bytes_down"] / n if n else None,
             "peak_memory_mb": max(r["peak_memory_mb"] for r in history) if n else None,
-            "command": command, "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                                             "numpy": np.__version__}}
+            "command": command, "torch_threads": torch.get_num_threads(),
+            "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}}
 
 
 def open_out(out) -> str:
@@ -301,9 +306,11 @@ def fail_run(args, exc):
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         common.fail(PROG, ImportError("torch is not installed: pip install -e '.[dnn]'"))
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     from fedpm_dnn.data import DatasetError
     from fedpm_dnn.simulation import run_experiment
 

@@ -49,7 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--clients", type=common.positive_int, default=3)
     p.add_argument("--rounds", type=common.positive_int, default=2)
     p.add_argument("--lr", type=common.positive_float, default=None, help="default: the method's own (fedavg: 10)")
-    p.add_argument("--local-steps", type=common.positive_int, default=1)
+    p.add_argument("--local-steps", type=common.positive_int, default=1,
+                   help="local steps per round (logreg); with --problem cnn, local epochs over the client's data")
     p.add_argument("--lam", type=common.positive_float, default=1e-3,
                    help="L2 regularisation (> 0: without it a client's Hessian can be singular)")
     p.add_argument("--precond-dtype", choices=("float64", "float32", "float16"), default="float64")

@@ -14,7 +14,7 @@ import os
 import sys
 
 from validation.common import OneLineParser
-from validation.experiments import DNN_METHODS, PROFILES, check_results_arg, ensure
+from validation.experiments import DNN_METHODS, PROFILES, check_results_arg, ensure, is_done, plan
 
 from . import compression, draw
 from .results import best_by_seed, read_summary, runs_matching
@@ -30,6 +30,20 @@ def write_table(out, stem, header, rows, caption, label):
         fh.write(to_latex(header, rows, caption, label))
     draw.table_figure(header, rows, caption, out, stem)
     return [os.path.join(out, f"{stem}.{e}") for e in ("md", "tex", "png", "pdf")]
+
+
+def incomplete(root, profile, prefix, log=print) -> str:
+    """'' when every run of the profile's plan named ``prefix``* is done under ``root``; else a caption note
+    saying how many are missing (a table drawn from part of its runs must say so), also logged."""
+    if profile not in PROFILES:
+        return ""
+    runs = [r for r in plan(profile) if r.name.startswith(prefix)]
+    missing = [r.name for r in runs if not is_done(r, os.path.join(root, r.name))]
+    if not missing:
+        return ""
+    log(f"{prefix}* tables drawn from {len(runs) - len(missing)} of {len(runs)} runs; missing e.g. {missing[0]}")
+    return (f" — INCOMPLETE: {len(missing)} of the profile's {len(runs)} runs missing (e.g. {missing[0]}; "
+            "python -m validation.experiments --list)")
 
 
 def build_all(root, out, profile, log=print):
@@ -73,12 +87,13 @@ def build_all(root, out, profile, log=print):
                           str(min(len(v) for v in best.values()))])
     if columns:
         header, rows = accuracy_table(columns, DNN_METHODS)
+        gap = incomplete(root, profile, "main-", log)
         produced += write_table(out, "table3_accuracy", header, rows,
-                                "Table 3: best test accuracy [%], mean ± std over seeds" + (f" ({note})" if note else ""),
-                                "tab:accuracy_table")
+                                "Table 3: best test accuracy [%], mean ± std over seeds" + (f" ({note})" if note else "")
+                                + gap, "tab:accuracy_table")
         produced += write_table(out, "table_pvalues", ["Setting", "max p (FedPM > each)", "excl. LocalNewton", "seeds"],
-                                pvals, "Maximum one-sided Mann-Whitney U p-value of FedPM against every other method",
-                                "tab:p_values")
+                                pvals, "Maximum one-sided Mann-Whitney U p-value of FedPM against every other method"
+                                + gap, "tab:p_values")
     else:
         log(f"skipped Table 3 and the p-value table: no main-* results under {root}")
     add(draw.local_epochs(root, out, note)[0], "the local-epochs figure")

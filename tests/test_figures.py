@@ -138,3 +138,24 @@ def test_compression_bytes_table_has_float16_parameter_rows():
         assert r16[2] == r32[2]
         assert float(r32[3]) - float(r16[3]) == pytest.approx(2 * n / MiB, abs=2e-3)
     assert rows[0][4] == "100.0 %" and f"{n:,} parameters" in caption
+
+
+def test_a_table_drawn_from_part_of_its_runs_says_so(tmp_path):
+    """Table 3 of a profile whose main runs are not all done is marked INCOMPLETE (how many are missing); with
+    every planned main run present it is not."""
+    from validation.experiments import plan
+
+    root = str(tmp_path / "results")
+    main_runs = [r for r in plan("quick") if r.name.startswith("main-")]
+    for k, r in enumerate(main_runs):
+        _dnn_run(root, r.name, 0.3 + 0.001 * k, rounds=r.rounds)
+    out = str(tmp_path / "out")
+    build_all(root, out, "quick", log=lambda msg: None)
+    assert "INCOMPLETE" not in open(os.path.join(out, "table3_accuracy.md")).read()
+    os.remove(os.path.join(root, main_runs[-1].name, "summary.json"))
+    messages = []
+    build_all(root, out, "quick", log=messages.append)
+    md = open(os.path.join(out, "table3_accuracy.md")).read()
+    assert f"INCOMPLETE: 1 of the profile's {len(main_runs)} runs missing (e.g. {main_runs[-1].name}" in md
+    assert "INCOMPLETE" in open(os.path.join(out, "table_pvalues.md")).read()
+    assert any("missing" in m for m in messages)

@@ -14,6 +14,7 @@ import os
 import sys
 
 from validation.common import OneLineParser
+from validation.outputs import MARKER, mark
 from validation.experiments import DNN_METHODS, PROFILES, check_results_arg, ensure, is_done, plan
 
 from . import compression, draw
@@ -138,10 +139,17 @@ def main(argv=None) -> int:
     check_results_arg(p, args.results)
     if args.out is not None and os.path.lexists(args.out) and not os.path.isdir(args.out):
         p.error(f"--out {args.out}: exists and is not a folder")
+    if args.out is not None and os.path.isdir(args.out) and os.listdir(args.out) \
+            and not os.path.exists(os.path.join(args.out, MARKER)):
+        # figures are written file by file into --out: a folder of someone's own (a paper's table3_accuracy.md)
+        # would be overwritten in place
+        p.error(f"--out {args.out}: folder exists and holds files this command did not write (no {MARKER}); "
+                "choose another --out or empty it")
     if not args.no_compute:
         ensure(args.profile, args.data_dir, args.results)
     out = args.out or os.path.join("figures", "out", args.profile)
     produced = build_all(os.path.join(args.results, args.profile), out, args.profile)
+    mark(out)             # ours: a later run may write into it again
     print(f"wrote {len(produced)} files under {out}:")
     for f in produced:
         print("  " + f)

@@ -301,3 +301,22 @@ def test_engine_auto_is_the_faster_engine_of_the_device(tmp_path, rng, monkeypat
     exp, desc = dnn.build(dnn.parse_args(base + ["--engine", "vectorized"]))
     assert exp.engine == desc["engine"] == "vectorized"
     assert dnn.AUTO_ENGINE == {"cuda": "vectorized", "cpu": "sequential"}
+
+
+def test_an_interrupted_cache_write_leaves_no_file(tmp_path, rng, monkeypatch):
+    """Ctrl-C while the decoded images are written to the cache: no half-written file, no cache; the next load
+    decodes again and caches."""
+    src = make_jpeg_tree(str(tmp_path / "tree"), rng)
+    cache = tmp_path / "cache"
+    real = np.savez
+
+    def interrupted(path, **arrays):
+        open(path, "wb").write(b"PK half")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(np, "savez", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        load_cifar_jpeg(src, src, cache_dir=str(cache))
+    assert list(cache.iterdir()) == []
+    monkeypatch.setattr(np, "savez", real)
+    d = load_cifar_jpeg(src, src, cache_dir=str(cache))
+    assert d.x_train.shape == (6, 3, 32, 32) and len(list(cache.iterdir())) == 1

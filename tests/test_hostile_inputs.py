@@ -287,6 +287,8 @@ CASES = [
      "--results {W}/file.txt: is not a folder"),
     ("fig-out-file", figures_main, ["--no-compute", "--results", "{W}/foreign", "--out", "{W}/file.txt"],
      "--out {W}/file.txt: exists and is not a folder"),
+    ("fig-out-foreign", figures_main, ["--no-compute", "--results", "{W}/foreign", "--out", "{W}/foreign"],
+     "--out {W}/foreign: folder exists and holds files this command did not write"),
 ]
 
 
@@ -753,3 +755,14 @@ def test_dnn_threads_flag_sets_and_records_torchs_threads(base, tmp_path):
         assert json.loads((out / "summary.json").read_text())["torch_threads"] == 1 == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
+
+
+def test_figures_write_again_into_their_own_out(tmp_path, capsys):
+    """An empty --out is taken and marked; a second run writes into it again (it is ours)."""
+    out = tmp_path / "figs"
+    out.mkdir()
+    args = ["--no-compute", "--results", str(tmp_path / "none"), "--out", str(out)]
+    assert figures_main.main(args) == 0 and (out / ".fedpm-result").exists()
+    (out / "table3_accuracy.md").write_text("an earlier table of ours\n")
+    assert figures_main.main(args) == 0
+

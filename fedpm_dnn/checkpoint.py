@@ -20,6 +20,8 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
+from fedconvex.files import replaced_atomically
+
 FORMAT = 2
 
 
@@ -85,19 +87,13 @@ def first_difference(saved: dict, now: dict) -> str | None:
 
 def save(path: str, payload: dict) -> None:
     """Write atomically (a kill leaves the previous checkpoint or the new one, never half of one)."""
-    tmp = path + ".tmp"
     try:
-        with open(tmp, "wb") as fh:
+        with replaced_atomically(path, path + ".tmp") as tmp, open(tmp, "wb") as fh:
             torch.save(payload, fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, RuntimeError) and isinstance(exc.__context__, KeyboardInterrupt):
+    except RuntimeError as exc:
+        if isinstance(exc.__context__, KeyboardInterrupt):
             raise KeyboardInterrupt from None   # torch's zip writer reports a Ctrl-C inside torch.save as this
         raise
 

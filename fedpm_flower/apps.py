@@ -21,6 +21,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedconvex.driver import Driver
+from fedconvex.files import replaced_atomically
 
 from . import logreg, wire
 from .config import FlowerRunConfig
@@ -60,10 +61,8 @@ def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
     result["config"] = cfg.to_run_config()
     if cfg.out:
         os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
-        tmp = cfg.out + ".tmp"
-        with open(tmp, "w") as fh:
+        with replaced_atomically(cfg.out, cfg.out + ".tmp") as tmp, open(tmp, "w") as fh:
             json.dump(result, fh)
-        os.replace(tmp, cfg.out)
     return result
 
 

@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from fedconvex.files import replaced_atomically
 from validation import common
 from validation.outputs import sigterm_as_exit
 from validation.progress import Progress
@@ -230,17 +231,8 @@ def build(args):
 
 
 def write_atomic(path, text):
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:   # Ctrl-C, a full disk: the previous file stays, no .tmp beside it
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
+    with replaced_atomically(path, path + ".tmp") as tmp, open(tmp, "w") as fh:
+        fh.write(text)
 
 
 def write_outputs(out, history, summary):

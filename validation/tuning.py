@@ -28,6 +28,7 @@ import numpy as np
 from fedconvex.algorithms import applicable, make_algorithm
 from fedconvex.algorithms.normal_memo import remembering_normals
 from fedconvex.backend import to_numpy
+from fedconvex.files import replaced_atomically
 from fedconvex.run import Diverged, known_point, reusing_last_point, run
 
 
@@ -251,7 +252,5 @@ class TuningCache:
             return
         self.data[key] = params
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        tmp = f"{self.path}.{os.getpid()}.tmp"   # per process: two runs sharing a cache never write one file
-        with open(tmp, "w") as fh:
+        with replaced_atomically(self.path) as tmp, open(tmp, "w") as fh:   # per-process tmp: caches are shared
             json.dump(self.data, fh, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)

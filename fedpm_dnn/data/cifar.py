@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedconvex.files import replaced_atomically
+
 
 class DatasetError(ValueError):
     """A dataset folder or file is missing or malformed; the message names it."""
@@ -215,12 +217,7 @@ def load_cifar_jpeg(train: str, test: str | None = None, cache_dir: str | None =
     x, y = _decode(src_train, tr, classes)
     xt, yt = _decode(src_test, te, classes)
     os.makedirs(cache_dir, exist_ok=True)
-    tmp = f"{cache}.{os.getpid()}.tmp.npz"    # per process: two runs decoding at once never share a file
-    try:
+    # per process (two runs decoding at once never share a file); np.savez wants the .npz suffix
+    with replaced_atomically(cache, f"{cache}.{os.getpid()}.tmp.npz") as tmp:
         np.savez(tmp, x_train=x, y_train=y, x_test=xt, y_test=yt, classes=np.array(classes))
-        os.replace(tmp, cache)
-    except BaseException:                     # an error or Ctrl-C mid-write leaves no half-written file
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
     return ImageData(x, y, xt, yt, classes, "cifar10", *CIFAR10_STATS, source="jpeg")

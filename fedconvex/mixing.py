@@ -69,15 +69,13 @@ def precond_mix(P, X, weights=None, damping: float = 0.0):
     if not structured and (P.ndim != 3 or P.shape[1] != P.shape[2]):
         raise ValueError(f"P must have shape (N, d, d), got {tuple(P.shape)}")
     n, d = (len(P), P.d) if structured else (P.shape[0], P.shape[1])
-    if X.ndim not in (2, 3):
-        raise ValueError(f"X has shape {tuple(X.shape)}, expected (N, {d}) or (N, {d}, k)")
+    Xm, was_vector = _as_matrix_rhs(X, d)
     if X.shape[0] != n:
         raise ValueError(f"P has {n} clients but X has {X.shape[0]}")
     if n < 1:
         raise ValueError("precond_mix needs at least one client (P and X hold 0)")
     if not 0 <= damping < _INF:
         raise ValueError(f"damping must be a finite number >= 0, got {damping}")
-    Xm, was_vector = _as_matrix_rhs(X, d)
     # written with array-API functions (xp.sum, xp.matmul, ...) so any conforming library works
     w = _weights(xp, weights, n, X)
     # sum_i w_i (P_i + lam I) X_i = sum_i w_i P_i X_i + lam * sum_i w_i X_i: damping added once

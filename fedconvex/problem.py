@@ -157,21 +157,13 @@ def _checked_parts(parts, n_rows: int) -> list:
             raise DataError(f"every client needs at least one sample (client {c} has none)")
         if a.dtype.kind not in "iu":
             raise TypeError(f"client {c}'s row indices must be integers, got {a.dtype}")
-        out.append(np.asarray(a, dtype=np.int64) if a.dtype.kind == "i" else _uint_rows(a, c, n_rows))
-    order = np.concatenate(out)
-    if order.min() < 0 or order.max() >= n_rows:
-        at = int(np.flatnonzero((order < 0) | (order >= n_rows))[0])
-        c = int(np.searchsorted(np.cumsum([len(a) for a in out]), at, side="right"))
-        raise DataError(f"client {c} has row index {order[at]}; row indices must be in 0..{n_rows - 1} "
-                        f"(X has {n_rows} rows)")
+        # checked in the given dtype, before the cast (a huge unsigned index must not wrap to a negative one)
+        lo, hi = a.min(), a.max()
+        if lo < 0 or hi >= n_rows:
+            raise DataError(f"client {c} has row index {lo if lo < 0 else hi}; row indices must be in "
+                            f"0..{n_rows - 1} (X has {n_rows} rows)")
+        out.append(a.astype(np.int64, copy=False))
     return out
-
-
-def _uint_rows(a, c: int, n_rows: int):
-    if a.max() >= n_rows:
-        raise DataError(f"client {c} has row index {a.max()}; row indices must be in 0..{n_rows - 1} "
-                        f"(X has {n_rows} rows)")
-    return a.astype(np.int64)
 
 
 class FederatedLogReg:

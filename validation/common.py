@@ -211,7 +211,6 @@ def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> i
     message (validation.dnn: what the output folder keeps) says that instead of ``what_is_kept``."""
     def terminated(signum, frame):
         raise Terminated()
-    terminated.raises_terminated = True   # outputs.sigterm_as_exit leaves this handler in place
 
     main_thread = threading.current_thread() is threading.main_thread()
     old = signal.signal(signal.SIGTERM, terminated) if main_thread else None

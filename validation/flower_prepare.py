@@ -51,7 +51,7 @@ def prepare(args) -> None:
     from fedpm_dnn.data.partition import make_partition
     from fedpm_flower import prepared
     from validation.dnn import balanced_subset
-    from validation.outputs import MARKER, ResultDir
+    from validation.outputs import ResultDir
 
     data, _ = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
     x, y, xt, yt = data.x_train, data.y_train, data.x_test, data.y_test
@@ -71,8 +71,7 @@ def prepare(args) -> None:
             "split": args.split, "alpha": args.alpha, "seed": args.seed,
             "client_sizes": [int(len(p)) for p in parts]}
     # written into a hidden sibling and moved into place when complete (an error or Ctrl-C leaves nothing)
-    with ResultDir(args.out) as tmp:
-        os.remove(os.path.join(tmp, MARKER))   # a data set, not a result: --out is never replaced (parse_args)
+    with ResultDir(args.out, marked=False) as tmp:   # a data set, not a result: --out is never replaced (parse_args)
         for i, part in enumerate(parts):
             prepared.write(prepared.client_folder(tmp, i), "train.npz", x[part], y[part], {**meta, "client": i})
         prepared.write(prepared.server_folder(tmp), "test.npz", xt, yt, meta)

@@ -92,11 +92,11 @@ def mark(folder: str) -> None:
 
 @contextlib.contextmanager
 def sigterm_as_exit():
-    """Within the block SIGTERM raises SystemExit(143), so cleanup code runs (main thread only).  Under
-    ``common.run_command``, whose handler raises ``Terminated`` (cleaned up the same way, then reported in one
-    line), that handler stays."""
+    """Within the block SIGTERM raises SystemExit(143), so cleanup code runs (main thread only).  A handler
+    already installed stays (``common.run_command``'s raises ``Terminated``, cleaned up the same way and then
+    reported in one line)."""
     if threading.current_thread() is not threading.main_thread() or \
-            getattr(signal.getsignal(signal.SIGTERM), "raises_terminated", False):
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
         return
 
@@ -116,10 +116,13 @@ class ResultDir:
     The previous result (if any) survives until the new one is complete; on any exception
     (KeyboardInterrupt and SystemExit included) ``tmp`` is removed and ``out`` is as before."""
 
-    def __init__(self, path: str, flag: str = "--out"):
+    def __init__(self, path: str, flag: str = "--out", marked: bool = True):
+        """``marked``: the folder carries MARKER (a later run may replace it); False for a folder that must
+        never be replaced (its callers refuse an existing one)."""
         self.path = os.path.abspath(path)
         self.flag = flag
         self.shown = path
+        self.marked = marked
         check_out(path, flag)
 
     def __enter__(self) -> str:
@@ -130,7 +133,8 @@ class ResultDir:
             os.makedirs(parent, exist_ok=True)
             clean_stale(parent)
             self.tmp = tempfile.mkdtemp(prefix=f".partial-{os.getpid()}-", dir=parent)
-            mark(self.tmp)
+            if self.marked:
+                mark(self.tmp)
         except BaseException:
             self._term.__exit__(None, None, None)
             raise

@@ -68,8 +68,6 @@ def parse_args(argv=None):
         if args.participants > clients:
             p.error(f"--participants {args.participants} exceeds the {clients} clients"
                     + (" (--clients)" if args.clients else ""))
-    if not args.no_cache and (os.path.isdir(args.cache) or (os.path.lexists(args.cache) and not os.path.isfile(args.cache))):
-        p.error(f"--cache {args.cache}: is not a regular file; give a JSON file path (or --no-cache)")
     if not args.no_cache:
         try:
             TuningCache.check(args.cache)

@@ -223,6 +223,8 @@ class TuningCache:
         """Raise ValueError unless ``path`` may serve as the cache: absent, empty, a cache of ours (a JSON object of
         hyper-parameter objects), or a damaged one (text that opens a JSON object but does not parse: only a cache,
         re-tuned and rewritten).  Any other file -- not ours -- would be overwritten by ``put``."""
+        if os.path.lexists(path) and not os.path.isfile(path):
+            raise ValueError(f"--cache {path}: is not a regular file; give a JSON file path (or --no-cache)")
         if not os.path.isfile(path) or os.path.getsize(path) == 0:
             return
         try:

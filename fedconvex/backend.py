@@ -4,6 +4,7 @@ Kernels in this package are written against a tiny common subset of NumPy, CuPy 
 torch (``matmul``, ``sum``, ``linalg.solve``, ``eye``...).  NumPy >= 2 and CuPy expose the
 array-API ``__array_namespace__``; torch tensors do not, so they are special-cased.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -111,4 +112,3 @@ def python_scalar(value):
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item") and not isinstance(value, (str, bytes)):
         return value.item()
     return value
-

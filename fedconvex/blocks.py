@@ -10,6 +10,7 @@ it makes the client's Cholesky ~10x cheaper and the message ~4x smaller.  The st
 implements the two reductions ``precond_mix`` needs (``weighted_sum``,
 ``weighted_apply_sum``), so the one mixing kernel serves dense and structured stacks.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ class Layout:
     """
 
     def __init__(self, sizes, flat, d, persistent: bool = False):
-        self.persistent = persistent   # reused every round (the problem's own): build G once
+        self.persistent = persistent  # reused every round (the problem's own): build G once
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes * self.sizes)]).astype(np.int64)
         self.total = int(self.offsets[-1])
@@ -65,8 +66,9 @@ class Layout:
     def G(self):
         if self._G is None:
             idx = np.concatenate(self.flat) if self.total else np.zeros(0, dtype=np.int64)
-            self._G = sp.csr_matrix((np.ones(self.total), (idx, np.arange(self.total))),
-                                    shape=(self.d * self.d, self.total))
+            self._G = sp.csr_matrix(
+                (np.ones(self.total), (idx, np.arange(self.total))), shape=(self.d * self.d, self.total)
+            )
         return self._G
 
     @property
@@ -74,12 +76,15 @@ class Layout:
         """Positions of the packed entries in a flattened (N, d, d) stack (cached)."""
         if getattr(self, "_stack_index", None) is None:
             dd = self.d * self.d
-            self._stack_index = np.concatenate([f + c * dd for c, f in enumerate(self.flat)]) if self.flat \
+            self._stack_index = (
+                np.concatenate([f + c * dd for c, f in enumerate(self.flat)])
+                if self.flat
                 else np.zeros(0, dtype=np.int64)
+            )
         return self._stack_index
 
     def views(self, packed):
-        return tuple(packed[self.offsets[c]:self.offsets[c + 1]].reshape(n, n) for c, n in enumerate(self.sizes))
+        return tuple(packed[self.offsets[c] : self.offsets[c + 1]].reshape(n, n) for c, n in enumerate(self.sizes))
 
     def take(self, idx):
         return Layout(self.sizes[list(idx)], [self.flat[i] for i in idx], self.d)
@@ -89,9 +94,9 @@ def _pd_solve_np(B, shift, rhs):
     """(B + shift I)^{-1} rhs by LAPACK Cholesky; None if B + shift I is not positive definite."""
     from scipy.linalg.lapack import dpotrf, dpotrs
 
-    A = np.array(B, order="F")      # one copy, in the layout LAPACK works in (B is symmetric)
+    A = np.array(B, order="F")  # one copy, in the layout LAPACK works in (B is symmetric)
     if shift:
-        A.flat[::A.shape[0] + 1] += shift
+        A.flat[:: A.shape[0] + 1] += shift
     L, info = dpotrf(A, lower=1, clean=0, overwrite_a=1)
     if info != 0:
         return None
@@ -102,8 +107,8 @@ def _pd_solve_np(B, shift, rhs):
 class ActiveBlocks:
     """Stack of N symmetric d x d matrices P_c = E_c B_c E_c^T + shift I."""
 
-    blocks: tuple      # per client (a_c, a_c) backend arrays
-    active: tuple      # per client (a_c,) int64 backend index arrays
+    blocks: tuple  # per client (a_c, a_c) backend arrays
+    active: tuple  # per client (a_c,) int64 backend index arrays
     d: int
     shift: float = 0.0
     flat: tuple | None = None  # optional cached positions of each block in a flattened (d, d)
@@ -135,9 +140,9 @@ class ActiveBlocks:
     @property
     def nbytes(self) -> int:
         """Bytes of the arrays that represent the stack (what a client sends)."""
-        return sum(nbytes(b) + nbytes(a) for b, a in zip(self.blocks, self.active))
+        return sum(nbytes(b) + nbytes(a) for b, a in zip(self.blocks, self.active, strict=False))
 
-    def take(self, idx) -> "ActiveBlocks":
+    def take(self, idx) -> ActiveBlocks:
         idx = list(idx)
         flat = None if self.flat is None else tuple(self.flat[i] for i in idx)
         blocks = tuple(self.blocks[i] for i in idx)
@@ -147,14 +152,18 @@ class ActiveBlocks:
             packed = np.concatenate([b.reshape(-1) for b in blocks]) if blocks else np.zeros(0)
             packed.flags.writeable = False
             blocks = layout.views(packed)
-        return ActiveBlocks(blocks, tuple(self.active[i] for i in idx), self.d, self.shift, flat, packed, layout,
-                            dict(self.certificate))
+        return ActiveBlocks(
+            blocks, tuple(self.active[i] for i in idx), self.d, self.shift, flat, packed, layout, dict(self.certificate)
+        )
 
     def dense(self):
         """The (N, d, d) dense stack (for tests, FedNL's compressors and small problems)."""
         xp, like = self.xp, self.blocks[0]
-        zeros = xp.zeros((len(self), self.d, self.d), dtype=like.dtype) if not is_torch(xp) else \
-            xp.zeros((len(self), self.d, self.d), dtype=like.dtype, device=like.device)
+        zeros = (
+            xp.zeros((len(self), self.d, self.d), dtype=like.dtype)
+            if not is_torch(xp)
+            else xp.zeros((len(self), self.d, self.d), dtype=like.dtype, device=like.device)
+        )
         return self.plus_dense(zeros)
 
     def plus_dense(self, D, inplace: bool = False):
@@ -166,11 +175,11 @@ class ActiveBlocks:
             out = D if inplace else D.copy()
             flat = out.reshape(-1)
             dd = self.d * self.d
-            flat[self.layout.stack_index] += self.packed   # positions are distinct: a plain gather-add-scatter
+            flat[self.layout.stack_index] += self.packed  # positions are distinct: a plain gather-add-scatter
             if self.shift:
-                out.reshape(len(self), dd)[:, ::self.d + 1] += self.shift
+                out.reshape(len(self), dd)[:, :: self.d + 1] += self.shift
             return out
-        out = D.reshape(len(self), self.d * self.d) * 1.0       # one copy of D (D itself is not modified)
+        out = D.reshape(len(self), self.d * self.d) * 1.0  # one copy of D (D itself is not modified)
         for c, B in enumerate(self.blocks):
             out[c, self.flat_index(c)] += B.reshape(-1)
         out = out.reshape(len(self), self.d, self.d)
@@ -182,7 +191,7 @@ class ActiveBlocks:
     def apply(self, V):
         """(N, d) -> (N, d): P_c v_c for every client."""
         out = self.shift * V if self.shift else V * 0
-        for c, (B, a) in enumerate(zip(self.blocks, self.active)):
+        for c, (B, a) in enumerate(zip(self.blocks, self.active, strict=False)):
             out[c, a] = out[c, a] + B @ V[c, a]
         return out
 
@@ -195,7 +204,7 @@ class ActiveBlocks:
         xp = namespace(G)
         out = G / self.shift if self.shift else G * 0
         if xp is np and self.packed is not None:
-            for c, (B, a) in enumerate(zip(self.blocks, self.active)):
+            for c, (B, a) in enumerate(zip(self.blocks, self.active, strict=False)):
                 if a.shape[0] == 0:
                     continue
                 x = _pd_solve_np(B, self.shift, G[c, a])
@@ -205,7 +214,7 @@ class ActiveBlocks:
             # every B_c + shift I has just been factorised: a certificate the server's screening reuses
             self.certificate["pd_shift"] = self.shift
             return out
-        for c, (B, a) in enumerate(zip(self.blocks, self.active)):
+        for c, (B, a) in enumerate(zip(self.blocks, self.active, strict=False)):
             if a.shape[0] == 0:
                 continue
             A = B + self.shift * eye_like(xp, a.shape[0], B) if self.shift else B
@@ -218,20 +227,26 @@ class ActiveBlocks:
         if self.packed is not None and xp is np:
             # one sparse product with the layout's fixed scatter matrix instead of N scatter-adds
             w = np.asarray(w, dtype=np.float64)
-            if not self.layout.persistent:     # a one-off subset: not worth building its scatter matrix
-                out = np.bincount(np.concatenate(self.layout.flat), minlength=self.d * self.d,
-                                  weights=np.repeat(w, self.layout.sizes ** 2) * self.packed).reshape(self.d, self.d)
+            if not self.layout.persistent:  # a one-off subset: not worth building its scatter matrix
+                out = np.bincount(
+                    np.concatenate(self.layout.flat),
+                    minlength=self.d * self.d,
+                    weights=np.repeat(w, self.layout.sizes**2) * self.packed,
+                ).reshape(self.d, self.d)
             elif len(w) and np.all(w == w[0]):  # equal weights (the paper's 1/N): scale once, after the sum
                 out = (self.layout.G @ self.packed).reshape(self.d, self.d) * w[0]
             else:
-                out = (self.layout.G @ (np.repeat(w, self.layout.sizes ** 2) * self.packed)).reshape(self.d, self.d)
+                out = (self.layout.G @ (np.repeat(w, self.layout.sizes**2) * self.packed)).reshape(self.d, self.d)
             if self.shift:
-                out.flat[::self.d + 1] += float(w.sum()) * self.shift
+                out.flat[:: self.d + 1] += float(w.sum()) * self.shift
             return out
-        flat = xp.zeros((self.d * self.d,), dtype=like.dtype) if not is_torch(xp) else \
-            xp.zeros((self.d * self.d,), dtype=like.dtype, device=like.device)
+        flat = (
+            xp.zeros((self.d * self.d,), dtype=like.dtype)
+            if not is_torch(xp)
+            else xp.zeros((self.d * self.d,), dtype=like.dtype, device=like.device)
+        )
         for c, B in enumerate(self.blocks):
-            idx = self.flat_index(c)           # unique within a block, so += is a plain scatter-add
+            idx = self.flat_index(c)  # unique within a block, so += is a plain scatter-add
             flat[idx] += w[c] * B.reshape(-1)
         out = flat.reshape(self.d, self.d)
         return out + float(w.sum()) * self.shift * eye_like(xp, self.d, like) if self.shift else out
@@ -239,11 +254,12 @@ class ActiveBlocks:
     def weighted_apply_sum(self, w, X):
         """sum_c w_c P_c X_c for X of shape (N, d, k); returns (d, k)."""
         acc = (w[:, None, None] * X).sum(0) * self.shift if self.shift else X[0] * 0
-        for c, (B, a) in enumerate(zip(self.blocks, self.active)):
+        for c, (B, a) in enumerate(zip(self.blocks, self.active, strict=False)):
             acc[a] = acc[a] + w[c] * (B @ X[c, a])
         return acc
 
-    def map_blocks(self, fn, shift=None) -> "ActiveBlocks":
+    def map_blocks(self, fn, shift=None) -> ActiveBlocks:
         """A stack with the same structure and blocks ``fn(B_c)``."""
-        return ActiveBlocks(tuple(fn(B) for B in self.blocks), self.active, self.d,
-                            self.shift if shift is None else shift, self.flat)
+        return ActiveBlocks(
+            tuple(fn(B) for B in self.blocks), self.active, self.d, self.shift if shift is None else shift, self.flat
+        )

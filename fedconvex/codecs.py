@@ -47,6 +47,7 @@ Lossy codecs' decoded matrices (fp16, bf16, delta) get the PSD repair the FOOF c
 apply (fedpm_dnn.foof.factorize): a matrix that fails the server's PSD screening has its negative
 eigenvalues set to 0.  A deterministic function of the payload, so client and server agree exactly.
 """
+
 from __future__ import annotations
 
 import math
@@ -64,6 +65,7 @@ class CodecError(ValueError):
 
 
 # ---------------------------------------------------------------------------- backend helpers
+
 
 def _xp(a):
     return namespace(a)
@@ -126,7 +128,7 @@ def _half_bits(M, kind: str):
     if is_torch(xp):
         return v.to(xp.float32).to(xp.bfloat16).view(xp.int16)
     bits = v.astype(np.float32).view(np.uint32).astype(np.uint64)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16           # round to nearest, ties to even
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest, ties to even
     return bits.astype(np.uint16).view(np.int16)
 
 
@@ -167,7 +169,7 @@ def top_eigenpairs(M, r: int):
         return _zeros(xp, (0,), M), _zeros(xp, (n, 0), M)
     if is_torch(xp) and M.device.type != "cpu":
         w, V = xp.linalg.eigh(M.to(xp.float64))
-        return w[n - r:].to(M.dtype), V[:, n - r:].to(M.dtype)
+        return w[n - r :].to(M.dtype), V[:, n - r :].to(M.dtype)
     from scipy.linalg import eigh
 
     w, V = eigh(_to_numpy64(M), subset_by_index=[n - r, n - 1], driver="evr")
@@ -175,6 +177,7 @@ def top_eigenpairs(M, r: int):
 
 
 # ---------------------------------------------------------------------------- validation
+
 
 def _check_keys(payload, keys):
     if not isinstance(payload, dict):
@@ -223,6 +226,7 @@ def _count(spec_value: str, total: int, what: str) -> int:
 
 # ---------------------------------------------------------------------------- codecs
 
+
 @dataclass(frozen=True)
 class Codec:
     """Base class; ``spec`` is the string it was parsed from."""
@@ -260,7 +264,7 @@ class Sym(Codec):
 
 @dataclass(frozen=True)
 class Half(Codec):
-    kind: str = "fp16"   # 'fp16' | 'bf16'
+    kind: str = "fp16"  # 'fp16' | 'bf16'
 
     def encode(self, M, state=None):
         return {"upper": _half_bits(M, self.kind)}
@@ -277,7 +281,7 @@ class Half(Codec):
             xp = _xp(v)
             if not bool(xp.all(xp.isfinite(v))):
                 raise CodecError("payload['upper'] contains NaN or Inf")
-        if not is_torch(xp):   # NumPy callers (fedconvex) work in float64: repair at that precision
+        if not is_torch(xp):  # NumPy callers (fedconvex) work in float64: repair at that precision
             v = v.astype(np.float64)
         return psd_repair(unpack_upper(v, n), damping), None
 
@@ -287,7 +291,7 @@ class Half(Codec):
 
 @dataclass(frozen=True)
 class LowRank(Codec):
-    rank: str = "8"      # absolute or a fraction of n
+    rank: str = "8"  # absolute or a fraction of n
 
     def r(self, n: int) -> int:
         return _count(self.rank, n, "lowrank rank") if n else 0
@@ -325,8 +329,8 @@ class LowRank(Codec):
 
 @dataclass(frozen=True)
 class Delta(Codec):
-    compressor: str = "identity"   # 'identity' | 'topk' | 'rankr'
-    amount: str | None = None      # K or R: absolute or a fraction
+    compressor: str = "identity"  # 'identity' | 'topk' | 'rankr'
+    amount: str | None = None  # K or R: absolute or a fraction
     stateful = True
 
     def _size(self, n):
@@ -342,7 +346,7 @@ class Delta(Codec):
         return TopK(self._size(n)) if self.compressor == "topk" else RankR(self._size(n))
 
     def encode(self, M, state=None):
-        if state is None:                      # first participation: the matrix itself
+        if state is None:  # first participation: the matrix itself
             return {"full": pack_upper(M)}
         diff = M - state
         if self.compressor == "identity":
@@ -354,7 +358,7 @@ class Delta(Codec):
         return {"eigvals": _from_numpy(msg["eigvals"][0], M), "eigvecs": _from_numpy(msg["eigvecs"][0], M)}
 
     def decode(self, payload, n, state=None, damping=0.0):
-        if state is None or (isinstance(payload, dict) and "full" in payload):   # a full upload (re)sets A_hat
+        if state is None or (isinstance(payload, dict) and "full" in payload):  # a full upload (re)sets A_hat
             _check_keys(payload, ("full",))
             new = unpack_upper(_check(payload, "full", (n * (n + 1) // 2,), FLOATS), n)
         else:
@@ -391,8 +395,8 @@ class Delta(Codec):
             return m * itemsize
         k = self._size(n)
         if self.compressor == "topk":
-            return k * (itemsize + 4)          # values + int32 indices
-        return (k + n * k) * itemsize          # eigenvalues + eigenvectors
+            return k * (itemsize + 4)  # values + int32 indices
+        return (k + n * k) * itemsize  # eigenvalues + eigenvectors
 
 
 def _int32(like):
@@ -411,18 +415,19 @@ def parse(spec: str | None) -> Codec | None:
         if parts[0] in ("fp16", "bf16") and len(parts) == 1:
             return Half(spec, parts[0])
         if parts[0] == "lowrank" and len(parts) == 2:
-            _count(parts[1], 10 ** 6, "lowrank rank")
+            _count(parts[1], 10**6, "lowrank rank")
             return LowRank(spec, parts[1])
         if parts[0] == "delta":
             if parts[1:] == ["identity"]:
                 return Delta(spec, "identity")
             if len(parts) == 3 and parts[1] in ("topk", "rankr"):
-                _count(parts[2], 10 ** 6, f"{parts[1]} size")
+                _count(parts[2], 10**6, f"{parts[1]} size")
                 return Delta(spec, parts[1], parts[2])
     except (ValueError, IndexError) as exc:
         raise ValueError(f"precond codec {spec!r}: {exc}") from None
-    raise ValueError(f"unknown precond codec {spec!r}; choose from {', '.join(CODECS)} "
-                     "(R, K: a count or a fraction such as 0.1)")
+    raise ValueError(
+        f"unknown precond codec {spec!r}; choose from {', '.join(CODECS)} (R, K: a count or a fraction such as 0.1)"
+    )
 
 
 def validate(spec: str) -> str:

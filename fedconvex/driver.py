@@ -16,12 +16,14 @@ clients commit the state the server tracks and the others roll it back (as the d
 over the clients that replied (``Delivery.sel``), which may be fewer than were asked (dropped
 nodes, replies rejected for their structure before they could be stacked).
 """
+
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -39,11 +41,12 @@ class Diverged(ArithmeticError):
 @dataclass
 class Delivery:
     """What a transport brings back from one round's clients."""
-    up: Any                      # stacked message over ``sel`` (None when nobody replied)
-    cstate: Any                  # participants' new per-client state (None: kept by the clients themselves)
-    sel: np.ndarray              # client ids that replied, in the order of ``up``'s leading axis
-    rejected: list = field(default_factory=list)   # (client id, reason) rejected before stacking
-    extra: dict = field(default_factory=dict)      # front-end measurements for the history row
+
+    up: Any  # stacked message over ``sel`` (None when nobody replied)
+    cstate: Any  # participants' new per-client state (None: kept by the clients themselves)
+    sel: np.ndarray  # client ids that replied, in the order of ``up``'s leading axis
+    rejected: list = field(default_factory=list)  # (client id, reason) rejected before stacking
+    extra: dict = field(default_factory=dict)  # front-end measurements for the history row
     wire_bytes: int | None = None  # bytes of ``up`` as they travelled, when that is not its in-memory size
 
 
@@ -72,8 +75,9 @@ class InProcess:
         ups, states = [], []
         for k, c in enumerate(sel):
             mine = gather(cstate, [k], len(sel)) if len(sel) > 1 else cstate
-            up, new = algorithm.client_update(self.problem, down, mine, np.asarray([c]),
-                                              client_rng(self.client_seed, round_, c))
+            up, new = algorithm.client_update(
+                self.problem, down, mine, np.asarray([c]), client_rng(self.client_seed, round_, c)
+            )
             ups.append(up)
             states.append(new)
         return Delivery(up=concat(ups), cstate=concat(states) if isinstance(cstate, dict) else cstate, sel=sel)
@@ -108,7 +112,7 @@ def scatter(clients, sel, new, n: int):
         return clients
     if isinstance(clients, list):
         out = list(clients)
-        for i, s in zip(sel, new):
+        for i, s in zip(sel, new, strict=False):
             out[int(i)] = s
         return out
     if len(sel) == n:
@@ -139,7 +143,7 @@ def _restore(clients, before, ids, keys):
             for k in keys:
                 if k in before[i]:
                     cs[k] = before[i][k]
-                else:            # created by this round (a first participation): not yet the client's
+                else:  # created by this round (a first participation): not yet the client's
                     cs.pop(k, None)
             out[i] = cs
         return out
@@ -171,8 +175,17 @@ def _magnitude_outliers(up: dict, fields: dict, rows: list, max_ratio: float) ->
     return magnitude_rejections(checks, max_ratio)
 
 
-def screen_message(up: dict, info: RoundInfo, d: int | None, round_: int, tamper=None, label: str = "the method",
-                   max_ratio: float | None = None, fields: dict | None = None, own_clients: bool = True):
+def screen_message(
+    up: dict,
+    info: RoundInfo,
+    d: int | None,
+    round_: int,
+    tamper=None,
+    label: str = "the method",
+    max_ratio: float | None = None,
+    fields: dict | None = None,
+    own_clients: bool = True,
+):
     """Reject unusable client parts of a stacked message (logged, naming the client); with
     ``max_ratio`` also replies whose preconditioner trace or model norm is an outlier.
     ``fields``: the algorithm's message declaration (name -> 'model' | 'psd' | 'data').  ``own_clients``
@@ -186,7 +199,7 @@ def screen_message(up: dict, info: RoundInfo, d: int | None, round_: int, tamper
     fields = fields or {"theta": "model", "P": "psd"}
     psd_keys = tuple(k for k, role in fields.items() if role == "psd")
     rejected, rows, reasons = [], [], []
-    if all_usable(up, len(info.sel), d, psd_keys):   # every part usable, seen a whole stack at a time
+    if all_usable(up, len(info.sel), d, psd_keys):  # every part usable, seen a whole stack at a time
         rows = list(range(len(info.sel)))
     for k, client in enumerate(info.sel if not rows else ()):
         problem = client_problem(up, k, d, psd_keys)
@@ -205,14 +218,18 @@ def screen_message(up: dict, info: RoundInfo, d: int | None, round_: int, tamper
         return up, info, rejected
     if own_clients and not rows and all("NaN or Inf" in r for r in reasons):
         # in the simulator every client runs our own code: all of them blowing up is divergence
-        raise Diverged(f"{label} diverged at round {round_}: every client returned non-finite values "
-                       "(learning rate too large)")
-    for client, problem in zip(rejected, reasons):
+        raise Diverged(
+            f"{label} diverged at round {round_}: every client returned non-finite values (learning rate too large)"
+        )
+    for client, problem in zip(rejected, reasons, strict=False):
         server_log.warning("round %d: client %d rejected: %s", round_, client, problem)
     if not rows:
         return None, info, rejected
-    w = info.weights[namespace(info.weights).asarray(rows)] if namespace(info.weights).__name__ != "torch" \
+    w = (
+        info.weights[namespace(info.weights).asarray(rows)]
+        if namespace(info.weights).__name__ != "torch"
         else info.weights[rows]
+    )
     return keep(up, rows), RoundInfo(sel=info.sel[rows], weights=normalised(w), n_clients=info.n_clients), rejected
 
 
@@ -230,6 +247,7 @@ class Driver:
     synchronize                    called before a round's clock stops (GPU work)
     finite     ``finite(state) -> bool``: the divergence check
     """
+
     algorithm: Any
     problem: Any
     transport: Callable
@@ -244,7 +262,7 @@ class Driver:
     synchronize: Callable | None = None
     finite: Callable | None = None
     label: str = ""
-    own_clients: bool = True   # False (Flower): all replies non-finite skips the round instead of Diverged
+    own_clients: bool = True  # False (Flower): all replies non-finite skips the round instead of Diverged
 
     def first_row(self, state) -> dict:
         return {"round": 0, **self.evaluate(state), "bytes_up": 0, "bytes_down": 0, "seconds": 0.0, "rejected": 0}
@@ -263,12 +281,20 @@ class Driver:
         sent, up = got.up, got.up
         if up is not None and len(got.sel):
             info = RoundInfo(sel=got.sel, weights=normalised(self.weights(got.sel)), n_clients=n)
-            if hasattr(alg, "receive"):   # decode compressed payloads before screening (fedconvex.codecs)
+            if hasattr(alg, "receive"):  # decode compressed payloads before screening (fedconvex.codecs)
                 up, state = alg.receive(self.problem, state, up, info)
             if self.screen or self.tamper is not None:
-                up, info, more = screen_message(up, info, self.d, t, self.tamper, label=self.label,
-                                                max_ratio=self.max_ratio, fields=alg.message_fields,
-                                                own_clients=self.own_clients)
+                up, info, more = screen_message(
+                    up,
+                    info,
+                    self.d,
+                    t,
+                    self.tamper,
+                    label=self.label,
+                    max_ratio=self.max_ratio,
+                    fields=alg.message_fields,
+                    own_clients=self.own_clients,
+                )
                 rejected += more
         else:
             up = None
@@ -279,7 +305,7 @@ class Driver:
             # FedNL's H_i): the server's sums take only the replies it used, and the two must stay in step
             # -- as with a client that commits that state only when the server acknowledges its reply
             state = replace(state, clients=_restore(state.clients, before, unused, alg.server_tracked_state))
-        if hasattr(self.transport, "acknowledge"):   # clients that keep their own state (Flower nodes) are told
+        if hasattr(self.transport, "acknowledge"):  # clients that keep their own state (Flower nodes) are told
             self.transport.acknowledge(used, unused)
         if up is not None:
             state = alg.server_update(self.problem, state, up, info)
@@ -293,11 +319,15 @@ class Driver:
             raise Diverged(f"{self.label} diverged at round {t}: parameters are not finite")
         sent_bytes = got.wire_bytes if got.wire_bytes is not None else message_bytes(sent) if sent is not None else 0
         up_bytes = sent_bytes // len(got.sel) if len(got.sel) else 0
-        return state, {"bytes_up": up_bytes, "bytes_down": message_bytes(down), "seconds": seconds,
-                       "rejected": len(rejected), **got.extra}
+        return state, {
+            "bytes_up": up_bytes,
+            "bytes_down": message_bytes(down),
+            "seconds": seconds,
+            "rejected": len(rejected),
+            **got.extra,
+        }
 
-    def run(self, state, rounds: int, rng, history: list | None = None, on_round=None, stop=None,
-            checkpoint=None):
+    def run(self, state, rounds: int, rng, history: list | None = None, on_round=None, stop=None, checkpoint=None):
         """Rounds ``len(history)`` .. ``rounds``; returns (state, history).  Byte and second columns are
         cumulative; ``checkpoint(state, history, rng)`` after every round, then ``on_round(row, history)``;
         ``stop(row) -> bool`` ends the run early.  ``history=[]`` starts at round 1 without a round-0 row
@@ -307,10 +337,14 @@ class Driver:
         for t in range((history[-1] if history else start)["round"] + 1, rounds + 1):
             state, acc = self.round(state, t, rng)
             prev = history[-1] if history else start
-            row = {"round": t, **self.evaluate(state),
-                   "bytes_up": prev["bytes_up"] + acc.pop("bytes_up"),
-                   "bytes_down": prev["bytes_down"] + acc.pop("bytes_down"),
-                   "seconds": prev["seconds"] + acc.pop("seconds"), **acc}
+            row = {
+                "round": t,
+                **self.evaluate(state),
+                "bytes_up": prev["bytes_up"] + acc.pop("bytes_up"),
+                "bytes_down": prev["bytes_down"] + acc.pop("bytes_down"),
+                "seconds": prev["seconds"] + acc.pop("seconds"),
+                **acc,
+            }
             history.append(row)
             if checkpoint is not None:
                 checkpoint(state, history, rng)

@@ -1,4 +1,5 @@
 """Writing a file so that readers see the old one or the new one, never half of one."""
+
 from __future__ import annotations
 
 import os

@@ -7,6 +7,7 @@ then the round driver's accounting -- ``bytes_up`` / ``bytes_down`` (per partici
 cumulative), ``seconds`` (cumulative), ``rejected`` -- and any further measurements.  Floats are
 written with ``repr`` so that reading a file back gives the very numbers that were written.
 """
+
 from __future__ import annotations
 
 import csv

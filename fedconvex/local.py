@@ -1,4 +1,5 @@
 """Local solvers shared by the algorithms (DESIGN.md: shared pieces instead of copies)."""
+
 from __future__ import annotations
 
 

@@ -3,6 +3,7 @@
 Messages in the simulator are stacked over the participants; screening looks at each client's
 part, and only when a reply is rejected is the message re-stacked from the remaining ones.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +21,12 @@ def _certified_psd(v: ActiveBlocks) -> bool:
     screening's test asks, and factorising it again would only repeat that work.  Any stack built
     elsewhere (e.g. tampered with) carries no certificate and is factorised here."""
     cert = v.certificate
-    return bool(cert.get("symmetric") and cert.get("finite") and cert.get("pd_shift") is not None
-                and cert["pd_shift"] <= v.shift)
+    return bool(
+        cert.get("symmetric")
+        and cert.get("finite")
+        and cert.get("pd_shift") is not None
+        and cert["pd_shift"] <= v.shift
+    )
 
 
 def _items(up: dict):
@@ -47,7 +52,7 @@ def all_usable(up: dict, n: int, d: int | None, psd_keys=()) -> bool:
             if len(v) != n or v.packed is None or not _certified_psd(v):
                 return False
             active = [a for a in v.active if isinstance(a, np.ndarray) and a.ndim == 1]
-            if len(active) != n or any(tuple(B.shape) != (a.shape[0], a.shape[0]) for B, a in zip(v.blocks, active)):
+            if len(active) != n or any(tuple(B.shape) != (a.shape[0], a.shape[0]) for B, a in zip(v.blocks, active, strict=False)):
                 return False
             if d is not None:
                 nonempty = [a for a in active if a.shape[0]]
@@ -58,8 +63,7 @@ def all_usable(up: dict, n: int, d: int | None, psd_keys=()) -> bool:
         elif field not in psd_keys and isinstance(v, (tuple, list)) and len(v) == n:
             # per-client arrays of different shapes (e.g. FedNS's sketched roots and feature indices): the
             # per-client test below is their finiteness, checked here array by array
-            if not all(isinstance(a, np.ndarray) and a.dtype.kind in "biuf" and bool(np.isfinite(a).all())
-                       for a in v):
+            if not all(isinstance(a, np.ndarray) and a.dtype.kind in "biuf" and bool(np.isfinite(a).all()) for a in v):
                 return False
         elif field in psd_keys or not isinstance(v, np.ndarray) or v.ndim < 1 or v.shape[0] != n:
             return False
@@ -72,7 +76,7 @@ def client_problem(up: dict, k: int, d: int | None, psd_keys=()) -> str | None:
     """None if participant k's part of ``up`` is usable, else the reason.  Fields named in ``psd_keys``
     hold stacks of matrices that must be symmetric PSD (an ``ActiveBlocks`` stack always must)."""
     for field, key, v in _items(up):
-        if isinstance(v, DecodeProblems):     # payloads the server could not decode (fedconvex.codecs)
+        if isinstance(v, DecodeProblems):  # payloads the server could not decode (fedconvex.codecs)
             if v[k] is not None:
                 return v[k]
             continue
@@ -84,12 +88,12 @@ def client_problem(up: dict, k: int, d: int | None, psd_keys=()) -> str | None:
             if tuple(B.shape) != (a.shape[0], a.shape[0]):
                 return f"{key}: block of shape {tuple(B.shape)} for {a.shape[0]} features"
             if _certified_psd(v):
-                continue                      # the stack's own factorisation already proved it
-            problem = psd_problem(B, shift=v.shift)   # P_c = B + shift I must be PSD; also reports NaN / Inf
+                continue  # the stack's own factorisation already proved it
+            problem = psd_problem(B, shift=v.shift)  # P_c = B + shift I must be PSD; also reports NaN / Inf
             if problem:
                 return f"preconditioner {key} {problem}"
         elif field in psd_keys:
-            problem = psd_problem(v[k])       # also reports NaN / Inf
+            problem = psd_problem(v[k])  # also reports NaN / Inf
             if problem:
                 return f"preconditioner {key} {problem}"
         else:
@@ -139,17 +143,19 @@ def concat(msgs: list) -> dict:
         vs = [m[key] for m in msgs]
         if isinstance(v, dict):
             out[key] = concat(vs)
-        elif isinstance(v, BlockState):        # FedNL's per-client estimates on the active blocks
+        elif isinstance(v, BlockState):  # FedNL's per-client estimates on the active blocks
             active = [a for x in vs for a in x.active]
             layout = Layout([len(a) for a in active], [f for x in vs for f in x.layout.flat], v.d)
             out[key] = BlockState(np.concatenate([x.packed for x in vs]), layout, active, v.d, v.shift)
         elif isinstance(v, ActiveBlocks):
             flat = tuple(f for x in vs for f in x.flat) if all(x.flat is not None for x in vs) else None
-            out[key] = ActiveBlocks(tuple(b for x in vs for b in x.blocks), tuple(a for x in vs for a in x.active),
-                                    v.d, v.shift, flat)
+            out[key] = ActiveBlocks(
+                tuple(b for x in vs for b in x.blocks), tuple(a for x in vs for a in x.active), v.d, v.shift, flat
+            )
         elif isinstance(v, EncodedBlocks):
-            out[key] = EncodedBlocks(tuple(p for x in vs for p in x.payloads), tuple(a for x in vs for a in x.active),
-                                     v.d)
+            out[key] = EncodedBlocks(
+                tuple(p for x in vs for p in x.payloads), tuple(a for x in vs for a in x.active), v.d
+            )
         elif isinstance(v, DecodeProblems):
             out[key] = DecodeProblems(tuple(p for x in vs for p in x))
         elif isinstance(v, (tuple, list)):

@@ -12,6 +12,7 @@ Both kernels are backend-agnostic: they run unchanged on NumPy, CuPy and torch a
 (the namespace is inferred from the inputs) and accept matrix right-hand sides X_i of
 shape (d, k), which is how a DNN layer block [W b]^T is mixed.
 """
+
 from __future__ import annotations
 
 from .backend import asarray_like, eye_like, namespace
@@ -28,7 +29,7 @@ def _weights(xp, weights, n, like):
         raise ValueError(f"weights must have shape ({n},), got {tuple(w.shape)}")
     total = xp.sum(w)
     t = float(total)
-    if not 0 < t < _INF:     # NaN or Inf here would make every mixed parameter NaN
+    if not 0 < t < _INF:  # NaN or Inf here would make every mixed parameter NaN
         raise ValueError(f"weights must sum to a finite positive number, got {t}")
     return w / total
 

@@ -29,16 +29,17 @@ returns to that client (not counted in ``bytes_down``).  The client keeps the es
 participation (``client_update``; ``client_estimate`` for inspection).  A round skipped because no reply
 was usable commits nothing; its participants read their acknowledgement as a rejection.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .backend import nbytes
 from .blocks import ActiveBlocks
 from .codecs import NO_ESTIMATE, CodecError, DecodeProblems, digest, parse, payload_nbytes, resync
 from .local import newton_steps
-from .backend import nbytes
 
 HAT = "precond_hat"
 PENDING = "precond_hat_pending"
@@ -58,9 +59,9 @@ class EncodedBlocks:
 
     @property
     def nbytes(self) -> int:
-        return sum(payload_nbytes(p) + nbytes(a) for p, a in zip(self.payloads, self.active))
+        return sum(payload_nbytes(p) + nbytes(a) for p, a in zip(self.payloads, self.active, strict=False))
 
-    def take(self, idx) -> "EncodedBlocks":
+    def take(self, idx) -> EncodedBlocks:
         return EncodedBlocks(tuple(self.payloads[i] for i in idx), tuple(self.active[i] for i in idx), self.d)
 
 
@@ -76,8 +77,11 @@ def init_state(alg, problem, state):
     n = problem.n_clients
     acks = _empty_hats(n)
     acks[:] = NO_ESTIMATE
-    return replace(state, server={**state.server, HAT: _empty_hats(n), PENDING: _empty_hats(n)},
-                   clients={**state.clients, HAT: _empty_hats(n), PENDING: _empty_hats(n), ACK: acks})
+    return replace(
+        state,
+        server={**state.server, HAT: _empty_hats(n), PENDING: _empty_hats(n)},
+        clients={**state.clients, HAT: _empty_hats(n), PENDING: _empty_hats(n), ACK: acks},
+    )
 
 
 def client_estimate(clients: dict, c: int):
@@ -120,7 +124,7 @@ def client_update(alg, problem, down, cstate, sel, start):
         # the server's verdict on the last upload decides what this delta is relative to
         prev = resync(hats[k], cstate[PENDING][k], cstate[ACK][k]) if stateful else None
         p = codec.encode(B, prev)
-        est, hat = codec.decode(p, B.shape[0], prev, lam)   # exactly what the server will compute
+        est, hat = codec.decode(p, B.shape[0], prev, lam)  # exactly what the server will compute
         payloads.append(p)
         decoded.append(np.asarray(est, dtype=B.dtype))
         if stateful:
@@ -144,7 +148,7 @@ def receive(alg, problem, state, up, info):
     pending = state.server[PENDING].copy() if hats is not None else None
     blocks, active, problems = [], [], []
     like = up["theta"]
-    for k, (payload, a) in enumerate(zip(enc.payloads, enc.active)):
+    for k, (payload, a) in enumerate(zip(enc.payloads, enc.active, strict=False)):
         client = int(info.sel[k])
         try:
             a = np.asarray(a)
@@ -155,7 +159,7 @@ def receive(alg, problem, state, up, info):
             blocks.append(np.asarray(est, dtype=like.dtype))
             active.append(a)
             problems.append(None)
-            if pending is not None:   # committed by ``commit`` only if this reply survives screening
+            if pending is not None:  # committed by ``commit`` only if this reply survives screening
                 pending[client] = hat
         except (CodecError, ValueError, TypeError, IndexError) as exc:
             blocks.append(np.zeros((0, 0), dtype=like.dtype))
@@ -164,9 +168,14 @@ def receive(alg, problem, state, up, info):
             if pending is not None:
                 pending[client] = None
     P = ActiveBlocks(tuple(blocks), tuple(active), enc.d, problem.lam)
-    same_support = hasattr(problem, "blocks_like_hessians") and all(p is None for p in problems) and all(
-        len(a) == len(problem.active[int(c)]) and np.array_equal(a, problem.active[int(c)])
-        for a, c in zip(active, info.sel))
+    same_support = (
+        hasattr(problem, "blocks_like_hessians")
+        and all(p is None for p in problems)
+        and all(
+            len(a) == len(problem.active[int(c)]) and np.array_equal(a, problem.active[int(c)])
+            for a, c in zip(active, info.sel, strict=False)
+        )
+    )
     if codec.lossless and same_support:
         # lossless: the server must mix exactly what it would have mixed uncompressed, to the last bit
         P = problem.blocks_like_hessians(blocks, info.sel)

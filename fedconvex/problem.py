@@ -10,6 +10,7 @@ clients at once through a block-sparse design matrix (one compiled sparse produc
 Python loop), which is what pays on sparse data such as w8a (3.9% dense).  Hessians are built
 per client on its active features (see ``blocks.ActiveBlocks``).
 """
+
 from __future__ import annotations
 
 import math
@@ -18,7 +19,7 @@ import numbers
 import numpy as np
 import scipy.sparse as sp
 
-from .backend import is_torch, namespace, python_scalar, to_numpy
+from .backend import is_torch, python_scalar, to_numpy
 from .blocks import ActiveBlocks, Layout
 from .data.libsvm import DataError
 
@@ -48,7 +49,7 @@ def _unique_bounded(keys, bound):
     mark[keys] = True
     uniq = np.flatnonzero(mark)
     # 32-bit ranks where they fit: the plan's inverse runs to millions of entries, and fresh memory is not free
-    rank = np.cumsum(mark, dtype=np.int32 if bound < 2 ** 31 else np.int64) - 1
+    rank = np.cumsum(mark, dtype=np.int32 if bound < 2**31 else np.int64) - 1
     return uniq, rank[keys]
 
 
@@ -75,8 +76,7 @@ class _Rows:
 
     def __init__(self, xp, d, nnz_row, nnz_col, nnz_val, nnz_slot, y, row_w, row_slot, n_slots):
         self.n_rows, self.n_slots = len(y), n_slots
-        host = sp.csr_matrix((nnz_val, (nnz_row, nnz_slot.astype(np.int64) * d + nnz_col)),
-                             shape=(len(y), n_slots * d))
+        host = sp.csr_matrix((nnz_val, (nnz_row, nnz_slot.astype(np.int64) * d + nnz_col)), shape=(len(y), n_slots * d))
         sm = _sparse_module(xp)
         self.XB = sm.csr_matrix(host)
         self.XBT = sm.csr_matrix(host.T.tocsr())
@@ -108,8 +108,10 @@ def _checked_data(X, y):
     except (TypeError, ValueError) as exc:
         if isinstance(exc, DataError):
             raise
-        raise TypeError(f"X must be a 2-D numeric array or SciPy sparse matrix, got {type(X).__name__}"
-                        f"{' of ' + str(X.dtype) if hasattr(X, 'dtype') else ''}") from None
+        raise TypeError(
+            f"X must be a 2-D numeric array or SciPy sparse matrix, got {type(X).__name__}"
+            f"{' of ' + str(X.dtype) if hasattr(X, 'dtype') else ''}"
+        ) from None
     if X.shape[1] < 1:
         raise DataError(f"X has no columns (shape {X.shape}); a problem needs at least one feature")
     if not np.isfinite(X.data).all():
@@ -118,8 +120,10 @@ def _checked_data(X, y):
     try:
         y = np.asarray(y, dtype=np.float64)
     except (TypeError, ValueError):
-        raise TypeError(f"y must be numeric labels -1 and +1, got {type(y).__name__}"
-                        f"{' of ' + str(y.dtype) if hasattr(y, 'dtype') else ''}") from None
+        raise TypeError(
+            f"y must be numeric labels -1 and +1, got {type(y).__name__}"
+            f"{' of ' + str(y.dtype) if hasattr(y, 'dtype') else ''}"
+        ) from None
     if y.ndim != 1:
         raise DataError(f"y must be a 1-D array of labels, got shape {y.shape}")
     if len(y) != X.shape[0]:
@@ -129,9 +133,11 @@ def _checked_data(X, y):
         if not np.isfinite(y).all():
             raise DataError(f"y holds NaN or Inf (row {int(np.flatnonzero(~np.isfinite(y))[0])})")
         got = ", ".join(f"{v:g}" for v in np.unique(y[bad])[:3])
-        raise DataError(f"y must hold labels -1 and +1 (the loss is log(1 + exp(-y x^T theta))), got {got} "
-                        f"(row {int(np.flatnonzero(bad)[0])}); for 0/1 labels pass 2 * y - 1, for others "
-                        "np.where(y == positive, 1.0, -1.0)")
+        raise DataError(
+            f"y must hold labels -1 and +1 (the loss is log(1 + exp(-y x^T theta))), got {got} "
+            f"(row {int(np.flatnonzero(bad)[0])}); for 0/1 labels pass 2 * y - 1, for others "
+            "np.where(y == positive, 1.0, -1.0)"
+        )
     return X, y
 
 
@@ -151,8 +157,10 @@ def _checked_parts(parts, n_rows: int) -> list:
         except (TypeError, ValueError):
             raise TypeError(f"client {c}'s rows are not an array of row indices") from None
         if a.ndim != 1:
-            raise DataError(f"client {c}'s rows must be a 1-D array of row indices, got "
-                            + ("a scalar" if a.ndim == 0 else f"shape {a.shape}"))
+            raise DataError(
+                f"client {c}'s rows must be a 1-D array of row indices, got "
+                + ("a scalar" if a.ndim == 0 else f"shape {a.shape}")
+            )
         if a.size == 0:
             raise DataError(f"every client needs at least one sample (client {c} has none)")
         if a.dtype.kind not in "iu":
@@ -160,15 +168,18 @@ def _checked_parts(parts, n_rows: int) -> list:
         # checked in the given dtype, before the cast (a huge unsigned index must not wrap to a negative one)
         lo, hi = a.min(), a.max()
         if lo < 0 or hi >= n_rows:
-            raise DataError(f"client {c} has row index {lo if lo < 0 else hi}; row indices must be in "
-                            f"0..{n_rows - 1} (X has {n_rows} rows)")
+            raise DataError(
+                f"client {c} has row index {lo if lo < 0 else hi}; row indices must be in "
+                f"0..{n_rows - 1} (X has {n_rows} rows)"
+            )
         out.append(a.astype(np.int64, copy=False))
     return out
 
 
 class FederatedLogReg:
-    def __init__(self, X, y, parts, lam: float = DEFAULT_LAM, weighting: str = "uniform", xp=np,
-                 hessian_plan: bool = True):
+    def __init__(
+        self, X, y, parts, lam: float = DEFAULT_LAM, weighting: str = "uniform", xp=np, hessian_plan: bool = True
+    ):
         lam = _check_lam(lam)
         if weighting not in ("uniform", "samples"):
             raise ValueError(f"weighting must be 'uniform' or 'samples', got {weighting!r}")
@@ -193,7 +204,7 @@ class FederatedLogReg:
         # per-client active features and reduced dense designs for the Hessian blocks
         self.active_host, self.reduced, self.reduced_T_csr = [], [], []
         for c in range(self.n_clients):
-            Xc = self.X[self.row_offsets[c]:self.row_offsets[c + 1]]
+            Xc = self.X[self.row_offsets[c] : self.row_offsets[c + 1]]
             act = np.unique(Xc.indices).astype(np.int64)
             dense = np.ascontiguousarray(Xc[:, act].toarray())
             self.active_host.append(act)
@@ -225,7 +236,7 @@ class FederatedLogReg:
         (w8a: ~78 products a row, no Python loop), mirrored into the packed layout.
         """
         X, d = self.X, self.d
-        rownnz = np.diff(X.indptr).astype(np.int64)      # int32 would overflow k (k + 1) / 2 past 46,340
+        rownnz = np.diff(X.indptr).astype(np.int64)  # int32 would overflow k (k + 1) / 2 past 46,340
         pairs = int((rownnz * (rownnz + 1) // 2).sum())
         if pairs > self.PLAN_MAX_PAIRS:
             return None
@@ -243,14 +254,14 @@ class FederatedLogReg:
         # quarter of the plan's fresh memory, which costs system time to map in (w8a: ~200 MB)
         npairs = rownnz * (rownnz + 1) // 2
         start = np.concatenate([[0], np.cumsum(npairs)])
-        small = max(layout.total, X.shape[0]) < 2 ** 31
+        small = max(layout.total, X.shape[0]) < 2**31
         pos = np.empty(int(start[-1]), dtype=np.int32 if small else np.int64)
         vals = np.empty(int(start[-1]))
         for k in np.unique(rownnz):
             if k == 0:
                 continue
             rows = np.flatnonzero(rownnz == k)
-            at = X.indptr[rows][:, None] + np.arange(k)[None, :]          # (r, k) positions in X.data
+            at = X.indptr[rows][:, None] + np.arange(k)[None, :]  # (r, k) positions in X.data
             iu, ju = np.triu_indices(k)
             li, lk, v = local[at], local[at], X.data[at]
             c = self._row_client[rows][:, None]
@@ -263,7 +274,7 @@ class FederatedLogReg:
         del pos, pid, rows, vals
         c = np.searchsorted(layout.offsets, upos, side="right") - 1
         r = upos - layout.offsets[c]
-        lpos = layout.offsets[c] + (r % sizes[c]) * sizes[c] + r // sizes[c]       # mirrored position
+        lpos = layout.offsets[c] + (r % sizes[c]) * sizes[c] + r // sizes[c]  # mirrored position
         # packed = [u, 0][gather]: each packed entry reads its upper-triangle value (or the 0 slot)
         gather = np.full(layout.total, len(upos), dtype=np.intp)
         gather[upos] = np.arange(len(upos))
@@ -285,9 +296,18 @@ class FederatedLogReg:
         slot_of_client = np.full(self.n_clients, -1, dtype=np.int64)
         slot_of_client[sel] = np.arange(len(sel))
         nnz_row = self._nnz_row[nnz_idx]
-        return _Rows(self.xp, self.d, local_row[nnz_row], self.X.indices[nnz_idx].astype(np.int64),
-                     self.X.data[nnz_idx], slot_of_client[self._row_client[nnz_row]],
-                     self.y_host[row_idx], 1.0 / self.counts[row_client], slot_of_client[row_client], len(sel))
+        return _Rows(
+            self.xp,
+            self.d,
+            local_row[nnz_row],
+            self.X.indices[nnz_idx].astype(np.int64),
+            self.X.data[nnz_idx],
+            slot_of_client[self._row_client[nnz_row]],
+            self.y_host[row_idx],
+            1.0 / self.counts[row_client],
+            slot_of_client[row_client],
+            len(sel),
+        )
 
     def _rows(self, sel) -> _Rows:
         if sel is None or (len(sel) == self.n_clients and np.array_equal(np.asarray(sel), np.arange(self.n_clients))):
@@ -321,7 +341,7 @@ class FederatedLogReg:
         """(f_c(theta_c) for each selected client, their gradients (P, d))."""
         xp, rows = self.xp, self._rows(sel)
         m, vals = self._margins_and_values(thetas, rows)
-        sig_neg = 0.5 * (1 - xp.tanh(0.5 * m))                 # sigma(-m), stable for any m
+        sig_neg = 0.5 * (1 - xp.tanh(0.5 * m))  # sigma(-m), stable for any m
         grads = self._xtr(-rows.row_w * rows.y * sig_neg, rows) + self.lam * thetas
         return vals, grads
 
@@ -357,15 +377,16 @@ class FederatedLogReg:
         starts = np.concatenate([[0], np.cumsum(self.counts[sel])])
         blocks = []
         for k, c in enumerate(sel):
-            scaled = self.reduced[c] * s[starts[k]:starts[k + 1], None]
+            scaled = self.reduced[c] * s[starts[k] : starts[k + 1], None]
             if xp is np:
                 # sparse X^T times dense (D X): nnz x a flops instead of M x a^2 (w8a: 35 vs 54 ms)
                 B = self.reduced_T_csr[c] @ scaled
             else:
                 B = self.reduced[c].T @ scaled
             blocks.append(0.5 * (B + B.T))  # symmetric to the last bit, whatever the summation order
-        return ActiveBlocks(tuple(blocks), tuple(self.active[c] for c in sel), self.d, self.lam,
-                            tuple(self.block_flat[c] for c in sel))
+        return ActiveBlocks(
+            tuple(blocks), tuple(self.active[c] for c in sel), self.d, self.lam, tuple(self.block_flat[c] for c in sel)
+        )
 
     def _planned_packed(self, s, sel, rows, minus=None):
         """The packed Hessian blocks of ``sel`` (minus ``minus``, packed alike, if given), their layout and
@@ -376,14 +397,14 @@ class FederatedLogReg:
             s_all = np.zeros(self.X.shape[0])
             s_all[np.concatenate([np.arange(self.row_offsets[c], self.row_offsets[c + 1]) for c in sel])] = s
             s = s_all
-        u = _matvec_into(plan["Q"], s)         # Q s and, last, the 0 the off-block positions read
-        packed = u[plan["gather"]]        # the same number on both sides of the diagonal: exactly symmetric
+        u = _matvec_into(plan["Q"], s)  # Q s and, last, the 0 the off-block positions read
+        packed = u[plan["gather"]]  # the same number on both sides of the diagonal: exactly symmetric
         layout = plan["layout"]
         if not full:
             layout = layout.take(sel)
-            packed = np.concatenate([packed[plan["layout"].offsets[c]:plan["layout"].offsets[c + 1]] for c in sel])
+            packed = np.concatenate([packed[plan["layout"].offsets[c] : plan["layout"].offsets[c + 1]] for c in sel])
         if minus is not None:
-            np.subtract(packed, minus, out=packed)   # the numbers of packed - minus, in the gathered array
+            np.subtract(packed, minus, out=packed)  # the numbers of packed - minus, in the gathered array
         return packed, layout, u
 
     def hessian_differences(self, thetas, sel, packed):
@@ -398,15 +419,30 @@ class FederatedLogReg:
         s = self._curvature(thetas, rows)
         sel = np.arange(self.n_clients) if sel is None else np.asarray(sel)
         diff, layout, _ = self._planned_packed(s, sel, rows, minus=packed)
-        return ActiveBlocks(layout.views(diff), tuple(self.active[c] for c in sel), self.d, 0.0,
-                            tuple(self.block_flat[c] for c in sel), diff, layout)
+        return ActiveBlocks(
+            layout.views(diff),
+            tuple(self.active[c] for c in sel),
+            self.d,
+            0.0,
+            tuple(self.block_flat[c] for c in sel),
+            diff,
+            layout,
+        )
 
     def _planned_hessians(self, s, sel, rows):
         packed, layout, u = self._planned_packed(s, sel, rows)
-        packed.flags.writeable = False    # the certificate below describes these numbers; keep them
+        packed.flags.writeable = False  # the certificate below describes these numbers; keep them
         cert = {"symmetric": True, "finite": bool(np.isfinite(u).all())}
-        return ActiveBlocks(layout.views(packed), tuple(self.active[c] for c in sel), self.d, self.lam,
-                            tuple(self.block_flat[c] for c in sel), packed, layout, cert)
+        return ActiveBlocks(
+            layout.views(packed),
+            tuple(self.active[c] for c in sel),
+            self.d,
+            self.lam,
+            tuple(self.block_flat[c] for c in sel),
+            packed,
+            layout,
+            cert,
+        )
 
     def blocks_like_hessians(self, blocks, sel) -> ActiveBlocks:
         """Client blocks on their active features (e.g. decoded from a lossless codec) in the very
@@ -422,8 +458,11 @@ class FederatedLogReg:
             layout = layout.take(sel)
         if [tuple(b.shape) for b in blocks] != [(int(n), int(n)) for n in layout.sizes]:
             raise ValueError("blocks do not match the clients' active features")
-        packed = np.concatenate([np.asarray(b, dtype=np.float64).reshape(-1) for b in blocks]) if len(blocks) \
+        packed = (
+            np.concatenate([np.asarray(b, dtype=np.float64).reshape(-1) for b in blocks])
+            if len(blocks)
             else np.zeros(0)
+        )
         packed.flags.writeable = False
         return ActiveBlocks(layout.views(packed), active, self.d, self.lam, flat, packed, layout)
 
@@ -440,8 +479,8 @@ class FederatedLogReg:
         sel = np.arange(self.n_clients) if sel is None else np.asarray(sel)
         starts = np.concatenate([[0], np.cumsum(self.counts[sel])])
         out = []
-        for k, (c, St) in enumerate(zip(sel, sketches)):
-            r = root[starts[k]:starts[k + 1], None]
+        for k, (c, St) in enumerate(zip(sel, sketches, strict=False)):
+            r = root[starts[k] : starts[k + 1], None]
             if St is None:
                 # row-major like the sketched products (the server's Gram takes R^T as it is, see fedns._gram)
                 out.append(np.ascontiguousarray((self.reduced[c] * r).T) if self.xp is np else (self.reduced[c] * r).T)
@@ -461,8 +500,11 @@ class FederatedLogReg:
                     # numbers; bincount adds its weights in input order, starting from 0 like SciPy's sums
                     rowi = np.repeat(np.arange(RT.shape[0]), np.diff(RT.indptr))
                     key = rowi * St.k + St.bucket[RT.indices]
-                    out.append(np.bincount(key, weights=data * St.sign[RT.indices],
-                                           minlength=RT.shape[0] * St.k).reshape(RT.shape[0], St.k))
+                    out.append(
+                        np.bincount(key, weights=data * St.sign[RT.indices], minlength=RT.shape[0] * St.k).reshape(
+                            RT.shape[0], St.k
+                        )
+                    )
                     continue
                 scaled = sp.csr_matrix((data, RT.indices, RT.indptr), shape=RT.shape)
                 prod = scaled @ St
@@ -506,16 +548,22 @@ class FederatedLogReg:
         """What ``_xtsx`` keeps: X^T, X's CSC pattern, the product's size and SciPy's index arrays for it."""
         from scipy.sparse._sparsetools import csr_matmat, csr_matmat_maxnnz
 
-        XT = self.X.T                                    # CSC view of X's CSR arrays
-        Xc = self.X.tocsc()                              # the row-scaled X's CSC pattern (rows ascending)
+        XT = self.X.T  # CSC view of X's CSR arrays
+        Xc = self.X.tocsc()  # the row-scaled X's CSC pattern (rows ascending)
         Xc.sort_indices()
         arrays = (Xc.indptr, Xc.indices, XT.indptr, XT.indices)
         idx = XT._get_index_dtype(arrays)
         args = tuple(np.asarray(a, dtype=idx) for a in arrays)
         nnz = int(csr_matmat_maxnnz(self.d, self.d, *args))
         idx2 = XT._get_index_dtype(arrays, maxval=nnz)
-        return {"Xc": Xc, "XT": XT, "nnz": nnz, "args": tuple(np.asarray(a, dtype=idx2) for a in arrays),
-                "idx": idx2, "matmat": csr_matmat}
+        return {
+            "Xc": Xc,
+            "XT": XT,
+            "nnz": nnz,
+            "args": tuple(np.asarray(a, dtype=idx2) for a in arrays),
+            "idx": idx2,
+            "matmat": csr_matmat,
+        }
 
     def _stack(self, theta):
         xp = self.xp
@@ -551,7 +599,13 @@ class FederatedLogReg:
         return to_numpy(a)
 
     def describe(self) -> dict:
-        return {"n": self.n_samples, "d": self.d, "clients": self.n_clients, "lam": self.lam,
-                "weighting": self.weighting, "min_client_size": int(self.counts.min()),
-                "max_client_size": int(self.counts.max()),
-                "mean_active_features": float(np.mean([len(a) for a in self.active_host]))}
+        return {
+            "n": self.n_samples,
+            "d": self.d,
+            "clients": self.n_clients,
+            "lam": self.lam,
+            "weighting": self.weighting,
+            "min_client_size": int(self.counts.min()),
+            "max_client_size": int(self.counts.max()),
+            "mean_active_features": float(np.mean([len(a) for a in self.active_host])),
+        }

@@ -1,4 +1,5 @@
 """Reference solution and initial points of the paper's Test 1."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,6 +1,7 @@
 """A registry of methods (name -> algorithm class), shared by fedconvex and fedpm_dnn: lookup with a clear
 error, construction that refuses a hyper-parameter the method does not have, and the filter that passes a
 command line's shared settings only to the methods that take them."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,10 @@ class Registry(dict):
         misspelt hyper-parameter must not silently fall back to its default)."""
         unknown = sorted(set(params) - set(self.hyperparameters(name)))
         if unknown:
-            raise ValueError(f"{name} has no hyper-parameter {', '.join(map(repr, unknown))}; it takes "
-                             f"{', '.join(sorted(self.hyperparameters(name)))}")
+            raise ValueError(
+                f"{name} has no hyper-parameter {', '.join(map(repr, unknown))}; it takes "
+                f"{', '.join(sorted(self.hyperparameters(name)))}"
+            )
         defaults = {f.name: f.default for f in dataclasses.fields(self.cls(name))}
         params = {key: check_value(name, key, value, defaults[key]) for key, value in params.items()}
         return self.cls(name)(**params)
@@ -55,7 +58,7 @@ def check_value(method: str, key: str, value, default):
     ``--params``, a caller) fails here with one line naming it, not later in the middle of a round.  Fields
     without a typed default (None) are the method's own business."""
     if isinstance(default, numbers.Number) and not isinstance(value, numbers.Number):
-        value = python_scalar(value)          # np.array(0.5), torch.tensor(0.5): the number they hold
+        value = python_scalar(value)  # np.array(0.5), torch.tensor(0.5): the number they hold
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ValueError(f"{method}: {key} must be true or false, got {value!r}")

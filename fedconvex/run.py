@@ -3,6 +3,7 @@ problem, metrics |f - f*|, ||theta - theta*||, ||grad f||.
 
 Algorithms never loop over rounds, log or count; the driver does, for every method alike.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,9 +20,11 @@ COLUMNS = ("round", "f_gap", "dist", "grad_norm", "bytes_up", "bytes_down", "sec
 
 def metrics(problem, theta, theta_star, f_star) -> dict:
     f, g = problem.value_and_gradient(theta)
-    return {"f_gap": abs(f - f_star) if f_star is not None else math.nan,
-            "dist": float(np.linalg.norm(to_numpy(theta - theta_star))) if theta_star is not None else math.nan,
-            "grad_norm": float(np.linalg.norm(to_numpy(g)))}
+    return {
+        "f_gap": abs(f - f_star) if f_star is not None else math.nan,
+        "dist": float(np.linalg.norm(to_numpy(theta - theta_star))) if theta_star is not None else math.nan,
+        "grad_norm": float(np.linalg.norm(to_numpy(g))),
+    }
 
 
 def blas_single_thread():
@@ -40,12 +43,17 @@ class _ReusingLogReg(FederatedLogReg):
     def values_and_gradients(self, thetas, sel=None):
         n = self.n_clients
         if sel is not None and len(sel) == n and np.array_equal(np.asarray(sel), np.arange(n)):
-            sel = None                        # every client, as the problem itself treats it
+            sel = None  # every client, as the problem itself treats it
         last = self._last
-        if (last is not None and isinstance(thetas, np.ndarray)
-                and last[0].shape == thetas.shape and last[0].dtype == thetas.dtype
-                and (sel is None) == (last[1] is None) and (sel is None or np.array_equal(sel, last[1]))
-                and np.array_equal(thetas, last[0])):
+        if (
+            last is not None
+            and isinstance(thetas, np.ndarray)
+            and last[0].shape == thetas.shape
+            and last[0].dtype == thetas.dtype
+            and (sel is None) == (last[1] is None)
+            and (sel is None or np.array_equal(sel, last[1]))
+            and np.array_equal(thetas, last[0])
+        ):
             return last[2].copy(), last[3].copy()
         vals, grads = super().values_and_gradients(thetas, sel)
         self._last = (np.array(thetas), None if sel is None else np.array(sel), vals.copy(), grads.copy())
@@ -65,9 +73,9 @@ def reusing_last_point(problem, known=None):
     if type(problem) is not FederatedLogReg or problem.xp is not np:
         return problem
     view = object.__new__(_ReusingLogReg)
-    view.__dict__.update(problem.__dict__)   # shares every array; the problem itself is not touched
+    view.__dict__.update(problem.__dict__)  # shares every array; the problem itself is not touched
     if known is not None:
-        view._last = known                   # never written into: a hit answers copies, a miss replaces it
+        view._last = known  # never written into: a hit answers copies, a miss replaces it
     return view
 
 
@@ -79,7 +87,7 @@ def known_point(problem, theta):
     view = reusing_last_point(problem)
     if view is problem:
         return None
-    view.values_and_gradients(view._stack(theta))   # the question the round-0 metrics ask (value_and_gradient)
+    view.values_and_gradients(view._stack(theta))  # the question the round-0 metrics ask (value_and_gradient)
     return view._last
 
 
@@ -111,9 +119,23 @@ def run(problem, algorithm, theta0, rounds: int, **kwargs):
         return _run(problem, algorithm, theta0, rounds, **kwargs)
 
 
-def _run(problem, algorithm, theta0, rounds: int, *, participants: int | None = None, seed: int = 0,
-         theta_star=None, f_star=None, stop=None, on_round=None, tamper=None, screen: bool = True,
-         max_ratio: float | None = None, client_streams: bool = False):
+def _run(
+    problem,
+    algorithm,
+    theta0,
+    rounds: int,
+    *,
+    participants: int | None = None,
+    seed: int = 0,
+    theta_star=None,
+    f_star=None,
+    stop=None,
+    on_round=None,
+    tamper=None,
+    screen: bool = True,
+    max_ratio: float | None = None,
+    client_streams: bool = False,
+):
     """Run ``rounds`` rounds; returns (final state, list of per-round metric dicts, round 0 first).
 
     ``screen`` (default on) rejects unusable client replies before the server step (see
@@ -132,11 +154,26 @@ def _run(problem, algorithm, theta0, rounds: int, *, participants: int | None = 
     def weights(sel):
         return problem.client_weights[xp.asarray(sel)] if len(sel) < n else problem.client_weights
 
-    driver = Driver(algorithm, problem, InProcess(problem, seed if client_streams else None), weights,
-                    evaluate=lambda state: metrics(problem, state.theta, theta_star, f_star),
-                    n_clients=n, participants=participants, d=problem.d, screen=screen, max_ratio=max_ratio,
-                    tamper=tamper, label=f"{algorithm.label} (lr={algorithm.lr:g})",
-                    synchronize=(xp.cuda.Stream.null.synchronize if xp is not np and hasattr(xp, "cuda") else None),
-                    finite=lambda state: bool(xp.all(xp.isfinite(state.theta))))
-    return driver.run(algorithm.init(problem, theta0), rounds, rng,
-                      on_round=(lambda row, _: on_round(row["round"])) if on_round is not None else None, stop=stop)
+    driver = Driver(
+        algorithm,
+        problem,
+        InProcess(problem, seed if client_streams else None),
+        weights,
+        evaluate=lambda state: metrics(problem, state.theta, theta_star, f_star),
+        n_clients=n,
+        participants=participants,
+        d=problem.d,
+        screen=screen,
+        max_ratio=max_ratio,
+        tamper=tamper,
+        label=f"{algorithm.label} (lr={algorithm.lr:g})",
+        synchronize=(xp.cuda.Stream.null.synchronize if xp is not np and hasattr(xp, "cuda") else None),
+        finite=lambda state: bool(xp.all(xp.isfinite(state.theta))),
+    )
+    return driver.run(
+        algorithm.init(problem, theta0),
+        rounds,
+        rng,
+        on_round=(lambda row, _: on_round(row["round"])) if on_round is not None else None,
+        stop=stop,
+    )

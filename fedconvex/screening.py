@@ -12,6 +12,7 @@ PSD test: a Cholesky factorisation of M + tol * max(1, max|M|) I must succeed, i
 eigenvalue below about -tol * max|M| -- the same cost as one factorisation, far cheaper than
 an eigendecomposition.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,8 +42,15 @@ def dtype_problem(a, kinds="f") -> str | None:
     if dtype is None or not hasattr(a, "shape"):
         return f"is a {type(a).__name__}, not an array"
     if "torch" in type(a).__module__:
-        kind = "c" if a.is_complex() else "f" if a.is_floating_point() else "b" if dtype.__repr__().endswith("bool") \
+        kind = (
+            "c"
+            if a.is_complex()
+            else "f"
+            if a.is_floating_point()
+            else "b"
+            if dtype.__repr__().endswith("bool")
             else "i"
+        )
     else:
         kind = np.dtype(dtype).kind
     if kind not in kinds:
@@ -77,8 +85,12 @@ def psd_problem(M, tol: float | None = None, shift: float = 0.0) -> str | None:
         M = M.to(xp.float64)
         scale = max(1.0, float(xp.abs(xp.diagonal(M)).max()))
         sym = float(xp.abs(M - M.T).max())
-        ok_sym = sym <= tol * scale   # False for NaN
-        ok = ok_sym and int(xp.linalg.cholesky_ex(M + (tol * scale + shift) * xp.eye(n, dtype=M.dtype, device=M.device))[1]) == 0
+        ok_sym = sym <= tol * scale  # False for NaN
+        ok = (
+            ok_sym
+            and int(xp.linalg.cholesky_ex(M + (tol * scale + shift) * xp.eye(n, dtype=M.dtype, device=M.device))[1])
+            == 0
+        )
     elif xp is np:
         M = np.asarray(M, dtype=np.float64)
         scale = max(1.0, float(np.abs(np.diagonal(M)).max()))
@@ -86,13 +98,15 @@ def psd_problem(M, tol: float | None = None, shift: float = 0.0) -> str | None:
         ok = False
         if ok_sym:
             S = M.copy()
-            S.flat[::n + 1] += tol * scale + shift
+            S.flat[:: n + 1] += tol * scale + shift
             ok = dpotrf(S, lower=1, clean=0, overwrite_a=1)[1] == 0
     else:
         scale = max(1.0, float(xp.max(xp.abs(xp.diagonal(M)))))
         ok_sym = float(xp.max(xp.abs(M - M.T))) <= tol * scale
         try:
-            ok = ok_sym and bool(xp.all(xp.isfinite(xp.linalg.cholesky(M + (tol * scale + shift) * xp.eye(n, dtype=M.dtype)))))
+            ok = ok_sym and bool(
+                xp.all(xp.isfinite(xp.linalg.cholesky(M + (tol * scale + shift) * xp.eye(n, dtype=M.dtype))))
+            )
         except Exception:
             ok = False
     if ok:
@@ -154,8 +168,9 @@ def magnitude_rejections(checks, max_ratio: float | None) -> dict:
         return out
     for what, vals in checks:
         for pos in magnitude_outliers(vals, max_ratio):
-            out.setdefault(pos, f"{what} {vals[pos]:.3g} exceeds {max_ratio:g} x the round's median "
-                                f"{lower_median(vals):.3g}")
+            out.setdefault(
+                pos, f"{what} {vals[pos]:.3g} exceeds {max_ratio:g} x the round's median {lower_median(vals):.3g}"
+            )
     return out
 
 
@@ -173,12 +188,12 @@ def magnitudes(reply: dict, psd_keys=()) -> tuple:
     """(sum of the preconditioner traces, norm of everything else) of a usable reply."""
     trace, sq = 0.0, 0.0
     for key, value in reply.items():
-        for a in (value.values() if isinstance(value, dict) else [value]):
+        for a in value.values() if isinstance(value, dict) else [value]:
             if key in psd_keys:
                 trace += _trace(a)
             else:
                 sq += _norm(a) ** 2
-    return trace, sq ** 0.5
+    return trace, sq**0.5
 
 
 def id_problems(clients, n_clients: int | None = None, senders=None) -> list:
@@ -191,8 +206,14 @@ def id_problems(clients, n_clients: int | None = None, senders=None) -> list:
             out.append(f"client id {c!r} is not an integer")
         elif n_clients is not None and not 0 <= int(c) < n_clients:
             out.append(f"client id {int(c)} is outside 0..{n_clients - 1}")
-        elif sum(1 for d in ids if not isinstance(d, (bool, np.bool_)) and isinstance(d, (int, np.integer))
-                 and int(d) == int(c)) > 1:
+        elif (
+            sum(
+                1
+                for d in ids
+                if not isinstance(d, (bool, np.bool_)) and isinstance(d, (int, np.integer)) and int(d) == int(c)
+            )
+            > 1
+        ):
             out.append(f"client id {int(c)} is claimed by more than one reply")
         elif senders is not None and senders[k] != c:
             out.append(f"claims client id {int(c)} but was sent by {senders[k]!r}")
@@ -201,8 +222,17 @@ def id_problems(clients, n_clients: int | None = None, senders=None) -> list:
     return out
 
 
-def screen(replies: list, clients, shapes: dict, psd_keys=(), round_: int | None = None, *,
-           n_clients: int | None = None, senders=None, max_ratio: float | None = None):
+def screen(
+    replies: list,
+    clients,
+    shapes: dict,
+    psd_keys=(),
+    round_: int | None = None,
+    *,
+    n_clients: int | None = None,
+    senders=None,
+    max_ratio: float | None = None,
+):
     """Indices of the usable replies, and (client, reason) for the rejected ones (logged).
 
     ``n_clients``: ids must lie in 0..n_clients-1; ``senders``: the id each reply must carry
@@ -215,17 +245,21 @@ def screen(replies: list, clients, shapes: dict, psd_keys=(), round_: int | None
         log.warning("%sclient %s rejected: %s", where, client, problem)
 
     clients = list(clients)
-    for k, (reply, client, bad_id) in enumerate(zip(replies, clients, id_problems(clients, n_clients, senders))):
-        problem = bad_id or (reply_problem(reply, shapes, psd_keys) if isinstance(reply, dict)
-                             else f"reply is a {type(reply).__name__}, not a mapping")
+    for k, (reply, client, bad_id) in enumerate(zip(replies, clients, id_problems(clients, n_clients, senders), strict=False)):
+        problem = bad_id or (
+            reply_problem(reply, shapes, psd_keys)
+            if isinstance(reply, dict)
+            else f"reply is a {type(reply).__name__}, not a mapping"
+        )
         if problem is None:
             kept.append(k)
         else:
             reject(k, client, problem)
     if max_ratio is not None and len(kept) > 1:
         mags = [magnitudes(replies[k], psd_keys) for k in kept]
-        out = magnitude_rejections((("preconditioner trace", [m[0] for m in mags]),
-                                    ("parameter norm", [m[1] for m in mags])), max_ratio)
+        out = magnitude_rejections(
+            (("preconditioner trace", [m[0] for m in mags]), ("parameter norm", [m[1] for m in mags])), max_ratio
+        )
         for pos, reason in out.items():
             reject(kept[pos], clients[kept[pos]], reason)
         kept = [k for pos, k in enumerate(kept) if pos not in out]

@@ -3,6 +3,7 @@
 optax-style pure pairs ``init(theta) -> state`` and ``step(theta, delta, state, t) ->
 (theta, state)``; FedAvg, FedAvgM and FedAdam are one FedOpt with a different optimizer.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,5 +55,5 @@ class Adam:
     def step(self, theta, delta, state, t):
         m = self.b1 * state["m"] - (1 - self.b1) * delta
         v = self.b2 * state["v"] + (1 - self.b2) * delta * delta
-        lr_t = self.lr * (1 - self.b2 ** t) ** 0.5 / (1 - self.b1 ** t)
-        return theta + lr_t * m / (v ** 0.5 + self.tau), {"m": m, "v": v}
+        lr_t = self.lr * (1 - self.b2**t) ** 0.5 / (1 - self.b1**t)
+        return theta + lr_t * m / (v**0.5 + self.tau), {"m": m, "v": v}

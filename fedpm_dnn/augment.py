@@ -2,6 +2,7 @@
 
 Done on whole uint8 batches with tensor indexing, never per sample in Python.
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,8 +35,8 @@ def crop_flip(x, oy, ox, flip, padding: int = 4):
     padded = F.pad(x, (padding, padding, padding, padding))
     W = w + 2 * padding
     j = torch.arange(w, device=dev)
-    cols = ox[:, None] + torch.where(flip[:, None], (w - 1) - j[None, :], j[None, :])        # (B, W)
-    rows = oy[:, None] + torch.arange(h, device=dev)[None, :]                                # (B, H)
+    cols = ox[:, None] + torch.where(flip[:, None], (w - 1) - j[None, :], j[None, :])  # (B, W)
+    rows = oy[:, None] + torch.arange(h, device=dev)[None, :]  # (B, H)
     idx = (rows[:, :, None] * W + cols[:, None, :]).view(b, 1, h * w).expand(b, c, h * w)
     return padded.view(b, c, -1).gather(2, idx).view(b, c, h, w)
 
@@ -45,6 +46,9 @@ def random_crop_flip(x, generator: torch.Generator, padding: int = 4, flip: bool
     b, dev = x.shape[0], x.device
     oy = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device="cpu").to(dev)
     ox = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device="cpu").to(dev)
-    mask = (torch.rand(b, generator=generator, device="cpu") < 0.5).to(dev) if flip else \
-        torch.zeros(b, dtype=torch.bool, device=dev)
+    mask = (
+        (torch.rand(b, generator=generator, device="cpu") < 0.5).to(dev)
+        if flip
+        else torch.zeros(b, dtype=torch.bool, device=dev)
+    )
     return crop_flip(x, oy, ox, mask, padding)

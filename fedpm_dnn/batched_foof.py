@@ -7,6 +7,7 @@ sequential path), accumulated in float64.  Clients hold different numbers of sam
 samples are padded to the largest client and the padded rows' block inputs are zeroed, so they
 add nothing to the sums; each client's count is its own.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,10 @@ from . import foof
 def input_blocks(model, blocks: dict, sample: torch.Tensor) -> set:
     """Names of the blocks that read the model's input itself (their A depends on the data only)."""
     found = set()
-    handles = [b.module.register_forward_pre_hook(lambda mod, inp, name=name: found.add(name)
-                                                  if inp[0] is sample else None) for name, b in blocks.items()]
+    handles = [
+        b.module.register_forward_pre_hook(lambda mod, inp, name=name: found.add(name) if inp[0] is sample else None)
+        for name, b in blocks.items()
+    ]
     try:
         with torch.no_grad():
             model(sample)
@@ -51,8 +54,11 @@ class StackedCapture:
         def hook(mod, inp, name):
             if self.active is not None and name in self.active:
                 self.store[name] = inp[0]
-        self.handles = [b.module.register_forward_pre_hook(lambda mod, inp, name=name: hook(mod, inp, name))
-                        for name, b in self.blocks.items()]
+
+        self.handles = [
+            b.module.register_forward_pre_hook(lambda mod, inp, name=name: hook(mod, inp, name))
+            for name, b in self.blocks.items()
+        ]
         return self
 
     def __exit__(self, *exc):
@@ -62,8 +68,16 @@ class StackedCapture:
 
 
 @torch.no_grad()
-def stacked_foof(forward_capture, capture: StackedCapture, blocks: dict, params: dict, images, counts,
-                 skip: set = frozenset(), stats_batch: int = 512) -> dict:
+def stacked_foof(
+    forward_capture,
+    capture: StackedCapture,
+    blocks: dict,
+    params: dict,
+    images,
+    counts,
+    skip: set = frozenset(),
+    stats_batch: int = 512,
+) -> dict:
     """A per block for K clients (float64, (K, D, D)), blocks in ``skip`` left out.
 
     ``images(s, e)`` returns the clients' normalised plain inputs of padded rows s:e, shape (K, e-s, C, H, W);
@@ -80,7 +94,7 @@ def stacked_foof(forward_capture, capture: StackedCapture, blocks: dict, params:
     for s in range(0, n_max, stats_batch):
         e = min(n_max, s + stats_batch)
         x = images(s, e)
-        valid = (torch.arange(s, e, device=dev)[None, :] < counts[:, None])       # (K, b)
+        valid = torch.arange(s, e, device=dev)[None, :] < counts[:, None]  # (K, b)
         inputs = forward_capture(params, x)
         for name in active:
             a = inputs[name]
@@ -89,8 +103,9 @@ def stacked_foof(forward_capture, capture: StackedCapture, blocks: dict, params:
             S, sv, per = stacked_gram(block, a)
             if block.has_bias:
                 nrow = (valid.sum(1) * per).to(S.dtype)
-                S = torch.cat([torch.cat([S, sv[:, :, None]], 2),
-                               torch.cat([sv[:, None, :], nrow[:, None, None]], 2)], 1)
+                S = torch.cat(
+                    [torch.cat([S, sv[:, :, None]], 2), torch.cat([sv[:, None, :], nrow[:, None, None]], 2)], 1
+                )
             sums[name] = sums.get(name, 0) + S.to(torch.float64)
             rows[name] = per
     capture.active = None

@@ -11,6 +11,7 @@
   extended.
 * A truncated, corrupted or structurally wrong file is one ``CheckpointError`` naming the file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,11 +51,20 @@ def data_hash(clients, x_test=None, y_test=None) -> str:
 def fingerprint(exp) -> dict:
     """Flat dict of everything that shapes the run of ``exp`` (values are plain JSON-like types)."""
     fp = {f"run.{k}": v for k, v in (exp.meta or {}).get("fingerprint", {}).items()}
-    fp.update({"model": exp.model, "num_classes": int(exp.num_classes), "in_channels": int(exp.in_channels),
-          "image_size": int(exp.image_size), "seed": int(exp.seed), "n_clients": len(exp.clients),
-          "participants": None if exp.participants is None else int(exp.participants),
-          "client_sizes": [len(c) for c in exp.clients], "engine": exp.engine,   # the resolved one (--engine auto)
-          "data_hash": data_hash(exp.clients, exp.x_test, exp.y_test)})
+    fp.update(
+        {
+            "model": exp.model,
+            "num_classes": int(exp.num_classes),
+            "in_channels": int(exp.in_channels),
+            "image_size": int(exp.image_size),
+            "seed": int(exp.seed),
+            "n_clients": len(exp.clients),
+            "participants": None if exp.participants is None else int(exp.participants),
+            "client_sizes": [len(c) for c in exp.clients],
+            "engine": exp.engine,  # the resolved one (--engine auto)
+            "data_hash": data_hash(exp.clients, exp.x_test, exp.y_test),
+        }
+    )
     fp["config.name"] = exp.cfg.name
     fp.update({f"config.{k}": v for k, v in asdict(exp.cfg).items()})
     return fp
@@ -65,13 +75,16 @@ def _show(key: str) -> str:
         return "--" + key[4:].replace("_", "-")
     if key.startswith("config."):
         return key[7:].replace("_", " ")
-    return {"data_hash": "the data (partition, subsets or files)", "client_sizes": "client sizes",
-            "n_clients": "number of clients"}.get(key, key.replace("_", " "))
+    return {
+        "data_hash": "the data (partition, subsets or files)",
+        "client_sizes": "client sizes",
+        "n_clients": "number of clients",
+    }.get(key, key.replace("_", " "))
 
 
 def first_difference(saved: dict, now: dict) -> str | None:
     """'<what>: checkpoint has X, this run Y' for the first differing entry, or None."""
-    if "engine" not in saved and "run.engine" in saved:   # a checkpoint from before the resolved engine was kept
+    if "engine" not in saved and "run.engine" in saved:  # a checkpoint from before the resolved engine was kept
         saved = {**{k: v for k, v in saved.items() if k != "run.engine"}, "engine": saved["run.engine"]}
     order = list(now) + [k for k in saved if k not in now]
     for key in order:
@@ -94,7 +107,7 @@ def save(path: str, payload: dict) -> None:
             os.fsync(fh.fileno())
     except RuntimeError as exc:
         if isinstance(exc.__context__, KeyboardInterrupt):
-            raise KeyboardInterrupt from None   # torch's zip writer reports a Ctrl-C inside torch.save as this
+            raise KeyboardInterrupt from None  # torch's zip writer reports a Ctrl-C inside torch.save as this
         raise
 
 
@@ -112,13 +125,15 @@ def load(path: str, map_location=None) -> dict:
             why = f"truncated or corrupted ({type(exc).__name__})"
         raise CheckpointError(f"{path}: not a usable checkpoint: {why}; remove it or choose another --out") from None
     if not isinstance(ck, dict) or ck.get("format") != FORMAT or not isinstance(ck.get("fingerprint"), dict):
-        raise CheckpointError(f"{path}: not a checkpoint of this version (no fingerprint); remove it or choose "
-                              "another --out")
+        raise CheckpointError(
+            f"{path}: not a checkpoint of this version (no fingerprint); remove it or choose another --out"
+        )
     return ck
 
 
 def check_structure(path: str, ck: dict, fresh_state: dict, n_clients: int) -> None:
     """The loaded state must look like the one this run would build (names, shapes, dtypes)."""
+
     def bad(why):
         return CheckpointError(f"{path}: damaged checkpoint ({why}); remove it or choose another --out")
 
@@ -128,10 +143,14 @@ def check_structure(path: str, ck: dict, fresh_state: dict, n_clients: int) -> N
     server = ck["server"]
     if not isinstance(server, dict) or set(server) != set(fresh_state):
         raise bad("server state entries differ")
-    hats = server.get("foof_hat", {})   # the delta codec's estimates (fedpm_dnn.wire)
+    hats = server.get("foof_hat", {})  # the delta codec's estimates (fedpm_dnn.wire)
     if not isinstance(hats, dict) or not all(
-            isinstance(c, int) and 0 <= c < n_clients and isinstance(h, dict)
-            and all(isinstance(m, torch.Tensor) for m in h.values()) for c, h in hats.items()):
+        isinstance(c, int)
+        and 0 <= c < n_clients
+        and isinstance(h, dict)
+        and all(isinstance(m, torch.Tensor) for m in h.values())
+        for c, h in hats.items()
+    ):
         raise bad("delta-codec estimates are not {client: {block: tensor}}")
     params, fresh = server.get("params"), fresh_state["params"]
     if not isinstance(params, dict) or list(params) != list(fresh):
@@ -140,11 +159,16 @@ def check_structure(path: str, ck: dict, fresh_state: dict, n_clients: int) -> N
         p = params[k]
         if not isinstance(p, torch.Tensor) or p.shape != v.shape or p.dtype != v.dtype:
             raise bad(f"parameter {k} is not a {v.dtype} tensor of shape {tuple(v.shape)}")
-    if not isinstance(ck["clients"], list) or len(ck["clients"]) != n_clients or \
-            not all(isinstance(c, dict) for c in ck["clients"]):
+    if (
+        not isinstance(ck["clients"], list)
+        or len(ck["clients"]) != n_clients
+        or not all(isinstance(c, dict) for c in ck["clients"])
+    ):
         raise bad(f"client states are not {n_clients} dicts")
     hist = ck["history"]
-    if not isinstance(hist, list) or not all(isinstance(r, dict) and r.get("round") == i + 1 for i, r in enumerate(hist)):
+    if not isinstance(hist, list) or not all(
+        isinstance(r, dict) and r.get("round") == i + 1 for i, r in enumerate(hist)
+    ):
         raise bad("history is not rounds 1, 2, ...")
     if server.get("round") != len(hist):
         raise bad(f"server round {server.get('round')!r} but {len(hist)} history rows")

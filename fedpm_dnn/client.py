@@ -10,6 +10,7 @@ only in how the gradient is corrected before the step (the method's ``grad_hook`
            preconditioner; 'gradient': before it), then theta -= lr * direction
   all      theta -= lr * weight_decay * theta   (weight_decay_mode 'decoupled' only)
 """
+
 from __future__ import annotations
 
 import time
@@ -24,8 +25,8 @@ from .augment import normalize, random_crop_flip, standardize, to_unit
 
 @dataclass
 class ClientData:
-    x: torch.Tensor          # uint8 (n, C, H, W) on the device
-    y: torch.Tensor          # int64 (n,)
+    x: torch.Tensor  # uint8 (n, C, H, W) on the device
+    y: torch.Tensor  # int64 (n,)
     mean: tuple
     std: tuple
     augment: bool = True
@@ -35,14 +36,14 @@ class ClientData:
 
     def batch(self, idx, generator):
         x = to_unit(self.x[idx])
-        if self.augment:   # crop the raw image (zero padding = black), then standardise
+        if self.augment:  # crop the raw image (zero padding = black), then standardise
             x = random_crop_flip(x, generator)
         return standardize(x, self.mean, self.std), self.y[idx]
 
     def plain_batches(self, idx, batch_size=512):
         """Un-augmented normalised inputs (for FOOF statistics and evaluation)."""
         for s in range(0, len(idx), batch_size):
-            yield normalize(self.x[idx[s:s + batch_size]], self.mean, self.std)
+            yield normalize(self.x[idx[s : s + batch_size]], self.mean, self.std)
 
 
 def foof_matrices(model, blocks, data: ClientData, samples, generator, static: dict | None = None):
@@ -64,13 +65,24 @@ def client_round(alg, model, blocks, data, cs: dict, down: dict, gen):
     ClientApp: load the global model, train locally, and build the reply.  ``cs`` is the client's
     persistent state (FOOF matrices and first-layer cache, the method's own entries), updated in place."""
     _load(model, down["params"])
-    if alg.uses_foof and "foof" not in cs:   # first participation: matrices at the received model
+    if alg.uses_foof and "foof" not in cs:  # first participation: matrices at the received model
         cs["foof"] = foof_matrices(model, blocks, data, alg.foof_samples, gen, cs.setdefault("foof_static", {}))
-    loss, steps, _ = local_train(model, alg, data, gen, hook=alg.grad_hook(down, cs), foof_A=cs.get("foof"),
-                                 blocks=blocks, foof_static=cs.get("foof_static"))
+    loss, steps, _ = local_train(
+        model,
+        alg,
+        data,
+        gen,
+        hook=alg.grad_hook(down, cs),
+        foof_A=cs.get("foof"),
+        blocks=blocks,
+        foof_static=cs.get("foof_static"),
+    )
     local = {k: v.detach().clone() for k, v in model.named_parameters()}
-    end = foof_matrices(model, blocks, data, alg.foof_samples, gen, cs.setdefault("foof_static", {})) \
-        if alg.uses_foof else None
+    end = (
+        foof_matrices(model, blocks, data, alg.foof_samples, gen, cs.setdefault("foof_static", {}))
+        if alg.uses_foof
+        else None
+    )
     return alg.client_reply(cs, local, steps, down, end), loss
 
 
@@ -93,7 +105,7 @@ def local_train(model, cfg, data: ClientData, generator, *, hook=None, foof_A=No
     for _ in range(cfg.local_epochs):
         order = torch.randperm(n, generator=generator).to(data.x.device)
         for s in range(0, n, cfg.batch_size):
-            idx = order[s:s + cfg.batch_size]
+            idx = order[s : s + cfg.batch_size]
             x, y = data.batch(idx, generator)
             model.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x), y)
@@ -111,7 +123,7 @@ def local_train(model, cfg, data: ClientData, generator, *, hook=None, foof_A=No
                 if factors is not None:
                     foof.precondition_grads(model, blocks, factors)
                 if cfg.clip is not None and cfg.clip_stage == "update":
-                    torch.nn.utils.clip_grad_norm_(params, cfg.clip)   # bounds the step: lr * clip
+                    torch.nn.utils.clip_grad_norm_(params, cfg.clip)  # bounds the step: lr * clip
                 decay = cfg.lr * cfg.weight_decay if cfg.weight_decay_mode == "decoupled" else 0.0
                 for p in params:
                     if p.grad is not None:

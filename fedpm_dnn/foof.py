@@ -10,10 +10,11 @@ Local step: Theta <- Theta - lr (A + lam I)^{-1} G_Theta.  Server (FedPM): per b
 Theta = precond_mix(A_stack, Theta_stack, w, damping=lam) -- the fedconvex kernel.
 A registry maps layer types to their block adapter (KFAC-jax / BackPACK style).
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import cache
 
 import torch
 import torch.nn as nn
@@ -66,8 +67,8 @@ def conv_patches(m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     (kh, kw), (sh, sw), (dh, dw), (ph, pw) = conv_geometry(m)
     if ph or pw:
         x = F.pad(x, (pw, pw, ph, ph))
-    v = x.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)   # (N, C, oh, ow, span_h, span_w)
-    v = v[..., ::dh, ::dw]                                                     # (N, C, oh, ow, kh, kw)
+    v = x.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)  # (N, C, oh, ow, span_h, span_w)
+    v = v[..., ::dh, ::dw]  # (N, C, oh, ow, kh, kw)
     N, C, oh, ow = v.shape[:4]
     return v.permute(0, 2, 3, 1, 4, 5).reshape(N, oh * ow, C * kh * kw)
 
@@ -88,7 +89,7 @@ def conv_gram(m: nn.Conv2d, x: torch.Tensor):
 
 def _chunk(K: int, L: int, D: int) -> int:
     """Images per chunk: patches of about 2^25 entries (bounded memory)."""
-    return max(1, int(2 ** 25 // (K * L * D)))
+    return max(1, int(2**25 // (K * L * D)))
 
 
 def patch_gram(m: nn.Conv2d, x: torch.Tensor):
@@ -101,7 +102,7 @@ def patch_gram(m: nn.Conv2d, x: torch.Tensor):
     total = torch.zeros(K, D, dtype=x.dtype, device=x.device)
     for i in range(0, B, step):
         # reshape, not view: an unpadded 1x1 stride-1 conv's patches are a permuted view of x
-        a = conv_patches(m, x[:, i:i + step].reshape(-1, *x.shape[2:])).reshape(K, -1, D)
+        a = conv_patches(m, x[:, i : i + step].reshape(-1, *x.shape[2:])).reshape(K, -1, D)
         S.baddbmm_(a.transpose(1, 2), a)
         total += a.sum(1)
     return S, total, L
@@ -112,7 +113,7 @@ def _out_size(size: int, k: int, stride: int, dilation: int, pad: int) -> int:
     return (size + 2 * pad - dilation * (k - 1) - 1) // stride + 1
 
 
-@lru_cache(maxsize=None)
+@cache
 def row_pairings(kh: int, dh: int, sh: int, oh: int) -> tuple:
     """Which input rows the row form multiplies, and how the products add up to the blocks of S.
 
@@ -131,8 +132,12 @@ def row_pairings(kh: int, dh: int, sh: int, oh: int) -> tuple:
             if not starts:
                 continue
             cuts = sorted(set(starts.values()) | {s + oh for s in starts.values()})
-            segments = [(c, min(b, c + span)) for a, b in zip(cuts, cuts[1:])
-                        if any(s <= a < s + oh for s in starts.values()) for c in range(a, b, span)]
+            segments = [
+                (c, min(b, c + span))
+                for a, b in zip(cuts, cuts[1:], strict=False)
+                if any(s <= a < s + oh for s in starts.values())
+                for c in range(a, b, span)
+            ]
             windows = {i: [k for k, (a, _) in enumerate(segments) if s <= a < s + oh] for i, s in starts.items()}
             out.append((e, r, (r + e * dh) % sh, (r + e * dh) // sh, tuple(segments), windows))
     return tuple(out)
@@ -181,7 +186,7 @@ def width_patches(m: nn.Conv2d, x: torch.Tensor) -> list:
     x = x.reshape(K * B, *x.shape[2:])
     if ph or pw:
         x = F.pad(x, (pw, pw, ph, ph))
-    v = x.unfold(3, dw * (kw - 1) + 1, sw)[..., ::dw]                 # (K B, C, rows, ow, kw)
+    v = x.unfold(3, dw * (kw - 1) + 1, sw)[..., ::dw]  # (K B, C, rows, ow, kw)
     v = v.reshape(K, B, *v.shape[1:])
     return [v[:, :, :, r::sh].permute(0, 2, 5, 3, 1, 4).reshape(K, C * kw, -1, B * v.shape[4]) for r in range(sh)]
 
@@ -199,7 +204,7 @@ def row_form_gram(m: nn.Conv2d, x: torch.Tensor):
     step = _chunk(K, oh * ow, D)
     S = torch.zeros(K, C, kh, kw, C, kh, kw, dtype=torch.float64)
     for i in range(0, B, step):
-        rows = width_patches(m, x[:, i:i + step])
+        rows = width_patches(m, x[:, i : i + step])
         for e, r, r2, shift, segments, windows in row_pairings(kh, dh, sh, oh):
             parts = [_segment_gram(rows[r], rows[r2], a, b, shift).view(K, C, kw, C, kw) for a, b in segments]
             for top, members in windows.items():
@@ -215,7 +220,7 @@ def _segment_gram(left: torch.Tensor, right: torch.Tensor, a: int, b: int, shift
     """Sum over positions t in [a, b) of the Gram between the width patches of rows left[t] and right[t + shift]
     ((K, C kw, rows, B ow) each): one product, its inner dimension the rows' images and output columns."""
     K, E = left.shape[:2]
-    return torch.bmm(left[:, :, a:b].reshape(K, E, -1), right[:, :, a + shift:b + shift].reshape(K, E, -1).mT)
+    return torch.bmm(left[:, :, a:b].reshape(K, E, -1), right[:, :, a + shift : b + shift].reshape(K, E, -1).mT)
 
 
 def _mirror_kernel_rows(S: torch.Tensor) -> None:
@@ -231,7 +236,7 @@ def _mirror_kernel_rows(S: torch.Tensor) -> None:
 
 class Conv2dBlock(LinearBlock):
     def patches(self, x):
-        return conv_patches(self.module, x).reshape(-1, self.module.weight[0].numel())   # every position of every sample
+        return conv_patches(self.module, x).reshape(-1, self.module.weight[0].numel())  # every position of every sample
 
     def gram(self, x):
         S, total, L = conv_gram(self.module, x[None])
@@ -278,7 +283,7 @@ class StatsAccumulator:
         self.sums = {}
         self.counts = {}
         self.model_input = None
-        self.input_blocks = set()   # blocks fed the model's input directly: their A depends on data only
+        self.input_blocks = set()  # blocks fed the model's input directly: their A depends on data only
 
     def add(self, name, x):
         if x is self.model_input:
@@ -304,8 +309,10 @@ class StatsAccumulator:
 @contextmanager
 def capture_inputs(blocks: dict, acc: StatsAccumulator):
     """Forward pre-hooks that feed every block's input to ``acc``."""
-    handles = [b.module.register_forward_pre_hook(lambda mod, inp, name=name: acc.add(name, inp[0]))
-               for name, b in blocks.items()]
+    handles = [
+        b.module.register_forward_pre_hook(lambda mod, inp, name=name: acc.add(name, inp[0]))
+        for name, b in blocks.items()
+    ]
     try:
         yield acc
     finally:
@@ -340,8 +347,9 @@ def finite_float64(name: str, M):
     """M in float64; NaN/Inf there means the local training that produced it diverged."""
     M64 = M.to(torch.float64)
     if not bool(torch.isfinite(M64).all()):
-        raise ArithmeticError(f"FOOF matrix of {name} contains NaN or Inf: local training diverged "
-                              "(lower --lr or set --clip)")
+        raise ArithmeticError(
+            f"FOOF matrix of {name} contains NaN or Inf: local training diverged (lower --lr or set --clip)"
+        )
     return M64
 
 
@@ -363,8 +371,9 @@ def factorize(A: dict, damping: float, dtype=None) -> dict:
             psd = (V * w.clamp(min=0)) @ V.T
             L, info = torch.linalg.cholesky_ex(0.5 * (psd + psd.T) + damping * eye)
         if int(info) != 0:
-            raise ArithmeticError(f"FOOF matrix of {name} + damping {damping:g} is not positive definite; "
-                                  "raise --damping")
+            raise ArithmeticError(
+                f"FOOF matrix of {name} + damping {damping:g} is not positive definite; raise --damping"
+            )
         out[name] = L.to(dtype or M.dtype)
     return out
 

@@ -6,6 +6,7 @@ out, since the paper trains with cross-entropy alone and is silent on the head.
 ResNet18-GN: ResNet-18 with the CIFAR stem (3x3 conv, no max-pool) and every BatchNorm
 replaced by GroupNorm (Wu & He 2018), which the paper uses for robustness to heterogeneity.
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,7 +55,7 @@ class ResNet18GN(nn.Module):
         self.norm1 = nn.GroupNorm(groups, width)
         layers, cin = [], width
         for i, stride in enumerate((1, 2, 2, 2)):
-            cout = width * 2 ** i
+            cout = width * 2**i
             layers.append(nn.Sequential(BasicBlock(cin, cout, stride, groups), BasicBlock(cout, cout, 1, groups)))
             cin = cout
         self.layers = nn.Sequential(*layers)
@@ -67,8 +68,10 @@ class ResNet18GN(nn.Module):
         return self.fc(x)
 
 
-MODELS = {"cnn": lambda num_classes, in_channels, image_size, groups: SimpleCNN(num_classes, in_channels, image_size),
-          "resnet18gn": lambda num_classes, in_channels, image_size, groups: ResNet18GN(num_classes, in_channels, groups)}
+MODELS = {
+    "cnn": lambda num_classes, in_channels, image_size, groups: SimpleCNN(num_classes, in_channels, image_size),
+    "resnet18gn": lambda num_classes, in_channels, image_size, groups: ResNet18GN(num_classes, in_channels, groups),
+}
 
 
 def make_model(name: str, num_classes: int, in_channels: int = 3, image_size: int = 32, groups: int = 2):

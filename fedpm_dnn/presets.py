@@ -4,6 +4,7 @@ Each preset names its table; values are (lr, grad clip or None, weight decay -- 
 FedProx --, FedAvgM momentum, damping, FedAdam server lr).  ``method_config`` turns a preset
 row into a method object (``fedpm_dnn.algorithms``); explicit command-line flags override it.
 """
+
 from __future__ import annotations
 
 from .algorithms import hyperparameters_of, make_method
@@ -16,61 +17,205 @@ def _table(caption, rows, **setting):
 
 
 def _row(lr, clip, wd, momentum=None, damping=None, server_lr=None, mu=None):
-    return {k: v for k, v in dict(lr=lr, clip=clip, weight_decay=wd, momentum=momentum, damping=damping,
-                                  server_lr=server_lr, mu=mu).items() if v is not None or k == "clip"}
+    return {
+        k: v
+        for k, v in dict(
+            lr=lr, clip=clip, weight_decay=wd, momentum=momentum, damping=damping, server_lr=server_lr, mu=mu
+        ).items()
+        if v is not None or k == "clip"
+    }
 
 
 def _main(fedavg, fedavgm, fedprox, scaffold, fedadam, localnewton, fedpm):
-    return {"fedavg": _row(*fedavg), "fedavgm": _row(*fedavgm[:3], momentum=fedavgm[3]),
-            "fedprox": _row(fedprox[0], fedprox[1], 0.0, mu=fedprox[2]), "scaffold": _row(*scaffold),
-            "fedadam": _row(*fedadam[:3], server_lr=fedadam[3]),
-            "localnewton": _row(*localnewton[:3], damping=localnewton[3]), "fedpm": _row(*fedpm[:3], damping=fedpm[3])}
+    return {
+        "fedavg": _row(*fedavg),
+        "fedavgm": _row(*fedavgm[:3], momentum=fedavgm[3]),
+        "fedprox": _row(fedprox[0], fedprox[1], 0.0, mu=fedprox[2]),
+        "scaffold": _row(*scaffold),
+        "fedadam": _row(*fedadam[:3], server_lr=fedadam[3]),
+        "localnewton": _row(*localnewton[:3], damping=localnewton[3]),
+        "fedpm": _row(*fedpm[:3], damping=fedpm[3]),
+    }
 
 
 PRESETS = {
-    "cifar10-a1.0": _table("Table: final hyperparameters for CIFAR10, alpha=1.0 (tab:hp_cifar10_a1_0)", _main(
-        (0.1, N, 1e-4), (0.1, 1.0, 1e-4, 0.9), (0.3, 1.0, 1e-3), (0.1, N, 1e-4), (0.05, N, 1e-4, 0.03),
-        (0.3, N, 1e-4, 1.0), (0.3, N, 1e-4, 1.0)), dataset="cifar10", alpha=1.0, local_epochs=5),
-    "cifar10-a0.1": _table("Table: final hyperparameters for CIFAR10, alpha=0.1 (tab:hp_cifar10_a0_1)", _main(
-        (0.1, N, 0.0), (0.1, 1.0, 1e-4, 0.9), (0.05, N, 1e-3), (0.1, N, 1e-4), (0.05, N, 1e-4, 0.03),
-        (0.3, 1.0, 0.0, 1e-4), (0.5, 1.0, 1e-4, 1.0)), dataset="cifar10", alpha=0.1, local_epochs=5),
-    "cifar100-a1.0": _table("Table: final hyperparameters for CIFAR100, alpha=1.0 (tab:hp_cifar100_a1_0)", _main(
-        (0.3, 1.0, 1e-4), (0.1, 1.0, 1e-4, 0.9), (0.3, 1.0, 1e-2), (0.3, 1.0, 1e-4), (0.03, N, 1e-4, 0.01),
-        (0.3, N, 1e-4, 1.0), (0.3, N, 1e-4, 1.0)), dataset="cifar100", alpha=1.0, local_epochs=5),
-    "cifar100-a0.1": _table("Table: final hyperparameters for CIFAR100, alpha=0.1 (tab:hp_cifar100_a0_1)", _main(
-        (0.3, N, 1e-4), (0.1, 1.0, 1e-4, 0.9), (0.3, N, 1e-3), (0.3, N, 1e-4), (0.01, N, 1e-4, 0.03),
-        (0.5, 1.0, 0.0, 1.0), (0.5, 1.0, 1e-4, 1.0)), dataset="cifar100", alpha=0.1, local_epochs=5),
-    "cifar10-e1": _table("Table: CIFAR10 (alpha=0.1) with 1 local epoch (tab:hp_cifar10_e1)", _main(
-        (0.05, N, 1e-4), (0.1, 1.0, 1e-4, 0.99), (0.1, N, 1e-3), (0.3, 1.0, 1e-4), (0.05, N, 1e-4, 0.05),
-        (0.3, 1.0, 1e-4, 1.0), (0.3, 1.0, 1e-4, 0.01)), dataset="cifar10", alpha=0.1, local_epochs=1),
-    "cifar10-e10": _table("Table: CIFAR10 (alpha=0.1) with 10 local epochs (tab:hp_cifar10_e10)", _main(
-        (0.05, N, 1e-4), (0.1, 1.0, 1e-4, 0.9), (0.1, 1.0, 1e-3), (0.1, N, 1e-4), (0.03, N, 1e-4, 0.05),
-        (0.3, 1.0, 0.0, 0.01), (0.3, N, 1e-4, 1.0)), dataset="cifar10", alpha=0.1, local_epochs=10),
-    "femnist": _table("Table: final hyperparameters for FEMNIST (tab:hp_femnist)", _main(
-        (0.1, N, 1e-4), (0.5, 1.0, 1e-4, 0.7), (0.1, N, 1e-2), (0.5, 1.0, 1e-4), (0.05, N, 1e-4, 0.03),
-        (0.5, 1.0, 1e-4, 1.0), (0.5, 1.0, 1e-4, 1.0)), dataset="femnist", participants=10, local_epochs=5),
+    "cifar10-a1.0": _table(
+        "Table: final hyperparameters for CIFAR10, alpha=1.0 (tab:hp_cifar10_a1_0)",
+        _main(
+            (0.1, N, 1e-4),
+            (0.1, 1.0, 1e-4, 0.9),
+            (0.3, 1.0, 1e-3),
+            (0.1, N, 1e-4),
+            (0.05, N, 1e-4, 0.03),
+            (0.3, N, 1e-4, 1.0),
+            (0.3, N, 1e-4, 1.0),
+        ),
+        dataset="cifar10",
+        alpha=1.0,
+        local_epochs=5,
+    ),
+    "cifar10-a0.1": _table(
+        "Table: final hyperparameters for CIFAR10, alpha=0.1 (tab:hp_cifar10_a0_1)",
+        _main(
+            (0.1, N, 0.0),
+            (0.1, 1.0, 1e-4, 0.9),
+            (0.05, N, 1e-3),
+            (0.1, N, 1e-4),
+            (0.05, N, 1e-4, 0.03),
+            (0.3, 1.0, 0.0, 1e-4),
+            (0.5, 1.0, 1e-4, 1.0),
+        ),
+        dataset="cifar10",
+        alpha=0.1,
+        local_epochs=5,
+    ),
+    "cifar100-a1.0": _table(
+        "Table: final hyperparameters for CIFAR100, alpha=1.0 (tab:hp_cifar100_a1_0)",
+        _main(
+            (0.3, 1.0, 1e-4),
+            (0.1, 1.0, 1e-4, 0.9),
+            (0.3, 1.0, 1e-2),
+            (0.3, 1.0, 1e-4),
+            (0.03, N, 1e-4, 0.01),
+            (0.3, N, 1e-4, 1.0),
+            (0.3, N, 1e-4, 1.0),
+        ),
+        dataset="cifar100",
+        alpha=1.0,
+        local_epochs=5,
+    ),
+    "cifar100-a0.1": _table(
+        "Table: final hyperparameters for CIFAR100, alpha=0.1 (tab:hp_cifar100_a0_1)",
+        _main(
+            (0.3, N, 1e-4),
+            (0.1, 1.0, 1e-4, 0.9),
+            (0.3, N, 1e-3),
+            (0.3, N, 1e-4),
+            (0.01, N, 1e-4, 0.03),
+            (0.5, 1.0, 0.0, 1.0),
+            (0.5, 1.0, 1e-4, 1.0),
+        ),
+        dataset="cifar100",
+        alpha=0.1,
+        local_epochs=5,
+    ),
+    "cifar10-e1": _table(
+        "Table: CIFAR10 (alpha=0.1) with 1 local epoch (tab:hp_cifar10_e1)",
+        _main(
+            (0.05, N, 1e-4),
+            (0.1, 1.0, 1e-4, 0.99),
+            (0.1, N, 1e-3),
+            (0.3, 1.0, 1e-4),
+            (0.05, N, 1e-4, 0.05),
+            (0.3, 1.0, 1e-4, 1.0),
+            (0.3, 1.0, 1e-4, 0.01),
+        ),
+        dataset="cifar10",
+        alpha=0.1,
+        local_epochs=1,
+    ),
+    "cifar10-e10": _table(
+        "Table: CIFAR10 (alpha=0.1) with 10 local epochs (tab:hp_cifar10_e10)",
+        _main(
+            (0.05, N, 1e-4),
+            (0.1, 1.0, 1e-4, 0.9),
+            (0.1, 1.0, 1e-3),
+            (0.1, N, 1e-4),
+            (0.03, N, 1e-4, 0.05),
+            (0.3, 1.0, 0.0, 0.01),
+            (0.3, N, 1e-4, 1.0),
+        ),
+        dataset="cifar10",
+        alpha=0.1,
+        local_epochs=10,
+    ),
+    "femnist": _table(
+        "Table: final hyperparameters for FEMNIST (tab:hp_femnist)",
+        _main(
+            (0.1, N, 1e-4),
+            (0.5, 1.0, 1e-4, 0.7),
+            (0.1, N, 1e-2),
+            (0.5, 1.0, 1e-4),
+            (0.05, N, 1e-4, 0.03),
+            (0.5, 1.0, 1e-4, 1.0),
+            (0.5, 1.0, 1e-4, 1.0),
+        ),
+        dataset="femnist",
+        participants=10,
+        local_epochs=5,
+    ),
 }
 
 # client sampling tables (tab:hp_clientsamp_cifar10 / _cifar100): (lr, clip, wd or mu[, momentum or damping])
 _SAMPLING = {
     "cifar10": {
-        2: dict(fedavg=(0.05, N, 1e-4), fedavgm=(0.1, 1.0, 1e-4, 0.7), fedprox=(0.1, N, 1e-2), scaffold=(0.1, 1.0, 1e-4),
-                localnewton=(0.1, N, 1e-4, 1.0), fedpm=(0.3, 1.0, 1e-4, 1.0)),
-        5: dict(fedavg=(0.05, N, 0.0), fedavgm=(0.1, 1.0, 1e-4, 0.7), fedprox=(0.1, N, 1e-3), scaffold=(0.1, N, 1e-4),
-                localnewton=(0.5, N, 0.0, 1.0), fedpm=(0.3, 1.0, 1e-4, 1.0)),
-        8: dict(fedavg=(0.05, N, 1e-4), fedavgm=(0.1, 1.0, 1e-4, 0.9), fedprox=(0.1, N, 1e-3), scaffold=(0.1, N, 1e-4),
-                localnewton=(0.5, 1.0, 0.0, 0.01), fedpm=(0.3, 1.0, 1e-4, 1.0)),
-        10: dict(fedavg=(0.1, N, 0.0), fedavgm=(0.1, 1.0, 1e-4, 0.9), fedprox=(0.05, N, 1e-3), scaffold=(0.1, N, 1e-4),
-                 localnewton=(0.3, 1.0, 0.0, 1e-4), fedpm=(0.5, 1.0, 1e-4, 1.0))},
+        2: dict(
+            fedavg=(0.05, N, 1e-4),
+            fedavgm=(0.1, 1.0, 1e-4, 0.7),
+            fedprox=(0.1, N, 1e-2),
+            scaffold=(0.1, 1.0, 1e-4),
+            localnewton=(0.1, N, 1e-4, 1.0),
+            fedpm=(0.3, 1.0, 1e-4, 1.0),
+        ),
+        5: dict(
+            fedavg=(0.05, N, 0.0),
+            fedavgm=(0.1, 1.0, 1e-4, 0.7),
+            fedprox=(0.1, N, 1e-3),
+            scaffold=(0.1, N, 1e-4),
+            localnewton=(0.5, N, 0.0, 1.0),
+            fedpm=(0.3, 1.0, 1e-4, 1.0),
+        ),
+        8: dict(
+            fedavg=(0.05, N, 1e-4),
+            fedavgm=(0.1, 1.0, 1e-4, 0.9),
+            fedprox=(0.1, N, 1e-3),
+            scaffold=(0.1, N, 1e-4),
+            localnewton=(0.5, 1.0, 0.0, 0.01),
+            fedpm=(0.3, 1.0, 1e-4, 1.0),
+        ),
+        10: dict(
+            fedavg=(0.1, N, 0.0),
+            fedavgm=(0.1, 1.0, 1e-4, 0.9),
+            fedprox=(0.05, N, 1e-3),
+            scaffold=(0.1, N, 1e-4),
+            localnewton=(0.3, 1.0, 0.0, 1e-4),
+            fedpm=(0.5, 1.0, 1e-4, 1.0),
+        ),
+    },
     "cifar100": {
-        2: dict(fedavg=(0.3, N, 1e-4), fedavgm=(0.1, N, 0.0, 0.7), fedprox=(0.3, N, 1e-3), scaffold=(0.5, N, 1e-4),
-                localnewton=(0.5, 1.0, 0.0, 1.0), fedpm=(0.5, 1.0, 0.0, 1.0)),
-        5: dict(fedavg=(0.3, N, 1e-4), fedavgm=(0.1, 1.0, 0.0, 0.7), fedprox=(0.3, N, 1e-3), scaffold=(0.5, N, 1e-4),
-                localnewton=(0.5, 1.0, 0.0, 1.0), fedpm=(0.5, 1.0, 0.0, 1.0)),
-        8: dict(fedavg=(0.5, N, 1e-4), fedavgm=(0.1, 1.0, 1e-4, 0.9), fedprox=(0.3, N, 1e-3), scaffold=(0.3, N, 1e-4),
-                localnewton=(0.5, 1.0, 0.0, 1.0), fedpm=(0.5, 1.0, 0.0, 1.0)),
-        10: dict(fedavg=(0.3, N, 1e-4), fedavgm=(0.1, 1.0, 1e-4, 0.9), fedprox=(0.3, N, 1e-3), scaffold=(0.3, N, 1e-4),
-                 localnewton=(0.5, 1.0, 0.0, 1.0), fedpm=(0.5, 1.0, 1e-4, 1.0))},
+        2: dict(
+            fedavg=(0.3, N, 1e-4),
+            fedavgm=(0.1, N, 0.0, 0.7),
+            fedprox=(0.3, N, 1e-3),
+            scaffold=(0.5, N, 1e-4),
+            localnewton=(0.5, 1.0, 0.0, 1.0),
+            fedpm=(0.5, 1.0, 0.0, 1.0),
+        ),
+        5: dict(
+            fedavg=(0.3, N, 1e-4),
+            fedavgm=(0.1, 1.0, 0.0, 0.7),
+            fedprox=(0.3, N, 1e-3),
+            scaffold=(0.5, N, 1e-4),
+            localnewton=(0.5, 1.0, 0.0, 1.0),
+            fedpm=(0.5, 1.0, 0.0, 1.0),
+        ),
+        8: dict(
+            fedavg=(0.5, N, 1e-4),
+            fedavgm=(0.1, 1.0, 1e-4, 0.9),
+            fedprox=(0.3, N, 1e-3),
+            scaffold=(0.3, N, 1e-4),
+            localnewton=(0.5, 1.0, 0.0, 1.0),
+            fedpm=(0.5, 1.0, 0.0, 1.0),
+        ),
+        10: dict(
+            fedavg=(0.3, N, 1e-4),
+            fedavgm=(0.1, 1.0, 1e-4, 0.9),
+            fedprox=(0.3, N, 1e-3),
+            scaffold=(0.3, N, 1e-4),
+            localnewton=(0.5, 1.0, 0.0, 1.0),
+            fedpm=(0.5, 1.0, 1e-4, 1.0),
+        ),
+    },
 }
 for _ds, _by_p in _SAMPLING.items():
     for _p, _rows in _by_p.items():
@@ -86,17 +231,28 @@ for _ds, _by_p in _SAMPLING.items():
                 rows[m] = _row(*v)
         PRESETS[f"{_ds}-sampling-{_p}"] = _table(
             f"Table: client sampling on {_ds.upper()}, {_p} participants (tab:hp_clientsamp_{_ds}); "
-            "FedAdam is not in this table", rows, dataset=_ds, alpha=0.1, participants=_p, local_epochs=5)
+            "FedAdam is not in this table",
+            rows,
+            dataset=_ds,
+            alpha=0.1,
+            participants=_p,
+            local_epochs=5,
+        )
 
 # FOOF sample counts (tab:hp_foof_samples): FedPM only
-for _ds, _vals in {"cifar10": {64: (0.5, 1.0, 1e-4), 256: (0.5, N, 1e-4), 1024: (0.5, N, 0.0), "all": (0.5, 1.0, 1e-4)},
-                   "cifar100": {64: (0.3, 1.0, 1e-4), 256: (0.3, 1.0, 1e-4), 1024: (0.3, 1.0, 1e-4),
-                                "all": (0.5, 1.0, 1e-4)}}.items():
+for _ds, _vals in {
+    "cifar10": {64: (0.5, 1.0, 1e-4), 256: (0.5, N, 1e-4), 1024: (0.5, N, 0.0), "all": (0.5, 1.0, 1e-4)},
+    "cifar100": {64: (0.3, 1.0, 1e-4), 256: (0.3, 1.0, 1e-4), 1024: (0.3, 1.0, 1e-4), "all": (0.5, 1.0, 1e-4)},
+}.items():
     for _k, v in _vals.items():
         PRESETS[f"{_ds}-foof-{_k}"] = _table(
             f"Table: FedPM with {_k} samples for the FOOF matrices on {_ds.upper()} (tab:hp_foof_samples)",
-            {"fedpm": _row(*v, damping=1.0)}, dataset=_ds, alpha=0.1, local_epochs=5,
-            foof_samples=None if _k == "all" else _k)
+            {"fedpm": _row(*v, damping=1.0)},
+            dataset=_ds,
+            alpha=0.1,
+            local_epochs=5,
+            foof_samples=None if _k == "all" else _k,
+        )
 
 
 def method_config(preset: str | None, method: str, **overrides):

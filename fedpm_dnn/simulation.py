@@ -11,6 +11,7 @@ run from its last checkpoint to the identical result: the checkpoint holds the m
 client states and the client-sampling generator (each client's stream derives from seed, round and
 client, see ``task.client_generator``).
 """
+
 from __future__ import annotations
 
 import os
@@ -29,17 +30,27 @@ from .models import make_model
 from .task import DnnTask, client_generator  # noqa: F401  (client_generator: Flower's ClientApp)
 from .transport import DnnTransport
 
-HISTORY_COLUMNS = ("round", "test_acc", "train_loss", "client_seconds", "server_seconds", "bytes_up", "bytes_down",
-                   "peak_memory_mb", "wall_seconds", "rejected")
+HISTORY_COLUMNS = (
+    "round",
+    "test_acc",
+    "train_loss",
+    "client_seconds",
+    "server_seconds",
+    "bytes_up",
+    "bytes_down",
+    "peak_memory_mb",
+    "wall_seconds",
+    "rejected",
+)
 
 
 @dataclass
 class Experiment:
-    cfg: object                   # the method: a fedpm_dnn.algorithms object
+    cfg: object  # the method: a fedpm_dnn.algorithms object
     model: str
     num_classes: int
-    clients: list                 # ClientData per client
-    x_test: torch.Tensor          # uint8 on the device
+    clients: list  # ClientData per client
+    x_test: torch.Tensor  # uint8 on the device
     y_test: torch.Tensor
     mean: tuple
     std: tuple
@@ -50,9 +61,9 @@ class Experiment:
     in_channels: int = 3
     image_size: int = 32
     meta: dict = field(default_factory=dict)
-    engine: str = "sequential"    # or "vectorized": the participants trained together (fedpm_dnn.vectorized)
-    max_ratio: float | None = None    # server magnitude guard (fedconvex.screening); None: off, as in the paper
-    client_chunk: int | None = None   # vectorized: clients per chunk (None: from the free device memory)
+    engine: str = "sequential"  # or "vectorized": the participants trained together (fedpm_dnn.vectorized)
+    max_ratio: float | None = None  # server magnitude guard (fedconvex.screening); None: off, as in the paper
+    client_chunk: int | None = None  # vectorized: clients per chunk (None: from the free device memory)
 
 
 def _reset_peak_memory(device) -> None:
@@ -70,7 +81,7 @@ def _peak_memory_mb(device) -> float:
     """Peak memory of the round: CUDA allocator peak, or on CPU the process's peak RSS since the
     round started (where the OS cannot reset it, since the process started)."""
     if str(device).startswith("cuda"):
-        return torch.cuda.max_memory_allocated(device) / 2 ** 20
+        return torch.cuda.max_memory_allocated(device) / 2**20
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
@@ -101,17 +112,23 @@ def build(exp: Experiment, tamper=None):
     def finite(state):
         return all(bool(torch.isfinite(p).all()) for p in state.theta.values())
 
-    driver = Driver(alg, task, DnnTransport(task, tamper), lambda sel: alg.client_weights(task.sizes, sel),
-                    evaluate=lambda state: {"test_acc": task.accuracy(state.theta, exp.x_test, exp.y_test,
-                                                                       exp.mean, exp.std)},
-                    n_clients=task.n_clients, participants=exp.participants, max_ratio=exp.max_ratio,
-                    label=f"{alg.name} (lr={alg.lr:g})", finite=finite,
-                    synchronize=(lambda: torch.cuda.synchronize(dev)) if str(dev).startswith("cuda") else None)
+    driver = Driver(
+        alg,
+        task,
+        DnnTransport(task, tamper),
+        lambda sel: alg.client_weights(task.sizes, sel),
+        evaluate=lambda state: {"test_acc": task.accuracy(state.theta, exp.x_test, exp.y_test, exp.mean, exp.std)},
+        n_clients=task.n_clients,
+        participants=exp.participants,
+        max_ratio=exp.max_ratio,
+        label=f"{alg.name} (lr={alg.lr:g})",
+        finite=finite,
+        synchronize=(lambda: torch.cuda.synchronize(dev)) if str(dev).startswith("cuda") else None,
+    )
     return task, driver, alg.init(task, task.initial_params())
 
 
-def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool = False, on_round=None,
-                   tamper=None):
+def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool = False, on_round=None, tamper=None):
     """Run (or resume) the experiment; returns the list of per-round history rows (round 1 first).
 
     Replies are screened before aggregation (wrong shape, NaN/Inf, non-PSD FOOF matrix: the client is
@@ -123,7 +140,7 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
     history = []
     fp = _ck.fingerprint(exp) if checkpoint else None
     if resume and checkpoint and os.path.isfile(checkpoint):
-        ck = _ck.load(checkpoint, map_location=exp.device)   # weights_only: a checkpoint never runs code
+        ck = _ck.load(checkpoint, map_location=exp.device)  # weights_only: a checkpoint never runs code
         diff = _ck.first_difference(ck["fingerprint"], fp)
         if diff:
             raise ValueError(f"{checkpoint}: written by a different configuration ({diff}); remove it or drop --resume")
@@ -132,8 +149,9 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
         try:
             rng.bit_generator.state = ck["np_rng"]
         except (TypeError, ValueError, KeyError) as exc:
-            raise _ck.CheckpointError(f"{checkpoint}: damaged checkpoint (random generator state: {exc}); "
-                                      "remove it or choose another --out") from None
+            raise _ck.CheckpointError(
+                f"{checkpoint}: damaged checkpoint (random generator state: {exc}); remove it or choose another --out"
+            ) from None
     wall0 = time.perf_counter() - (history[-1]["wall_seconds"] if history else 0.0)
     round_start = [0.0]
     _reset_peak_memory(exp.device)
@@ -145,10 +163,21 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
         row["peak_memory_mb"] = _peak_memory_mb(exp.device)
         row["wall_seconds"] = time.perf_counter() - wall0
         if checkpoint:
-            _ck.save(checkpoint, {"format": _ck.FORMAT, "fingerprint": fp, "config": exp.cfg.hyperparameters(),
-                                  "method": exp.cfg.name, "seed": exp.seed, "n_clients": n,
-                                  "server": server_view(state), "clients": state.clients, "history": history,
-                                  "np_rng": rng.bit_generator.state})
+            _ck.save(
+                checkpoint,
+                {
+                    "format": _ck.FORMAT,
+                    "fingerprint": fp,
+                    "config": exp.cfg.hyperparameters(),
+                    "method": exp.cfg.name,
+                    "seed": exp.seed,
+                    "n_clients": n,
+                    "server": server_view(state),
+                    "clients": state.clients,
+                    "history": history,
+                    "np_rng": rng.bit_generator.state,
+                },
+            )
         _reset_peak_memory(exp.device)
 
     _, history = driver.run(state, exp.rounds, rng, history=history, on_round=on_round, checkpoint=after_round)

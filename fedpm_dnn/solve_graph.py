@@ -15,6 +15,7 @@ the step uses as views (its update and clipping read them on the same stream bef
 replay overwrites them).  Where capture is not possible the caller falls back to the eager solves
 (``capture`` returns None) and says so once.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,7 +25,7 @@ import torch
 
 from . import foof
 
-ENV = "FEDPM_CUDA_GRAPHS"   # "0" turns the graphs off (benchmarks compare both)
+ENV = "FEDPM_CUDA_GRAPHS"  # "0" turns the graphs off (benchmarks compare both)
 _warned = []
 
 
@@ -40,7 +41,7 @@ class GraphedDirections:
         self._factors = factors
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):      # warm-up off the capture: cuBLAS workspaces, allocator pool
+        with torch.cuda.stream(side):  # warm-up off the capture: cuBLAS workspaces, allocator pool
             for _ in range(2):
                 self._solve()
         torch.cuda.current_stream(device).wait_stream(side)
@@ -60,9 +61,12 @@ def capture(factors: dict, shapes: dict, dtype, device):
     """A GraphedDirections, or None (with one warning per process) where capture fails."""
     try:
         return GraphedDirections(factors, shapes, dtype, device)
-    except Exception as exc:   # capture is an optimisation: any failure means the eager solves
+    except Exception as exc:  # capture is an optimisation: any failure means the eager solves
         if not _warned:
             _warned.append(exc)
-            warnings.warn(f"CUDA graph capture of the FOOF solves failed ({type(exc).__name__}: {exc}); "
-                          f"using eager solves (set {ENV}=0 to skip the attempt)", RuntimeWarning)
+            warnings.warn(
+                f"CUDA graph capture of the FOOF solves failed ({type(exc).__name__}: {exc}); "
+                f"using eager solves (set {ENV}=0 to skip the attempt)",
+                RuntimeWarning,
+            )
         return None

@@ -27,6 +27,7 @@ against 91.4-95.3 ms stacked and 81.8-84.1 ms for ten steps of the sequential en
 keeps the stacked form: it runs without gradients, in chunks of 512 images, and its hooks read each layer's
 stacked input.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -47,15 +48,26 @@ def _linear(m, W, b, K, x):
 
 def _conv_loop(m, W, b, K, x):
     xv = x.view(K, -1, *x.shape[1:])
-    return torch.cat([F.conv2d(xv[k], W[k], None if b is None else b[k], m.stride, m.padding, m.dilation, m.groups)
-                      for k in range(K)])
+    return torch.cat(
+        [
+            F.conv2d(xv[k], W[k], None if b is None else b[k], m.stride, m.padding, m.dilation, m.groups)
+            for k in range(K)
+        ]
+    )
 
 
 def _conv_grouped(m, W, b, K, x):
     B = x.shape[0] // K
     xx = x.view(K, B, *x.shape[1:]).transpose(0, 1).reshape(B, K * x.shape[1], *x.shape[2:])
-    out = F.conv2d(xx, W.reshape(-1, *W.shape[2:]), None if b is None else b.reshape(-1), m.stride, m.padding,
-                   m.dilation, K * m.groups)
+    out = F.conv2d(
+        xx,
+        W.reshape(-1, *W.shape[2:]),
+        None if b is None else b.reshape(-1),
+        m.stride,
+        m.padding,
+        m.dilation,
+        K * m.groups,
+    )
     return out.view(B, K, -1, *out.shape[2:]).transpose(0, 1).reshape(K * B, -1, *out.shape[2:])
 
 
@@ -85,7 +97,7 @@ class StackedModel:
     def __init__(self, model):
         self.model = model
         self.mods = {name: m for name, m in model.named_modules() if list(m.parameters(recurse=False))}
-        self.conv_mode = {}   # layer name -> _conv_loop or _conv_grouped, overriding the fixed rule
+        self.conv_mode = {}  # layer name -> _conv_loop or _conv_grouped, overriding the fixed rule
 
     def _conv(self, name, m, W, b, K, x):
         # a fixed rule, not a timing: the two forms round differently, and a run must repeat itself exactly
@@ -100,8 +112,9 @@ class StackedModel:
         of P, None where it has none); the layers' own forwards come back after it."""
         try:
             for name, m in self.mods.items():
-                m.forward = make(name, m, P.get(f"{name}.weight" if name else "weight"),
-                                 P.get(f"{name}.bias" if name else "bias"))
+                m.forward = make(
+                    name, m, P.get(f"{name}.weight" if name else "weight"), P.get(f"{name}.bias" if name else "bias")
+                )
             yield
         finally:
             for m in self.mods.values():
@@ -109,21 +122,26 @@ class StackedModel:
 
     def bind(self, P: dict, K: int):
         """The layers reading the stacked parameters P[name] (K, ...) on the clients' batches laid end to end."""
+
         def make(name, m, W, b):
             if isinstance(m, nn.Conv2d):
                 return partial(self._conv, name, m, W, b, K)
             return partial(_linear if isinstance(m, nn.Linear) else _group_norm, m, W, b, K)
+
         return self._forwards(P, make)
 
     def bind_client(self, P: dict):
         """The layers reading one client's parameters P[name] (unstacked) on its own batch."""
+
         def make(name, m, W, b):
             if isinstance(m, nn.Conv2d):
-                return partial(F.conv2d, weight=W, bias=b, stride=m.stride, padding=m.padding, dilation=m.dilation,
-                               groups=m.groups)
+                return partial(
+                    F.conv2d, weight=W, bias=b, stride=m.stride, padding=m.padding, dilation=m.dilation, groups=m.groups
+                )
             if isinstance(m, nn.Linear):
                 return partial(F.linear, weight=W, bias=b)
             return partial(F.group_norm, num_groups=m.num_groups, weight=W, bias=b, eps=m.eps)
+
         return self._forwards(P, make)
 
     def per_client(self, P: dict, x: torch.Tensor) -> torch.Tensor:

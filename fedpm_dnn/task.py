@@ -8,6 +8,7 @@ Engines (``task.train(alg, down, states, sel) -> [(reply, mean loss)]`` in the o
 Each client's random stream derives from (seed, round, client) (``client_generator``), so a client
 running in its own process (a Flower SuperNode) draws exactly what it draws here.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,20 +22,26 @@ from .client import _load, client_round
 def client_generator(seed: int, round_: int, client: int) -> torch.Generator:
     """The random stream of one client in one round (data order, augmentation, FOOF subsets)."""
     mixed = np.random.SeedSequence([seed, round_, client]).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator().manual_seed(int(mixed) & (2 ** 63 - 1))
+    return torch.Generator().manual_seed(int(mixed) & (2**63 - 1))
 
 
 def _sequential(task, alg, down, states, sel):
-    return [client_round(alg, task.model, task.blocks, task.clients[i], cs, down,
-                         client_generator(task.seed, task.round, int(i))) for i, cs in zip(sel, states)]
+    return [
+        client_round(
+            alg, task.model, task.blocks, task.clients[i], cs, down, client_generator(task.seed, task.round, int(i))
+        )
+        for i, cs in zip(sel, states, strict=False)
+    ]
 
 
 def _vectorized(task, alg, down, states, sel):
     if task.engine_state is None:
         from .vectorized import VectorizedEngine
+
         task.engine_state = VectorizedEngine(task.model, task.blocks, task.clients, task.device, task.client_chunk)
-    out = task.engine_state.round(alg, sel, states, down,
-                                  [client_generator(task.seed, task.round, int(i)) for i in sel])
+    out = task.engine_state.round(
+        alg, sel, states, down, [client_generator(task.seed, task.round, int(i)) for i in sel]
+    )
     task.last_chunk = task.engine_state.last_chunk
     return out
 
@@ -45,8 +52,15 @@ ENGINES = {"sequential": _sequential, "vectorized": _vectorized}
 class DnnTask:
     """``round`` is the round being played (the transport sets it; it seeds the clients' streams)."""
 
-    def __init__(self, model, clients: list, device="cpu", seed: int = 0, engine: str = "sequential",
-                 client_chunk: int | None = None):
+    def __init__(
+        self,
+        model,
+        clients: list,
+        device="cpu",
+        seed: int = 0,
+        engine: str = "sequential",
+        client_chunk: int | None = None,
+    ):
         if engine not in ENGINES:
             raise ValueError(f"engine must be {' or '.join(ENGINES)}, got {engine!r}")
         self.model, self.blocks, self.clients = model, foof.foof_blocks(model), clients
@@ -70,6 +84,6 @@ class DnnTask:
         self.model.eval()
         correct = 0
         for s in range(0, len(x), batch):
-            correct += int((self.model(normalize(x[s:s + batch], mean, std)).argmax(1) == y[s:s + batch]).sum())
+            correct += int((self.model(normalize(x[s : s + batch], mean, std)).argmax(1) == y[s : s + batch]).sum())
         self.model.train()
         return correct / max(len(x), 1)

@@ -8,6 +8,7 @@ else -- NaN/Inf, PSD matrices, the magnitude guard, divergence -- is the driver'
 method's ``message_fields``.  The history row gets the round's mean training loss (weighted by the
 participants' sample counts) and the clients' compute seconds.
 """
+
 from __future__ import annotations
 
 import time
@@ -45,8 +46,10 @@ def structure_problem(reply, shapes: dict, like: dict | None) -> str | None:
             if tuple(a.shape) != tuple(shape[sub]):
                 return f"{name} has shape {tuple(a.shape)}, expected {tuple(shape[sub])}"
             if like is not None and a.dtype != like[key][sub].dtype:
-                return f"{name} has dtype {str(a.dtype).replace('torch.', '')}, expected " \
-                       f"{str(like[key][sub].dtype).replace('torch.', '')}"
+                return (
+                    f"{name} has dtype {str(a.dtype).replace('torch.', '')}, expected "
+                    f"{str(like[key][sub].dtype).replace('torch.', '')}"
+                )
     extra = sorted(set(reply) - set(shapes))
     return f"unexpected entries {extra}" if extra else None
 
@@ -68,18 +71,23 @@ class DnnTransport:
         _synchronize(task.device)
         seconds = time.perf_counter() - start
         if self.tamper is not None:
-            replies = [self.tamper(round_, int(i), r) for i, r in zip(sel, replies)]
+            replies = [self.tamper(round_, int(i), r) for i, r in zip(sel, replies, strict=False)]
         up, kept, rejected = check_and_stack(alg, alg.reply_shapes(down["params"], task.blocks), replies, sel, round_)
         loss = float(np.average(losses, weights=task.sizes[sel]))
-        return Delivery(up=up, cstate=states, sel=np.asarray(sel)[kept], rejected=rejected,
-                        extra={"train_loss": loss, "client_seconds": seconds})
+        return Delivery(
+            up=up,
+            cstate=states,
+            sel=np.asarray(sel)[kept],
+            rejected=rejected,
+            extra={"train_loss": loss, "client_seconds": seconds},
+        )
 
 
 def check_and_stack(alg, shapes: dict, replies: list, clients, round_: int):
     """(stacked message of the replies that can be stacked or None, their positions, (client, reason) for
     the others -- logged)."""
     kept, rejected, like = [], [], None
-    for k, (client, reply) in enumerate(zip(clients, replies)):
+    for k, (client, reply) in enumerate(zip(clients, replies, strict=False)):
         problem = structure_problem(reply, shapes, like)
         if problem is None:
             kept.append(k)

@@ -23,6 +23,7 @@ Replies are built by the method's ``client_reply``, shared with the sequential e
 format, codecs and screening apply unchanged.  Clients are processed in chunks of ``client_chunk``
 when the whole stack does not fit in memory (chosen from the free device memory by default).
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,15 +33,15 @@ from torch.func import functional_call, vmap
 from . import batched_foof, foof, solve_graph, stacked
 from .augment import crop_flip
 
-STATS_BATCH = 512   # the sequential path's plain-data chunk (client.ClientData.plain_batches)
-PAD = 4             # augment.random_crop_flip's padding
+STATS_BATCH = 512  # the sequential path's plain-data chunk (client.ClientData.plain_batches)
+PAD = 4  # augment.random_crop_flip's padding
 
 
 def _subset(cfg, n, gen):
     """The FOOF-sample draw of client.foof_matrices (None: the whole data, cache allowed)."""
     if cfg.foof_samples is None or cfg.foof_samples >= n:
         return None
-    return torch.randperm(n, generator=gen)[:cfg.foof_samples]
+    return torch.randperm(n, generator=gen)[: cfg.foof_samples]
 
 
 def client_schedule(cfg, data, gen, first_foof: bool) -> dict:
@@ -51,13 +52,13 @@ def client_schedule(cfg, data, gen, first_foof: bool) -> dict:
     for _ in range(cfg.local_epochs):
         order = torch.randperm(n, generator=gen)
         for s in range(0, n, B):
-            idx = order[s:s + B]
+            idx = order[s : s + B]
             b = len(idx)
             if data.augment:
                 oy = torch.randint(0, 2 * PAD + 1, (b,), generator=gen)
                 ox = torch.randint(0, 2 * PAD + 1, (b,), generator=gen)
                 flip = torch.rand(b, generator=gen) < 0.5
-            else:   # an offset of PAD in the padded image, no flip: the image itself
+            else:  # an offset of PAD in the padded image, no flip: the image itself
                 oy = ox = torch.full((b,), PAD, dtype=torch.long)
                 flip = torch.zeros(b, dtype=torch.bool)
             sched["steps"].append((idx, oy, ox, flip))
@@ -71,7 +72,7 @@ def client_schedule(cfg, data, gen, first_foof: bool) -> dict:
 def _pad(rows, width, fill=0, dtype=torch.long):
     out = torch.full((len(rows), width), fill, dtype=dtype)
     for i, r in enumerate(rows):
-        out[i, :len(r)] = r
+        out[i, : len(r)] = r
     return out
 
 
@@ -92,8 +93,9 @@ def _per_client_bytes(model, cfg, sample, blocks) -> int:
 
     def hook(mod, inp, out):
         sizes.append(out.numel() if torch.is_tensor(out) else 0)
-        if isinstance(mod, torch.nn.Conv2d):   # the unfolded patches of a FOOF Gram product: D x L per image
+        if isinstance(mod, torch.nn.Conv2d):  # the unfolded patches of a FOOF Gram product: D x L per image
             patches[0] = max(patches[0], mod.weight[0].numel() * out[0, 0].numel())
+
     hooks = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
     try:
         with torch.no_grad():
@@ -148,7 +150,7 @@ class VectorizedEngine:
         self.input_blocks = batched_foof.input_blocks(model, blocks, self._plain([0], 0, 1)[0])
         self.capture = batched_foof.StackedCapture(blocks)
 
-        if stacked.supported(model):   # Linear / Conv2d / GroupNorm: the grouped formulation
+        if stacked.supported(model):  # Linear / Conv2d / GroupNorm: the grouped formulation
             self.forward = stacked.StackedModel(model)
 
             def stacked_capture(p, x):
@@ -160,7 +162,8 @@ class VectorizedEngine:
             self.forward_capture = stacked_capture
             # training on the CPU: client by client inside the one graph (stacked.py's module doc)
             self.train_forward = self.forward.per_client if torch.device(device).type == "cpu" else self.forward
-        else:                          # any other layer: torch.func.vmap over functional_call
+        else:  # any other layer: torch.func.vmap over functional_call
+
             def fwd(p, x):
                 return functional_call(model, p, (x,))
 
@@ -176,7 +179,7 @@ class VectorizedEngine:
     # --- inputs -------------------------------------------------------------------------------------------------
     def _norm(self, sel, x):
         """Standardise (K, b, C, H, W) floats with each client's mean and std (augment.standardize)."""
-        ms = self.stats[torch.as_tensor(list(sel), device=self.device)].to(x.dtype)     # (K, 2, C)
+        ms = self.stats[torch.as_tensor(list(sel), device=self.device)].to(x.dtype)  # (K, 2, C)
         shape = (len(sel), 1, -1, 1, 1)
         return (x - ms[:, 0].view(shape)) / ms[:, 1].view(shape)
 
@@ -194,16 +197,25 @@ class VectorizedEngine:
     # --- FOOF --------------------------------------------------------------------------------------------------
     def foof_for(self, sel, params, subsets, statics):
         """client.foof_matrices for the clients ``sel`` at their stacked ``params``; updates the statics."""
-        counts = torch.tensor([len(self.clients[i]) if sub is None else len(sub) for i, sub in zip(sel, subsets)],
-                              device=self.device)
-        cached = [sub is None and st is not None and len(st) > 0 for sub, st in zip(subsets, statics)]
+        counts = torch.tensor(
+            [len(self.clients[i]) if sub is None else len(sub) for i, sub in zip(sel, subsets, strict=False)], device=self.device
+        )
+        cached = [sub is None and st is not None and len(st) > 0 for sub, st in zip(subsets, statics, strict=False)]
         skip = set(self.input_blocks) if all(cached) else set()
         with self.capture:
-            A = batched_foof.stacked_foof(self.forward_capture, self.capture, self.blocks, params,
-                                          lambda s, e: self._plain(sel, s, e, subsets), counts, skip, STATS_BATCH)
+            A = batched_foof.stacked_foof(
+                self.forward_capture,
+                self.capture,
+                self.blocks,
+                params,
+                lambda s, e: self._plain(sel, s, e, subsets),
+                counts,
+                skip,
+                STATS_BATCH,
+            )
         out = []
-        for j, (sub, st) in enumerate(zip(subsets, statics)):
-            mats = {k: A[k][j].clone() for k in A}   # own storage: a view would save the whole stack
+        for j, (sub, st) in enumerate(zip(subsets, statics, strict=False)):
+            mats = {k: A[k][j].clone() for k in A}  # own storage: a view would save the whole stack
             if sub is None and st is not None:
                 if cached[j]:
                     mats.update(st)
@@ -222,31 +234,42 @@ class VectorizedEngine:
         results = []
         for s in range(0, k, chunk):
             idx = list(range(s, min(k, s + chunk)))
-            results += self._chunk(cfg, [int(sel[j]) for j in idx], [states[j] for j in idx], down,
-                                   [gens[j] for j in idx])
+            results += self._chunk(
+                cfg, [int(sel[j]) for j in idx], [states[j] for j in idx], down, [gens[j] for j in idx]
+            )
         return results
 
     def _chunk(self, cfg, sel, states, down, gens):
         K, B, dev = len(sel), cfg.batch_size, self.device
         params = down["params"]
         dtype = params[self.names[0]].dtype
-        scheds = [client_schedule(cfg, self.clients[i], g, cfg.uses_foof and "foof" not in cs)
-                  for i, g, cs in zip(sel, gens, states)]
+        scheds = [
+            client_schedule(cfg, self.clients[i], g, cfg.uses_foof and "foof" not in cs)
+            for i, g, cs in zip(sel, gens, states, strict=False)
+        ]
         P = {n: params[n].detach().unsqueeze(0).repeat(K, *([1] * params[n].dim())).contiguous() for n in self.names}
         factors = None
         if cfg.uses_foof:
             first = [j for j, cs in enumerate(states) if "foof" not in cs]
-            if first:   # first participation: matrices at the received model
+            if first:  # first participation: matrices at the received model
                 sub = [sel[j] for j in first]
-                mats = self.foof_for(sub, {n: P[n][:len(first)] for n in self.names}, [scheds[j]["first"] for j in first],
-                                     [states[j].setdefault("foof_static", {}) for j in first])
-                for j, m in zip(first, mats):
+                mats = self.foof_for(
+                    sub,
+                    {n: P[n][: len(first)] for n in self.names},
+                    [scheds[j]["first"] for j in first],
+                    [states[j].setdefault("foof_static", {}) for j in first],
+                )
+                for j, m in zip(first, mats, strict=False):
                     states[j]["foof"] = m
-            factors = foof.with_uppers(batched_foof.factorize_stacked(
-                {b: torch.stack([cs["foof"][b] for cs in states]) for b in self.blocks}, cfg.damping, dtype))
+            factors = foof.with_uppers(
+                batched_foof.factorize_stacked(
+                    {b: torch.stack([cs["foof"][b] for cs in states]) for b in self.blocks}, cfg.damping, dtype
+                )
+            )
         # the per-client tensors the method's gradient hook reads (SCAFFOLD's control), stacked
-        per_client = {key: {n: torch.stack([cs[key][n] for cs in states]) for n in self.names}
-                      for key in cfg.client_tensors}
+        per_client = {
+            key: {n: torch.stack([cs[key][n] for cs in states]) for n in self.names} for key in cfg.client_tensors
+        }
         n_steps = [len(sc["steps"]) for sc in scheds]
         T = max(n_steps)
         # the whole schedule as (T, K, B) tensors, moved to the device once
@@ -255,7 +278,7 @@ class VectorizedEngine:
         oy = torch.full((T, K, B), PAD, dtype=torch.long)
         ox = torch.full((T, K, B), PAD, dtype=torch.long)
         flip = torch.zeros(T, K, B, dtype=torch.bool)
-        for j, (i, sc) in enumerate(zip(sel, scheds)):
+        for j, (i, sc) in enumerate(zip(sel, scheds, strict=False)):
             for t, (ix, a, b_, f) in enumerate(sc["steps"]):
                 m = len(ix)
                 gidx[t, j, :m] = ix + self.offsets[i]
@@ -263,7 +286,7 @@ class VectorizedEngine:
                 mask[t, j, :m] = True
                 oy[t, j, :m], ox[t, j, :m], flip[t, j, :m] = a, b_, f
         gidx, mask, oy, ox, flip = (v.to(dev) for v in (gidx, mask, oy, ox, flip))
-        counts = mask.sum(2)                                                # (T, K)
+        counts = mask.sum(2)  # (T, K)
         loss_sum = torch.zeros(K, dtype=torch.float64, device=dev)
         steps_t = torch.tensor(n_steps)
         blocks = list(self.blocks.items())
@@ -279,7 +302,7 @@ class VectorizedEngine:
             c_t = (counts[t] if full else counts[t].index_select(0, ids)).to(dtype)
             kk, C, H, W = g_t.shape[0], *self.x_all.shape[1:]
             x = self.x_all[g_t.reshape(-1)].float().div_(255.0)
-            sel_o = (lambda v: v[t] if full else v[t].index_select(0, ids))
+            sel_o = lambda v: v[t] if full else v[t].index_select(0, ids)
             x = crop_flip(x, sel_o(oy).reshape(-1), sel_o(ox).reshape(-1), sel_o(flip).reshape(-1))
             x = self._norm(sub_sel, x.view(kk, B, C, H, W))
             y = self.y_all[g_t.reshape(-1)]
@@ -288,9 +311,14 @@ class VectorizedEngine:
             loss = (ce * m_t).sum(1) / c_t
             grads = torch.autograd.grad(loss.sum(), [Pk[n] for n in self.names])
             with torch.no_grad():
-                G = dict(zip(self.names, [g.detach() for g in grads]))
-                hook = cfg.grad_hook(down, {key: {n: v if full else v.index_select(0, ids) for n, v in s.items()}
-                                            for key, s in per_client.items()})
+                G = dict(zip(self.names, [g.detach() for g in grads], strict=False))
+                hook = cfg.grad_hook(
+                    down,
+                    {
+                        key: {n: v if full else v.index_select(0, ids) for n, v in s.items()}
+                        for key, s in per_client.items()
+                    },
+                )
                 for n in self.names:
                     p, g = Pk[n], G[n]
                     if hook is not None:
@@ -300,16 +328,19 @@ class VectorizedEngine:
                 if cfg.clip is not None and cfg.clip_stage == "gradient":
                     _clip_(list(G.values()), cfg.clip)
                 if factors is not None:
-                    rhs = {}     # per block: the weight gradient's rows and the bias column (None: no bias)
+                    rhs = {}  # per block: the weight gradient's rows and the bias column (None: no bias)
                     for bname, block in blocks:
                         wn = foof.param_name(bname, "weight")
                         gw = G[wn].reshape(kk, G[wn].shape[1], -1)
                         rhs[bname] = (gw, G[foof.param_name(bname, "bias")][:, :, None] if block.has_bias else None)
-                    if full and graph_wanted:   # once per chunk and round: every later full step replays it
+                    if full and graph_wanted:  # once per chunk and round: every later full step replays it
                         graph_wanted = False
                         graph = solve_graph.capture(
-                            factors, {b: (kk, gw.shape[1], gw.shape[2] + (gb is not None)) for b, (gw, gb) in rhs.items()},
-                            dtype, dev)
+                            factors,
+                            {b: (kk, gw.shape[1], gw.shape[2] + (gb is not None)) for b, (gw, gb) in rhs.items()},
+                            dtype,
+                            dev,
+                        )
                     if full and graph is not None:
                         for bname, (gw, gb) in rhs.items():
                             if gb is None:
@@ -346,18 +377,23 @@ class VectorizedEngine:
             if cfg.uses_foof and cfg.refresh_every and (t + 1) % cfg.refresh_every == 0:
                 due = [j for j in act.tolist()]
                 if due:
-                    mats = self.foof_for([sel[j] for j in due], {n: P[n][due] for n in self.names},
-                                         [scheds[j]["refresh"][t + 1] for j in due],
-                                         [states[j].get("foof_static") for j in due])
-                    new_f = batched_foof.factorize_stacked({b: torch.stack([m[b] for m in mats]) for b in self.blocks},
-                                                           cfg.damping, dtype)
+                    mats = self.foof_for(
+                        [sel[j] for j in due],
+                        {n: P[n][due] for n in self.names},
+                        [scheds[j]["refresh"][t + 1] for j in due],
+                        [states[j].get("foof_static") for j in due],
+                    )
+                    new_f = batched_foof.factorize_stacked(
+                        {b: torch.stack([m[b] for m in mats]) for b in self.blocks}, cfg.damping, dtype
+                    )
                     for b, (Ln, Un) in foof.with_uppers(new_f).items():
                         factors[b][0][due] = Ln
                         factors[b][1][due] = Un
         end = None
-        if cfg.uses_foof:   # matrices at the end of the round, on plain data
-            end = self.foof_for(sel, P, [sc["end"] for sc in scheds],
-                                [cs.setdefault("foof_static", {}) for cs in states])
+        if cfg.uses_foof:  # matrices at the end of the round, on plain data
+            end = self.foof_for(
+                sel, P, [sc["end"] for sc in scheds], [cs.setdefault("foof_static", {}) for cs in states]
+            )
         if dev != "cpu" and str(dev).startswith("cuda"):
             torch.cuda.synchronize(dev)
         results = []

@@ -20,6 +20,7 @@ the kept clients -- makes their pending estimates the server's and acknowledges 
 resolves pending / committed / full resend against its acknowledgement before its next upload
 (``encode_foof``).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -44,7 +45,7 @@ def encode_foof(alg, cs: dict, A: dict) -> dict:
         M = M.float()
         prev = hats.get(name) if hats is not None else None
         out[name] = codec.encode(M, prev)
-        if hats is not None:   # what the server's estimate becomes if it accepts this reply
+        if hats is not None:  # what the server's estimate becomes if it accepts this reply
             pending[name] = codec.decode(out[name], M.shape[0], prev, alg.damping)[1]
     if hats is not None:
         cs[PENDING] = pending
@@ -74,8 +75,11 @@ def commit(alg, state, info):
     kept = [int(c) for c in info.sel]
     for c in kept:
         hats[c] = pending.pop(c)
-    return replace(state, server={**state.server, "foof_hat": hats, PENDING: pending},
-                   clients=_acknowledge(state.clients, hats, kept))
+    return replace(
+        state,
+        server={**state.server, "foof_hat": hats, PENDING: pending},
+        clients=_acknowledge(state.clients, hats, kept),
+    )
 
 
 def receive(alg, task, state, up: dict, info):
@@ -102,20 +106,23 @@ def receive(alg, task, state, up: dict, info):
             for name, est in decoded.items():
                 mats[name].append(est)
             problems.append(None)
-            if pending is not None:   # committed by ``commit`` only if this reply survives screening
+            if pending is not None:  # committed by ``commit`` only if this reply survives screening
                 pending[client] = new_hats
         except (CodecError, ValueError, TypeError, IndexError, AttributeError, RuntimeError, KeyError) as exc:
-            for name, d in sizes.items():   # a placeholder row; screening rejects the client
+            for name, d in sizes.items():  # a placeholder row; screening rejects the client
                 mats[name].append(torch.zeros(d, d))
             problems.append(f"undecodable preconditioner payload: {exc}")
     foof = {}
     for name, rows in mats.items():
-        dtype = next((m.dtype for m, p in zip(rows, problems) if p is None), torch.float32)
+        dtype = next((m.dtype for m, p in zip(rows, problems, strict=False) if p is None), torch.float32)
         foof[name] = torch.stack([m.to(dtype) for m in rows])
     new_state = state
     if pending is not None:
         # every participant learns what the server holds for it now (a rejection leaves that unchanged;
         # ``commit`` updates the kept ones), also when no reply is usable and server_update never runs
-        new_state = replace(state, server={**state.server, PENDING: pending},
-                            clients=_acknowledge(state.clients, hats, [int(c) for c in info.sel]))
+        new_state = replace(
+            state,
+            server={**state.server, PENDING: pending},
+            clients=_acknowledge(state.clients, hats, [int(c) for c in info.sel]),
+        )
     return {**up, "foof": foof, "decode": DecodeProblems(problems)}, new_state

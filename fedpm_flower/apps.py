@@ -7,6 +7,7 @@ regression and every registered fedpm_dnn method on the CNN, both through the ro
 bind one for the simulation engine.  The ServerApp writes the final parameters and a per-round
 history as JSON to ``cfg.out``.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,6 @@ from fedconvex.files import replaced_atomically
 from . import logreg, wire
 from .config import FlowerRunConfig
 from .transport import FlowerTransport, numpy, records
-
 
 log = logging.getLogger("fedpm.server")
 
@@ -53,7 +53,7 @@ def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
         from .cnn import flat_theta, test_accuracy
 
         result = {"theta": flat_theta(state.theta).tolist(), "history": history}
-        if cfg.data_dir:    # a prepared data set: the final model's accuracy on the server's test set
+        if cfg.data_dir:  # a prepared data set: the final model's accuracy on the server's test set
             result["test_acc"] = test_accuracy(cfg, state.theta)
     else:
         state, history = _serve_logreg(grid, cfg)
@@ -69,9 +69,20 @@ def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
 def _drive(cfg, alg, view, transport, state, weights, finite, d=None):
     """The round driver over the SuperNodes (own_clients=False: a round whose replies are all unusable is
     skipped, not divergence); each history row also says how many replies the server used."""
-    driver = Driver(alg, view, transport, weights=weights, evaluate=lambda s: {}, n_clients=cfg.clients,
-                    participants=cfg.participants or None, d=d, max_ratio=cfg.max_ratio or None,
-                    label=f"{alg.label} (lr={alg.lr:g})", finite=finite, own_clients=False)
+    driver = Driver(
+        alg,
+        view,
+        transport,
+        weights=weights,
+        evaluate=lambda s: {},
+        n_clients=cfg.clients,
+        participants=cfg.participants or None,
+        d=d,
+        max_ratio=cfg.max_ratio or None,
+        label=f"{alg.label} (lr={alg.lr:g})",
+        finite=finite,
+        own_clients=False,
+    )
     state, history = driver.run(state, cfg.rounds, np.random.default_rng(cfg.seed))
     for row in history[1:]:
         row["used"] = row["asked"] - row["dropped"] - row["rejected"]
@@ -92,8 +103,16 @@ def _serve_logreg(grid: Grid, cfg: FlowerRunConfig):
     # steps write (logreg.templates: 'server_keys') and sends each client its row with the next 'train'
     state = alg.init(view, start)
     state = replace(state, clients={k: state.clients[k] for k in transport.templates["server_keys"]})
-    return _drive(cfg, alg, view, transport, state, weights=lambda sel: view.client_weights[np.asarray(sel)],
-                  finite=lambda s: bool(np.all(np.isfinite(s.theta))), d=d)
+    return _drive(
+        cfg,
+        alg,
+        view,
+        transport,
+        state,
+        weights=lambda sel: view.client_weights[np.asarray(sel)],
+        finite=lambda s: bool(np.all(np.isfinite(s.theta))),
+        d=d,
+    )
 
 
 def _serve_cnn(grid: Grid, cfg: FlowerRunConfig):
@@ -111,8 +130,15 @@ def _serve_cnn(grid: Grid, cfg: FlowerRunConfig):
     # the transport brings no client state back (Delivery.cstate None): state.clients holds only what the
     # server's steps write there
     # weighting='samples': the split's sample counts (or, where the server does not know them, the nodes')
-    return _drive(cfg, alg, view, transport, state, weights=lambda sel: alg.client_weights(transport.sizes, sel),
-                  finite=cnn.finite)
+    return _drive(
+        cfg,
+        alg,
+        view,
+        transport,
+        state,
+        weights=lambda sel: alg.client_weights(transport.sizes, sel),
+        finite=cnn.finite,
+    )
 
 
 def _train_cnn(msg: Message, context: Context, cfg: FlowerRunConfig, partition: int) -> Message:
@@ -129,18 +155,30 @@ def _train_cnn(msg: Message, context: Context, cfg: FlowerRunConfig, partition: 
         for k in tracked:
             if k in prev:
                 cs[k] = prev[k]
-            else:            # created by the unused round (a first participation): not yet the client's
+            else:  # created by the unused round (a first participation): not yet the client's
                 cs.pop(k, None)
     if tracked:
         context.state["cnn-prev"] = records(cnn.flat({k: cs[k] for k in tracked if k in cs}))
     arrays, held = cnn.read_held(numpy(msg.content["arrays"]), msg.content["config"])
-    cs.update(held)      # the entries the server keeps for this client (its acknowledgement): its say
-    reply, loss, samples = cnn.client_train(cfg, partition, cnn.nest(arrays), int(msg.content["config"]["round"]),
-                                            cs, folder=context.node_config.get("data-dir") or None)
+    cs.update(held)  # the entries the server keeps for this client (its acknowledgement): its say
+    reply, loss, samples = cnn.client_train(
+        cfg,
+        partition,
+        cnn.nest(arrays),
+        int(msg.content["config"]["round"]),
+        cs,
+        folder=context.node_config.get("data-dir") or None,
+    )
     context.state["cnn-state"] = records(cnn.flat({k: v for k, v in cs.items() if k not in held}))
-    return Message(content=RecordDict({"arrays": records(cnn.flat(reply)),
-                                       "metrics": MetricRecord({"client": partition, "samples": samples,
-                                                                "loss": float(loss)})}), reply_to=msg)
+    return Message(
+        content=RecordDict(
+            {
+                "arrays": records(cnn.flat(reply)),
+                "metrics": MetricRecord({"client": partition, "samples": samples, "loss": float(loss)}),
+            }
+        ),
+        reply_to=msg,
+    )
 
 
 def train(msg: Message, context: Context, cfg: FlowerRunConfig) -> Message:
@@ -160,16 +198,20 @@ def train(msg: Message, context: Context, cfg: FlowerRunConfig) -> Message:
         # goes back to what it was before that round, as the in-process driver does
         prev = _load_state(context, "cstate-prev")
         cstate.update({k: prev[k] for k in tracked if k in prev})
-    if "state-kinds" in msg.content["config"]:   # the entries the server keeps for this client (its say)
-        held = {k[len("state/"):]: v for k, v in arrays.items() if k.startswith("state/")}
+    if "state-kinds" in msg.content["config"]:  # the entries the server keeps for this client (its say)
+        held = {k[len("state/") :]: v for k, v in arrays.items() if k.startswith("state/")}
         cstate.update(wire.state_from_row(held, json.loads(msg.content["config"]["state-kinds"])))
     if tracked:
-        _save_state(context, cstate, "cstate-prev")      # to roll back to if this reply is not used
+        _save_state(context, cstate, "cstate-prev")  # to roll back to if this reply is not used
     up, cstate = logreg.client_reply(cfg, partition, down, cstate, round_)
     _save_state(context, cstate)
     block_dtype = None if cfg.precond_dtype == "float64" else cfg.precond_dtype
-    return Message(content=RecordDict({"arrays": records(wire.flatten(up, 0, block_dtype)),
-                                       "metrics": MetricRecord({"client": partition})}), reply_to=msg)
+    return Message(
+        content=RecordDict(
+            {"arrays": records(wire.flatten(up, 0, block_dtype)), "metrics": MetricRecord({"client": partition})}
+        ),
+        reply_to=msg,
+    )
 
 
 def query(msg: Message, context: Context, cfg: FlowerRunConfig) -> Message:
@@ -179,7 +221,7 @@ def query(msg: Message, context: Context, cfg: FlowerRunConfig) -> Message:
     op = str(msg.content["config"]["op"])
     arrays = {}
     if op == "hello" and cfg.problem == "cnn":
-        pass    # the CNN's client state starts empty (fedpm_dnn: created at the first participation)
+        pass  # the CNN's client state starts empty (fedpm_dnn: created at the first participation)
     elif op == "hello":
         theta = msg.content["arrays"]["theta"].numpy()
         _save_state(context, logreg.init_client_state(cfg, partition, theta))
@@ -188,8 +230,9 @@ def query(msg: Message, context: Context, cfg: FlowerRunConfig) -> Message:
             raise ValueError("asked about a client this node does not hold")
         theta = msg.content["arrays"]["theta"].numpy()
         arrays = wire.flatten(logreg.client_oracle(cfg, partition, op, theta))
-    return Message(content=RecordDict({"arrays": records(arrays), "metrics": MetricRecord({"client": partition})}),
-                   reply_to=msg)
+    return Message(
+        content=RecordDict({"arrays": records(arrays), "metrics": MetricRecord({"client": partition})}), reply_to=msg
+    )
 
 
 def _load_state(context: Context, key: str = "cstate") -> dict:

@@ -12,6 +12,7 @@ the only client state it holds, as the nodes keep the rest -- and goes to each c
 'train' message (``held_entries``); the node uses it for that round and does not keep it.
 Data: the seeded synthetic task (every process rebuilds the same partitions), or a prepared data set
 (``cfg.data_dir``; fedpm_flower.prepared): each SuperNode reads only its own folder."""
+
 from __future__ import annotations
 
 import json
@@ -44,10 +45,14 @@ _CACHE = {}
 def algorithm(cfg):
     """The fedpm_dnn method for the run's settings (those the method takes; every other hyper-parameter
     its registry default), then ``cfg.params`` (JSON) on top."""
-    method_class(cfg.method)        # an unknown method is named as such, not as a missing hyper-parameter
-    settings = dict(lr=cfg.lr, local_epochs=cfg.local_steps, weighting=cfg.weighting,
-                    precond_dtype="float16" if cfg.precond_dtype == "float16" else "float32",
-                    precond_codec=cfg.precond_codec)
+    method_class(cfg.method)  # an unknown method is named as such, not as a missing hyper-parameter
+    settings = dict(
+        lr=cfg.lr,
+        local_epochs=cfg.local_steps,
+        weighting=cfg.weighting,
+        precond_dtype="float16" if cfg.precond_dtype == "float16" else "float32",
+        precond_codec=cfg.precond_codec,
+    )
     if not cfg.data_dir:
         settings["batch_size"] = SYNTHETIC_BATCH
     extra = json.loads(cfg.params) if cfg.params else {}
@@ -72,7 +77,7 @@ def shape(cfg) -> tuple:
 
 
 def _shape_of(cfg, folder):
-    if folder:     # a SuperNode knows the data set's shape from its own folder
+    if folder:  # a SuperNode knows the data set's shape from its own folder
         m = prepared.meta(folder)
         return m["num_classes"], m["channels"], m["image_size"]
     return shape(cfg)
@@ -124,7 +129,7 @@ def nest(arrays: dict) -> dict:
     return out
 
 
-HELD = "state/"      # the arrays of the server-held client state entries in a 'train' message
+HELD = "state/"  # the arrays of the server-held client state entries in a 'train' message
 
 
 def held_entries(row: dict) -> tuple[dict, dict]:
@@ -149,7 +154,7 @@ def read_held(arrays: dict, config) -> tuple[dict, dict]:
     if "state-held" not in config:
         return down, {}
     spec = json.loads(str(config["state-held"]))
-    held = nest({k[len(HELD):]: v for k, v in arrays.items() if k.startswith(HELD)})
+    held = nest({k[len(HELD) :]: v for k, v in arrays.items() if k.startswith(HELD)})
     return down, {**dict(spec["str"]), **{k: held[k] for k in spec["arrays"]}}
 
 
@@ -158,12 +163,12 @@ def client_train(cfg, partition: int, down: dict, round_: int, cs: dict, folder=
     """One round of client ``partition``: (reply, mean training loss, number of samples).  ``down`` is
     the broadcast and ``cs`` the client's persistent state (nested dicts of tensors), updated in place."""
     alg = algorithm(cfg)
-    key = ("model", cfg.seed, _shape_of(cfg, folder))    # one model per data shape (a process may run several)
+    key = ("model", cfg.seed, _shape_of(cfg, folder))  # one model per data shape (a process may run several)
     if key not in _CACHE:
         _CACHE[key] = new_model(cfg.seed, *key[2])
     model, blocks = _CACHE[key]
     data = client_data(cfg, partition, folder)
-    alg.prepare_client(cs, down)     # what a first participation needs (SCAFFOLD's zero control), as in-process
+    alg.prepare_client(cs, down)  # what a first participation needs (SCAFFOLD's zero control), as in-process
     reply, loss = client_round(alg, model, blocks, data, cs, down, client_generator(cfg.seed, round_, partition))
     return reply, loss, len(data)
 
@@ -172,8 +177,9 @@ def client_train(cfg, partition: int, down: dict, round_: int, cs: dict, folder=
 def server_task(cfg):
     """(what ``receive``/``server_update`` see, the initial parameters): the in-process simulator's model."""
     model, blocks = new_model(cfg.seed, *shape(cfg))
-    return SimpleNamespace(blocks=blocks, n_clients=cfg.clients), \
-        {k: v.detach().clone() for k, v in model.named_parameters()}
+    return SimpleNamespace(blocks=blocks, n_clients=cfg.clients), {
+        k: v.detach().clone() for k, v in model.named_parameters()
+    }
 
 
 def client_sizes(cfg):
@@ -202,7 +208,7 @@ class CnnTransport(FlowerTransport):
     def __call__(self, alg, down, cstate, sel, rng, round_):
         arrays = flat(down)
         per_client, extra = {}, {}
-        for k, c in enumerate(sel):     # the server-held entries of each client's state go with its message
+        for k, c in enumerate(sel):  # the server-held entries of each client's state go with its message
             held, config = held_entries(cstate[k])
             per_client[int(c)] = {**arrays, **held}
             extra[int(c)] = {**config, **({"last-used": self.verdict[int(c)]} if int(c) in self.verdict else {})}
@@ -212,13 +218,23 @@ class CnnTransport(FlowerTransport):
             m = self.metrics[c]
             n, loss = m.get("samples"), m.get("loss")
             if isinstance(n, bool) or not isinstance(n, int) or n < 1 or not isinstance(loss, float):
-                log.warning("round %d: client %d rejected: sample count %r / loss %r are not a positive integer "
-                            "and a number", round_, c, n, loss)
+                log.warning(
+                    "round %d: client %d rejected: sample count %r / loss %r are not a positive integer and a number",
+                    round_,
+                    c,
+                    n,
+                    loss,
+                )
                 rejected.append((c, "malformed metrics"))
                 continue
             if self.known is not None and n != self.known[c]:
-                log.warning("round %d: client %d rejected: reports %d samples, its partition has %d",
-                            round_, c, n, self.known[c])
+                log.warning(
+                    "round %d: client %d rejected: reports %d samples, its partition has %d",
+                    round_,
+                    c,
+                    n,
+                    self.known[c],
+                )
                 rejected.append((c, "wrong sample count"))
                 continue
             self.sizes[c] = n
@@ -234,8 +250,9 @@ class CnnTransport(FlowerTransport):
         row = {"asked": len(sel), "dropped": dropped}
         if ok:
             row["train_loss"] = float(np.average([losses[k] for k in kept], weights=self.sizes[ok]))
-        return Delivery(up=up, cstate=None, sel=np.asarray(ok, dtype=np.int64), rejected=rejected + more,
-                        extra=row, wire_bytes=sent)
+        return Delivery(
+            up=up, cstate=None, sel=np.asarray(ok, dtype=np.int64), rejected=rejected + more, extra=row, wire_bytes=sent
+        )
 
 
 def test_accuracy(cfg, theta: dict) -> float:
@@ -244,7 +261,8 @@ def test_accuracy(cfg, theta: dict) -> float:
 
     x, y, meta = prepared.load(prepared.server_folder(cfg.data_dir), "test.npz")
     return DnnTask(new_model(cfg.seed, *shape(cfg))[0], []).accuracy(
-        theta, torch.as_tensor(x), torch.as_tensor(y), tuple(meta["mean"]), tuple(meta["std"]))
+        theta, torch.as_tensor(x), torch.as_tensor(y), tuple(meta["mean"]), tuple(meta["std"])
+    )
 
 
 def finite(state) -> bool:
@@ -265,10 +283,21 @@ def in_process(cfg, tamper=None) -> np.ndarray:
 
     parts, (xt, yt) = task(cfg)
     clients = [ClientData(torch.as_tensor(x), torch.as_tensor(y), MEAN, STD) for x, y in parts]
-    exp = Experiment(cfg=algorithm(cfg), model="cnn", num_classes=CLASSES, clients=clients,
-                     x_test=torch.as_tensor(xt), y_test=torch.as_tensor(yt), mean=MEAN, std=STD, rounds=cfg.rounds,
-                     participants=cfg.participants or None, seed=cfg.seed, image_size=IMAGE,
-                     max_ratio=cfg.max_ratio or None)
+    exp = Experiment(
+        cfg=algorithm(cfg),
+        model="cnn",
+        num_classes=CLASSES,
+        clients=clients,
+        x_test=torch.as_tensor(xt),
+        y_test=torch.as_tensor(yt),
+        mean=MEAN,
+        std=STD,
+        rounds=cfg.rounds,
+        participants=cfg.participants or None,
+        seed=cfg.seed,
+        image_size=IMAGE,
+        max_ratio=cfg.max_ratio or None,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         ck = os.path.join(tmp, "ck.pt")
         run_experiment(exp, checkpoint=ck, tamper=tamper)

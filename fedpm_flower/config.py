@@ -3,6 +3,7 @@
 In deployment the values arrive as Flower run config (``flwr run --run-config``); in
 simulation the apps are built with them directly.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
@@ -10,31 +11,31 @@ from dataclasses import asdict, dataclass, fields
 
 @dataclass(frozen=True)
 class FlowerRunConfig:
-    problem: str = "logreg"          # logreg
-    method: str = "fedpm"            # any registered fedconvex method (logreg), any registered fedpm_dnn method (cnn)
-    params: str = ""                 # more hyper-parameters of the method, a JSON object, e.g. '{"compressor": "topk", "k": 50}'
-    participants: int = 0            # clients sampled per round (0: all)
-    weighting: str = "uniform"       # client weights: uniform (1/N) | samples (M_i / M)
-    dataset: str = "a9a"             # bundled name or LibSVM path
-    data_dir: str = ""               # cnn: a prepared data set (fedpm_flower.prepared) instead of the synthetic task
+    problem: str = "logreg"  # logreg
+    method: str = "fedpm"  # any registered fedconvex method (logreg), any registered fedpm_dnn method (cnn)
+    params: str = ""  # more hyper-parameters of the method, a JSON object, e.g. '{"compressor": "topk", "k": 50}'
+    participants: int = 0  # clients sampled per round (0: all)
+    weighting: str = "uniform"  # client weights: uniform (1/N) | samples (M_i / M)
+    dataset: str = "a9a"  # bundled name or LibSVM path
+    data_dir: str = ""  # cnn: a prepared data set (fedpm_flower.prepared) instead of the synthetic task
     clients: int = 3
     rounds: int = 2
     lr: float = 1.0
     local_steps: int = 1
     lam: float = 1e-3
     seed: int = 0
-    precond_dtype: str = "float64"   # how preconditioners travel: float64 | float32 | float16
-    precond_codec: str = "none"      # or a codec of fedconvex.codecs (delta: the estimates live on the nodes)
-    timeout: float = 120.0           # seconds the server waits for replies in a round
-    max_ratio: float = 1000.0        # magnitude guard: reject a reply whose preconditioner trace or
-                                     # parameter norm exceeds this x the round's median (0 = off)
-    out: str = ""                    # where the ServerApp writes its result JSON
+    precond_dtype: str = "float64"  # how preconditioners travel: float64 | float32 | float16
+    precond_codec: str = "none"  # or a codec of fedconvex.codecs (delta: the estimates live on the nodes)
+    timeout: float = 120.0  # seconds the server waits for replies in a round
+    max_ratio: float = 1000.0  # magnitude guard: reject a reply whose preconditioner trace or
+    # parameter norm exceeds this x the round's median (0 = off)
+    out: str = ""  # where the ServerApp writes its result JSON
 
     def to_run_config(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_mapping(cls, values) -> "FlowerRunConfig":
+    def from_mapping(cls, values) -> FlowerRunConfig:
         kw = {}
         for f in fields(cls):
             if f.name in values:

@@ -6,6 +6,7 @@ is inside that folder, so nothing outside loopback is contacted and the user's ~
 untouched.  The Flower executables are taken from the folder of ``sys.executable`` (the
 virtualenv's bin/, which need not be on PATH), else from PATH.
 """
+
 from __future__ import annotations
 
 import json
@@ -92,10 +93,12 @@ def _last_line(path: str) -> str:
 class LocalFederation:
     """Context manager owning the SuperLink and SuperNode processes."""
 
-    def __init__(self, clients: int, workdir: str | None = None, log_dir: str | None = None, data_dir: str | None = None):
+    def __init__(
+        self, clients: int, workdir: str | None = None, log_dir: str | None = None, data_dir: str | None = None
+    ):
         self.clients = clients
-        self.data_dir = os.path.abspath(data_dir) if data_dir else None   # prepared partitions: node i gets client-i/
-        self.own_dir = workdir is None   # a folder we made is removed when the federation stops
+        self.data_dir = os.path.abspath(data_dir) if data_dir else None  # prepared partitions: node i gets client-i/
+        self.own_dir = workdir is None  # a folder we made is removed when the federation stops
         self.dir = workdir or tempfile.mkdtemp(prefix="fedpm-flower-")
         self.log_dir = log_dir or os.path.join(self.dir, "logs")
         self.procs: list[subprocess.Popen] = []
@@ -105,15 +108,21 @@ class LocalFederation:
         code = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         path = os.pathsep.join(p for p in (code, os.environ.get("PYTHONPATH", "")) if p)
         # SuperExec starts flwr-serverapp / flwr-clientapp by name: they must be found on PATH
-        self.env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_HOME": os.path.join(self.dir, "flwr-home"),
-                    "PYTHONUNBUFFERED": "1", "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
-                    "PYTHONPATH": path}
+        self.env = {
+            **os.environ,
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_HOME": os.path.join(self.dir, "flwr-home"),
+            "PYTHONUNBUFFERED": "1",
+            "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+            "PYTHONPATH": path,
+        }
         self.control = self.fleet = None
 
     def _start(self, name, args):
         log = open(os.path.join(self.log_dir, f"{name}.log"), "w")
-        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.dir,
-                             start_new_session=True)   # its own group: ServerApp/ClientApp children stop with it
+        p = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.dir, start_new_session=True
+        )  # its own group: ServerApp/ClientApp children stop with it
         self.procs.append(p)
         return p
 
@@ -130,16 +139,41 @@ class LocalFederation:
         # flwr 1.42 serves the Runtime, Control and Fleet APIs on one HTTP address
         port = free_port()
         self.fleet = self.control = port
-        self._start("superlink", [executable("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
-                                  "--database", ":flwr-in-memory-state:"])
+        self._start(
+            "superlink",
+            [
+                executable("flower-superlink"),
+                "--insecure",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--database",
+                ":flwr-in-memory-state:",
+            ],
+        )
         for i in range(self.clients):
-            self._start(f"supernode-{i}", [executable("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.fleet}",
-                                           "--host", "127.0.0.1", "--port", str(free_port()),
-                                           "--node-config", self.node_config(i)])
+            self._start(
+                f"supernode-{i}",
+                [
+                    executable("flower-supernode"),
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{self.fleet}",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(free_port()),
+                    "--node-config",
+                    self.node_config(i),
+                ],
+            )
         self._wait_listening(port, 60.0)
         with open(os.path.join(self.env["FLWR_HOME"], "config.toml"), "w") as fh:
-            fh.write(f'[superlink]\ndefault = "fedpm"\n\n[superlink.fedpm]\naddress = "127.0.0.1:{self.control}"\n'
-                     "insecure = true\n")
+            fh.write(
+                f'[superlink]\ndefault = "fedpm"\n\n[superlink.fedpm]\naddress = "127.0.0.1:{self.control}"\n'
+                "insecure = true\n"
+            )
         self._old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM,)}
         return self
 
@@ -162,14 +196,16 @@ class LocalFederation:
                     return
             if self.procs[0].poll() is not None or time.time() - start > timeout:
                 self.stop()
-                raise RuntimeError(f"the SuperLink did not start listening on 127.0.0.1:{port}: "
-                                   f"{_last_line(os.path.join(self.log_dir, 'superlink.log'))}")
+                raise RuntimeError(
+                    f"the SuperLink did not start listening on 127.0.0.1:{port}: "
+                    f"{_last_line(os.path.join(self.log_dir, 'superlink.log'))}"
+                )
             time.sleep(0.2)
 
     def _on_signal(self, signum, frame):
         self.stop()
         before = self._old.get(signum)
-        if callable(before):     # the command's own handler (validation's run_command: a one-line "terminated")
+        if callable(before):  # the command's own handler (validation's run_command: a one-line "terminated")
             before(signum, frame)
         raise KeyboardInterrupt(f"signal {signum}")
 
@@ -223,7 +259,7 @@ class LocalFederation:
                 p.wait()
         for pid in stragglers:
             try:
-                os.kill(pid, signal.SIGKILL)   # no-op for those that already ended
+                os.kill(pid, signal.SIGKILL)  # no-op for those that already ended
             except ProcessLookupError:
                 pass
 
@@ -253,8 +289,14 @@ class LocalFederation:
         app = write_app(os.path.join(self.dir, "app"), FlowerRunConfig(**{**cfg.to_run_config(), "out": out}))
         if os.path.exists(out):
             os.remove(out)
-        submit = subprocess.run([executable("flwr"), "run", app, "fedpm"], env=self.env, cwd=self.dir, capture_output=True,
-                                text=True, timeout=120)
+        submit = subprocess.run(
+            [executable("flwr"), "run", app, "fedpm"],
+            env=self.env,
+            cwd=self.dir,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if submit.returncode != 0:
             text = [ln.strip(" │╭╮╰╯─") for ln in (submit.stdout + submit.stderr).splitlines()]
             raise RuntimeError("flwr run failed: " + " ".join(t for t in text if t)[-400:])
@@ -262,9 +304,11 @@ class LocalFederation:
             on_submitted(self)
         start = time.time()
         while not os.path.exists(out):
-            dead = [p.args[0] for p in self.procs[:1] if p.poll() is not None]   # the SuperLink must live
+            dead = [p.args[0] for p in self.procs[:1] if p.poll() is not None]  # the SuperLink must live
             if dead:
-                raise RuntimeError(f"the SuperLink exited early: {_last_line(os.path.join(self.log_dir, 'superlink.log'))}")
+                raise RuntimeError(
+                    f"the SuperLink exited early: {_last_line(os.path.join(self.log_dir, 'superlink.log'))}"
+                )
             if time.time() - start > timeout:
                 raise TimeoutError(f"no result after {timeout:.0f}s (see --timeout)")
             time.sleep(0.5)

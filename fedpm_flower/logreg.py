@@ -8,14 +8,14 @@ data: ``ServerView`` gives the method the dimension, lam, the client weights and
 server needs client quantities (FedNL's H^0, FedNL-LS's line search, the centralized references), the
 client oracles, answered by the nodes (``ask``).
 """
+
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import scipy.sparse as sp
-
-from dataclasses import replace
 
 from fedconvex.algorithms import applicable, make_algorithm
 from fedconvex.algorithms.base import RoundInfo
@@ -27,7 +27,7 @@ from fedconvex.run import blas_single_thread
 
 from . import wire
 
-ORACLES = ("values", "gradients", "hessians")   # what a node answers besides training: nothing else
+ORACLES = ("values", "gradients", "hessians")  # what a node answers besides training: nothing else
 _LOCAL = {}
 
 
@@ -43,8 +43,10 @@ def hyperparameters(cfg) -> dict:
 def algorithm(cfg):
     codec = parse_codec(cfg.precond_codec)
     if codec is not None and cfg.precond_dtype != "float64":
-        raise ValueError(f"precond codec {cfg.precond_codec!r} with precond_dtype {cfg.precond_dtype}: a codec "
-                         "sets its own precision; use precond_dtype float64")
+        raise ValueError(
+            f"precond codec {cfg.precond_codec!r} with precond_dtype {cfg.precond_dtype}: a codec "
+            "sets its own precision; use precond_dtype float64"
+        )
     return make_algorithm(cfg.method, **hyperparameters(cfg))
 
 
@@ -76,8 +78,9 @@ def client_reply(cfg, partition: int, down: dict, cstate: dict, round_: int):
     """One client's ``client_update``: (its one-row stacked reply, its new state rows)."""
     alg = algorithm(cfg)
     with blas_single_thread():
-        return alg.client_update(local_problem(cfg, partition), down, cstate, np.array([0]),
-                                 client_rng(cfg.seed, round_, partition))
+        return alg.client_update(
+            local_problem(cfg, partition), down, cstate, np.array([0]), client_rng(cfg.seed, round_, partition)
+        )
 
 
 def client_oracle(cfg, partition: int, oracle: str, theta) -> dict:
@@ -93,7 +96,7 @@ def client_oracle(cfg, partition: int, oracle: str, theta) -> dict:
 def stand_in(d: int, lam: float) -> FederatedLogReg:
     """Two samples touching every feature: a problem of the true dimension on which the server learns
     the structure of the method's messages (``wire.structure``) without any client data."""
-    rows = 2 if d != 2 else 3        # never as many samples as features: sample-sized dimensions stay apart
+    rows = 2 if d != 2 else 3  # never as many samples as features: sample-sized dimensions stay apart
     X = np.vstack([np.ones(d)] + [np.linspace(-1.0, 1.0, d) * (k + 1) for k in range(rows - 1)])
     return FederatedLogReg(sp.csr_matrix(X), np.array([1.0, -1.0, 1.0][:rows]), [np.arange(rows)], lam=lam)
 
@@ -106,8 +109,9 @@ def templates(alg, d: int, lam: float) -> dict:
     p = stand_in(d, lam)
     with blas_single_thread():
         state = alg.init(p, theta0(d))
-        up, new = alg.client_update(p, alg.broadcast(state), gather(state.clients, [0], 1), np.array([0]),
-                                    np.random.default_rng(0))
+        up, new = alg.client_update(
+            p, alg.broadcast(state), gather(state.clients, [0], 1), np.array([0]), np.random.default_rng(0)
+        )
         out = {"train": wire.structure(up)}
         before = {**state.clients, **new}
         after = replace(state, clients=before)

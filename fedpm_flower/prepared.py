@@ -7,6 +7,7 @@
 Written by ``python -m validation.flower prepare``.  A SuperNode is given its own folder in its node
 config (``data-dir``) and reads nothing else; the server reads only ``server/``.
 """
+
 from __future__ import annotations
 
 import json

@@ -7,6 +7,7 @@ accepted only from the node that was asked, claiming the client it was asked for
 structure is checked against the server's template.  Everything rejected here goes to
 ``Delivery.rejected`` with its reason (and is logged); content screening is the driver's.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,9 @@ class FlowerTransport:
     def __init__(self, grid, cfg, templates: dict, d: int, shift: float, roles: dict):
         self.grid, self.cfg = grid, cfg
         self.templates, self.d, self.shift, self.roles = templates, d, shift, roles
-        self.node_of: dict = {}         # client id -> the node that holds it
-        self.verdict: dict = {}         # client id -> 1/0: was its last reply used (told with its next message)
-        self.metrics: dict = {}         # client id -> the metrics of its last accepted reply
+        self.node_of: dict = {}  # client id -> the node that holds it
+        self.verdict: dict = {}  # client id -> 1/0: was its last reply used (told with its next message)
+        self.metrics: dict = {}  # client id -> the metrics of its last accepted reply
 
     # ------------------------------------------------------------------------------- exchanges
     def _exchange(self, kind: str, per_client: dict, round_: int, config: dict | None = None, extra=None):
@@ -47,10 +48,15 @@ class FlowerTransport:
         for c, arrays in per_client.items():
             node = self.node_of.get(int(c))
             if node is None:
-                continue                 # no node holds it (never connected): dropped
-            content = RecordDict({"arrays": records(arrays),
-                                  "config": ConfigRecord({"round": round_, "client": int(c), **(config or {}),
-                                                          **(extra or {}).get(int(c), {})})})
+                continue  # no node holds it (never connected): dropped
+            content = RecordDict(
+                {
+                    "arrays": records(arrays),
+                    "config": ConfigRecord(
+                        {"round": round_, "client": int(c), **(config or {}), **(extra or {}).get(int(c), {})}
+                    ),
+                }
+            )
             msgs.append(Message(content=content, dst_node_id=node, message_type=kind))
             asked[node] = int(c)
         replies = list(self.grid.send_and_receive(msgs, timeout=self.cfg.timeout)) if msgs else []
@@ -59,17 +65,21 @@ class FlowerTransport:
             src = reply.metadata.src_node_id
             c = asked.get(src)
             if c is None or src in seen:
-                log.warning("round %d: node %s rejected: %s", round_, src,
-                            "it was not asked" if c is None else "a second reply this round")
+                log.warning(
+                    "round %d: node %s rejected: %s",
+                    round_,
+                    src,
+                    "it was not asked" if c is None else "a second reply this round",
+                )
                 continue
             seen.add(src)
             if reply.has_error():
                 log.warning("round %d: client %d (node %s) failed: %s", round_, c, src, reply.error.reason)
-                continue                 # counted as dropped
+                continue  # counted as dropped
             try:
                 claim = reply.content["metrics"]["client"]
                 arrays = numpy(reply.content["arrays"])
-            except Exception as exc:     # a reply without the records our ClientApp sends
+            except Exception as exc:  # a reply without the records our ClientApp sends
                 rejected.append((c, f"malformed reply ({type(exc).__name__}: {exc})"))
                 continue
             if isinstance(claim, bool) or claim != c:
@@ -86,8 +96,14 @@ class FlowerTransport:
         the problem's client state starts from the model)."""
         self.node_of = {}
         hello = records({} if theta is None else {"theta": theta})
-        msgs = [Message(content=RecordDict({"arrays": hello, "config": ConfigRecord({"op": "hello"})}),
-                        dst_node_id=node, message_type="query") for node in nodes]
+        msgs = [
+            Message(
+                content=RecordDict({"arrays": hello, "config": ConfigRecord({"op": "hello"})}),
+                dst_node_id=node,
+                message_type="query",
+            )
+            for node in nodes
+        ]
         for reply in self.grid.send_and_receive(msgs, timeout=self.cfg.timeout):
             src = reply.metadata.src_node_id
             if reply.has_error():
@@ -110,7 +126,7 @@ class FlowerTransport:
     # ----------------------------------------------------------------------------- the transport
     def __call__(self, algorithm, down, cstate, sel, rng, round_):
         per_client, extra = {}, {}
-        for k, c in enumerate(sel):      # the server-held rows of each client's state go with its message
+        for k, c in enumerate(sel):  # the server-held rows of each client's state go with its message
             arrays, kinds = wire.state_row({key: v[[k]] for key, v in cstate.items()}) if cstate else ({}, {})
             per_client[int(c)] = {**down, **{"state/" + key: a for key, a in arrays.items()}}
             if kinds:
@@ -132,8 +148,14 @@ class FlowerTransport:
         up = concat(parts) if parts else None
         # bytes as they travelled (FedPM's blocks may travel in float16; the server mixes in float64)
         sent = sum(a.nbytes for c in ok for a in got[c].values())
-        return Delivery(up=up, cstate=None, sel=np.asarray(ok, dtype=np.int64), rejected=rejected,
-                        extra={"asked": len(sel), "dropped": dropped}, wire_bytes=sent)
+        return Delivery(
+            up=up,
+            cstate=None,
+            sel=np.asarray(ok, dtype=np.int64),
+            rejected=rejected,
+            extra={"asked": len(sel), "dropped": dropped},
+            wire_bytes=sent,
+        )
 
     def acknowledge(self, used, unused) -> None:
         """The driver's verdict on this round's replies: each client learns it with its next message and
@@ -143,13 +165,17 @@ class FlowerTransport:
 
     def ask(self, oracle: str, thetas, sel) -> object:
         """The clients' answers to a problem oracle (stacked); every asked client must answer."""
-        got, rejected, _ = self._exchange("query", {int(c): {"theta": thetas[k]} for k, c in enumerate(sel)}, -1,
-                                          {"op": oracle})
+        got, rejected, _ = self._exchange(
+            "query", {int(c): {"theta": thetas[k]} for k, c in enumerate(sel)}, -1, {"op": oracle}
+        )
         parts = []
         for c in (int(c) for c in sel):
-            msg, problem = (None, "no reply") if c not in got else \
-                wire.unflatten(got[c], self.templates[oracle], self.d, self.shift)
-            problem = problem or client_problem(msg, 0, self.d)      # finite; Hessian blocks PSD
+            msg, problem = (
+                (None, "no reply")
+                if c not in got
+                else wire.unflatten(got[c], self.templates[oracle], self.d, self.shift)
+            )
+            problem = problem or client_problem(msg, 0, self.d)  # finite; Hessian blocks PSD
             if problem:
                 raise RuntimeError(f"client {c} did not answer the server's {oracle} query: {problem}")
             parts.append(msg)

@@ -15,6 +15,7 @@ square blocks matching their indices.  The server's template comes from its own 
 a stand-in problem (``template``): it is never taken from a client.  Content (NaN/Inf, PSD, magnitude)
 is the round driver's screening, after the replies are joined (``fedconvex.messages.concat``).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,7 +40,7 @@ def structure(up: dict) -> dict:
             out[name] = ("encoded", None, None)
         elif isinstance(v, (tuple, list)):
             e = np.asarray(v[0])
-            out[name] = ("tuple", "f" if e.dtype.kind == "f" else "i", tuple(e.shape))   # the stand-in's shape
+            out[name] = ("tuple", "f" if e.dtype.kind == "f" else "i", tuple(e.shape))  # the stand-in's shape
         elif isinstance(v, np.ndarray):
             out[name] = ("array", "f" if v.dtype.kind == "f" else "i", tuple(v.shape[1:]))
         else:
@@ -99,8 +100,9 @@ def unflatten(arrays: dict, template: dict, d: int, shift: float, roles: dict | 
                 return None, f"{key} is a {type(arrays[key]).__name__}, not an array"
         if kind == "blocks":
             B, a = arrays[name + "/block"], arrays[name + "/active"]
-            bad = _indices(a, f"{name}: feature indices", d, distinct=True) or \
-                (f"{name}: block {dtype_problem(B)}" if dtype_problem(B) else None)
+            bad = _indices(a, f"{name}: feature indices", d, distinct=True) or (
+                f"{name}: block {dtype_problem(B)}" if dtype_problem(B) else None
+            )
             if bad:
                 return None, bad
             if B.shape != (len(a), len(a)):
@@ -112,8 +114,8 @@ def unflatten(arrays: dict, template: dict, d: int, shift: float, roles: dict | 
             if bad:
                 return None, bad
             prefix = name + "/code/"
-            payload = {key[len(prefix):]: v for key, v in arrays.items() if key.startswith(prefix)}
-            expected.update(prefix + key for key in payload)    # the codec's decode checks the payload itself
+            payload = {key[len(prefix) :]: v for key, v in arrays.items() if key.startswith(prefix)}
+            expected.update(prefix + key for key in payload)  # the codec's decode checks the payload itself
             msg[name] = EncodedBlocks((payload,), (a,), d)
         else:
             a = arrays[name]
@@ -122,13 +124,13 @@ def unflatten(arrays: dict, template: dict, d: int, shift: float, roles: dict | 
                 bad = f"{name} {bad}" if bad else None
             elif roles.get(name) in ("features", "entries"):
                 bad = _indices(a, name, _bound(roles[name], d))
-            else:   # integer data without a declared range (e.g. Natural's bit codes): its dtype only
+            else:  # integer data without a declared range (e.g. Natural's bit codes): its dtype only
                 bad = dtype_problem(a, "iu")
                 bad = f"{name} {bad}" if bad else None
             if bad:
                 return None, bad
             if kind == "array" and shape == () and a.shape == (1,):
-                a = a.reshape(())       # Flower's Array carries a scalar as shape (1,)
+                a = a.reshape(())  # Flower's Array carries a scalar as shape (1,)
             if kind == "array" and a.shape != shape:
                 return None, f"{name} has shape {a.shape}, expected {shape}"
             if kind == "tuple" and a.ndim != len(shape):
@@ -169,7 +171,7 @@ def state_row(cstate: dict) -> tuple[dict, dict]:
             arrays[key] = np.ascontiguousarray(v.packed)
             arrays[key + "/active"] = np.asarray(v.active[0], dtype=np.int64)
         elif isinstance(v, np.ndarray) and v.dtype == object and isinstance(v[0], str):
-            kinds[key] = "str:" + v[0]         # e.g. the delta codec's acknowledgement digest
+            kinds[key] = "str:" + v[0]  # e.g. the delta codec's acknowledgement digest
         elif isinstance(v, np.ndarray) and v.dtype == object:
             kinds[key] = "none" if v[0] is None else "object"
             if v[0] is not None:

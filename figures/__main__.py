@@ -8,14 +8,15 @@ Results come from results/<profile>/ (validation/experiments.py lists the runs);
 is computed first unless --no-compute.  A figure whose data is missing is skipped with a
 message.  Output: figures/out/<profile>/*.png|pdf, tables also as .md and .tex.
 """
+
 from __future__ import annotations
 
 import os
 import sys
 
 from validation.common import OneLineParser
-from validation.outputs import MARKER, mark
 from validation.experiments import DNN_METHODS, PROFILES, check_results_arg, ensure, is_done, plan
+from validation.outputs import MARKER, mark
 
 from . import compression, draw
 from .results import best_by_seed, read_summary, runs_matching
@@ -43,8 +44,10 @@ def incomplete(root, profile, prefix, log=print) -> str:
     if not missing:
         return ""
     log(f"{prefix}* tables drawn from {len(runs) - len(missing)} of {len(runs)} runs; missing e.g. {missing[0]}")
-    return (f" — INCOMPLETE: {len(missing)} of the profile's {len(runs)} runs missing (e.g. {missing[0]}; "
-            "python -m validation.experiments --list)")
+    return (
+        f" — INCOMPLETE: {len(missing)} of the profile's {len(runs)} runs missing (e.g. {missing[0]}; "
+        "python -m validation.experiments --list)"
+    )
 
 
 def build_all(root, out, profile, log=print):
@@ -58,8 +61,12 @@ def build_all(root, out, profile, log=print):
         else:
             log(f"skipped {what}: its results are missing under {root}")
 
-    convex = {d: f for d in ("w8a", "a9a") for f in [os.path.join(root, f"superlinear-{d}")]
-              if os.path.isfile(os.path.join(f, "history.csv"))}
+    convex = {
+        d: f
+        for d in ("w8a", "a9a")
+        for f in [os.path.join(root, f"superlinear-{d}")]
+        if os.path.isfile(os.path.join(f, "history.csv"))
+    }
     add(draw.test1(convex, out)[0] if convex else [], "the Test 1 figure")
     for ds in ("cifar10", "cifar100"):
         add(draw.test2_curves(root, ds, "0.1", out, note)[0], f"the Test 2 curves for {ds}")
@@ -72,36 +79,65 @@ def build_all(root, out, profile, log=print):
                 columns[f"{ds.upper()} α={alpha}"] = best
                 p = max_pvalue(best)
                 p_nl = max_pvalue(best, exclude=("localnewton",))
-                pvals.append([f"{ds.upper()}, α={alpha}", "–" if p is None else f"{p:.2f}",
-                              "–" if p_nl is None else f"{p_nl:.2f}", str(min(len(v) for v in best.values()))])
+                pvals.append(
+                    [
+                        f"{ds.upper()}, α={alpha}",
+                        "–" if p is None else f"{p:.2f}",
+                        "–" if p_nl is None else f"{p_nl:.2f}",
+                        str(min(len(v) for v in best.values())),
+                    ]
+                )
     for k in ("1", "10"):
         best = best_by_seed(root, f"epochs-{k}", DNN_METHODS)
         if len(best) > 1:
             p = max_pvalue(best)
-            pvals.append([f"CIFAR10, {k} local epoch(s)", "–" if p is None else f"{p:.2f}", "–",
-                          str(min(len(v) for v in best.values()))])
+            pvals.append(
+                [
+                    f"CIFAR10, {k} local epoch(s)",
+                    "–" if p is None else f"{p:.2f}",
+                    "–",
+                    str(min(len(v) for v in best.values())),
+                ]
+            )
     for part in (2, 5, 8):
         best = best_by_seed(root, f"sampling-{part}", DNN_METHODS)
         if len(best) > 1:
             p = max_pvalue(best)
-            pvals.append([f"CIFAR10, {part} participants", "–" if p is None else f"{p:.2f}", "–",
-                          str(min(len(v) for v in best.values()))])
+            pvals.append(
+                [
+                    f"CIFAR10, {part} participants",
+                    "–" if p is None else f"{p:.2f}",
+                    "–",
+                    str(min(len(v) for v in best.values())),
+                ]
+            )
     if columns:
         header, rows = accuracy_table(columns, DNN_METHODS)
         gap = incomplete(root, profile, "main-", log)
-        produced += write_table(out, "table3_accuracy", header, rows,
-                                "Table 3: best test accuracy [%], mean ± std over seeds" + (f" ({note})" if note else "")
-                                + gap, "tab:accuracy_table")
-        produced += write_table(out, "table_pvalues", ["Setting", "max p (FedPM > each)", "excl. LocalNewton", "seeds"],
-                                pvals, "Maximum one-sided Mann-Whitney U p-value of FedPM against every other method"
-                                + gap, "tab:p_values")
+        produced += write_table(
+            out,
+            "table3_accuracy",
+            header,
+            rows,
+            "Table 3: best test accuracy [%], mean ± std over seeds" + (f" ({note})" if note else "") + gap,
+            "tab:accuracy_table",
+        )
+        produced += write_table(
+            out,
+            "table_pvalues",
+            ["Setting", "max p (FedPM > each)", "excl. LocalNewton", "seeds"],
+            pvals,
+            "Maximum one-sided Mann-Whitney U p-value of FedPM against every other method" + gap,
+            "tab:p_values",
+        )
     else:
         log(f"skipped Table 3 and the p-value table: no main-* results under {root}")
     add(draw.local_epochs(root, out, note)[0], "the local-epochs figure")
     add(draw.client_sampling(root, out, note)[0], "the client-sampling figure")
     add(draw.foof_samples(root, out, note)[0], "the FOOF sample-count figure")
-    dist = {a: f for a in ("1.0", "0.1")
-            for f in list(runs_matching(root, rf"main-cifar10-a{a}-fedavg-s0").values())[:1]}
+    dist = {
+        a: f for a in ("1.0", "0.1") for f in list(runs_matching(root, rf"main-cifar10-a{a}-fedavg-s0").values())[:1]
+    }
     add(draw.data_distribution(dist, out, note)[0], "the data-distribution figure")
     # profiling table (CIFAR-10, alpha = 0.1 runs)
     prof_rows = []
@@ -113,14 +149,30 @@ def build_all(root, out, profile, log=print):
         up = sum(s["bytes_up_per_round"] for s in sums) / len(sums)
         down = sum(s["bytes_down_per_round"] for s in sums) / len(sums)
         clients = sums[0]["clients"]
-        prof_rows.append([LABELS[m], f"{sum(s['mean_client_seconds_per_round'] for s in sums) / len(sums):.2f}",
-                          f"{(up + down) / 2**20:.2f}", f"{clients * (up + down) / BANDWIDTH:.3f}",
-                          f"{max(s['peak_memory_mb'] for s in sums):.0f}"])
+        prof_rows.append(
+            [
+                LABELS[m],
+                f"{sum(s['mean_client_seconds_per_round'] for s in sums) / len(sums):.2f}",
+                f"{(up + down) / 2**20:.2f}",
+                f"{clients * (up + down) / BANDWIDTH:.3f}",
+                f"{max(s['peak_memory_mb'] for s in sums):.0f}",
+            ]
+        )
     if prof_rows:
-        produced += write_table(out, "table_profiling",
-                                ["Method", "client train s/round", "MiB up+down per client/round",
-                                 "comm. s/round at 1 Gbit/s", "peak memory MB"], prof_rows,
-                                "Profiling, CIFAR-10 α=0.1" + (f" ({note})" if note else ""), "tab:profiling")
+        produced += write_table(
+            out,
+            "table_profiling",
+            [
+                "Method",
+                "client train s/round",
+                "MiB up+down per client/round",
+                "comm. s/round at 1 Gbit/s",
+                "peak memory MB",
+            ],
+            prof_rows,
+            "Profiling, CIFAR-10 α=0.1" + (f" ({note})" if note else ""),
+            "tab:profiling",
+        )
     else:
         log("skipped the profiling table: no main-cifar10-a0.1 results")
     # FedPM with compressed preconditioners (issue 13)
@@ -139,17 +191,23 @@ def main(argv=None) -> int:
     check_results_arg(p, args.results)
     if args.out is not None and os.path.lexists(args.out) and not os.path.isdir(args.out):
         p.error(f"--out {args.out}: exists and is not a folder")
-    if args.out is not None and os.path.isdir(args.out) and os.listdir(args.out) \
-            and not os.path.exists(os.path.join(args.out, MARKER)):
+    if (
+        args.out is not None
+        and os.path.isdir(args.out)
+        and os.listdir(args.out)
+        and not os.path.exists(os.path.join(args.out, MARKER))
+    ):
         # figures are written file by file into --out: a folder of someone's own (a paper's table3_accuracy.md)
         # would be overwritten in place
-        p.error(f"--out {args.out}: folder exists and holds files this command did not write (no {MARKER}); "
-                "choose another --out or empty it")
+        p.error(
+            f"--out {args.out}: folder exists and holds files this command did not write (no {MARKER}); "
+            "choose another --out or empty it"
+        )
     if not args.no_compute:
         ensure(args.profile, args.data_dir, args.results)
     out = args.out or os.path.join("figures", "out", args.profile)
     produced = build_all(os.path.join(args.results, args.profile), out, args.profile)
-    mark(out)             # ours: a later run may write into it again
+    mark(out)  # ours: a later run may write into it again
     print(f"wrote {len(produced)} files under {out}:")
     for f in produced:
         print("  " + f)

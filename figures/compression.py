@@ -8,6 +8,7 @@ Three tables and one figure:
   compression_resnet   ResNet18-GN at CIFAR-100 size: bytes per client per round per codec, with float32
                        and with float16 parameters (by formula from the FOOF block sizes; no training)
 """
+
 from __future__ import annotations
 
 import csv
@@ -20,7 +21,7 @@ from validation.experiments import CNN_CODECS, CNN_PARAM_DTYPE_RUNS, CONVEX_CODE
 from .results import read_history, read_summary, runs_matching
 
 TARGET = 1e-10
-MiB = 2 ** 20
+MiB = 2**20
 
 
 def _convex_rows(folder, method):
@@ -37,8 +38,14 @@ def _to_target(rows):
 
 
 def convex_table(root):
-    header = ["dataset", "method / codec", f"rounds to dist < {TARGET:g}", "uplink MiB per client until then",
-              "uplink KiB per client per round", "vs FedPM none"]
+    header = [
+        "dataset",
+        "method / codec",
+        f"rounds to dist < {TARGET:g}",
+        "uplink MiB per client until then",
+        "uplink KiB per client per round",
+        "vs FedPM none",
+    ]
     rows = []
     for ds in ("w8a", "a9a"):
         base_rate = None
@@ -57,9 +64,16 @@ def convex_table(root):
             per_round = hist[-1][2] / max(1, hist[-1][0])
             if label == "FedPM none":
                 base_rate = per_round
-            rows.append([ds, label, "not reached" if t is None else str(t),
-                         "–" if b is None else f"{b / MiB:.3f}", f"{per_round / 1024:.1f}",
-                         f"{100 * per_round / base_rate:.0f} %" if base_rate else "–"])
+            rows.append(
+                [
+                    ds,
+                    label,
+                    "not reached" if t is None else str(t),
+                    "–" if b is None else f"{b / MiB:.3f}",
+                    f"{per_round / 1024:.1f}",
+                    f"{100 * per_round / base_rate:.0f} %" if base_rate else "–",
+                ]
+            )
     return header, rows
 
 
@@ -73,10 +87,17 @@ def cnn_points(root):
     """[(label, mean best acc, [accs], mean MiB up per client per round, rounds done, accuracy curves,
     MiB per client per round after round 1)] for FedAvg, FedPM none and each codec."""
     groups = [("FedAvg", r"main-cifar10-a0\.1-fedavg-s\d+"), ("FedPM none", r"main-cifar10-a0\.1-fedpm-s\d+")]
-    groups += [(f"FedPM {c}", rf"compression-cifar10-a0\.1-{codec_slug(c).replace('.', '[.]')}-s\d+")
-               for c in CNN_CODECS]
-    groups += [(f"FedPM {c}, {d} params", rf"compression-cifar10-a0\.1-{codec_slug(c).replace('.', '[.]')}"
-                                          rf"{param_slug(d)}-s\d+") for c, d in CNN_PARAM_DTYPE_RUNS]
+    groups += [
+        (f"FedPM {c}", rf"compression-cifar10-a0\.1-{codec_slug(c).replace('.', '[.]')}-s\d+") for c in CNN_CODECS
+    ]
+    groups += [
+        (
+            f"FedPM {c}, {d} params",
+            rf"compression-cifar10-a0\.1-{codec_slug(c).replace('.', '[.]')}"
+            rf"{param_slug(d)}-s\d+",
+        )
+        for c, d in CNN_PARAM_DTYPE_RUNS
+    ]
     out = []
     for label, pattern in groups:
         folders = list(runs_matching(root, pattern).values())
@@ -99,19 +120,36 @@ def _best_until(curves, r):
 
 def cnn_table(points):
     """Accuracy is compared within the rounds every run has (R); runs cut short say so in 'rounds done'."""
-    R = min(max(len(c) for c in p[5]) for p in points)   # seeds with fewer rounds are left out of that column
-    header = ["method / codec", f"best acc. [%] in rounds 1..{R} (mean)", "per seed (all rounds done)",
-              "uplink MiB/client/round (mean over the run)", "vs FedPM none", "after round 1: MiB/client/round",
-              "vs FedPM none", f"Δacc vs FedPM none [pt] (rounds 1..{R})", "rounds done"]
+    R = min(max(len(c) for c in p[5]) for p in points)  # seeds with fewer rounds are left out of that column
+    header = [
+        "method / codec",
+        f"best acc. [%] in rounds 1..{R} (mean)",
+        "per seed (all rounds done)",
+        "uplink MiB/client/round (mean over the run)",
+        "vs FedPM none",
+        "after round 1: MiB/client/round",
+        "vs FedPM none",
+        f"Δacc vs FedPM none [pt] (rounds 1..{R})",
+        "rounds done",
+    ]
     ref = next((p for p in points if p[0] == "FedPM none"), None)
     ref_acc = _best_until(ref[5], R) if ref else None
     rows = []
     for label, acc, accs, up, done, curves, steady in points:
         a = _best_until(curves, R)
-        rows.append([label, f"{100 * a:.2f}", " / ".join(f"{100 * x:.2f}" for x in accs), f"{up:.3f}",
-                     f"{100 * up / ref[3]:.1f} %" if ref else "–", f"{steady:.3f}",
-                     f"{100 * steady / ref[6]:.1f} %" if ref else "–",
-                     f"{100 * (a - ref_acc):+.2f}" if ref else "–", "/".join(str(d) for d in done)])
+        rows.append(
+            [
+                label,
+                f"{100 * a:.2f}",
+                " / ".join(f"{100 * x:.2f}" for x in accs),
+                f"{up:.3f}",
+                f"{100 * up / ref[3]:.1f} %" if ref else "–",
+                f"{steady:.3f}",
+                f"{100 * steady / ref[6]:.1f} %" if ref else "–",
+                f"{100 * (a - ref_acc):+.2f}" if ref else "–",
+                "/".join(str(d) for d in done),
+            ]
+        )
     return header, rows
 
 
@@ -138,13 +176,21 @@ def pareto_figure(points, out_dir, note=""):
     from .draw import plt, save
 
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    colours = plt.get_cmap("tab20")(np.linspace(0, 1, 20))[::max(1, 20 // max(1, len(points)))]
+    colours = plt.get_cmap("tab20")(np.linspace(0, 1, 20))[:: max(1, 20 // max(1, len(points)))]
     ref = next((p for p in points if p[0] == "FedPM none"), None)
     if ref is not None:
         ax.axvspan(0, 0.25 * ref[3], color="0.9", zorder=0)
         ax.axhline(100 * (ref[1] - 0.01), color="0.5", lw=0.8, ls=":", zorder=0)
-        ax.text(0.01, 0.3, "target: shaded (≤ 25 % of\nFedPM none's upload) and\nabove the dotted line\n(FedPM none − 1 pt)",
-                fontsize=7, va="bottom", ha="left", color="0.3", transform=ax.transAxes)
+        ax.text(
+            0.01,
+            0.3,
+            "target: shaded (≤ 25 % of\nFedPM none's upload) and\nabove the dotted line\n(FedPM none − 1 pt)",
+            fontsize=7,
+            va="bottom",
+            ha="left",
+            color="0.3",
+            transform=ax.transAxes,
+        )
     for k, (label, acc, accs, up, _done, _curves, steady) in enumerate(points):
         c = colours[k % len(colours)]
         m = _marker(label)
@@ -154,11 +200,12 @@ def pareto_figure(points, out_dir, note=""):
             ax.scatter([steady], [100 * acc], s=60, marker=m, facecolor="none", edgecolor=c, zorder=3)
             ax.plot([steady, up], [100 * acc, 100 * acc], color=c, lw=0.8, ls="--", zorder=1)
     front = _pareto_front([(p[3], 100 * p[1]) for p in points])
-    ax.plot(*zip(*front), color="k", lw=0.8, alpha=0.6, zorder=1, label="Pareto front (means)")
+    ax.plot(*zip(*front, strict=False), color="k", lw=0.8, alpha=0.6, zorder=1, label="Pareto front (means)")
     ax.set_xlabel("uplink MiB per client per round (hollow: delta codecs after their first, full upload)")
     ax.set_ylabel("best test accuracy [%]")
-    ax.set_title("CIFAR-10 α=0.1, SimpleCNN: accuracy vs upload per codec" + (f"\n({note})" if note else ""),
-                 fontsize=9)
+    ax.set_title(
+        "CIFAR-10 α=0.1, SimpleCNN: accuracy vs upload per codec" + (f"\n({note})" if note else ""), fontsize=9
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center right", ncol=1)
     return save(fig, out_dir, "compression_pareto")
@@ -169,8 +216,13 @@ RESNET_CODECS = ("none", "sym", "fp16", "bf16", "lowrank:0.1", "lowrank:0.02", "
 RESNET_HALF_PARAM_CODECS = ("none", "fp16", "lowrank:0.02", "delta:topk:0.01", "delta:rankr:0.01")
 
 
-def resnet_table(codecs=RESNET_CODECS, model_name="resnet18gn", classes=100, title="ResNet18-GN, CIFAR-100",
-                 half_param_codecs=RESNET_HALF_PARAM_CODECS):
+def resnet_table(
+    codecs=RESNET_CODECS,
+    model_name="resnet18gn",
+    classes=100,
+    title="ResNet18-GN, CIFAR-100",
+    half_param_codecs=RESNET_HALF_PARAM_CODECS,
+):
     """Bytes per client per round of FedPM by codec, from the block sizes: float32 parameters with every codec
     of ``codecs``, then float16 parameters (``--param-dtype float16``) with those of ``half_param_codecs``;
     percentages against the uncompressed upload (float32 parameters and matrices)."""
@@ -181,8 +233,14 @@ def resnet_table(codecs=RESNET_CODECS, model_name="resnet18gn", classes=100, tit
     model = make_model(model_name, classes)
     n_params = sum(p.numel() for p in model.parameters())
     widths = [b.module.weight[0].numel() + (1 if b.has_bias else 0) for b in foof.foof_blocks(model).values()]
-    header = ["codec", "parameters", "matrices MiB", "total MiB/client/round (params + matrices)",
-              "vs uncompressed total", "matrices vs uncompressed matrices"]
+    header = [
+        "codec",
+        "parameters",
+        "matrices MiB",
+        "total MiB/client/round (params + matrices)",
+        "vs uncompressed total",
+        "matrices vs uncompressed matrices",
+    ]
     full = sum(4 * n * n for n in widths)
     uncompressed = 4 * n_params + full
     fmt = "{:.3f}" if uncompressed / MiB < 10 else "{:.1f}"
@@ -193,12 +251,21 @@ def resnet_table(codecs=RESNET_CODECS, model_name="resnet18gn", classes=100, tit
             c = parse(spec)
             mat = full if c is None else sum(c.payload_bytes(n, 4) for n in widths)
             note = " (steady state; first upload as sym)" if c is not None and c.stateful else ""
-            rows.append([spec + note, f"float{8 * param_bytes} ({fmt.format(params / MiB)} MiB)",
-                         fmt.format(mat / MiB), fmt.format((params + mat) / MiB),
-                         f"{100 * (params + mat) / uncompressed:.1f} %", f"{100 * mat / full:.1f} %"])
-    caption = (f"{title}: {len(widths)} FOOF blocks (largest {max(widths)}), {n_params:,} parameters = "
-               f"{4 * n_params / MiB:.3f} MiB in float32 = {100 * 4 * n_params / uncompressed:.2f} % of the "
-               f"uncompressed upload ({uncompressed:,} B), {100 * 2 * n_params / uncompressed:.2f} % in float16")
+            rows.append(
+                [
+                    spec + note,
+                    f"float{8 * param_bytes} ({fmt.format(params / MiB)} MiB)",
+                    fmt.format(mat / MiB),
+                    fmt.format((params + mat) / MiB),
+                    f"{100 * (params + mat) / uncompressed:.1f} %",
+                    f"{100 * mat / full:.1f} %",
+                ]
+            )
+    caption = (
+        f"{title}: {len(widths)} FOOF blocks (largest {max(widths)}), {n_params:,} parameters = "
+        f"{4 * n_params / MiB:.3f} MiB in float32 = {100 * 4 * n_params / uncompressed:.2f} % of the "
+        f"uncompressed upload ({uncompressed:,} B), {100 * 2 * n_params / uncompressed:.2f} % in float16"
+    )
     return header, rows, caption
 
 
@@ -210,25 +277,41 @@ def build(root, out, write_table, note="", log=print):
     produced = []
     header, rows = convex_table(root)
     if rows:
-        produced += write_table(out, "table_compression_convex", header, rows,
-                                "FedPM (K=1, lr 1) per preconditioner codec vs FedNL: rounds to ||θ−θ*|| < 1e-10 "
-                                "and uplink bytes per client", "tab:compression_convex")
+        produced += write_table(
+            out,
+            "table_compression_convex",
+            header,
+            rows,
+            "FedPM (K=1, lr 1) per preconditioner codec vs FedNL: rounds to ||θ−θ*|| < 1e-10 "
+            "and uplink bytes per client",
+            "tab:compression_convex",
+        )
     else:
         log(f"skipped the convex compression table: no compression-w8a-* / -a9a-* results under {root}")
     points = cnn_points(root)
     if points:
         header, rows = cnn_table(points)
-        produced += write_table(out, "table_compression_cnn", header, rows,
-                                "CIFAR-10 α=0.1, SimpleCNN: best accuracy vs uplink per codec"
-                                + (f" ({note})" if note else ""), "tab:compression_cnn")
+        produced += write_table(
+            out,
+            "table_compression_cnn",
+            header,
+            rows,
+            "CIFAR-10 α=0.1, SimpleCNN: best accuracy vs uplink per codec" + (f" ({note})" if note else ""),
+            "tab:compression_cnn",
+        )
         produced += pareto_figure(points, out, note)
     else:
         log(f"skipped the CNN compression table and Pareto plot: no CIFAR-10 α=0.1 FedPM results under {root}")
     try:
         header, rows, caption = resnet_table()
         produced += write_table(out, "table_compression_resnet", header, rows, caption, "tab:compression_resnet")
-        header, rows, caption = resnet_table(("none",) + CNN_CODECS, "cnn", 10, "SimpleCNN, CIFAR-10 (by formula)",
-                                             tuple(c for c, _ in CNN_PARAM_DTYPE_RUNS))
+        header, rows, caption = resnet_table(
+            ("none",) + CNN_CODECS,
+            "cnn",
+            10,
+            "SimpleCNN, CIFAR-10 (by formula)",
+            tuple(c for c, _ in CNN_PARAM_DTYPE_RUNS),
+        )
         produced += write_table(out, "table_compression_cnn_bytes", header, rows, caption, "tab:compression_cnn_bytes")
     except ImportError:
         log("skipped the ResNet18-GN bytes table: torch is not installed")

@@ -1,5 +1,6 @@
 """One function per paper figure.  Each reads result folders, draws, saves PNG + PDF, and returns
 (paths, matplotlib figure) so tests can check axes and labels."""
+
 from __future__ import annotations
 
 import os
@@ -10,11 +11,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .results import best_by_seed, curves_by_seed, read_history, read_summary  # noqa: E402
-from .tables import LABELS  # noqa: E402
-
-from fedconvex.algorithms import PAPER_TEST1 as TEST1, REGISTRY as CONVEX_REGISTRY  # noqa: E402
+from fedconvex.algorithms import PAPER_TEST1 as TEST1  # noqa: E402
+from fedconvex.algorithms import REGISTRY as CONVEX_REGISTRY
 from fedpm_dnn.algorithms import METHODS as ORDER  # noqa: E402  (the paper's order of Test 2)
+
+from .results import best_by_seed, curves_by_seed, read_summary  # noqa: E402
+from .tables import LABELS  # noqa: E402
 
 TEST1_LABELS = {m: CONVEX_REGISTRY[m].label for m in TEST1}
 
@@ -67,7 +69,7 @@ def _mean_band(ax, xs, ys, label, method):
     Y = np.stack([y[:n] for y in ys]) * 100
     X = np.mean(np.stack([x[:n] for x in xs]), axis=0)
     mu, sd = Y.mean(0), Y.std(0)
-    line, = ax.plot(X, mu, label=label, **_style(method))
+    (line,) = ax.plot(X, mu, label=label, **_style(method))
     ax.fill_between(X, mu - sd, mu + sd, alpha=0.2, color=line.get_color())
 
 
@@ -87,23 +89,26 @@ def test2_curves(root, dataset, alpha, out_dir, note=""):
         return [], None
     axes[0].set_xlabel("communication round")
     axes[1].set_xlabel("wall-clock time [s] (this machine, all clients in one process)")
-    for ax, tag in zip(axes, "ab"):
+    for ax, tag in zip(axes, "ab", strict=False):
         ax.set_ylabel("test accuracy [%]")
         ax.set_title(f"({tag})", fontsize=9)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8)
-    fig.suptitle(f"Test 2: {dataset.upper()}, alpha={alpha}, 5 local epochs (mean ± std over seeds)"
-                 + (f"\n{note}" if note else ""), fontsize=10)
+    fig.suptitle(
+        f"Test 2: {dataset.upper()}, alpha={alpha}, 5 local epochs (mean ± std over seeds)"
+        + (f"\n{note}" if note else ""),
+        fontsize=10,
+    )
     fig.tight_layout()
     return save(fig, out_dir, f"test2_{dataset}_a{alpha}_curves"), fig
 
 
 def _best_line(ax, xs, by_x, method, label):
-    pts = [(x, 100 * np.mean(v), 100 * np.std(v)) for x, v in zip(xs, by_x) if v]
+    pts = [(x, 100 * np.mean(v), 100 * np.std(v)) for x, v in zip(xs, by_x, strict=False) if v]
     if not pts:
         return
-    x, mu, sd = map(np.array, zip(*pts))
-    line, = ax.plot(x, mu, marker="o", label=label, **_style(method))
+    x, mu, sd = map(np.array, zip(*pts, strict=False))
+    (line,) = ax.plot(x, mu, marker="o", label=label, **_style(method))
     ax.fill_between(x, mu - sd, mu + sd, alpha=0.2, color=line.get_color())
 
 
@@ -125,13 +130,29 @@ def _sweep(root, prefix, values, xlabel, title, stem, out_dir, note):
 
 
 def local_epochs(root, out_dir, note=""):
-    return _sweep(root, "epochs-{}", (1, 5, 10), "local epochs per round (total local epochs fixed)",
-                  "CIFAR-10, alpha=0.1: local epochs", "local_epochs", out_dir, note)
+    return _sweep(
+        root,
+        "epochs-{}",
+        (1, 5, 10),
+        "local epochs per round (total local epochs fixed)",
+        "CIFAR-10, alpha=0.1: local epochs",
+        "local_epochs",
+        out_dir,
+        note,
+    )
 
 
 def client_sampling(root, out_dir, note=""):
-    return _sweep(root, "sampling-{}", (2, 5, 8, 10), "participating clients per round (of 10)",
-                  "CIFAR-10, alpha=0.1: client sampling", "client_sampling", out_dir, note)
+    return _sweep(
+        root,
+        "sampling-{}",
+        (2, 5, 8, 10),
+        "participating clients per round (of 10)",
+        "CIFAR-10, alpha=0.1: client sampling",
+        "client_sampling",
+        out_dir,
+        note,
+    )
 
 
 def foof_samples(root, out_dir, note=""):
@@ -167,7 +188,7 @@ def data_distribution(folders: dict, out_dir, note=""):
         return [], None
     fig, axes = plt.subplots(1, len(items), figsize=(5 * len(items), 4.4), squeeze=False)
     splits = set()
-    for ax, (alpha, summary) in zip(axes[0], items):
+    for ax, (alpha, summary) in zip(axes[0], items, strict=False):
         c = np.asarray(summary["class_counts"])
         splits.add(summary.get("partition", "dirichlet"))
         ci, ki = np.nonzero(c)
@@ -176,10 +197,14 @@ def data_distribution(folders: dict, out_dir, note=""):
         ax.set_ylabel("class")
         ax.set_xticks(range(c.shape[0]), [f"{i}\n{n}" for i, n in enumerate(c.sum(1))], fontsize=7)
         ax.set_title(f"alpha = {alpha} ({c.sum()} samples, sizes {c.sum(1).min()}..{c.sum(1).max()})", fontsize=9)
-    how = {"relaysum": "RelaySum Dirichlet split, Vogels et al. 2021",
-           "dirichlet": "plain per-class Dirichlet split"}
-    fig.suptitle("Data distribution over clients (" + "; ".join(how.get(s, s) for s in sorted(splits)) + ")"
-                 + (f"\n{note}" if note else ""), fontsize=10)
+    how = {"relaysum": "RelaySum Dirichlet split, Vogels et al. 2021", "dirichlet": "plain per-class Dirichlet split"}
+    fig.suptitle(
+        "Data distribution over clients ("
+        + "; ".join(how.get(s, s) for s in sorted(splits))
+        + ")"
+        + (f"\n{note}" if note else ""),
+        fontsize=10,
+    )
     fig.tight_layout()
     return save(fig, out_dir, "data_distribution"), fig
 
@@ -188,8 +213,9 @@ def table_figure(header, rows, title, out_dir, stem):
     """A table rendered as PNG/PDF (Markdown and LaTeX are written beside it)."""
     fig, ax = plt.subplots(figsize=(1.6 + 1.7 * len(header), 0.5 + 0.35 * (len(rows) + 1)))
     ax.axis("off")
-    table = ax.table(cellText=[[c.replace("**", "") for c in r] for r in rows], colLabels=header, loc="center",
-                     cellLoc="center")
+    table = ax.table(
+        cellText=[[c.replace("**", "") for c in r] for r in rows], colLabels=header, loc="center", cellLoc="center"
+    )
     table.auto_set_font_size(False)
     table.set_fontsize(8)
     for (i, j), cell in table.get_celld().items():

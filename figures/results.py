@@ -1,4 +1,5 @@
 """Reading saved runs: histories, summaries, and best accuracies grouped over seeds."""
+
 from __future__ import annotations
 
 import json
@@ -26,15 +27,20 @@ def runs_matching(root, pattern):
     if not os.path.isdir(root):
         return {}
     rx = re.compile(pattern)
-    return {n: os.path.join(root, n) for n in sorted(os.listdir(root))
-            if rx.fullmatch(n) and os.path.isfile(os.path.join(root, n, "summary.json"))}
+    return {
+        n: os.path.join(root, n)
+        for n in sorted(os.listdir(root))
+        if rx.fullmatch(n) and os.path.isfile(os.path.join(root, n, "summary.json"))
+    }
 
 
 def best_by_seed(root, prefix, methods):
     """{method: [best test accuracy of each seed]} for runs named <prefix>-<method>-s<seed>."""
     out = {}
     for m in methods:
-        vals = [read_summary(f)["best_test_acc"] for f in runs_matching(root, rf"{re.escape(prefix)}-{m}-s\d+").values()]
+        vals = [
+            read_summary(f)["best_test_acc"] for f in runs_matching(root, rf"{re.escape(prefix)}-{m}-s\d+").values()
+        ]
         if vals:
             out[m] = vals
     return out

@@ -1,4 +1,5 @@
 """Table 3 (best accuracy, mean +- std over seeds), the Mann-Whitney U table, the profiling table."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,8 +20,11 @@ def max_pvalue(best: dict, ours: str = "fedpm", exclude=()):
     """Largest one-sided Mann-Whitney U p-value of ``ours`` > each other method (paper appendix)."""
     if ours not in best:
         return None
-    ps = [mannwhitneyu(best[ours], v, alternative="greater").pvalue for m, v in best.items()
-          if m != ours and m not in exclude]
+    ps = [
+        mannwhitneyu(best[ours], v, alternative="greater").pvalue
+        for m, v in best.items()
+        if m != ours and m not in exclude
+    ]
     return max(ps) if ps else None
 
 
@@ -45,8 +49,10 @@ def accuracy_table(columns: dict, methods):
 
 
 def to_markdown(header, rows, caption=""):
-    out = ([f"{caption}", ""] if caption else []) + ["| " + " | ".join(header) + " |",
-                                                    "|" + "|".join("---" for _ in header) + "|"]
+    out = ([f"{caption}", ""] if caption else []) + [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+    ]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(out) + "\n"
 
@@ -58,8 +64,14 @@ def to_latex(header, rows, caption="", label=""):
             cell = r"\textbf{" + cell[2:-2] + "}"
         return cell.replace("–", "--")
 
-    lines = [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{l" + "c" * (len(header) - 1) + "}", r"\toprule",
-             " & ".join(tex(h) for h in header) + r" \\", r"\midrule"]
+    lines = [
+        r"\begin{table}[t]",
+        r"\centering",
+        r"\begin{tabular}{l" + "c" * (len(header) - 1) + "}",
+        r"\toprule",
+        " & ".join(tex(h) for h in header) + r" \\",
+        r"\midrule",
+    ]
     lines += [" & ".join(tex(c) for c in r) + r" \\" for r in rows]
     lines += [r"\bottomrule", r"\end{tabular}"]
     if caption:

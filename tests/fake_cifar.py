@@ -1,4 +1,5 @@
 """Small generated CIFAR-10 files in the python-pickle release's format (tests never touch real data)."""
+
 import os
 import pickle
 
@@ -12,5 +13,10 @@ def cifar_pickle(root, n=30, seed=0, balanced=False):
     os.makedirs(root)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         with open(os.path.join(root, name), "wb") as fh:
-            pickle.dump({b"data": g.integers(0, 256, (n, 3072), dtype=np.uint8),
-                         b"labels": ((np.arange(n) % 10) if balanced else g.integers(0, 10, n)).tolist()}, fh)
+            pickle.dump(
+                {
+                    b"data": g.integers(0, 256, (n, 3072), dtype=np.uint8),
+                    b"labels": ((np.arange(n) % 10) if balanced else g.integers(0, 10, n)).tolist(),
+                },
+                fh,
+            )

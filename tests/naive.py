@@ -2,6 +2,7 @@
 
 Tests compare the package against these, never against its own outputs.
 """
+
 import numpy as np
 import scipy.sparse as sp
 

@@ -11,35 +11,45 @@ def test_benchmark_reports_ratios_and_matches_the_naive_loop(capsys):
     r = json.loads(capsys.readouterr().out)
     for key in ("seconds_per_round", "seconds_to_1e-9", "loop_ratio"):
         assert r[key] > 0
-    assert r["naive_vs_ours_relative_difference"] < 1e-10   # same algorithm, same iterates
+    assert r["naive_vs_ours_relative_difference"] < 1e-10  # same algorithm, same iterates
     assert r["rounds_to_1e-9"] <= 12
 
 
 def test_all_methods_rows_on_a_small_problem():
-    from fedconvex.problem import FederatedLogReg
     from naive import random_data
+
+    from fedconvex.problem import FederatedLogReg
 
     rng = np.random.default_rng(0)
     X, y, parts = random_data(rng, 4, 6, sizes=[20, 30, 25, 15])
     pb = FederatedLogReg(X, y, parts, lam=1e-2)
     rows = bench_convex.measure_all(pb, np.zeros(6) + 0.1, rounds=2)
     by = {r["label"]: r for r in rows}
-    assert {"FedPM", "FedNL Rank-1", "FedNL-LS identity", "FedNL-PP identity (all clients)", "FedNS SRHT",
-            "FedNL Natural", "FedNL TopLEK (k=d)", "FedNL RandSeqK (k=d)"} <= set(by)
+    assert {
+        "FedPM",
+        "FedNL Rank-1",
+        "FedNL-LS identity",
+        "FedNL-PP identity (all clients)",
+        "FedNS SRHT",
+        "FedNL Natural",
+        "FedNL TopLEK (k=d)",
+        "FedNL RandSeqK (k=d)",
+    } <= set(by)
     for label in ("FedPM", "FedNL identity", "FedNL-LS identity", "FedNL-PP identity (all clients)"):
         assert by[label]["rounds_to_1e-9"] is not None and by[label]["seconds_to_1e-9"] > 0
         assert by[label]["round_vs_fedpm"] > 0
     for r in rows:
-        if r.get("seconds_per_round") is not None:   # each ratio is against the FedPM rounds timed beside it
+        if r.get("seconds_per_round") is not None:  # each ratio is against the FedPM rounds timed beside it
             assert r["round_vs_fedpm"] == r["seconds_per_round"] / r["fedpm_seconds_per_round_beside"]
-    json.dumps(rows)   # serialisable as it is
+    json.dumps(rows)  # serialisable as it is
 
 
 def test_each_method_is_timed_alternately_with_fedpm(monkeypatch):
     """round_vs_fedpm divides by FedPM rounds run between the method's own runs, not by one FedPM
     measurement taken minutes earlier: the order of the timed runs, and the medians the ratio is made of."""
-    from fedconvex.problem import FederatedLogReg
     from naive import random_data
+
+    from fedconvex.problem import FederatedLogReg
 
     rng = np.random.default_rng(2)
     X, y, parts = random_data(rng, 3, 5, sizes=[20, 30, 25])
@@ -55,15 +65,16 @@ def test_each_method_is_timed_alternately_with_fedpm(monkeypatch):
     monkeypatch.setattr(bench_convex, "all_methods", lambda d: [("FedNL identity", "fednl", {})])
     (row,) = bench_convex.measure_all(pb, np.zeros(5) + 0.1, rounds=2)
     assert order == ["fednl", "fedpm"] * bench_convex.ALTERNATIONS
-    assert row["seconds_per_round"] == 6.0 and row["fedpm_seconds_per_round_beside"] == 2.0   # medians of both runs
+    assert row["seconds_per_round"] == 6.0 and row["fedpm_seconds_per_round_beside"] == 2.0  # medians of both runs
     assert row["round_vs_fedpm"] == 3.0
 
 
 def test_a_method_that_fails_is_reported_in_its_row_and_the_others_still_run(monkeypatch):
     """One method raising (e.g. a backend it cannot run on) gives that row an 'error' and the rest their
     numbers; Diverged stays a measurement (None), not an error."""
-    from fedconvex.problem import FederatedLogReg
     from naive import random_data
+
+    from fedconvex.problem import FederatedLogReg
 
     rng = np.random.default_rng(1)
     X, y, parts = random_data(rng, 3, 5, sizes=[20, 30, 25])
@@ -85,16 +96,50 @@ def test_a_method_that_fails_is_reported_in_its_row_and_the_others_still_run(mon
 def test_the_table_says_how_far_each_method_got(monkeypatch, capsys):
     """A method that did not reach 1e-9 shows its last gradient norm (a blow-up to 1e18 reads as one, not as
     a plain '-'), one whose run raised Diverged says so."""
-    rows = [{"label": "FedNL Top-K (k=d)", "seconds_per_round": 0.05, "round_vs_fedpm": 1.2, "seconds_to_1e-9": None,
-             "rounds_to_1e-9": None, "final_grad_norm": 1.1e18},
-            {"label": "FedAvg", "seconds_per_round": None, "round_vs_fedpm": None, "seconds_to_1e-9": None,
-             "rounds_to_1e-9": None, "final_grad_norm": "diverged"},
-            {"label": "FedPM", "seconds_per_round": 0.04, "round_vs_fedpm": 1.0, "seconds_to_1e-9": 0.3,
-             "rounds_to_1e-9": 8, "final_grad_norm": 9.4e-12}]
-    fake = {"methods": rows, "max_rounds_to_target": 40, "dataset": "w8a", "clients": 142, "per_client": 350, "d": 300,
-            "seconds_per_round": 0.04, "seconds_per_round_without_screening": 0.038, "seconds_to_1e-9": 0.3,
-            "rounds_to_1e-9": 8, "naive_seconds_per_round": 0.3, "loop_ratio": 8.0,
-            "naive_vs_ours_relative_difference": 1e-15, "backend": "numpy", "device": "cpu", "command": "x"}
+    rows = [
+        {
+            "label": "FedNL Top-K (k=d)",
+            "seconds_per_round": 0.05,
+            "round_vs_fedpm": 1.2,
+            "seconds_to_1e-9": None,
+            "rounds_to_1e-9": None,
+            "final_grad_norm": 1.1e18,
+        },
+        {
+            "label": "FedAvg",
+            "seconds_per_round": None,
+            "round_vs_fedpm": None,
+            "seconds_to_1e-9": None,
+            "rounds_to_1e-9": None,
+            "final_grad_norm": "diverged",
+        },
+        {
+            "label": "FedPM",
+            "seconds_per_round": 0.04,
+            "round_vs_fedpm": 1.0,
+            "seconds_to_1e-9": 0.3,
+            "rounds_to_1e-9": 8,
+            "final_grad_norm": 9.4e-12,
+        },
+    ]
+    fake = {
+        "methods": rows,
+        "max_rounds_to_target": 40,
+        "dataset": "w8a",
+        "clients": 142,
+        "per_client": 350,
+        "d": 300,
+        "seconds_per_round": 0.04,
+        "seconds_per_round_without_screening": 0.038,
+        "seconds_to_1e-9": 0.3,
+        "rounds_to_1e-9": 8,
+        "naive_seconds_per_round": 0.3,
+        "loop_ratio": 8.0,
+        "naive_vs_ours_relative_difference": 1e-15,
+        "backend": "numpy",
+        "device": "cpu",
+        "command": "x",
+    }
     monkeypatch.setattr(bench_convex, "measure", lambda *a, **k: fake)
     assert bench_convex.main(["--all-methods"]) == 0
     lines = {ln.split("  ")[1].strip(): ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  F")}
@@ -110,8 +155,14 @@ def test_dnn_benchmark_prints_both_engines(capsys):
     assert bench_dnn.main(["--models", "cnn", "--sizes", "2,20,1,2", "--repeats", "1", "--threads", "1", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["device"] == "cpu" and r["torch_threads"] == 1
-    for key in ("images_per_second_sequential", "images_per_second_vectorized", "fedpm_over_fedavg",
-                "foof_seconds_share", "peak_memory_mb", "projected_100_round_minutes"):
+    for key in (
+        "images_per_second_sequential",
+        "images_per_second_vectorized",
+        "fedpm_over_fedavg",
+        "foof_seconds_share",
+        "peak_memory_mb",
+        "projected_100_round_minutes",
+    ):
         assert r[key] > 0
 
 
@@ -126,19 +177,19 @@ def test_dnn_benchmark_measures_only_the_engines_asked_for(capsys):
     assert r["fedpm_over_fedavg"] > 0 and r["images_per_second_vectorized"] > 0 and r["client_chunk"] == 2
     assert r["images_per_second_sequential"] is None and r["vectorized_speedup"] is None
     assert r["fedpm_over_fedavg_sequential"] is None and r["projected_100_round_minutes_sequential"] is None
-    assert bench_dnn.main(argv) == 0                     # the table prints a dash where an engine was left out
+    assert bench_dnn.main(argv) == 0  # the table prints a dash where an engine was left out
     assert "sequential - img/s" in capsys.readouterr().out
 
 
 def test_the_paper_round_projection_scales_each_part_by_what_it_reads():
     from validation.bench_dnn import paper_round_seconds
 
-    parts = {"seconds": 10.0, "statistics": 1.0, "factorisations": 2.0, "server": 3.0}     # training: 4 s
-    assert paper_round_seconds(parts, 10, 5000, 5) == pytest.approx(10.0)   # the paper's own size: the round itself
+    parts = {"seconds": 10.0, "statistics": 1.0, "factorisations": 2.0, "server": 3.0}  # training: 4 s
+    assert paper_round_seconds(parts, 10, 5000, 5) == pytest.approx(10.0)  # the paper's own size: the round itself
     # 2 clients x 100 images x 1 epoch: training x 1250 (image-epochs), statistics x 250 (images), the rest x 5
     assert paper_round_seconds(parts, 2, 100, 1) == pytest.approx(4 * 1250 + 1 * 250 + (2 + 3) * 5)
     more_epochs = paper_round_seconds(parts, 2, 100, 2)
-    assert paper_round_seconds(parts, 2, 100, 1) - more_epochs == pytest.approx(4 * 1250 / 2)   # only training moved
+    assert paper_round_seconds(parts, 2, 100, 1) - more_epochs == pytest.approx(4 * 1250 / 2)  # only training moved
 
 
 def test_the_foof_timer_counts_a_nested_factorisation_once(monkeypatch):
@@ -151,7 +202,7 @@ def test_the_foof_timer_counts_a_nested_factorisation_once(monkeypatch):
     from validation.bench_dnn import FoofTimer
 
     A = torch.eye(3, dtype=torch.float64)[None].repeat(2, 1, 1)
-    A[1] = -A[1]                                                   # not PSD: repaired by foof.factorize inside
+    A[1] = -A[1]  # not PSD: repaired by foof.factorize inside
     real = foof.factorize
     monkeypatch.setattr(foof, "factorize", lambda *a, **k: time.sleep(0.5) or real(*a, **k))
     with FoofTimer("cpu") as timer:

@@ -1,4 +1,5 @@
 """The superlinear command as a user runs it: outputs, cache, and one-line errors."""
+
 import csv
 import json
 import os
@@ -14,15 +15,19 @@ SMALL = ["--dataset", "a9a", "--clients", "8", "--per-client", "200", "--rounds"
 
 
 def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "validation.superlinear", *args], cwd=cwd or ROOT,
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    return subprocess.run(
+        [sys.executable, "-m", "validation.superlinear", *args],
+        cwd=cwd or ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
 
 
 def test_outputs_and_table(tmp_path, capsys):
     out = tmp_path / "run"
     cache = tmp_path / "cache.json"
-    assert superlinear.main(SMALL + ["--methods", "fedpm,fedavg,newton", "--out", str(out),
-                                     "--cache", str(cache)]) == 0
+    assert superlinear.main(SMALL + ["--methods", "fedpm,fedavg,newton", "--out", str(out), "--cache", str(cache)]) == 0
     printed = capsys.readouterr().out
     assert "FedPM" in printed and "reproduce: python -m validation.superlinear" in printed
     with open(out / "history.csv") as fh:
@@ -61,25 +66,54 @@ def test_dirichlet_split_and_sampling_from_a_file_path(tmp_path):
     data = tmp_path / "tiny.svm"
     data.write_text("".join(f"{1 if i % 3 else 0} {1 + i % 4}:1 {5 + i % 3}:0.5\n" for i in range(60)))
     out = tmp_path / "o"
-    assert superlinear.main(["--dataset", str(data), "--clients", "5", "--split", "dirichlet", "--alpha", "0.5",
-                             "--participants", "3", "--local-steps", "2", "--methods", "fedpm,localnewton,scaffold",
-                             "--rounds", "4", "--quiet", "--jobs", "1", "--out", str(out), "--no-cache"]) == 0
+    assert (
+        superlinear.main(
+            [
+                "--dataset",
+                str(data),
+                "--clients",
+                "5",
+                "--split",
+                "dirichlet",
+                "--alpha",
+                "0.5",
+                "--participants",
+                "3",
+                "--local-steps",
+                "2",
+                "--methods",
+                "fedpm,localnewton,scaffold",
+                "--rounds",
+                "4",
+                "--quiet",
+                "--jobs",
+                "1",
+                "--out",
+                str(out),
+                "--no-cache",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["split"] == "dirichlet" and summary["participants"] == 3 and summary["d"] == 7
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--rounds", "0"], "--rounds: must be a positive integer"),
-    (["--methods", "fedpm,fedxyz"], "unknown method(s) fedxyz"),
-    (["--lam", "-1"], "--lam: must be a number > 0"),
-    (["--lam", "0"], "--lam: must be a number > 0"),
-    (["--init", "far"], "invalid choice: 'far'"),
-    (["--dataset", "nowhere.svm"], "nowhere.svm: neither a bundled dataset"),
-    (["--clients", "100000"], "exceeds the 32561 rows"),
-    (["--backend", "cupy"], "backend 'cupy'"),
-    (["--backend", "jax"], "unknown backend 'jax'"),
-    (["--dataset", "a9a", "--methods", "fedavg", "--lr", "1e300", "--init", "zero"], "diverged at round"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--rounds", "0"], "--rounds: must be a positive integer"),
+        (["--methods", "fedpm,fedxyz"], "unknown method(s) fedxyz"),
+        (["--lam", "-1"], "--lam: must be a number > 0"),
+        (["--lam", "0"], "--lam: must be a number > 0"),
+        (["--init", "far"], "invalid choice: 'far'"),
+        (["--dataset", "nowhere.svm"], "nowhere.svm: neither a bundled dataset"),
+        (["--clients", "100000"], "exceeds the 32561 rows"),
+        (["--backend", "cupy"], "backend 'cupy'"),
+        (["--backend", "jax"], "unknown backend 'jax'"),
+        (["--dataset", "a9a", "--methods", "fedavg", "--lr", "1e300", "--init", "zero"], "diverged at round"),
+    ],
+)
 def test_errors_are_one_line_and_write_nothing(tmp_path, args, fragment):
     out = tmp_path / "out"
     base = ["--dataset", "a9a", "--clients", "8", "--per-client", "100", "--rounds", "3", "--quiet", "--no-cache"]

@@ -1,16 +1,17 @@
 """Preconditioner codecs (issue 13): sym is lossless, round trips, delta(identity) == FedPM, PSD of what is
 mixed, K = 1 Newton under sym, byte formulas, malformed payloads rejected (not crashes)."""
+
 import logging
 
 import numpy as np
 import pytest
+from naive import NaiveLogReg, random_data
 
 from fedconvex import codecs, precond_wire
 from fedconvex.algorithms import make_algorithm
+from fedconvex.algorithms.base import RoundInfo
 from fedconvex.problem import FederatedLogReg
 from fedconvex.run import run, screen_message
-from fedconvex.algorithms.base import RoundInfo, start_stack
-from naive import NaiveLogReg, random_data
 
 
 def spd(rng, n, m=None):
@@ -22,7 +23,7 @@ def spd(rng, n, m=None):
 @pytest.fixture(scope="module")
 def logreg():
     rng = np.random.default_rng(3)
-    X, y, parts = random_data(rng, 5, 12)       # unequal clients, unused features
+    X, y, parts = random_data(rng, 5, 12)  # unequal clients, unused features
     return FederatedLogReg(X, y, parts, lam=1e-3), rng.normal(size=12) * 0.1
 
 
@@ -47,14 +48,23 @@ def test_sym_round_trip_is_bit_exact_and_half_the_bytes(lib):
     assert codecs.payload_nbytes(p) == 9 * 10 // 2 * item == c.payload_bytes(9, item)
 
 
-@pytest.mark.parametrize("spec,tol", [("fp16", 2e-3), ("bf16", 1.6e-2), ("lowrank:9", 1e-10), ("delta:identity", 1e-12),
-                                      ("delta:topk:45", 1e-12), ("delta:rankr:9", 1e-10)])
+@pytest.mark.parametrize(
+    "spec,tol",
+    [
+        ("fp16", 2e-3),
+        ("bf16", 1.6e-2),
+        ("lowrank:9", 1e-10),
+        ("delta:identity", 1e-12),
+        ("delta:topk:45", 1e-12),
+        ("delta:rankr:9", 1e-10),
+    ],
+)
 def test_round_trips(spec, tol):
     rng = np.random.default_rng(1)
     M, M2 = spd(rng, 9), spd(rng, 9)
     c = codecs.parse(spec)
     state = None
-    if c.stateful:        # first upload is the matrix itself, then a correction towards M2
+    if c.stateful:  # first upload is the matrix itself, then a correction towards M2
         est, state = c.decode(c.encode(M, None), 9, None)
         assert np.allclose(est, M, atol=1e-15)
     est, _ = c.decode(c.encode(M2, state), 9, state)
@@ -82,10 +92,14 @@ def test_byte_formulas(n):
     rng = np.random.default_rng(n)
     M, M2 = spd(rng, n), spd(rng, n)
     m = n * (n + 1) // 2
-    expect = {"sym": 8 * m, "fp16": 2 * m, "bf16": 2 * m,
-              "lowrank:2": 8 * (min(2, n) * (n + 1) + n),
-              "delta:topk:5": 12 * min(5, m),                   # float64 values + int32 indices
-              "delta:rankr:2": 8 * min(2, n) * (n + 1)}
+    expect = {
+        "sym": 8 * m,
+        "fp16": 2 * m,
+        "bf16": 2 * m,
+        "lowrank:2": 8 * (min(2, n) * (n + 1) + n),
+        "delta:topk:5": 12 * min(5, m),  # float64 values + int32 indices
+        "delta:rankr:2": 8 * min(2, n) * (n + 1),
+    }
     for spec, nb in expect.items():
         c = codecs.parse(spec)
         state = c.decode(c.encode(M, None), n, None)[1] if c.stateful else None
@@ -101,15 +115,18 @@ def test_bf16_matches_torch_bit_for_bit():
     assert a.dtype == np.int16 and (a == b).all()
 
 
-@pytest.mark.parametrize("spec,payload,why", [
-    ("sym", {"upper": np.zeros(5)}, "shape"),
-    ("sym", {"upper": np.zeros(6, dtype=np.int64)}, "dtype"),
-    ("sym", {"upper": np.full(6, np.nan)}, "NaN"),
-    ("sym", {"values": np.zeros(6)}, "keys"),
-    ("sym", [np.zeros(6)], "dict"),
-    ("fp16", {"upper": np.zeros(6)}, "dtype"),
-    ("lowrank:1", {"eigvals": -np.ones(1), "eigvecs": np.zeros((3, 1)), "diag": np.zeros(3)}, "negative"),
-])
+@pytest.mark.parametrize(
+    "spec,payload,why",
+    [
+        ("sym", {"upper": np.zeros(5)}, "shape"),
+        ("sym", {"upper": np.zeros(6, dtype=np.int64)}, "dtype"),
+        ("sym", {"upper": np.full(6, np.nan)}, "NaN"),
+        ("sym", {"values": np.zeros(6)}, "keys"),
+        ("sym", [np.zeros(6)], "dict"),
+        ("fp16", {"upper": np.zeros(6)}, "dtype"),
+        ("lowrank:1", {"eigvals": -np.ones(1), "eigvecs": np.zeros((3, 1)), "diag": np.zeros(3)}, "negative"),
+    ],
+)
 def test_malformed_payloads_raise_codec_error(spec, payload, why):
     with pytest.raises(codecs.CodecError, match=why):
         codecs.parse(spec).decode(payload, 3)
@@ -138,7 +155,7 @@ def test_sym_fedpm_is_bit_identical_and_counts_the_upper_triangle(logreg):
     assert bits_equal(s0.theta, s1.theta)
     a = [len(x) for x in pb.active]
     theta_b = 8 * pb.d
-    per_client = lambda f: sum(theta_b + 8 * n + f(n) for n in a) // len(a)   # noqa: E731  (int64 indices)
+    per_client = lambda f: sum(theta_b + 8 * n + f(n) for n in a) // len(a)  # noqa: E731  (int64 indices)
     assert h0[1]["bytes_up"] == per_client(lambda n: 8 * n * n)
     assert h1[1]["bytes_up"] == per_client(lambda n: 8 * n * (n + 1) // 2)
 
@@ -182,7 +199,7 @@ def test_what_the_server_mixes_is_psd_and_lossy_codecs_still_converge(logreg, sp
             assert np.linalg.eigvalsh(B).min() >= -1e-12 * max(1.0, np.abs(B).max())
         state = alg.server_update(pb, state, dec, info)
     theta_star = run(pb, make_algorithm("fedpm", lr=1.0), theta0, 12)[0].theta
-    s, _ = run(pb, alg, theta0, 40)   # exact gradients: the fixed point is theta*, whatever the codec
+    s, _ = run(pb, alg, theta0, 40)  # exact gradients: the fixed point is theta*, whatever the codec
     assert np.linalg.norm(s.theta - theta_star) < 1e-8 * np.linalg.norm(theta0 - theta_star)
 
 
@@ -194,8 +211,8 @@ def test_undecodable_payload_is_a_rejection_not_a_crash(logreg, caplog):
     up, _ = alg.client_update(pb, alg.broadcast(state), {}, sel, None)
     enc = up["P"]
     bad = list(enc.payloads)
-    bad[1] = {"upper": bad[1]["upper"][:-1]}                        # truncated
-    bad[3] = {"upper": bad[3]["upper"].astype(np.float16)}          # wrong dtype
+    bad[1] = {"upper": bad[1]["upper"][:-1]}  # truncated
+    bad[3] = {"upper": bad[3]["upper"].astype(np.float16)}  # wrong dtype
     up = {**up, "P": enc.__class__(tuple(bad), enc.active, enc.d)}
     info = RoundInfo(sel=sel, weights=np.full(len(sel), 1 / len(sel)), n_clients=len(sel))
     dec, state = alg.receive(pb, state, up, info)
@@ -225,6 +242,7 @@ def test_dnn_sym_is_bit_identical_and_payloads_are_screened():
     from types import SimpleNamespace
 
     from fedconvex.algorithms.base import RoundInfo
+    from fedconvex.driver import Delivery, Driver
     from fedpm_dnn import foof
     from fedpm_dnn.algorithms import make_method
     from fedpm_dnn.algorithms.base import stack_replies
@@ -232,17 +250,19 @@ def test_dnn_sym_is_bit_identical_and_payloads_are_screened():
     from fedpm_dnn.data.synthetic import MEAN, STD, synthetic_task
     from fedpm_dnn.models import make_model
     from fedpm_dnn.task import client_generator
-    from fedconvex.driver import Delivery, Driver
     from fedpm_dnn.transport import check_and_stack
 
     def server_round(alg, task, state, replies):
         """One driver round whose transport delivers ``replies`` (checked and stacked as Flower's are):
         (new state, replies used, replies rejected)."""
+
         def transport(alg, down, cstate, sel, rng, t):
             up, kept, rejected = check_and_stack(alg, alg.reply_shapes(state.theta, task.blocks), replies, sel, t)
             return Delivery(up=up, cstate=None, sel=sel[kept], rejected=rejected)
-        driver = Driver(alg, task, transport, weights=lambda sel: np.ones(len(sel)), evaluate=lambda s: {},
-                        n_clients=task.n_clients)
+
+        driver = Driver(
+            alg, task, transport, weights=lambda sel: np.ones(len(sel)), evaluate=lambda s: {}, n_clients=task.n_clients
+        )
         new, row = driver.round(state, 1, np.random.default_rng(0))
         return new, len(replies) - row["rejected"], row["rejected"]
 
@@ -256,9 +276,11 @@ def test_dnn_sym_is_bit_identical_and_payloads_are_screened():
         blocks = foof.foof_blocks(model)
         task = SimpleNamespace(blocks=blocks, n_clients=2)
         state = cfg.init(task, dict(model.named_parameters()))
-        replies = [client_round(cfg, model, blocks, data[i], {}, {"params": state.theta}, client_generator(0, 1, i))[0]
-                   for i in range(2)]
-        if codec == "fp16":   # a malformed payload: rejected, the other client used
+        replies = [
+            client_round(cfg, model, blocks, data[i], {}, {"params": state.theta}, client_generator(0, 1, i))[0]
+            for i in range(2)
+        ]
+        if codec == "fp16":  # a malformed payload: rejected, the other client used
             replies[1]["foof"]["fc1"] = {"upper": replies[1]["foof"]["fc1"]["upper"][:-1]}
         # what the server decodes: plain matrices of the blocks' shapes, PSD to round-off
         info = RoundInfo(sel=np.arange(2), weights=np.full(2, 0.5), n_clients=2)

@@ -1,16 +1,17 @@
 """The delta codec after a rejected or altered reply (issue 13): client and server estimates A_hat advance
 on acknowledged rounds only, agree again after the round, and delta:identity still equals FedPM."""
+
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pytest
+from naive import random_data
 
 from fedconvex import codecs, precond_wire
 from fedconvex.algorithms.fedpm import FedPM
 from fedconvex.problem import FederatedLogReg
 from fedconvex.run import run
-from naive import random_data
 
 DELTAS = ["delta:identity", "delta:topk:0.3", "delta:rankr:2"]
 
@@ -26,7 +27,7 @@ def nan_payload(p):
     return {k: (np.full_like(v, np.nan) if v.dtype.kind == "f" else v) for k, v in p.items()}
 
 
-def scaled_payload(p):      # still decodes: a payload altered in transit
+def scaled_payload(p):  # still decodes: a payload altered in transit
     return {k: (1.5 * v if v.dtype.kind == "f" else v) for k, v in p.items()}
 
 
@@ -39,7 +40,7 @@ class Transit(FedPM):
     when: int = 2
     who: int = 1
 
-    def broadcast(self, state):   # the round number travels too, so the client knows when to misbehave
+    def broadcast(self, state):  # the round number travels too, so the client knows when to misbehave
         return {**super().broadcast(state), "round": np.int64(state.round + 1)}
 
     def client_update(self, problem, down, cstate, sel, rng):
@@ -64,6 +65,7 @@ def nan_theta(who, when):
         th = up["theta"].copy()
         th[who] = np.nan
         return {**up, "theta": th}
+
     return tamper
 
 
@@ -72,7 +74,7 @@ def test_digest_tells_estimates_apart():
     rng = np.random.default_rng(0)
     A = rng.standard_normal((4, 4))
     B = A.copy()
-    B[2, 3] = np.nextafter(B[2, 3], np.inf)           # one ulp
+    B[2, 3] = np.nextafter(B[2, 3], np.inf)  # one ulp
     assert codecs.digest(A) == codecs.digest(A.copy())
     assert codecs.digest(A) != codecs.digest(B)
     assert codecs.digest(A) != codecs.digest(A.astype(np.float32))
@@ -84,10 +86,10 @@ def test_digest_tells_estimates_apart():
 def test_resync_rule():
     rng = np.random.default_rng(1)
     old, new, other = (rng.standard_normal((3, 3)) for _ in range(3))
-    assert codecs.resync(old, new, codecs.digest(new)) is new        # accepted
-    assert codecs.resync(old, new, codecs.digest(old)) is old        # rejected: back where both were
-    assert codecs.resync(old, new, codecs.digest(other)) is None     # diverged: resend in full
-    assert codecs.resync(None, new, None) is None                    # first upload, nothing acknowledged
+    assert codecs.resync(old, new, codecs.digest(new)) is new  # accepted
+    assert codecs.resync(old, new, codecs.digest(old)) is old  # rejected: back where both were
+    assert codecs.resync(old, new, codecs.digest(other)) is None  # diverged: resend in full
+    assert codecs.resync(None, new, None) is None  # first upload, nothing acknowledged
     assert codecs.resync(None, new, codecs.digest(new)) is new
 
 
@@ -106,9 +108,9 @@ def test_full_payload_resets_an_existing_estimate(spec):
 @pytest.mark.parametrize("fault", ["screened", "undecodable"])
 def test_rejected_round_leaves_both_estimates_where_they_were(logreg, spec, fault):
     pb, theta0 = logreg
-    if fault == "screened":      # decodes, then screening rejects the client (NaN parameters)
+    if fault == "screened":  # decodes, then screening rejects the client (NaN parameters)
         alg, kw = FedPM(lr=0.8, local_steps=2, precond_codec=spec), {"tamper": nan_theta(1, 2)}
-    else:                        # the payload itself is unusable
+    else:  # the payload itself is unusable
         alg, kw = Transit(lr=0.8, local_steps=2, precond_codec=spec, alter=nan_payload), {}
     for rounds in (1, 2, 3, 5):
         s, h = run(pb, alg, theta0, rounds, **kw)
@@ -128,8 +130,8 @@ def test_altered_payload_is_detected_and_resynchronised_by_a_full_upload(logreg,
     pb, theta0 = logreg
     alg = Transit(lr=0.8, local_steps=2, precond_codec=spec, alter=scaled_payload)
     s2, h2 = run(pb, alg, theta0, 2)
-    assert h2[2]["rejected"] == 0                                  # the server cannot tell it was altered...
-    assert precond_wire.client_estimate(s2.clients, 1) is None     # ...the client can: it will resend in full
+    assert h2[2]["rejected"] == 0  # the server cannot tell it was altered...
+    assert precond_wire.client_estimate(s2.clients, 1) is None  # ...the client can: it will resend in full
     assert all(estimates_agree(s2, c) for c in range(pb.n_clients) if c != 1)
     s3, h3 = run(pb, alg, theta0, 3)
     assert all(estimates_agree(s3, c) for c in range(pb.n_clients))
@@ -139,7 +141,7 @@ def test_altered_payload_is_detected_and_resynchronised_by_a_full_upload(logreg,
     if spec != "delta:identity":
         assert extra > 0
     else:
-        assert extra == 0    # identity deltas are as large as the full upper triangle
+        assert extra == 0  # identity deltas are as large as the full upper triangle
 
 
 @pytest.mark.parametrize("fault", ["screened", "undecodable"])
@@ -150,8 +152,9 @@ def test_delta_identity_with_a_rejected_round_equals_uncompressed_fedpm(logreg, 
     pb, theta0 = logreg
     s0, h0 = run(pb, FedPM(lr=0.8, local_steps=2), theta0, 5, tamper=nan_theta(1, 2))
     if fault == "screened":
-        s1, h1 = run(pb, FedPM(lr=0.8, local_steps=2, precond_codec="delta:identity"), theta0, 5,
-                     tamper=nan_theta(1, 2))
+        s1, h1 = run(
+            pb, FedPM(lr=0.8, local_steps=2, precond_codec="delta:identity"), theta0, 5, tamper=nan_theta(1, 2)
+        )
     else:
         alg = Transit(lr=0.8, local_steps=2, precond_codec="delta:identity", alter=nan_payload)
         s1, h1 = run(pb, alg, theta0, 5)
@@ -168,10 +171,11 @@ def dnn_fedpm(codec):
 
 def _dnn_run(tmp_path, codec, tamper, rounds=4, engine="sequential"):
     torch = pytest.importorskip("torch")
+    from test_dnn_training import experiment
+
     from fedpm_dnn import checkpoint as ck
     from fedpm_dnn.simulation import run_experiment
     from fedpm_dnn.wire import client_estimate
-    from test_dnn_training import experiment
 
     cfg = dnn_fedpm(codec)
     exp = experiment(cfg, rounds=rounds)
@@ -179,11 +183,13 @@ def _dnn_run(tmp_path, codec, tamper, rounds=4, engine="sequential"):
     path = str(tmp_path / f"{codec.replace(':', '-')}-{engine}.pt")
     seen = []
 
-    def on_round(row, history):       # the checkpoint of this round is written before on_round
+    def on_round(row, history):  # the checkpoint of this round is written before on_round
         c = ck.load(path)
         server, clients = c["server"].get("foof_hat", {}), c["clients"]
-        seen.append({i: (codecs.digest(server.get(i)), codecs.digest(client_estimate(cs)))
-                     for i, cs in enumerate(clients)})
+        seen.append(
+            {i: (codecs.digest(server.get(i)), codecs.digest(client_estimate(cs))) for i, cs in enumerate(clients)}
+        )
+
     hist = run_experiment(exp, checkpoint=path, on_round=on_round, tamper=tamper)
     final = ck.load(path)["server"]["params"]
     del torch
@@ -205,9 +211,11 @@ def _dnn_tamper(kind, who=1, when=2):
         if kind == "nan-params":
             return {**reply, "params": {k: torch.full_like(v, float("nan")) for k, v in reply["params"].items()}}
         alter = (lambda v: torch.full_like(v, float("nan"))) if kind == "nan-payload" else (lambda v: 1.5 * v)
-        foof = {b: {k: (alter(v) if v.is_floating_point() else v) for k, v in p.items()}
-                for b, p in reply["foof"].items()}
+        foof = {
+            b: {k: (alter(v) if v.is_floating_point() else v) for k, v in p.items()} for b, p in reply["foof"].items()
+        }
         return {**reply, "foof": foof}
+
     return tamper
 
 
@@ -249,8 +257,12 @@ def test_server_that_lost_its_estimates_gets_full_uploads_again(logreg):
     w = pb.client_weights / pb.client_weights.sum()
     for t in (1, 2, 3, 4):
         if t == 3:
-            state = state.__class__(theta=state.theta, clients=state.clients, round=state.round,
-                                    server={**state.server, "precond_hat": np.empty(pb.n_clients, dtype=object)})
+            state = state.__class__(
+                theta=state.theta,
+                clients=state.clients,
+                round=state.round,
+                server={**state.server, "precond_hat": np.empty(pb.n_clients, dtype=object)},
+            )
         up, cs = alg.client_update(pb, alg.broadcast(state), state.clients, sel, None)
         state = state.__class__(theta=state.theta, server=state.server, clients=cs, round=state.round)
         info = RoundInfo(sel=sel, weights=w, n_clients=pb.n_clients)
@@ -270,26 +282,31 @@ def test_dnn_server_that_lost_its_estimates_gets_full_uploads_again():
     torch = pytest.importorskip("torch")
     from dataclasses import replace
 
+    from test_dnn_training import experiment
+
     from fedpm_dnn.simulation import build
     from fedpm_dnn.wire import client_estimate
-    from test_dnn_training import experiment
 
     seen = {}
 
-    def tamper(t, client, reply):     # only watches: were this round's uploads full matrices?
+    def tamper(t, client, reply):  # only watches: were this round's uploads full matrices?
         seen.setdefault(t, []).append(all("full" in p for p in reply["foof"].values()))
         return reply
+
     task, driver, state = build(experiment(dnn_fedpm("delta:topk:0.05"), rounds=4), tamper)
     rng = np.random.default_rng(0)
     for t in (1, 2, 3, 4):
-        if t == 3:       # the server forgot every A_hat
+        if t == 3:  # the server forgot every A_hat
             state = replace(state, server={**state.server, "foof_hat": {}})
         state, row = driver.round(state, t, rng)
         assert all(seen[t]) == (t in (1, 4)) and any(seen[t]) == (t in (1, 4))
         assert row["rejected"] == (task.n_clients if t == 3 else 0)
     for i in range(task.n_clients):
-        assert codecs.digest(state.server["foof_hat"][i]) == codecs.digest(client_estimate(state.clients[i])) \
+        assert (
+            codecs.digest(state.server["foof_hat"][i])
+            == codecs.digest(client_estimate(state.clients[i]))
             != codecs.NO_ESTIMATE
+        )
     del torch
 
 
@@ -297,11 +314,12 @@ def test_dnn_delta_run_resumes_to_the_uninterrupted_history(tmp_path):
     """The estimates, pending estimates and acknowledgements live in the checkpoint: a delta run killed
     after round 2 and resumed has the uninterrupted run's history."""
     pytest.importorskip("torch")
-    from fedpm_dnn.simulation import run_experiment
     from test_dnn_training import _strip, experiment
 
+    from fedpm_dnn.simulation import run_experiment
+
     cfg = dnn_fedpm("delta:topk:0.05")
-    tamper = _dnn_tamper("nan-payload", who=1, when=2)     # round 2 rejects client 1: its state matters
+    tamper = _dnn_tamper("nan-payload", who=1, when=2)  # round 2 rejects client 1: its state matters
     full = run_experiment(experiment(cfg, rounds=4), tamper=tamper)
     ck = str(tmp_path / "ck.pt")
     run_experiment(experiment(cfg, rounds=2), checkpoint=ck, tamper=tamper)

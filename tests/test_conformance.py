@@ -8,28 +8,45 @@ registered without a row fails (adding a method = one file, one registry line, o
   stateful      keeps per-client state between rounds (State.clients)
 Every method must be deterministic for a given seed and must not mutate its inputs.
 """
+
 import copy
 
 import numpy as np
 import pytest
+from naive import NaiveLogReg, random_data
 
 from fedconvex.algorithms import REGISTRY, applicable, make_algorithm
 from fedconvex.algorithms.base import RoundInfo
 from fedconvex.problem import FederatedLogReg
 from fedconvex.reference import solve_optimum
 from fedconvex.run import run
-from naive import NaiveLogReg, random_data
 
 ROWS = {  # method: (superlinear, newton_at_k1, stateful)
-    "fedavg": (False, False, False), "psgd": (False, False, False), "fedavgm": (False, False, False),
-    "fedprox": (False, False, False), "scaffold": (False, False, True), "fedadam": (False, False, False),
+    "fedavg": (False, False, False),
+    "psgd": (False, False, False),
+    "fedavgm": (False, False, False),
+    "fedprox": (False, False, False),
+    "scaffold": (False, False, True),
+    "fedadam": (False, False, False),
     "gd": (False, False, False),
-    "fednl": (True, False, True), "fednl-ls": (True, False, True), "fednl-pp": (True, True, True),
-    "fedns": (False, False, False), "localnewton": (False, False, False),
-    "fedpm": (True, True, False), "newton": (True, True, False),
+    "fednl": (True, False, True),
+    "fednl-ls": (True, False, True),
+    "fednl-pp": (True, True, True),
+    "fedns": (False, False, False),
+    "localnewton": (False, False, False),
+    "fedpm": (True, True, False),
+    "newton": (True, True, False),
 }
-SAFE = {"fedavg": 0.5, "psgd": 0.5, "fedavgm": 0.3, "fedprox": 0.5, "scaffold": 0.5, "fedadam": 0.5, "gd": 0.5,
-        "fedns": 0.5}
+SAFE = {
+    "fedavg": 0.5,
+    "psgd": 0.5,
+    "fedavgm": 0.3,
+    "fedprox": 0.5,
+    "scaffold": 0.5,
+    "fedadam": 0.5,
+    "gd": 0.5,
+    "fedns": 0.5,
+}
 
 
 def test_every_registered_method_has_a_row():
@@ -74,12 +91,13 @@ def test_deterministic_and_inputs_not_mutated(problem, name):
     pb, X, y, parts, theta_star, f_star = problem
     theta0 = theta_star + 0.3
     keep = theta0.copy()
-    runs = [run(pb, _alg(name), theta0, 3, participants=4, seed=5, theta_star=theta_star, f_star=f_star)
-            for _ in range(2)]
+    runs = [
+        run(pb, _alg(name), theta0, 3, participants=4, seed=5, theta_star=theta_star, f_star=f_star) for _ in range(2)
+    ]
     strip = [[{k: v for k, v in r.items() if k != "seconds"} for r in h] for _, h in runs]
     assert strip[0] == strip[1]
     np.testing.assert_array_equal(runs[0][0].theta, runs[1][0].theta)
-    np.testing.assert_array_equal(theta0, keep)                      # the start point is the caller's
+    np.testing.assert_array_equal(theta0, keep)  # the start point is the caller's
     # one round by hand, every client taking part (the driver then hands over the state's own arrays):
     # neither the state, nor the broadcast, nor the client state, nor the server state changes in place
     alg = _alg(name)
@@ -116,7 +134,8 @@ def test_stateful_methods_keep_client_state(problem, name):
         return
     state2, _ = run(pb, alg, theta_star + 0.3, 2, participants=3, seed=2)
     from fedconvex.driver import sample_clients
-    draw = np.random.default_rng(2)            # the driver's draws (these methods take no other random numbers)
+
+    draw = np.random.default_rng(2)  # the driver's draws (these methods take no other random numbers)
     first, second = (set(sample_clients(draw, pb.n_clients, 3).tolist()) for _ in range(2))
     changed = set()
     for k in state0.clients:
@@ -152,8 +171,10 @@ def test_a_rejected_client_keeps_its_state_in_step_with_the_server(problem, name
         np.testing.assert_allclose(_dense(state.server["H"]), H_clients, atol=1e-12)
 
 
-@pytest.mark.parametrize("name,field", [("scaffold", "dtheta"), ("fednl", "grad"), ("fedns", "grad"),
-                                        ("fednl-pp", "dg"), ("fedavg", "theta")])
+@pytest.mark.parametrize(
+    "name,field",
+    [("scaffold", "dtheta"), ("fednl", "grad"), ("fedns", "grad"), ("fednl-pp", "dg"), ("fedavg", "theta")],
+)
 def test_the_magnitude_guard_checks_a_declared_update(problem, name, field):
     """A field declared 'model' or 'update': with max_ratio one client's enormous value is rejected, not applied."""
     pb, *_, theta_star, f_star = problem
@@ -188,8 +209,14 @@ def test_superlinear_where_promised(problem, name):
     pb, *_, theta_star, f_star = problem
     theta0 = theta_star + 0.05
     try:
-        _, h = run(pb, make_algorithm(name, **applicable(name, {"lr": 1.0, "local_steps": 1})), theta0, 8,
-                   theta_star=theta_star, f_star=f_star)
+        _, h = run(
+            pb,
+            make_algorithm(name, **applicable(name, {"lr": 1.0, "local_steps": 1})),
+            theta0,
+            8,
+            theta_star=theta_star,
+            f_star=f_star,
+        )
         d = [r["dist"] for r in h]
         ratios = [d[t + 1] / d[t] for t in range(len(d) - 1) if d[t + 1] > 1e-13]
         superlinear = min(d) < 1e-12 and ratios[-1] < 0.01 and ratios[-1] < ratios[0]

@@ -1,15 +1,17 @@
 """The conv Gram of the FOOF blocks (foof.conv_gram, both CPU forms) against a float64 F.unfold reference."""
+
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 from fedpm_dnn import foof  # noqa: E402
 
 FORMS = [foof.conv_gram, foof.patch_gram, foof.row_form_gram]
-U32 = 2.0 ** -24                                     # float32 unit round-off
+U32 = 2.0**-24  # float32 unit round-off
 
 
 def reference(m, x):
@@ -63,13 +65,26 @@ def test_float64_gram_is_the_sum_over_every_patch(form, case):
 
 
 @settings(max_examples=60, deadline=None)
-@given(C=st.integers(1, 4), kh=st.integers(1, 4), kw=st.integers(1, 4), sh=st.integers(1, 3), sw=st.integers(1, 3),
-       ph=st.integers(0, 2), pw=st.integers(0, 2), dh=st.integers(1, 2), dw=st.integers(1, 2),
-       H=st.integers(1, 12), W=st.integers(1, 12), K=st.integers(1, 3), B=st.integers(1, 3), seed=st.integers(0, 2 ** 16))
+@given(
+    C=st.integers(1, 4),
+    kh=st.integers(1, 4),
+    kw=st.integers(1, 4),
+    sh=st.integers(1, 3),
+    sw=st.integers(1, 3),
+    ph=st.integers(0, 2),
+    pw=st.integers(0, 2),
+    dh=st.integers(1, 2),
+    dw=st.integers(1, 2),
+    H=st.integers(1, 12),
+    W=st.integers(1, 12),
+    K=st.integers(1, 3),
+    B=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
 def test_row_form_matches_the_patches_for_any_geometry(C, kh, kw, sh, sw, ph, pw, dh, dw, H, W, K, B, seed):
     m = nn.Conv2d(C, 2, (kh, kw), stride=(sh, sw), padding=(ph, pw), dilation=(dh, dw)).double()
     if H + 2 * ph < dh * (kh - 1) + 1 or W + 2 * pw < dw * (kw - 1) + 1:
-        return                                                   # no output position
+        return  # no output position
     x = torch.randn(K, B, C, H, W, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     S_ref, total_ref, L_ref, _ = reference(m, x)
     for form in (foof.row_form_gram, foof.conv_gram):
@@ -94,13 +109,16 @@ def test_float32_error_is_within_the_dot_product_bound(case):
         assert ((form(m.float(), x)[0].double() - S_ref).abs() <= bound).all()
 
 
-@pytest.mark.parametrize("conv,shape", [
-    (nn.Conv2d(6, 16, 5), (1, 300, 6, 14, 14)),                        # SimpleCNN's conv2, the profiled pass
-    (nn.Conv2d(6, 16, 5), (10, 30, 6, 14, 14)),                        # the same as 10 clients' stacks
-    (nn.Conv2d(3, 6, 5), (1, 64, 3, 32, 32)),                          # SimpleCNN's conv1
-    (nn.Conv2d(32, 8, 3, padding=1), (1, 16, 32, 16, 16)),             # a ResNet-style 3x3 conv
-    (nn.Conv2d(32, 8, 3, stride=2, padding=1), (1, 16, 32, 16, 16)),   # and its stride-2 form
-])
+@pytest.mark.parametrize(
+    "conv,shape",
+    [
+        (nn.Conv2d(6, 16, 5), (1, 300, 6, 14, 14)),  # SimpleCNN's conv2, the profiled pass
+        (nn.Conv2d(6, 16, 5), (10, 30, 6, 14, 14)),  # the same as 10 clients' stacks
+        (nn.Conv2d(3, 6, 5), (1, 64, 3, 32, 32)),  # SimpleCNN's conv1
+        (nn.Conv2d(32, 8, 3, padding=1), (1, 16, 32, 16, 16)),  # a ResNet-style 3x3 conv
+        (nn.Conv2d(32, 8, 3, stride=2, padding=1), (1, 16, 32, 16, 16)),  # and its stride-2 form
+    ],
+)
 def test_float32_error_is_no_worse_than_the_patch_forms(conv, shape):
     """Against the float64 sums of the same float32 inputs, the row form (and so conv_gram, whichever form
     it takes) is no less accurate (Frobenius norm) than the patch form's float32 sums that it replaces."""
@@ -120,14 +138,19 @@ def test_appended_zero_images_add_nothing():
     x = activations((2, 5, 6, 14, 14), 3)
     padded = torch.cat([x, torch.zeros(2, 3, 6, 14, 14, dtype=torch.float64)], 1)
     for form in FORMS:
-        for got, want in zip(form(m, padded)[:2], form(m, x)[:2]):
+        for got, want in zip(form(m, padded)[:2], form(m, x)[:2], strict=False):
             torch.testing.assert_close(got, want, rtol=1e-14, atol=0)
 
 
 @pytest.mark.parametrize("form", FORMS, ids=lambda f: f.__name__)
-@pytest.mark.parametrize("conv,message", [(nn.Conv2d(4, 4, 3, padding="same"), "numeric Conv2d padding"),
-                                          (nn.Conv2d(4, 4, 3, groups=2), "groups=1 only"),
-                                          (nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"), "zero padding only")])
+@pytest.mark.parametrize(
+    "conv,message",
+    [
+        (nn.Conv2d(4, 4, 3, padding="same"), "numeric Conv2d padding"),
+        (nn.Conv2d(4, 4, 3, groups=2), "groups=1 only"),
+        (nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"), "zero padding only"),
+    ],
+)
 def test_unsupported_convs_raise_as_before(form, conv, message):
     with pytest.raises(ValueError, match=message):
         form(conv, torch.randn(1, 2, 4, 8, 8))
@@ -139,7 +162,7 @@ def test_a_border_mode_without_padding_is_no_border_at_all():
     x = activations((1, 5, 3, 9, 9), 4)
     ref = nn.Conv2d(3, 4, 3)
     for form in FORMS:
-        for got, want in zip(form(m, x)[:2], form(ref, x)[:2]):
+        for got, want in zip(form(m, x)[:2], form(ref, x)[:2], strict=False):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
@@ -152,6 +175,7 @@ def test_a_convolution_without_kernel_rows_to_share_keeps_the_patch_form():
 
 def test_only_cpu_tensors_take_the_row_form(monkeypatch):
     """Elsewhere (a GPU; here the meta device) conv_gram stays the patch form."""
+
     def refuse(*_):
         raise AssertionError("row form used off the CPU")
 
@@ -159,4 +183,4 @@ def test_only_cpu_tensors_take_the_row_form(monkeypatch):
     m = nn.Conv2d(6, 16, 5)
     S, total, L = foof.conv_gram(m, torch.empty(1, 300, 6, 14, 14, device="meta"))
     assert S.device.type == "meta" and S.shape == (1, 150, 150) and L == 100
-    assert foof.row_form_pays(m, (1, 300, 6, 14, 14))          # on the CPU, the same input takes the row form
+    assert foof.row_form_pays(m, (1, 300, 6, 14, 14))  # on the CPU, the same input takes the row form

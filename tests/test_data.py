@@ -2,11 +2,23 @@ import bz2
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from fedconvex.data import (BUNDLED, DataError, client_class_counts, dirichlet_split, load_bundled, load_dataset,
-                            parse_libsvm, read_libsvm, relaysum_split, sequential_split, shuffled_split)
 import fedconvex.data.bundled as bundled
+from fedconvex.data import (
+    BUNDLED,
+    DataError,
+    client_class_counts,
+    dirichlet_split,
+    load_bundled,
+    load_dataset,
+    parse_libsvm,
+    read_libsvm,
+    relaysum_split,
+    sequential_split,
+    shuffled_split,
+)
 
 
 def write(tmp_path, text, name="d.svm"):
@@ -15,8 +27,9 @@ def write(tmp_path, text, name="d.svm"):
     return str(p)
 
 
-@pytest.mark.parametrize("labels,expect", [((0, 1), (-1, 1)), ((1, 2), (-1, 1)), ((-1, 1), (-1, 1)),
-                                           ((+1, -1), (1, -1))])
+@pytest.mark.parametrize(
+    "labels,expect", [((0, 1), (-1, 1)), ((1, 2), (-1, 1)), ((-1, 1), (-1, 1)), ((+1, -1), (1, -1))]
+)
 def test_labels_map_to_plus_minus_one(tmp_path, labels, expect):
     path = write(tmp_path, f"{labels[0]} 1:0.5 3:2\n{labels[1]} 2:1\n")
     ds = read_libsvm(path, n_features=4)
@@ -42,28 +55,31 @@ def test_compressed_files(tmp_path):
     assert read_libsvm(str(p)).X.toarray()[1, 1] == 3
 
 
-@pytest.mark.parametrize("text,fragment", [
-    ("-1 1:1\nabc 2:1\n", ":2: label 'abc'"),
-    ("-1 1:1\n1 2-1\n", ":2: token '2-1'"),
-    ("-1 1:x\n1 2:1\n", ":1: token '1:x'"),
-    ("-1 0:1\n1 2:1\n", ":1: feature index 0"),
-    ("-1 3:1 2:1\n1 2:1\n", ":1: feature indices must increase"),
-    ("-1 1:nan\n1 2:1\n", ":1: value 'nan'"),
-    ("-1 1:1\n1 2:inf\n", ":2: value 'inf'"),
-    ("-1 1:1\n1 9:1\n", ":2: feature index 9 exceeds n_features=4"),
-    ("-1 1:1\n1 2:1\n2 1:1\n", ":3: third label 2"),
-    ("", "no samples"),
-    ("\n\n", "no samples"),
-    ("1 1:1\n1 2:1\n", "only one label"),
-    ("nan 1:1\n", ":1: label 'nan' is not finite"),
-    # Python's int()/float() read these as numbers (1_0 as 10, Arabic-Indic digits as digits); a LibSVM file does not
-    ("-1 1:1\n1 1_0:1\n", ":2: token '1_0:1' holds '_'"),
-    ("-1 1:1\n1 2:0_5\n", ":2: token '2:0_5' holds '_'"),
-    ("1_0 1:1\n-1 2:1\n", ":1: token '1_0' holds '_'"),
-    ("-1 1:1\n1 \u0663:1\n", ":2: token '\u0663:1' holds non-ASCII character '\u0663' (U+0663)"),
-    ("-1 1:1\n1 2:\uff11\n", ":2: token '2:\uff11' holds non-ASCII character '\uff11' (U+FF11)"),
-    ("-1 1:1\u00a02:1\n1 2:1\n", ":1: non-ASCII character '\\xa0' (U+00A0) between tokens"),
-])
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("-1 1:1\nabc 2:1\n", ":2: label 'abc'"),
+        ("-1 1:1\n1 2-1\n", ":2: token '2-1'"),
+        ("-1 1:x\n1 2:1\n", ":1: token '1:x'"),
+        ("-1 0:1\n1 2:1\n", ":1: feature index 0"),
+        ("-1 3:1 2:1\n1 2:1\n", ":1: feature indices must increase"),
+        ("-1 1:nan\n1 2:1\n", ":1: value 'nan'"),
+        ("-1 1:1\n1 2:inf\n", ":2: value 'inf'"),
+        ("-1 1:1\n1 9:1\n", ":2: feature index 9 exceeds n_features=4"),
+        ("-1 1:1\n1 2:1\n2 1:1\n", ":3: third label 2"),
+        ("", "no samples"),
+        ("\n\n", "no samples"),
+        ("1 1:1\n1 2:1\n", "only one label"),
+        ("nan 1:1\n", ":1: label 'nan' is not finite"),
+        # Python's int()/float() read these as numbers (1_0 as 10, Arabic-Indic digits as digits); a LibSVM file does not
+        ("-1 1:1\n1 1_0:1\n", ":2: token '1_0:1' holds '_'"),
+        ("-1 1:1\n1 2:0_5\n", ":2: token '2:0_5' holds '_'"),
+        ("1_0 1:1\n-1 2:1\n", ":1: token '1_0' holds '_'"),
+        ("-1 1:1\n1 \u0663:1\n", ":2: token '\u0663:1' holds non-ASCII character '\u0663' (U+0663)"),
+        ("-1 1:1\n1 2:\uff11\n", ":2: token '2:\uff11' holds non-ASCII character '\uff11' (U+FF11)"),
+        ("-1 1:1\u00a02:1\n1 2:1\n", ":1: non-ASCII character '\\xa0' (U+00A0) between tokens"),
+    ],
+)
 def test_malformed_input_names_file_and_line(tmp_path, text, fragment):
     path = write(tmp_path, text)
     with pytest.raises(DataError) as err:
@@ -100,6 +116,7 @@ def test_bundled_checksum_is_verified(monkeypatch):
 def test_bundled_equals_reading_the_same_file(tmp_path):
     """The embedded copy parses exactly like the same text read from disk."""
     from importlib import resources
+
     raw = bz2.decompress(resources.files("fedconvex.data").joinpath("a9a.bz2").read_bytes())
     p = tmp_path / "a9a"
     p.write_bytes(raw)
@@ -120,16 +137,20 @@ def test_split_errors(args):
         sequential_split(*args)
 
 
-@pytest.mark.parametrize("call,fragment", [
-    (lambda: sequential_split(10, 1.5), "clients must be an integer, got 1.5"),
-    (lambda: sequential_split(10.0, 2), "n_rows must be an integer, got 10.0"),
-    (lambda: sequential_split(10, 2, 2.5), "per_client must be an integer, got 2.5"),
-    (lambda: sequential_split(10, "2"), "clients must be an integer, got '2'"),
-    (lambda: shuffled_split(10, True), "clients must be an integer, got True"),
-    (lambda: dirichlet_split([0, 1, 0, 1], 2.0, 1.0), "clients must be an integer, got 2.0"),
-    (lambda: dirichlet_split([0, 1, 0, 1], 2, 1.0, min_size=1.5), "min_size must be an integer, got 1.5"),
-    (lambda: relaysum_split([0, 1, 0, 1], 2.5, 1.0), "clients must be an integer, got 2.5"),
-], ids=["clients", "rows", "per-client", "text", "bool", "dirichlet", "dirichlet-min-size", "relaysum"])
+@pytest.mark.parametrize(
+    "call,fragment",
+    [
+        (lambda: sequential_split(10, 1.5), "clients must be an integer, got 1.5"),
+        (lambda: sequential_split(10.0, 2), "n_rows must be an integer, got 10.0"),
+        (lambda: sequential_split(10, 2, 2.5), "per_client must be an integer, got 2.5"),
+        (lambda: sequential_split(10, "2"), "clients must be an integer, got '2'"),
+        (lambda: shuffled_split(10, True), "clients must be an integer, got True"),
+        (lambda: dirichlet_split([0, 1, 0, 1], 2.0, 1.0), "clients must be an integer, got 2.0"),
+        (lambda: dirichlet_split([0, 1, 0, 1], 2, 1.0, min_size=1.5), "min_size must be an integer, got 1.5"),
+        (lambda: relaysum_split([0, 1, 0, 1], 2.5, 1.0), "clients must be an integer, got 2.5"),
+    ],
+    ids=["clients", "rows", "per-client", "text", "bool", "dirichlet", "dirichlet-min-size", "relaysum"],
+)
 def test_split_counts_must_be_integers(call, fragment):
     with pytest.raises(TypeError) as err:
         call()
@@ -144,32 +165,39 @@ def test_split_counts_may_be_numpy_integers():
 def test_shuffled_split_disjoint_and_seeded():
     a = shuffled_split(100, 7, 10, seed=3)
     b = shuffled_split(100, 7, 10, seed=3)
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=False))
     flat = np.concatenate(a)
     assert len(np.unique(flat)) == 70
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(20, 300), clients=st.integers(1, 10), classes=st.integers(2, 5),
-       alpha=st.sampled_from([0.05, 0.1, 1.0, 10.0]), seed=st.integers(0, 2**16))
+@given(
+    n=st.integers(20, 300),
+    clients=st.integers(1, 10),
+    classes=st.integers(2, 5),
+    alpha=st.sampled_from([0.05, 0.1, 1.0, 10.0]),
+    seed=st.integers(0, 2**16),
+)
 def test_dirichlet_split_properties(n, clients, classes, alpha, seed):
     labels = np.random.default_rng(seed).integers(0, classes, n)
     parts = dirichlet_split(labels, clients, alpha, seed=seed)
     flat = np.concatenate(parts)
     assert len(parts) == clients
-    assert sorted(flat.tolist()) == list(range(n))         # every sample exactly once
-    assert min(len(p) for p in parts) >= 1                 # no empty client
+    assert sorted(flat.tolist()) == list(range(n))  # every sample exactly once
+    assert min(len(p) for p in parts) >= 1  # no empty client
     again = dirichlet_split(labels, clients, alpha, seed=seed)
-    assert all(np.array_equal(x, y) for x, y in zip(parts, again))
+    assert all(np.array_equal(x, y) for x, y in zip(parts, again, strict=False))
     counts = client_class_counts(labels, parts)
     np.testing.assert_array_equal(counts.sum(0), np.bincount(labels, minlength=classes)[np.unique(labels)])
 
 
 def test_dirichlet_small_alpha_is_more_skewed():
     labels = np.repeat(np.arange(10), 500)
+
     def skew(alpha):
         c = client_class_counts(labels, dirichlet_split(labels, 10, alpha, seed=0))
         return np.mean(c.max(1) / c.sum(1))
+
     assert skew(0.1) > skew(100.0) + 0.3
 
 
@@ -182,9 +210,15 @@ def test_dirichlet_errors():
 
 # ------------------------------------------------------------------ the whole-file reader of integer files
 def _same_dataset(a, b):
-    return (a.X.shape == b.X.shape and a.labels == b.labels and np.array_equal(a.y, b.y)
-            and all(np.array_equal(getattr(a.X, k), getattr(b.X, k)) and getattr(a.X, k).dtype == getattr(b.X, k).dtype
-                    for k in ("data", "indices", "indptr")))
+    return (
+        a.X.shape == b.X.shape
+        and a.labels == b.labels
+        and np.array_equal(a.y, b.y)
+        and all(
+            np.array_equal(getattr(a.X, k), getattr(b.X, k)) and getattr(a.X, k).dtype == getattr(b.X, k).dtype
+            for k in ("data", "indices", "indptr")
+        )
+    )
 
 
 @pytest.mark.parametrize("name", ["w8a", "a9a"])
@@ -203,8 +237,9 @@ def test_the_bundled_files_are_read_whole_exactly_as_line_by_line(name):
 
 
 _token = st.one_of(st.integers(0, 40).map(str), st.sampled_from(["+1", "-1", "-0", "007", "0"]))
-_feature = st.tuples(st.integers(0, 12), st.one_of(st.integers(0, 3).map(str), st.sampled_from(
-    ["1.5", "-1", "1e2", "", "nan"])))
+_feature = st.tuples(
+    st.integers(0, 12), st.one_of(st.integers(0, 3).map(str), st.sampled_from(["1.5", "-1", "1e2", "", "nan"]))
+)
 _line = st.tuples(_token, st.lists(_feature, max_size=5), st.sampled_from([" ", "  "]), st.sampled_from(["", " "]))
 _noise = st.sampled_from(["", "", "", "\t", "\r", ":", "::", " x", "1:2:3", "+", "3 ", "\n\n", "--1", ":4"])
 
@@ -228,7 +263,7 @@ def test_the_whole_file_reader_reads_as_the_line_parser_or_leaves_it_to_it(lines
         assert ref is not None and _same_dataset(got, ref)
     clean = noise == "" and all(v.isdigit() for _, feats, _, _ in lines for _, v in feats)
     if clean and ref is not None:
-        assert got is not None                          # plain integer files are read whole
+        assert got is not None  # plain integer files are read whole
 
 
 def test_the_whole_file_reader_leaves_indices_past_32_bits_to_the_line_parser():
@@ -241,7 +276,9 @@ def test_the_whole_file_reader_leaves_indices_past_32_bits_to_the_line_parser():
         parse_libsvm(text.decode().splitlines(), "x")
 
 
-@pytest.mark.parametrize("raw", [b"-1 1:1\n1 1_0:1\n", "-1 1:1\n1 2:\u0661\n".encode("utf-8")], ids=["underscore", "unicode"])
+@pytest.mark.parametrize(
+    "raw", [b"-1 1:1\n1 1_0:1\n", "-1 1:1\n1 2:\u0661\n".encode("utf-8")], ids=["underscore", "unicode"]
+)
 def test_the_whole_file_reader_leaves_underscores_and_unicode_digits_to_the_line_parser_which_refuses_them(raw):
     from fedconvex.data.libsvm import _parse_integer_file
 

@@ -1,4 +1,5 @@
 """Image loaders on small generated files of every supported format; partitions; augmentation."""
+
 import io
 import json
 import os
@@ -7,13 +8,21 @@ import zipfile
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
 from fedpm_dnn.augment import random_crop_flip  # noqa: E402
-from fedpm_dnn.data import (DatasetError, dirichlet_partition, load_cifar_jpeg, load_cifar_pickle,  # noqa: E402
-                            load_femnist, load_image_dataset, partition_table)
+from fedpm_dnn.data import (
+    DatasetError,
+    dirichlet_partition,
+    load_cifar_jpeg,
+    load_cifar_pickle,  # noqa: E402
+    load_femnist,
+    load_image_dataset,
+    partition_table,
+)
 from fedpm_dnn.data.partition import relaysum_partition  # noqa: E402
 
 
@@ -56,12 +65,15 @@ def test_cifar100_pickle_release(tmp_path, rng):
     assert d.num_classes == 100 and d.x_train.shape == (6, 3, 32, 32)
 
 
-@pytest.mark.parametrize("breakage,fragment", [
-    ("missing", "data_batch_3: missing"),
-    ("garbage", "not a CIFAR pickle batch"),
-    ("shape", "expected (n, 3072)"),
-    ("labels", "labels outside 0..9"),
-])
+@pytest.mark.parametrize(
+    "breakage,fragment",
+    [
+        ("missing", "data_batch_3: missing"),
+        ("garbage", "not a CIFAR pickle batch"),
+        ("shape", "expected (n, 3072)"),
+        ("labels", "labels outside 0..9"),
+    ],
+)
 def test_cifar_pickle_errors(tmp_path, rng, breakage, fragment):
     root = str(tmp_path / "cifar-10-batches-py")
     make_cifar10_pickle(root, rng)
@@ -110,10 +122,10 @@ def test_cifar_jpeg_folder_and_zip_are_decoded_once_and_cached(tmp_path, rng, ki
     d = load_cifar_jpeg(src, src, cache_dir=str(cache))
     assert d.x_train.shape == (6, 3, 32, 32) and d.classes == ("cat", "dog") and d.source == "jpeg"
     assert sorted(d.y_train.tolist()) == [0, 0, 0, 1, 1, 1]
-    assert abs(int(d.x_train[d.y_train == 1].mean()) - 190) <= 3    # lossy, but close to the pixels written
+    assert abs(int(d.x_train[d.y_train == 1].mean()) - 190) <= 3  # lossy, but close to the pixels written
     cached = list(cache.iterdir())
     assert len(cached) == 1
-    again = load_cifar_jpeg(src, src, cache_dir=str(cache))       # served from the cache
+    again = load_cifar_jpeg(src, src, cache_dir=str(cache))  # served from the cache
     assert np.array_equal(again.x_train, d.x_train)
 
 
@@ -139,9 +151,13 @@ def test_jpeg_split_across_two_zips_and_errors(tmp_path, rng, monkeypatch):
 def make_leaf(root, rng, users=("w1", "w2", "w3")):
     for split, n in (("train", 4), ("test", 2)):
         os.makedirs(os.path.join(root, split))
-        data = {"users": list(users), "num_samples": [n] * len(users),
-                "user_data": {u: {"x": rng.random((n, 784)).round(3).tolist(),
-                                  "y": rng.integers(0, 62, n).tolist()} for u in users}}
+        data = {
+            "users": list(users),
+            "num_samples": [n] * len(users),
+            "user_data": {
+                u: {"x": rng.random((n, 784)).round(3).tolist(), "y": rng.integers(0, 62, n).tolist()} for u in users
+            },
+        }
         with open(os.path.join(root, split, f"all_data_0_{split}.json"), "w") as fh:
             json.dump(data, fh)
 
@@ -160,8 +176,7 @@ def test_femnist_leaf_json(tmp_path, rng):
 
 
 @settings(max_examples=30, deadline=None)
-@given(n=st.integers(30, 400), clients=st.integers(2, 12), alpha=st.sampled_from([0.1, 1.0]),
-       seed=st.integers(0, 1000))
+@given(n=st.integers(30, 400), clients=st.integers(2, 12), alpha=st.sampled_from([0.1, 1.0]), seed=st.integers(0, 1000))
 def test_dirichlet_partition_table(n, clients, alpha, seed):
     labels = np.random.default_rng(seed).integers(0, 10, n)
     parts = dirichlet_partition(labels, clients, alpha, seed)
@@ -191,21 +206,21 @@ def test_relaysum_split_properties(sizes, alpha, seed):
     # the cap: a client stops receiving once it holds n/K, so it overshoots by at most one class
     assert (sizes < n / clients + np.bincount(labels).max() + 1).all()
     again = relaysum_partition(labels, clients, alpha, seed)
-    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=False))
 
 
 def test_relaysum_split_is_seeded_and_unequal_at_small_alpha_uniform_at_large():
     labels = np.repeat(np.arange(10), 500)
     a = relaysum_partition(labels, 10, 0.1, seed=0)
     b = relaysum_partition(labels, 10, 0.1, seed=1)
-    assert any(len(x) != len(y) or not np.array_equal(x, y) for x, y in zip(a, b))
+    assert any(len(x) != len(y) or not np.array_equal(x, y) for x, y in zip(a, b, strict=False))
     sizes = np.array([len(p) for p in a])
-    assert sizes.max() > 1.2 * sizes.min()          # sizes stay unequal (no equalising step)
+    assert sizes.max() > 1.2 * sizes.min()  # sizes stay unequal (no equalising step)
     table = partition_table(labels, a, 10)
-    assert (table.max(1) > 0.5 * table.sum(1)).mean() > 0.5   # alpha = 0.1: most clients dominated by a class
+    assert (table.max(1) > 0.5 * table.sum(1)).mean() > 0.5  # alpha = 0.1: most clients dominated by a class
     uniform = partition_table(labels, relaysum_partition(labels, 10, 1e5, seed=0), 10)
     frac = uniform / uniform.sum(1, keepdims=True)
-    assert np.abs(frac - 0.1).max() < 0.01           # alpha -> infinity: every client sees uniform classes
+    assert np.abs(frac - 0.1).max() < 0.01  # alpha -> infinity: every client sees uniform classes
 
 
 def test_relaysum_split_refuses_what_it_cannot_satisfy():
@@ -224,12 +239,44 @@ def test_femnist_every_writer_is_a_client_and_the_preset_samples_ten(tmp_path, r
     from validation import dnn
 
     make_leaf(str(tmp_path), rng, users=tuple(f"w{i}" for i in range(14)))
-    exp, desc = dnn.build(dnn.parse_args(["--dataset", "femnist", "--data-dir", str(tmp_path), "--preset", "femnist",
-                                          "--method", "fedpm", "--device", "cpu", "--out", str(tmp_path / "o")]))
+    exp, desc = dnn.build(
+        dnn.parse_args(
+            [
+                "--dataset",
+                "femnist",
+                "--data-dir",
+                str(tmp_path),
+                "--preset",
+                "femnist",
+                "--method",
+                "fedpm",
+                "--device",
+                "cpu",
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+    )
     assert len(exp.clients) == 14 and exp.participants == 10 and desc["participants"] == 10
     assert desc["client_sizes"] == [4] * 14 and desc["partition"] == "natural (writers)"
-    exp, _ = dnn.build(dnn.parse_args(["--dataset", "femnist", "--data-dir", str(tmp_path), "--preset", "femnist",
-                                       "--participants", "3", "--clients", "5", "--device", "cpu"]))
+    exp, _ = dnn.build(
+        dnn.parse_args(
+            [
+                "--dataset",
+                "femnist",
+                "--data-dir",
+                str(tmp_path),
+                "--preset",
+                "femnist",
+                "--participants",
+                "3",
+                "--clients",
+                "5",
+                "--device",
+                "cpu",
+            ]
+        )
+    )
     assert len(exp.clients) == 5 and exp.participants == 3
 
 
@@ -238,11 +285,31 @@ def test_femnist_rounds_sample_participants_from_every_writer(tmp_path, rng):
     from validation import dnn
 
     make_leaf(str(tmp_path), rng, users=tuple(f"w{i}" for i in range(14)))
-    exp, _ = dnn.build(dnn.parse_args(["--dataset", "femnist", "--data-dir", str(tmp_path), "--preset", "femnist",
-                                       "--method", "fedavg", "--device", "cpu", "--rounds", "3", "--local-epochs", "1",
-                                       "--engine", "sequential"]))  # the spy watches client_round
+    exp, _ = dnn.build(
+        dnn.parse_args(
+            [
+                "--dataset",
+                "femnist",
+                "--data-dir",
+                str(tmp_path),
+                "--preset",
+                "femnist",
+                "--method",
+                "fedavg",
+                "--device",
+                "cpu",
+                "--rounds",
+                "3",
+                "--local-epochs",
+                "1",
+                "--engine",
+                "sequential",
+            ]
+        )
+    )  # the spy watches client_round
     seen = []
-    import fedpm_dnn.task as sim   # the sequential engine's client_round
+    import fedpm_dnn.task as sim  # the sequential engine's client_round
+
     original = sim.client_round
 
     def spy(cfg, model, blocks, data, *a, **k):
@@ -254,9 +321,9 @@ def test_femnist_rounds_sample_participants_from_every_writer(tmp_path, rng):
         run_experiment(exp)
     finally:
         sim.client_round = original
-    rounds = [seen[i:i + 10] for i in range(0, 30, 10)]
+    rounds = [seen[i : i + 10] for i in range(0, 30, 10)]
     assert len(seen) == 30 and all(len(set(r)) == 10 for r in rounds)
-    assert len(set(seen)) > 10                        # sampling reaches writers beyond the first ten
+    assert len(set(seen)) > 10  # sampling reaches writers beyond the first ten
 
 
 def test_augmentation_crops_within_padding_and_flips():
@@ -266,7 +333,7 @@ def test_augmentation_crops_within_padding_and_flips():
     assert out.shape == x.shape
     for b in range(2):
         padded = torch.nn.functional.pad(x[b], (2, 2, 2, 2))
-        found = any(torch.equal(out[b], padded[:, i:i + 8, j:j + 8]) for i in range(5) for j in range(5))
+        found = any(torch.equal(out[b], padded[:, i : i + 8, j : j + 8]) for i in range(5) for j in range(5))
         assert found
     same = random_crop_flip(x, torch.Generator().manual_seed(0), padding=2, flip=False)
     assert torch.equal(out, same)
@@ -278,13 +345,14 @@ def test_augmentation_crops_within_padding_and_flips():
 def test_crop_flip_is_a_padded_crop_then_a_mirror_per_image():
     """The one-gather crop/flip equals, image by image, zero padding, slicing at the offsets and flipping."""
     from fedpm_dnn.augment import crop_flip
+
     g = torch.Generator().manual_seed(4)
     x = torch.rand(9, 3, 6, 5, generator=g)
     oy, ox = torch.randint(0, 5, (9,), generator=g), torch.randint(0, 5, (9,), generator=g)
     flip = torch.rand(9, generator=g) < 0.5
     out = crop_flip(x, oy, ox, flip, padding=2)
     for i in range(9):
-        ref = torch.nn.functional.pad(x[i], (2, 2, 2, 2))[:, oy[i]:oy[i] + 6, ox[i]:ox[i] + 5]
+        ref = torch.nn.functional.pad(x[i], (2, 2, 2, 2))[:, oy[i] : oy[i] + 6, ox[i] : ox[i] + 5]
         assert torch.equal(out[i], ref.flip(2) if flip[i] else ref)
     assert flip.any() and (~flip).any()
 
@@ -313,6 +381,7 @@ def test_an_interrupted_cache_write_leaves_no_file(tmp_path, rng, monkeypatch):
     def interrupted(path, **arrays):
         open(path, "wb").write(b"PK half")
         raise KeyboardInterrupt
+
     monkeypatch.setattr(np, "savez", interrupted)
     with pytest.raises(KeyboardInterrupt):
         load_cifar_jpeg(src, src, cache_dir=str(cache))

@@ -1,4 +1,5 @@
 """End-to-end DNN federated training on a synthetic image task (CPU, seconds)."""
+
 import json
 import os
 import subprocess
@@ -9,15 +10,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fedpm_dnn.client import ClientData  # noqa: E402
-from fedpm_dnn.algorithms import METHODS, applicable, make_method  # noqa: E402
-from fedpm_dnn.simulation import Experiment, run_experiment  # noqa: E402
 from fake_cifar import cifar_pickle  # noqa: E402
+
+from fedpm_dnn.algorithms import METHODS, applicable, make_method  # noqa: E402
+from fedpm_dnn.client import ClientData  # noqa: E402
+from fedpm_dnn.simulation import Experiment, run_experiment  # noqa: E402
 
 
 def make(name, **kw):
     """The method with those of the common settings ``kw`` that it takes."""
     return make_method(name, **applicable(name, kw))
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,7 +33,7 @@ def synthetic(n_clients=3, per_client=48, classes=3, seed=0, skew=True):
         x = g.integers(0, 60, (len(labels), 3, 16, 16))
         for k, c in enumerate(labels):
             r, col = divmod(int(c), 2)
-            x[k, :, 2 + 6 * r:8 + 6 * r, 2 + 6 * col:8 + 6 * col] += 180
+            x[k, :, 2 + 6 * r : 8 + 6 * r, 2 + 6 * col : 8 + 6 * col] += 180
         return torch.as_tensor(x.clip(0, 255).astype(np.uint8))
 
     clients = []
@@ -44,31 +47,41 @@ def synthetic(n_clients=3, per_client=48, classes=3, seed=0, skew=True):
 
 def experiment(cfg, rounds=4, participants=None, seed=0):
     clients, xt, yt = synthetic(seed=seed)
-    return Experiment(cfg=cfg, model="cnn", num_classes=3, clients=clients, x_test=xt, y_test=yt,
-                      mean=(0.2, 0.2, 0.2), std=(0.3, 0.3, 0.3), rounds=rounds, participants=participants,
-                      seed=seed, image_size=16)
+    return Experiment(
+        cfg=cfg,
+        model="cnn",
+        num_classes=3,
+        clients=clients,
+        x_test=xt,
+        y_test=yt,
+        mean=(0.2, 0.2, 0.2),
+        std=(0.3, 0.3, 0.3),
+        rounds=rounds,
+        participants=participants,
+        seed=seed,
+        image_size=16,
+    )
 
 
 @pytest.mark.parametrize("method", ["fedpm", "localnewton", "fedavg"])
 def test_three_clients_learn_a_synthetic_task(method):
-    cfg = make(method, lr=0.3 if method != "fedavg" else 0.1, local_epochs=2, batch_size=16, damping=1.0,
-                       clip=1.0)
+    cfg = make(method, lr=0.3 if method != "fedavg" else 0.1, local_epochs=2, batch_size=16, damping=1.0, clip=1.0)
     hist = run_experiment(experiment(cfg, rounds=5))
-    assert max(r["test_acc"] for r in hist) > 0.75       # chance is 1/3
+    assert max(r["test_acc"] for r in hist) > 0.75  # chance is 1/3
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_runs_and_counts_its_messages(method):
-    cfg = make(method, lr=0.05, local_epochs=1, batch_size=16, mu=0.01, server_lr=0.03,
-                       clip=1.0, foof_samples=20)
+    cfg = make(method, lr=0.05, local_epochs=1, batch_size=16, mu=0.01, server_lr=0.03, clip=1.0, foof_samples=20)
     exp = experiment(cfg, rounds=2, participants=2)
     hist = run_experiment(exp)
     assert len(hist) == 2 and all(np.isfinite(r["train_loss"]) for r in hist)
     import fedpm_dnn.models as models
+
     n_params = sum(p.numel() for p in models.make_model("cnn", 3, image_size=16).parameters())
     per_round_up = hist[0]["bytes_up"]
     if method == "fedpm":
-        blocks = [76, 151, 16 * 1 * 1 + 1, 121, 85]   # conv1, conv2, fc1 (16x16 inputs: 16*1*1+1), fc2, fc3
+        blocks = [76, 151, 16 * 1 * 1 + 1, 121, 85]  # conv1, conv2, fc1 (16x16 inputs: 16*1*1+1), fc2, fc3
         assert per_round_up == 4 * n_params + 4 * sum(b * b for b in blocks)
     elif method == "scaffold":
         assert per_round_up == 2 * 4 * n_params and hist[0]["bytes_down"] == 2 * 4 * n_params
@@ -83,6 +96,7 @@ def test_float16_preconditioners_halve_their_bytes():
     h32 = run_experiment(experiment(make("fedpm", **base), rounds=1))
     h16 = run_experiment(experiment(make("fedpm", precond_dtype="float16", **base), rounds=1))
     import fedpm_dnn.models as models
+
     params = 4 * sum(p.numel() for p in models.make_model("cnn", 3, image_size=16).parameters())
     assert h16[0]["bytes_up"] - params == (h32[0]["bytes_up"] - params) // 2
 
@@ -96,13 +110,14 @@ def test_kill_and_resume_gives_the_identical_history(tmp_path, method):
     cfg = make(method, lr=0.1, local_epochs=1, batch_size=16, foof_samples=30, server_lr=0.03)
     full = run_experiment(experiment(cfg, rounds=4, participants=2))
     ck = str(tmp_path / "ck.pt")
-    run_experiment(experiment(cfg, rounds=2, participants=2), checkpoint=ck)        # "killed" after round 2
+    run_experiment(experiment(cfg, rounds=2, participants=2), checkpoint=ck)  # "killed" after round 2
     resumed = run_experiment(experiment(cfg, rounds=4, participants=2), checkpoint=ck, resume=True)
     assert _strip(resumed) == _strip(full)
     other = run_experiment(experiment(make(method, lr=0.2, local_epochs=1, batch_size=16), rounds=2))
     with pytest.raises(ValueError, match="different configuration"):
-        run_experiment(experiment(make(method, lr=0.2, local_epochs=1, batch_size=16), rounds=3),
-                       checkpoint=ck, resume=True)
+        run_experiment(
+            experiment(make(method, lr=0.2, local_epochs=1, batch_size=16), rounds=3), checkpoint=ck, resume=True
+        )
     assert other
 
 
@@ -115,9 +130,28 @@ def test_divergence_is_one_clear_error():
 def test_runner_cli_writes_results_and_resumes(tmp_path):
     cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"))
     out = tmp_path / "out"
-    base = [sys.executable, "-m", "validation.dnn", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data"),
-            "--method", "fedpm", "--preset", "cifar10-a0.1", "--clients", "3", "--local-epochs", "1",
-            "--foof-samples", "64", "--quiet", "--out", str(out)]
+    base = [
+        sys.executable,
+        "-m",
+        "validation.dnn",
+        "--dataset",
+        "cifar10",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--method",
+        "fedpm",
+        "--preset",
+        "cifar10-a0.1",
+        "--clients",
+        "3",
+        "--local-epochs",
+        "1",
+        "--foof-samples",
+        "64",
+        "--quiet",
+        "--out",
+        str(out),
+    ]
     env = {**os.environ, "PYTHONPATH": ROOT}
     r = subprocess.run(base + ["--rounds", "2"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr
@@ -127,12 +161,22 @@ def test_runner_cli_writes_results_and_resumes(tmp_path):
     assert (out / "history.csv").read_text().splitlines()[0].startswith("round,test_acc,train_loss")
     again = subprocess.run(base + ["--rounds", "3"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert again.returncode == 2 and "pass --resume" in again.stderr
-    other = subprocess.run(base + ["--rounds", "3", "--resume", "--engine", "vectorized"], capture_output=True,
-                           text=True, env=env, cwd=ROOT)   # the run was made by the engine auto chose: sequential
+    other = subprocess.run(
+        base + ["--rounds", "3", "--resume", "--engine", "vectorized"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )  # the run was made by the engine auto chose: sequential
     assert other.returncode == 2 and "resume with --engine sequential" in other.stderr, other.stderr
     # --engine auto (the first run) and the engine it stood for resume each other
-    r = subprocess.run(base + ["--rounds", "3", "--resume", "--engine", "sequential"], capture_output=True, text=True,
-                       env=env, cwd=ROOT)
+    r = subprocess.run(
+        base + ["--rounds", "3", "--resume", "--engine", "sequential"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     assert r.returncode == 0 and json.loads((out / "summary.json").read_text())["rounds_done"] == 3
 
 
@@ -145,16 +189,29 @@ def test_a_checkpoint_from_before_the_resolved_engine_compares_its_engine_flag()
     assert msg == "engine: checkpoint has 'vectorized', this run 'sequential' (resume with --engine vectorized)"
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--data-dir", "/nonexistent"], "/nonexistent: no such folder"),
-    (["--preset", "cifar10-foof-64", "--method", "fedavg"], "has no row for 'fedavg'"),
-    (["--device", "cuda"], "cuda"),
-    (["--lr", "-1"], "--lr: must be a number > 0"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--data-dir", "/nonexistent"], "/nonexistent: no such folder"),
+        (["--preset", "cifar10-foof-64", "--method", "fedavg"], "has no row for 'fedavg'"),
+        (["--device", "cuda"], "cuda"),
+        (["--lr", "-1"], "--lr: must be a number > 0"),
+    ],
+)
 def test_runner_errors_are_one_line(tmp_path, args, fragment):
     cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"))
-    cmd = [sys.executable, "-m", "validation.dnn", "--data-dir", str(tmp_path / "data"), "--rounds", "1", "--quiet",
-           "--out", str(tmp_path / "o")] + args
+    cmd = [
+        sys.executable,
+        "-m",
+        "validation.dnn",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--rounds",
+        "1",
+        "--quiet",
+        "--out",
+        str(tmp_path / "o"),
+    ] + args
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT}, cwd=ROOT)
     if fragment == "cuda" and torch.cuda.is_available():
         pytest.skip("a GPU is present")
@@ -185,8 +242,16 @@ def test_clip_stage_update_bounds_the_preconditioned_step():
         g = torch.Generator().manual_seed(0)
         A = foof.compute_foof(model, blocks, data.plain_batches(torch.arange(len(data))))
         before = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
-        cfg = make("localnewton", lr=0.5, clip=0.01, damping=1e-4, local_epochs=1, batch_size=len(data),
-                           weight_decay=0.0, clip_stage=stage)
+        cfg = make(
+            "localnewton",
+            lr=0.5,
+            clip=0.01,
+            damping=1e-4,
+            local_epochs=1,
+            batch_size=len(data),
+            weight_decay=0.0,
+            clip_stage=stage,
+        )
         local_train(model, cfg, data, g, foof_A=A, blocks=blocks)
         step = torch.linalg.norm(torch.cat([p.detach().reshape(-1) for p in model.parameters()]) - before)
         assert (step <= 0.5 * 0.01 * (1 + 1e-4)) == bounded, (stage, float(step))
@@ -214,6 +279,7 @@ def test_bad_replies_are_rejected_and_the_round_goes_on(caplog, tmp_path):
     skipped = run_experiment(experiment(cfg, rounds=1), checkpoint=ck, tamper=everyone_bad)
     assert "round skipped, model unchanged" in caplog.text and skipped[0]["rejected"] == 3
     from fedpm_dnn.models import make_model
+
     torch.manual_seed(0)
     initial = make_model("cnn", 3, image_size=16).state_dict()
     params = torch.load(ck, weights_only=True)["server"]["params"]
@@ -223,10 +289,11 @@ def test_bad_replies_are_rejected_and_the_round_goes_on(caplog, tmp_path):
 def _one_full_batch_step(cfg, data, seed=0):
     """(theta before, theta after, gradients of the first step, model, blocks, FOOF matrices):
     one local step on the whole client's data, so the step can be recomputed by hand."""
+    import torch.nn.functional as F
+
     from fedpm_dnn import foof
     from fedpm_dnn.client import local_train
     from fedpm_dnn.models import make_model
-    import torch.nn.functional as F
 
     torch.manual_seed(seed)
     model = make_model("cnn", 3, image_size=16)
@@ -266,13 +333,21 @@ def test_clip_acts_exactly_where_the_stage_says(stage):
     clients, _, _ = synthetic()
     data = clients[0]
     lr, clip, damping = 0.5, 0.05, 1e-2
-    cfg = make("localnewton", lr=lr, clip=clip, damping=damping, local_epochs=1, batch_size=len(data),
-                       weight_decay=0.0, clip_stage=stage)
+    cfg = make(
+        "localnewton",
+        lr=lr,
+        clip=clip,
+        damping=damping,
+        local_epochs=1,
+        batch_size=len(data),
+        weight_decay=0.0,
+        clip_stage=stage,
+    )
     before, after, grads, model, blocks, A = _one_full_batch_step(cfg, data)
     step = _flat(before) - _flat(after)
     if stage == "update":
         direction = _flat(_precondition(model, blocks, A, damping, grads))
-        assert float(direction.norm()) > 10 * clip       # the preconditioned step really exceeds the clip
+        assert float(direction.norm()) > 10 * clip  # the preconditioned step really exceeds the clip
         expected = lr * clip * direction / direction.norm()
         assert float(step.norm()) == pytest.approx(lr * clip, rel=1e-5)
     else:
@@ -291,15 +366,15 @@ def test_decoupled_weight_decay_shrinks_after_the_step():
     lr, wd, damping = 0.1, 0.05, 1.0
     kw = dict(lr=lr, clip=None, damping=damping, local_epochs=1, batch_size=len(data), weight_decay=wd)
     before, after, grads, model, blocks, A = _one_full_batch_step(
-        make("localnewton", weight_decay_mode="decoupled", **kw), data)
+        make("localnewton", weight_decay_mode="decoupled", **kw), data
+    )
     direction = _precondition(model, blocks, A, damping, grads)
     expected = {k: (before[k] - lr * direction[k]) * (1 - lr * wd) for k in before}
     assert torch.allclose(_flat(after), _flat(expected), rtol=1e-5, atol=1e-7)
     # coupled: the decay term goes through the preconditioner with the gradient
     before, after, grads, model, blocks, A = _one_full_batch_step(make("localnewton", **kw), data)
     direction = _precondition(model, blocks, A, damping, {k: grads[k] + wd * before[k] for k in grads})
-    assert torch.allclose(_flat(after), _flat({k: before[k] - lr * direction[k] for k in before}), rtol=1e-5,
-                          atol=1e-7)
+    assert torch.allclose(_flat(after), _flat({k: before[k] - lr * direction[k] for k in before}), rtol=1e-5, atol=1e-7)
 
 
 def test_the_dnn_server_magnitude_guard_is_off_by_default_and_rejects_when_on(caplog):
@@ -321,13 +396,16 @@ def test_the_dnn_server_magnitude_guard_is_off_by_default_and_rejects_when_on(ca
 
 # --- --param-dtype: the model parameters on the wire --------------------------------------------------------
 
+
 def _n_params():
     import fedpm_dnn.models as models
+
     return sum(p.numel() for p in models.make_model("cnn", 3, image_size=16).parameters())
 
 
 def _final_params(cfg, tmp_path, tag, tamper=None, rounds=2):
     from fedpm_dnn.simulation import run_experiment as run
+
     ck = str(tmp_path / f"{tag}.pt")
     hist = run(experiment(cfg, rounds=rounds, participants=2), checkpoint=ck, tamper=tamper)
     return hist, torch.load(ck, weights_only=False)["server"]["params"]
@@ -341,17 +419,18 @@ def test_param_dtype_float32_default_sends_the_trained_parameters_untouched(meth
     cfg = make(method, **PD)
     assert cfg.param_dtype == "float32"
     seen = []
-    hist = run_experiment(experiment(cfg, rounds=1, participants=2),
-                          tamper=lambda t, i, r: seen.append(r) or r)
+    hist = run_experiment(experiment(cfg, rounds=1, participants=2), tamper=lambda t, i, r: seen.append(r) or r)
     assert all(v.dtype == torch.float32 for r in seen for v in r["params"].values())
     # the server's receive is the identity on float32 parameters: the same message object back
     from fedconvex.algorithms.base import RoundInfo, State
+
     up = {"params": {k: torch.stack([r["params"][k] for r in seen]) for k in seen[0]["params"]}}
     state = State(theta=seen[0]["params"])
     if method != "fedpm":
         assert cfg.receive(None, state, up, RoundInfo(np.arange(2), None, 3))[0] is up
-    assert hist[0]["bytes_up"] == (2 if method == "scaffold" else 1) * 4 * _n_params() + \
-        (4 * sum(b * b for b in [76, 151, 17, 121, 85]) if method == "fedpm" else 0)
+    assert hist[0]["bytes_up"] == (2 if method == "scaffold" else 1) * 4 * _n_params() + (
+        4 * sum(b * b for b in [76, 151, 17, 121, 85]) if method == "fedpm" else 0
+    )
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedpm", "scaffold"])
@@ -359,8 +438,8 @@ def test_param_dtype_float32_default_sends_the_trained_parameters_untouched(meth
 def test_param_dtype_halves_the_parameter_bytes_exactly(method, dtype):
     h32 = run_experiment(experiment(make(method, **PD), rounds=2, participants=2))
     h16 = run_experiment(experiment(make(method, param_dtype=dtype, **PD), rounds=2, participants=2))
-    half = 2 * _n_params()   # float32 -> 16 bits: 2 bytes per parameter and round saved, nothing else changes
-    assert [r["bytes_up"] for r in h16] == [r["bytes_up"] - (t + 1) * half for t, r in enumerate(h32)]   # cumulative
+    half = 2 * _n_params()  # float32 -> 16 bits: 2 bytes per parameter and round saved, nothing else changes
+    assert [r["bytes_up"] for r in h16] == [r["bytes_up"] - (t + 1) * half for t, r in enumerate(h32)]  # cumulative
     assert [r["bytes_down"] for r in h16] == [r["bytes_down"] for r in h32]
 
 
@@ -385,7 +464,7 @@ def test_param_dtype_server_model_equals_rounding_the_replies_independently(meth
     assert sent and all(d == wire for s in sent for d in s.values())
     for name, v in m_ref.items():
         assert m_lo[name].dtype == torch.float32 and torch.equal(m_lo[name], v), name
-    assert any(not torch.equal(m_32[n], m_lo[n]) for n in m_32)   # the rounding is real
+    assert any(not torch.equal(m_32[n], m_lo[n]) for n in m_32)  # the rounding is real
     assert [r["test_acc"] for r in h_lo] == [r["test_acc"] for r in h_ref]
     assert [r["train_loss"] for r in h_lo] == [r["train_loss"] for r in h_ref]
 
@@ -394,5 +473,6 @@ def test_param_dtype_is_checked_and_reaches_the_cli():
     with pytest.raises(ValueError, match="param_dtype"):
         make("fedavg", param_dtype="float64")
     from validation import dnn
-    assert dnn.parse_args([]).param_dtype is None   # not given: the method's default (float32)
+
+    assert dnn.parse_args([]).param_dtype is None  # not given: the method's default (float32)
     assert dnn.parse_args(["--param-dtype", "bfloat16"]).param_dtype == "bfloat16"

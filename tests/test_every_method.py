@@ -1,19 +1,28 @@
 """One table runs every registered method on every problem shape (DESIGN.md, optax-style)."""
+
 import numpy as np
 import pytest
+from naive import random_data
 
 from fedconvex.algorithms import REGISTRY, applicable, make_algorithm
 from fedconvex.backend import BackendError, get_backend
 from fedconvex.problem import FederatedLogReg
 from fedconvex.reference import solve_optimum
 from fedconvex.run import run
-from naive import random_data
 
 SHAPES = {"equal": dict(sizes=[8] * 5), "unequal": dict(sizes=[3, 20, 7, 1, 12]), "binary": dict(binary=True)}
 # FedNS with k = d = 6 on ~8-row clients has a very noisy Hessian estimate: a damped step is
 # what makes it a descent method there (its unit step is checked on a9a elsewhere)
-SAFE_LR = {"fedavg": 0.5, "psgd": 0.5, "fedavgm": 0.3, "fedprox": 0.5, "scaffold": 0.5, "fedadam": 0.5, "gd": 0.5,
-           "fedns": 0.5}
+SAFE_LR = {
+    "fedavg": 0.5,
+    "psgd": 0.5,
+    "fedavgm": 0.3,
+    "fedprox": 0.5,
+    "scaffold": 0.5,
+    "fedadam": 0.5,
+    "gd": 0.5,
+    "fedns": 0.5,
+}
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -25,10 +34,11 @@ def test_every_method_reduces_the_gap(name, shape):
     theta_star, f_star, _ = solve_optimum(pb)
     theta0 = theta_star + rng.normal(0, 0.5, pb.d)
     params = applicable(name, dict(lr=SAFE_LR.get(name, 1.0), local_steps=2))
-    state, hist = run(pb, make_algorithm(name, **params), theta0, 15, participants=4, seed=1,
-                      theta_star=theta_star, f_star=f_star)
+    state, hist = run(
+        pb, make_algorithm(name, **params), theta0, 15, participants=4, seed=1, theta_star=theta_star, f_star=f_star
+    )
     assert np.all(np.isfinite(state.theta))
-    assert state.round == 15        # State.round counts the server updates (FedAdam's bias correction reads it)
+    assert state.round == 15  # State.round counts the server updates (FedAdam's bias correction reads it)
     # LocalNewton's simple mixing settles at a biased point on heterogeneous clients (the paper's
     # point), so it only has to improve; every other method must cut the gap substantially
     assert hist[-1]["f_gap"] < (1.0 if name == "localnewton" else 0.7) * hist[0]["f_gap"]

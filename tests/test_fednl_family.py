@@ -1,8 +1,10 @@
 """The FedNL family (issue 12): compressors' defining properties and bit counts, the partial
 eigensolver, FedNL-LS's monotone line search, FedNL-PP's reductions, FedNS's sketches, and the
 fast paths (one-product Hessians, certified screening) against their plain definitions."""
+
 import numpy as np
 import pytest
+from naive import NaiveLogReg, random_data
 
 from fedconvex.algorithms import make_algorithm
 from fedconvex.algorithms.compressors import make_compressor, top_abs_eigh
@@ -10,7 +12,6 @@ from fedconvex.blocks import ActiveBlocks
 from fedconvex.messages import client_problem
 from fedconvex.problem import FederatedLogReg
 from fedconvex.run import run
-from naive import NaiveLogReg, random_data
 
 
 def sym(rng, n, d):
@@ -35,14 +36,13 @@ def problem(rng, n=4, d=6, lam=1e-2, **kw):
 # ------------------------------------------------------------------ partial eigensolver
 @pytest.mark.parametrize("n,r", [(40, 1), (40, 3), (25, 2), (6, 2)])
 def test_partial_eigensolver_equals_full_eigh_top_r(rng, n, r):
-    for shift in (-5.0, 0.0, 5.0):           # the dominant end is the bottom, either, the top
+    for shift in (-5.0, 0.0, 5.0):  # the dominant end is the bottom, either, the top
         M = sym(rng, 1, n)[0] + shift * np.eye(n)
         lam, V = np.linalg.eigh(M)
         pick = np.argsort(-np.abs(lam))[:r]
         got_lam, got_V = top_abs_eigh(M, r)
         np.testing.assert_allclose(got_lam, lam[pick], rtol=1e-10, atol=1e-12)
-        np.testing.assert_allclose((got_V * got_lam) @ got_V.T, (V[:, pick] * lam[pick]) @ V[:, pick].T,
-                                   atol=1e-9)
+        np.testing.assert_allclose((got_V * got_lam) @ got_V.T, (V[:, pick] * lam[pick]) @ V[:, pick].T, atol=1e-9)
         np.testing.assert_allclose(got_V.T @ got_V, np.eye(r), atol=1e-10)
 
 
@@ -59,12 +59,14 @@ def test_partial_eigensolver_pairs_are_lapack_index_range_pairs(rng, r, n):
 
     h = n // 3
     cases = [sym(rng, 1, n)[0] + shift * np.eye(n) for shift in (-6.0, -1.0, 0.0, 1.0, 6.0)]
-    split = np.zeros((n, n))                   # block diagonal: dsytrd's T splits, dstebz orders by block
+    split = np.zeros((n, n))  # block diagonal: dsytrd's T splits, dstebz orders by block
     split[:h, :h], split[h:, h:] = sym(rng, 1, h)[0] + 4 * np.eye(h), sym(rng, 1, n - h)[0] - 4 * np.eye(n - h)
     low_rank = rng.normal(size=(n, 2))
-    mixed = np.zeros((n, n))                   # the largest eigenvalues alternate between the two blocks
+    mixed = np.zeros((n, n))  # the largest eigenvalues alternate between the two blocks
     mixed[:h, :h] = np.diag(np.arange(float(h))) * 3.5 + 1e-3 * sym(rng, 1, h)[0]
-    mixed[h:, h:] = np.diag(np.arange(float(n - h))) * (3.5 * (h - 1) - 1.0) / (n - h - 1) + 1e-3 * sym(rng, 1, n - h)[0]
+    mixed[h:, h:] = (
+        np.diag(np.arange(float(n - h))) * (3.5 * (h - 1) - 1.0) / (n - h - 1) + 1e-3 * sym(rng, 1, n - h)[0]
+    )
     cases += [split, mixed, low_rank @ np.diag([3.0, -3.0 - 1e-6]) @ low_rank.T, np.zeros((n, n))]
     for M in cases:
         ends = {}
@@ -78,12 +80,13 @@ def test_partial_eigensolver_pairs_are_lapack_index_range_pairs(rng, r, n):
         got_lam, got_V = top_abs_eigh(M, r)
         if n <= 32:
             assert np.array_equal(got_lam, lam[pick]) and np.array_equal(got_V, V[:, pick])
-        else:   # the same pairs to round-off: values, the rank-r part they make (vectors of a repeated or zero
+        else:  # the same pairs to round-off: values, the rank-r part they make (vectors of a repeated or zero
             # eigenvalue are not unique), residuals and orthonormality
             scale = max(np.abs(M).max(), 1e-300)
             np.testing.assert_allclose(got_lam, lam[pick], rtol=0, atol=1e-12 * scale)
-            np.testing.assert_allclose((got_V * got_lam) @ got_V.T, (V[:, pick] * lam[pick]) @ V[:, pick].T,
-                                       rtol=0, atol=1e-10 * scale)
+            np.testing.assert_allclose(
+                (got_V * got_lam) @ got_V.T, (V[:, pick] * lam[pick]) @ V[:, pick].T, rtol=0, atol=1e-10 * scale
+            )
             assert np.abs(M @ got_V - got_V * got_lam).max() <= 1e-11 * scale
             np.testing.assert_allclose(got_V.T @ got_V, np.eye(r), atol=1e-12)
 
@@ -101,7 +104,7 @@ def test_rank_r_on_a_support_equals_rank_r_on_the_whole_matrix(rng):
     wrong = (np.arange(3), np.arange(3), np.arange(3))
     np.testing.assert_allclose(comp.decode(np, comp.encode(np, M, rng, support=wrong), d), dense, atol=1e-10)
     out = comp.decode(np, comp.encode(np, M, rng), d)
-    assert np.array_equal(out, out.transpose(0, 2, 1))                 # exactly symmetric
+    assert np.array_equal(out, out.transpose(0, 2, 1))  # exactly symmetric
 
 
 # --------------------------------------------------------------------------- compressors
@@ -116,16 +119,16 @@ def test_contractive_compressors_keep_topk_guarantee(rng):
         counts = [len(v) for v in msg["values"]]
         for c in range(5):
             u, cu = upper(M[c]), upper(C[c])
-            assert np.sum((u - cu) ** 2) <= (1 - k / n) * np.sum(u ** 2) + 1e-12
+            assert np.sum((u - cu) ** 2) <= (1 - k / n) * np.sum(u**2) + 1e-12
             assert np.count_nonzero(cu) == counts[c] <= k
         assert comp.bits(msg, d).tolist() == [96 * c for c in counts]
-        if name == "toplek":   # fewer entries than TopK whenever fewer suffice, never more
+        if name == "toplek":  # fewer entries than TopK whenever fewer suffice, never more
             assert all(1 <= c <= k for c in counts)
     # energy concentrated in two entries: TopLEK sends only what the guarantee needs
     M2 = 1e-3 * sym(rng, 1, d)
     M2[0, 0, 1] = M2[0, 1, 0] = 5.0
     M2[0, 3, 3] = 4.0
-    assert len(make_compressor("toplek", k=70).encode(np, M2, rng)["values"][0]) == 2   # of 78
+    assert len(make_compressor("toplek", k=70).encode(np, M2, rng)["values"][0]) == 2  # of 78
 
 
 class _Start:
@@ -167,7 +170,7 @@ def test_randk_and_natural_are_unbiased_and_natural_has_omega_one_eighth(rng):
     assert np.all(np.abs(one) / np.abs(U) >= 0.5)
     assert np.all(np.log2(np.abs(one)) == np.round(np.log2(np.abs(one))))
     var = np.mean([np.sum((upper(D) - U) ** 2) for D in nat_draws])
-    assert var <= np.sum(U ** 2) / 8 * 1.05
+    assert var <= np.sum(U**2) / 8 * 1.05
     msg = nat.encode(np, M, rng)
     assert nat.bits(msg, d).tolist() == [12 * d * (d + 1) // 2]
     assert msg["code"].dtype == np.int16
@@ -185,7 +188,7 @@ def test_natural_decoding_table_is_the_definition_and_its_server_sum_is_the_entr
     codes = np.arange(-32768, 32768, dtype=np.int64)
     got = natural_values(codes.astype(np.int16))
 
-    def value(c):       # |c| - 1075 > 1023 overflows to inf; -32768 is its own absolute value in int16
+    def value(c):  # |c| - 1075 > 1023 overflows to inf; -32768 is its own absolute value in int16
         e = (c if c == -32768 else abs(c)) - 1075
         return math.copysign(math.inf if e > 1023 else math.ldexp(1.0, e), c) if c else 0.0
 
@@ -195,14 +198,14 @@ def test_natural_decoding_table_is_the_definition_and_its_server_sum_is_the_entr
     n = d * (d + 1) // 2
     nat = make_compressor("natural")
     code = nat.encode(np, sym(rng, 6, d) * np.exp(rng.normal(size=(6, 1, 1)) * 3), rng)["code"]
-    code[rng.random(code.shape) < 0.3] = 0                         # entries off a client's block
+    code[rng.random(code.shape) < 0.3] = 0  # entries off a client's block
     assert nat.bits({"code": code}, d).tolist() == [12 * n] * 6
     w = rng.random(6)
     at = np.flatnonzero(code)
     c, u = np.divmod(at, n)
     rows, cols = np.triu_indices(d)
     ref = np.zeros((d, d))
-    np.add.at(ref, (rows[u], cols[u]), w[c] * natural_values(code.reshape(-1)[at]))   # client order, from 0
+    np.add.at(ref, (rows[u], cols[u]), w[c] * natural_values(code.reshape(-1)[at]))  # client order, from 0
     ref = np.triu(ref) + np.triu(ref, 1).T
     assert np.array_equal(fednl_blocks.server_sum(nat, {"code": code}, w, d), ref)
 
@@ -220,12 +223,12 @@ def test_bits_formulas(rng):
 # ------------------------------------------------------------------------ FedNL-LS / -PP
 def test_fednl_ls_is_monotone_from_far_away_and_converges(rng):
     pb, ref = problem(rng, n=4, d=6, lam=1e-2, sizes=[15, 20, 10, 25])
-    theta0 = 8.0 * np.ones(pb.d)                     # far from the optimum
+    theta0 = 8.0 * np.ones(pb.d)  # far from the optimum
     for kw in ({}, dict(compressor="rankr", rank=1)):
         # f_star = 0 makes the history's f_gap the objective itself
         state, hist = run(pb, make_algorithm("fednl-ls", **kw), theta0, 30, f_star=0.0)
         f = [h["f_gap"] for h in hist]
-        assert all(b <= a for a, b in zip(f, f[1:]))
+        assert all(b <= a for a, b in zip(f, f[1:], strict=False))
         assert f[-1] < f[0] and hist[-1]["grad_norm"] < 1e-8
         assert state.server["ls_trials"] >= 30
 
@@ -285,16 +288,16 @@ def test_fedns_gaussian_draws_are_the_per_client_draws(rng):
 def test_fedns_gaussian_draws_ahead_in_a_thread_with_the_numbers_and_generator_state_of_one_draw(rng):
     """The Gaussian sketches are drawn by a helper thread while the client computes: the message is, to the
     last bit, the one made from ``sketches``' single draw, and the generator ends in the same state."""
-    pb, _ = problem(rng, n=4, d=6, sizes=[30, 3, 25, 40], density=0.6)      # client 1: k >= M, sent exactly
+    pb, _ = problem(rng, n=4, d=6, sizes=[30, 3, 25, 40], density=0.6)  # client 1: k >= M, sent exactly
     theta = rng.normal(size=pb.d)
     alg = make_algorithm("fedns", sketch_size=5)
     sel = np.arange(4)
     a, b = np.random.default_rng(21), np.random.default_rng(21)
     up, _ = alg.client_update(pb, {"theta": theta}, {}, sel, a)
-    G = b.standard_normal((30 + 25 + 40, 5))                   # one draw for the three sketched clients
+    G = b.standard_normal((30 + 25 + 40, 5))  # one draw for the three sketched clients
     sk, scale = [G[:30], None, G[30:55], G[55:]], 1 / np.sqrt(5)
     ref = pb.sketched_roots(np.tile(theta, (4, 1)), sk, sel, scale=scale)
-    for x, y in zip(up["SAt"], ref):
+    for x, y in zip(up["SAt"], ref, strict=False):
         assert np.array_equal(x, y)
     assert a.random() == b.random()
 
@@ -321,7 +324,7 @@ def test_srht_sketch_is_the_subsampled_hadamard_transform_and_its_product_is_exa
         P = 1 << (m - 1).bit_length()
         pick, D = draw.choice(P, 5, replace=False), draw.choice((-1.0, 1.0), m)
         H = np.array([[(-1.0) ** bin(i & j).count("1") for j in range(P)] for i in range(P)])  # Sylvester order
-        ref = (np.sqrt(P / 5) * (H[pick][:, :m] * D[None, :]) / np.sqrt(P)).T   # first M columns of R H, times D
+        ref = (np.sqrt(P / 5) * (H[pick][:, :m] * D[None, :]) / np.sqrt(P)).T  # first M columns of R H, times D
         assert isinstance(St, SRHTSketch) and St.shape == (m, 5)
         np.testing.assert_allclose(St.dense(), ref, rtol=1e-15)
         dense_sk.append(St.dense())
@@ -329,10 +332,10 @@ def test_srht_sketch_is_the_subsampled_hadamard_transform_and_its_product_is_exa
     fast = pb.sketched_roots(thetas, sk, np.arange(3), scale=scale)
     slow = pb.sketched_roots(thetas, dense_sk, np.arange(3), scale=scale)
     root = np.sqrt(pb._curvature(thetas, pb._rows(None)))
-    for c, (a, b, St) in enumerate(zip(fast, slow, dense_sk)):
+    for c, (a, b, St) in enumerate(zip(fast, slow, dense_sk, strict=False)):
         np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-16)
-        A = pb.X[pb.row_offsets[c]:pb.row_offsets[c + 1]][:, pb.active_host[c]].toarray()
-        A = A * root[pb.row_offsets[c]:pb.row_offsets[c + 1], None]
+        A = pb.X[pb.row_offsets[c] : pb.row_offsets[c + 1]][:, pb.active_host[c]].toarray()
+        A = A * root[pb.row_offsets[c] : pb.row_offsets[c + 1], None]
         np.testing.assert_allclose(a, A.T if St is None else A.T @ St, rtol=1e-13, atol=1e-16)
 
 
@@ -378,12 +381,12 @@ def test_countsketch_is_one_signed_bucket_per_row_and_its_product_is_exact(rng):
     thetas = np.tile(theta, (3, 1))
     fast = pb.sketched_roots(thetas, sk, np.arange(3), scale=scale)
     for other in (sparse_sk, dense_sk):
-        for a, b in zip(fast, pb.sketched_roots(thetas, other, np.arange(3), scale=scale)):
+        for a, b in zip(fast, pb.sketched_roots(thetas, other, np.arange(3), scale=scale), strict=False):
             assert np.array_equal(a, b)
     root = np.sqrt(pb._curvature(thetas, pb._rows(None)))
-    for c, (R, St) in enumerate(zip(fast, dense_sk)):
-        A = pb.X[pb.row_offsets[c]:pb.row_offsets[c + 1]][:, pb.active_host[c]].toarray()
-        A = A * root[pb.row_offsets[c]:pb.row_offsets[c + 1], None]
+    for c, (R, St) in enumerate(zip(fast, dense_sk, strict=False)):
+        A = pb.X[pb.row_offsets[c] : pb.row_offsets[c + 1]][:, pb.active_host[c]].toarray()
+        A = A * root[pb.row_offsets[c] : pb.row_offsets[c + 1], None]
         np.testing.assert_allclose(R, A.T if St is None else A.T @ St, rtol=1e-12, atol=1e-15)
 
 
@@ -396,8 +399,9 @@ def test_fedns_cheap_sketches_are_unbiased(rng, sketch):
     Hs = []
     for seed in range(400):
         up, _ = alg.client_update(pb, {"theta": theta}, {}, np.arange(2), np.random.default_rng(seed))
-        Hs.append(ActiveBlocks(tuple(R @ R.T for R in up["SAt"]), up["active"], 4, pb.lam).weighted_sum(
-            np.full(2, .5)))
+        Hs.append(
+            ActiveBlocks(tuple(R @ R.T for R in up["SAt"]), up["active"], 4, pb.lam).weighted_sum(np.full(2, 0.5))
+        )
     H = ref.H(theta)
     assert np.linalg.norm(Hs[0] - H) > 1e-3 * np.linalg.norm(H)
     assert np.linalg.norm(np.mean(Hs, 0) - H) < 0.06 * np.linalg.norm(H)
@@ -415,11 +419,11 @@ def test_one_product_hessians_equal_the_per_client_products(rng):
         np.testing.assert_allclose(H.dense()[c], ref.H_i(c, T[c]), rtol=1e-12, atol=1e-15)
         assert np.array_equal(H.blocks[c], H.blocks[c].T)
     with pytest.raises(ValueError):
-        H.blocks[0][0, 0] = 1.0                         # the certified numbers cannot be changed in place
+        H.blocks[0][0, 0] = 1.0  # the certified numbers cannot be changed in place
     sub = pb.hessians(T[[3, 0]], np.array([3, 0]))
     np.testing.assert_allclose(sub.dense(), H.dense()[[3, 0]], rtol=1e-13)
     w = rng.random(5)
-    loop = ActiveBlocks(tuple(np.array(b) for b in H.blocks), H.active, H.d, H.shift)   # the plain path
+    loop = ActiveBlocks(tuple(np.array(b) for b in H.blocks), H.active, H.d, H.shift)  # the plain path
     np.testing.assert_allclose(H.weighted_sum(w), loop.weighted_sum(w), rtol=1e-13)
     np.testing.assert_allclose(H.plus_dense(np.ones((5, 9, 9))), loop.plus_dense(np.ones((5, 9, 9))), rtol=1e-13)
     sub_loop = ActiveBlocks(tuple(np.array(b) for b in sub.blocks), sub.active, sub.d, sub.shift)
@@ -435,7 +439,7 @@ def test_screening_trusts_only_its_own_factorisation(rng):
     H = pb.hessians(T)
     up = {"P": H}
     assert H.certificate.get("pd_shift") is None
-    H.solve(pb.gradients(T))                              # the client step factorises B_c + lam I
+    H.solve(pb.gradients(T))  # the client step factorises B_c + lam I
     assert H.certificate["pd_shift"] == pb.lam
     assert all(client_problem(up, k, pb.d) is None for k in range(pb.n_clients))
     # the same numbers without the certificate are factorised by the server: same verdict
@@ -449,20 +453,30 @@ def test_screening_trusts_only_its_own_factorisation(rng):
 def _dense_path_problem(X, y, parts, lam):
     """The same problem without the packed Hessian plan: FedNL then keeps dense (N, d, d) estimates and
     runs the compressors on whole matrices (the path CuPy / torch take), our straightforward reference."""
+
     class Dense(FederatedLogReg):
         PLAN_MAX_PAIRS = -1
+
     pb = Dense(X, y, parts, lam=lam)
     assert pb._plan is None
     return pb
 
 
-@pytest.mark.parametrize("name,kw", [
-    ("fednl", {}), ("fednl", dict(option="shift", compressor="rankr", rank=2)),
-    ("fednl", dict(compressor="topk", k=20, option="project")), ("fednl", dict(compressor="toplek", k=20)),
-    ("fednl", dict(compressor="randk", k=15, alpha=0.2, option="shift")),
-    ("fednl", dict(compressor="randseqk", k=15, alpha=0.2, option="shift")),
-    ("fednl", dict(compressor="natural", alpha=8 / 9)), ("fednl-ls", dict(compressor="rankr", rank=1)),
-    ("fednl-pp", dict(compressor="topk", k=20)), ("fednl-pp", dict(compressor="natural", alpha=8 / 9))])
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        ("fednl", {}),
+        ("fednl", dict(option="shift", compressor="rankr", rank=2)),
+        ("fednl", dict(compressor="topk", k=20, option="project")),
+        ("fednl", dict(compressor="toplek", k=20)),
+        ("fednl", dict(compressor="randk", k=15, alpha=0.2, option="shift")),
+        ("fednl", dict(compressor="randseqk", k=15, alpha=0.2, option="shift")),
+        ("fednl", dict(compressor="natural", alpha=8 / 9)),
+        ("fednl-ls", dict(compressor="rankr", rank=1)),
+        ("fednl-pp", dict(compressor="topk", k=20)),
+        ("fednl-pp", dict(compressor="natural", alpha=8 / 9)),
+    ],
+)
 @pytest.mark.parametrize("participants", [None, 3])
 def test_block_path_equals_the_dense_path(rng, name, kw, participants):
     X, y, parts = random_data(rng, 6, 12, sizes=[9, 14, 5, 11, 8, 13], density=0.25)
@@ -481,8 +495,9 @@ def test_block_path_equals_the_dense_path(rng, name, kw, participants):
     # then keeps a round-off-dependent count; from round 2 on it sends the same counts.
     first = 2 if kw.get("compressor") == "toplek" else 1
     if kw.get("compressor", "identity") != "identity":
-        assert np.array_equal(np.diff([r["bytes_up"] for r in ha])[first - 1:],
-                              np.diff([r["bytes_up"] for r in hb])[first - 1:])
+        assert np.array_equal(
+            np.diff([r["bytes_up"] for r in ha])[first - 1 :], np.diff([r["bytes_up"] for r in hb])[first - 1 :]
+        )
 
 
 def dense_of(H):
@@ -491,14 +506,22 @@ def dense_of(H):
 
 def test_block_compressors_send_the_dense_messages_of_the_same_matrices(rng):
     from fedconvex.algorithms import fednl_blocks
+
     X, y, parts = random_data(rng, 5, 14, sizes=[12, 9, 4, 15, 10], density=0.3, binary=True)
     pb = FederatedLogReg(X, y, parts, lam=1e-2)
     T = rng.normal(size=(5, 14))
     H0, H1 = pb.hessians(T * 0), pb.hessians(T)
     diff = H1.packed - H0.packed
-    D = fednl_blocks.BlockState(diff, H1.layout, H1.active, 14, 0.0).dense()   # the same numbers, dense
-    for name, kw in [("topk", dict(k=30)), ("toplek", dict(k=30)), ("topk", dict(k=200)), ("randk", dict(k=25)),
-                     ("randseqk", dict(k=25)), ("natural", {}), ("rankr", dict(rank=2))]:
+    D = fednl_blocks.BlockState(diff, H1.layout, H1.active, 14, 0.0).dense()  # the same numbers, dense
+    for name, kw in [
+        ("topk", dict(k=30)),
+        ("toplek", dict(k=30)),
+        ("topk", dict(k=200)),
+        ("randk", dict(k=25)),
+        ("randseqk", dict(k=25)),
+        ("natural", {}),
+        ("rankr", dict(rank=2)),
+    ]:
         comp = make_compressor(name, **kw)
         # Natural draws for the entries of the support, so it gets the active features, as FedNL passes them;
         # Rank-R solves on the whole matrix here, an independent check of the block path's sub-block solves
@@ -507,15 +530,18 @@ def test_block_compressors_send_the_dense_messages_of_the_same_matrices(rng):
         msg, S = fednl_blocks.encode(comp, diff, H1.layout, H1.active, 14, np.random.default_rng(3))
         assert set(msg) == set(ref)
         for key in ref:
-            for r, m in zip(ref[key], msg[key]):       # binary data: many exact ties, broken alike
-                np.testing.assert_allclose(np.abs(m) if key == "eigvecs" else m,
-                                           np.abs(r) if key == "eigvecs" else r, rtol=1e-12, atol=1e-15)
+            for r, m in zip(ref[key], msg[key], strict=False):  # binary data: many exact ties, broken alike
+                np.testing.assert_allclose(
+                    np.abs(m) if key == "eigvecs" else m, np.abs(r) if key == "eigvecs" else r, rtol=1e-12, atol=1e-15
+                )
         Sd = comp.decode(np, ref, 14)
-        np.testing.assert_allclose(fednl_blocks.BlockState(S, H1.layout, H1.active, 14, 0.0).dense(), Sd,
-                                   rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(
+            fednl_blocks.BlockState(S, H1.layout, H1.active, 14, 0.0).dense(), Sd, rtol=1e-12, atol=1e-15
+        )
         w = rng.random(5)
-        np.testing.assert_allclose(fednl_blocks.server_sum(comp, msg, w, 14), np.tensordot(w, Sd, 1),
-                                   rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(
+            fednl_blocks.server_sum(comp, msg, w, 14), np.tensordot(w, Sd, 1), rtol=1e-12, atol=1e-15
+        )
 
 
 def test_the_block_path_refuses_active_features_out_of_order(rng):
@@ -523,11 +549,13 @@ def test_the_block_path_refuses_active_features_out_of_order(rng):
     tie rule) only for increasing features."""
     from fedconvex.algorithms import fednl_blocks
     from fedconvex.blocks import Layout
+
     active = [np.array([1, 3]), np.array([5, 2])]
     layout = Layout([2, 2], [(a[:, None] * 7 + a[None, :]).reshape(-1) for a in active], 7)
     with pytest.raises(ValueError, match="client 1's active features"):
-        fednl_blocks.encode(make_compressor("topk", k=2), rng.normal(size=8), layout, active, 7,
-                            np.random.default_rng(0))
+        fednl_blocks.encode(
+            make_compressor("topk", k=2), rng.normal(size=8), layout, active, 7, np.random.default_rng(0)
+        )
 
 
 def _paper_fednl_pp(ref, x0, rounds, compress, alpha):
@@ -568,8 +596,10 @@ def _rank_one_dense(M):
     return lam[j] * np.outer(V[:, j], V[:, j])
 
 
-@pytest.mark.parametrize("comp,kw,alpha", [(_rank_one_dense, dict(compressor="rankr", rank=1), 1.0),
-                                           (_top_k_dense, dict(compressor="topk", k=12), 0.5)])
+@pytest.mark.parametrize(
+    "comp,kw,alpha",
+    [(_rank_one_dense, dict(compressor="rankr", rank=1), 1.0), (_top_k_dense, dict(compressor="topk", k=12), 0.5)],
+)
 def test_fednl_pp_with_every_client_is_the_papers_algorithm_3(rng, comp, kw, alpha):
     pb, ref = problem(rng, n=4, d=7, lam=1e-2, sizes=[12, 9, 15, 10])
     x0 = rng.normal(size=pb.d) * 0.4
@@ -596,12 +626,12 @@ def test_fedns_server_sum_is_the_scatter_add_loop_and_screening_sees_each_client
     sel = np.arange(5)
     up, _ = alg.client_update(pb, {"theta": np.asarray(theta)}, {}, sel, np.random.default_rng(3))
     w = rng.uniform(0.1, 1.0, 5)
-    assert pb._plan is not None                         # the packed path is the one taken
+    assert pb._plan is not None  # the packed path is the one taken
     fast = _weighted_gram_sum(pb, up["SAt"], up["active"], sel, w)
     loop = ActiveBlocks(tuple(_gram(R) for R in up["SAt"]), up["active"], pb.d, pb.lam).weighted_sum(w)
     assert np.array_equal(fast, loop)
     ref = pb.lam * w.sum() * np.eye(pb.d)
-    for c, (R, a) in enumerate(zip(up["SAt"], up["active"])):
+    for c, (R, a) in enumerate(zip(up["SAt"], up["active"], strict=False)):
         ref[np.ix_(a, a)] += w[c] * (R @ R.T)
     np.testing.assert_allclose(fast, ref, rtol=1e-12, atol=1e-15)
     assert all_usable(up, 5, pb.d) and all(client_problem(up, k, pb.d) is None for k in range(5))
@@ -622,11 +652,11 @@ def test_hessian_differences_are_the_hessians_minus_the_blocks(rng, sel):
     B = rng.normal(size=hess.packed.shape)
     D = pb.hessian_differences(thetas, sel, B)
     assert np.array_equal(D.packed, hess.packed - B) and D.shift == 0.0
-    assert D.layout.total == hess.layout.total and all(np.array_equal(a, b) for a, b in zip(D.active, hess.active))
+    assert D.layout.total == hess.layout.total and all(np.array_equal(a, b) for a, b in zip(D.active, hess.active, strict=False))
     for k, c in enumerate(idx):
         a = pb.active_host[c]
-        Bk = B[hess.layout.offsets[k]:hess.layout.offsets[k + 1]].reshape(len(a), len(a))
-        full = ref.H_i(c, thetas[k])                       # the plain definition, lam I included
+        Bk = B[hess.layout.offsets[k] : hess.layout.offsets[k + 1]].reshape(len(a), len(a))
+        full = ref.H_i(c, thetas[k])  # the plain definition, lam I included
         np.testing.assert_allclose(D.blocks[k], full[np.ix_(a, a)] - pb.lam * np.eye(len(a)) - Bk, atol=1e-12)
     pb.set_hessian_plan(None)
     assert pb.hessian_differences(thetas, sel, B) is None
@@ -642,8 +672,8 @@ def test_rank_r_block_encode_forms_the_new_estimate_of_add_scaled(rng, alpha, r)
     pb, _ = problem(rng, n=5, d=12, sizes=[30, 45, 12, 25, 40], density=0.5)
     thetas = rng.normal(size=(5, pb.d))
     hess = pb.hessians(thetas)
-    diff = np.empty_like(hess.packed)                       # per client an exactly symmetric block
-    for c, (a, b) in enumerate(zip(hess.layout.offsets[:-1], hess.layout.offsets[1:])):
+    diff = np.empty_like(hess.packed)  # per client an exactly symmetric block
+    for c, (a, b) in enumerate(zip(hess.layout.offsets[:-1], hess.layout.offsets[1:], strict=False)):
         n = len(pb.active_host[c])
         X = rng.normal(size=(n, n))
         diff[a:b] = (X + X.T).reshape(-1)
@@ -653,7 +683,7 @@ def test_rank_r_block_encode_forms_the_new_estimate_of_add_scaled(rng, alpha, r)
     msg2, H_new = fednl_blocks.encode(comp, diff, hess.layout, hess.active, pb.d, None, base=base, alpha=alpha)
     assert all(np.array_equal(msg[k], msg2[k]) for k in msg)
     assert np.array_equal(H_new, _add_scaled(base, alpha, S))
-    for c, B in enumerate(hess.layout.views(S)):           # S is the rank-r truncation of each block
+    for c, B in enumerate(hess.layout.views(S)):  # S is the rank-r truncation of each block
         D = hess.layout.views(diff)[c]
         lam, V = np.linalg.eigh(D)
         pick = np.argsort(-np.abs(lam))[:r]
@@ -676,6 +706,7 @@ def test_fedns_gram_is_the_same_for_either_memory_layout(rng):
 def test_natural_uniforms_buffer_draws_what_rng_random_draws():
     """The kept buffer changes where the numbers live, not which numbers or the generator's state."""
     from fedconvex.algorithms.fednl_blocks import _uniforms
+
     a, b = np.random.default_rng(11), np.random.default_rng(11)
     for shape in [(3, 10), (3, 10), (2, 7)]:
         got = _uniforms(a, shape).copy()
@@ -692,6 +723,7 @@ def test_fedns_rejects_a_sketch_size_that_is_not_a_positive_integer(k):
 def test_fedns_gram_of_an_empty_sketch_writes_zeros_into_the_callers_buffer():
     """The server's packed sum hands _gram a view of an uninitialised buffer: every path must fill it."""
     from fedconvex.algorithms.fedns import _gram
+
     buf = np.full(9, np.nan)
     got = _gram(np.zeros((3, 0)), out=buf.reshape(3, 3), scale=2.0)
     assert np.array_equal(buf, np.zeros(9)) and np.shares_memory(got, buf)

@@ -1,15 +1,15 @@
 """FedNS's Gaussian sketch drawn through its Gram (gaussian_draw='bartlett'): the factor, the Wishart draw, and
 the server's sketched Hessian distributed as with S_i drawn entry by entry ('dense')."""
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from naive import NaiveLogReg, random_data
 from scipy import stats
 
 from fedconvex.algorithms import make_algorithm
 from fedconvex.algorithms.wishart import bartlett_factor, pivoted_root, sketched_root
 from fedconvex.problem import FederatedLogReg
-
-from naive import NaiveLogReg, random_data
 
 
 def psd_root(B):
@@ -37,7 +37,7 @@ def test_psd_root_factors_rank_deficient_matrices(rng, n, rank):
 def test_psd_root_of_a_matrix_with_repeated_columns(rng):
     """Binary features that always occur together (w8a has them): the client's Hessian is singular."""
     A = rng.normal(size=(20, 4))
-    A = np.hstack([A, A[:, :2]])              # columns 4, 5 repeat columns 0, 1
+    A = np.hstack([A, A[:, :2]])  # columns 4, 5 repeat columns 0, 1
     R = psd_root(A.T @ A)
     assert R.shape[0] == 4
     np.testing.assert_allclose(R.T @ R, A.T @ A, atol=1e-12 * np.abs(A.T @ A).max())
@@ -88,11 +88,11 @@ def test_a_non_finite_hessian_gives_a_non_finite_message():
     assert not np.isfinite(sketched_root(B, 5, np.random.default_rng(0))).all()
 
 
-@pytest.mark.parametrize("k", [10, 2])          # k >= rank: Bartlett; k < rank: G drawn directly
+@pytest.mark.parametrize("k", [10, 2])  # k >= rank: Bartlett; k < rank: G drawn directly
 def test_sketched_root_quadratic_forms_are_scaled_chi_squares(rng, k):
     """For S (k x M) with N(0, 1/k) entries, k v^T (SA)^T (SA) v / ||A v||^2 ~ chi^2_k for every v."""
     A = rng.normal(size=(30, 6)) * (rng.random((30, 6)) < 0.7)
-    A = np.hstack([A, A[:, :1]])                  # rank 6 of 7 columns
+    A = np.hstack([A, A[:, :1]])  # rank 6 of 7 columns
     B = A.T @ A
     v = rng.normal(size=7)
     draw = np.random.default_rng(11)
@@ -106,7 +106,7 @@ def test_sketched_root_quadratic_forms_are_scaled_chi_squares(rng, k):
 
 def small_problem(rng):
     X, y, parts = random_data(rng, 2, 5, sizes=[40, 25], density=0.7)
-    X = sp.hstack([X, X[:, :1]]).tocsr()       # a repeated feature: singular client Hessians
+    X = sp.hstack([X, X[:, :1]]).tocsr()  # a repeated feature: singular client Hessians
     return FederatedLogReg(X, y, parts, lam=1e-2), NaiveLogReg(X, y, parts, 1e-2)
 
 
@@ -114,11 +114,11 @@ def server_hessians(alg, pb, theta, seeds):
     out = []
     for s in seeds:
         up, _ = alg.client_update(pb, {"theta": theta}, {}, np.arange(pb.n_clients), np.random.default_rng(s))
-        out.append([(R, a) for R, a in zip(up["SAt"], up["active"])])
+        out.append([(R, a) for R, a in zip(up["SAt"], up["active"], strict=False)])
     return out
 
 
-@pytest.mark.parametrize("k", [4, 6])   # k < and = the clients' active features
+@pytest.mark.parametrize("k", [4, 6])  # k < and = the clients' active features
 def test_bartlett_and_dense_draws_give_the_same_distribution_of_the_sketched_hessian(rng, k):
     """Two-sample tests on bilinear forms u^T (S_c A_c)^T (S_c A_c) w of both clients' messages: one
     distribution, whichever way the sketch is drawn; and both unbiased for the exact loss Hessian."""
@@ -138,12 +138,12 @@ def test_bartlett_and_dense_draws_give_the_same_distribution_of_the_sketched_hes
             vals.append(row)
         samples[draw] = np.array(vals)
         for c, a in enumerate(pb.active):
-            rows = pb.X[pb.row_offsets[c]:pb.row_offsets[c + 1]]
-            m = pb.y_host[pb.row_offsets[c]:pb.row_offsets[c + 1]] * (rows @ theta)
+            rows = pb.X[pb.row_offsets[c] : pb.row_offsets[c + 1]]
+            m = pb.y_host[pb.row_offsets[c] : pb.row_offsets[c + 1]] * (rows @ theta)
             s = 1 / (1 + np.exp(-m)) * (1 - 1 / (1 + np.exp(-m))) / rows.shape[0]
             A = rows[:, a].toarray() * np.sqrt(s)[:, None]
             H = A.T @ A
-            assert np.abs(mean[c] - H).max() < 0.1 * np.abs(H).max()          # E[S^T S] = I
+            assert np.abs(mean[c] - H).max() < 0.1 * np.abs(H).max()  # E[S^T S] = I
     for j in range(samples["dense"].shape[1]):
         assert stats.ks_2samp(samples["bartlett"][:, j], samples["dense"][:, j]).pvalue > 1e-3
 
@@ -152,12 +152,13 @@ def test_the_round_draws_client_by_client_in_order_with_the_clients_hessians(rng
     """The participants' messages are ``sketched_root`` of each one's exact loss Hessian, drawn one after the
     other from the round's generator (given in another order than the clients' own)."""
     from fedconvex.algorithms.wishart import wishart_roots
+
     pb, _ = small_problem(rng)
     theta = np.tile(rng.normal(size=pb.d), (2, 1))
     sel = np.array([1, 0])
     a, b = np.random.default_rng(5), np.random.default_rng(5)
     got = wishart_roots(pb, theta, sel, pb.d, a)
-    for M, B in zip(got, pb.hessians(theta, sel).blocks):
+    for M, B in zip(got, pb.hessians(theta, sel).blocks, strict=False):
         assert np.array_equal(M, sketched_root(B, pb.d, b))
     assert a.random() == b.random()
 
@@ -166,14 +167,17 @@ def test_bartlett_messages_are_never_wider_than_the_sketch_and_exact_when_k_reac
     pb, _ = small_problem(rng)
     theta = rng.normal(size=pb.d)
     up, _ = make_algorithm("fedns", sketch_size=3, gaussian_draw="bartlett").client_update(
-        pb, {"theta": theta}, {}, np.arange(2), np.random.default_rng(0))
+        pb, {"theta": theta}, {}, np.arange(2), np.random.default_rng(0)
+    )
     assert all(R.shape[1] <= 3 for R in up["SAt"])
     # k >= M for client 1 (25 samples): it sends A_1^T itself, as the dense draw and the identity do
     for draw in ("bartlett", "dense"):
         up, _ = make_algorithm("fedns", sketch_size=30, gaussian_draw=draw).client_update(
-            pb, {"theta": theta}, {}, np.arange(2), np.random.default_rng(0))
+            pb, {"theta": theta}, {}, np.arange(2), np.random.default_rng(0)
+        )
         ident, _ = make_algorithm("fedns", sketch="identity").client_update(
-            pb, {"theta": theta}, {}, np.arange(2), np.random.default_rng(0))
+            pb, {"theta": theta}, {}, np.arange(2), np.random.default_rng(0)
+        )
         assert np.array_equal(up["SAt"][1], ident["SAt"][1])
 
 
@@ -182,22 +186,32 @@ def test_fedns_with_either_draw_converges_to_the_optimum(rng, draw):
     """Sketched Newton steps (k < M on every client) drive the gradient to round-off from theta = 0."""
     from fedconvex.reference import solve_optimum
     from fedconvex.run import run
+
     X, y, parts = random_data(rng, 8, 6, sizes=[60] * 8, density=0.7)
     pb = FederatedLogReg(X, y, parts, lam=1e-2)
     theta_star, f_star, _ = solve_optimum(pb)
-    _, hist = run(pb, make_algorithm("fedns", lr=1.0, sketch_size=30, gaussian_draw=draw), np.zeros(pb.d), 40,
-                  seed=0, theta_star=theta_star, f_star=f_star)
+    _, hist = run(
+        pb,
+        make_algorithm("fedns", lr=1.0, sketch_size=30, gaussian_draw=draw),
+        np.zeros(pb.d),
+        40,
+        seed=0,
+        theta_star=theta_star,
+        f_star=f_star,
+    )
     assert hist[-1]["grad_norm"] < 1e-10 * hist[0]["grad_norm"]
 
 
 def test_the_default_draw_is_the_dense_one_of_test_1(rng):
     pb, _ = small_problem(rng)
     theta = rng.normal(size=pb.d)
-    a, _ = make_algorithm("fedns", sketch_size=4).client_update(pb, {"theta": theta}, {}, np.arange(2),
-                                                               np.random.default_rng(2))
+    a, _ = make_algorithm("fedns", sketch_size=4).client_update(
+        pb, {"theta": theta}, {}, np.arange(2), np.random.default_rng(2)
+    )
     b, _ = make_algorithm("fedns", sketch_size=4, gaussian_draw="dense").client_update(
-        pb, {"theta": theta}, {}, np.arange(2), np.random.default_rng(2))
-    assert all(np.array_equal(x, y) for x, y in zip(a["SAt"], b["SAt"]))
+        pb, {"theta": theta}, {}, np.arange(2), np.random.default_rng(2)
+    )
+    assert all(np.array_equal(x, y) for x, y in zip(a["SAt"], b["SAt"], strict=False))
 
 
 def test_gaussian_draw_is_validated():

@@ -1,4 +1,5 @@
 """The figures module renders from a tiny synthetic results folder; the p-value table matches scipy."""
+
 import json
 import os
 
@@ -15,20 +16,32 @@ DNN_COLUMNS = "round,test_acc,train_loss,client_seconds,server_seconds,bytes_up,
 
 def _dnn_run(root, name, acc, rounds=3, clients=4):
     os.makedirs(os.path.join(root, name))
-    rows = [DNN_COLUMNS] + [f"{t},{acc * t / rounds},{1.0 / t},{0.5},{0.01},{1000 * t},{900 * t},{50.0},{0.6 * t}"
-                            for t in range(1, rounds + 1)]
+    rows = [DNN_COLUMNS] + [
+        f"{t},{acc * t / rounds},{1.0 / t},{0.5},{0.01},{1000 * t},{900 * t},{50.0},{0.6 * t}"
+        for t in range(1, rounds + 1)
+    ]
     open(os.path.join(root, name, "history.csv"), "w").write("\n".join(rows) + "\n")
-    json.dump({"best_test_acc": acc, "final_test_acc": acc, "mean_client_seconds_per_round": 0.5,
-               "bytes_up_per_round": 1000, "bytes_down_per_round": 900, "peak_memory_mb": 50.0, "clients": clients,
-               "class_counts": np.random.default_rng(0).integers(0, 20, (clients, 10)).tolist(), "rounds_done": rounds},
-              open(os.path.join(root, name, "summary.json"), "w"))
+    json.dump(
+        {
+            "best_test_acc": acc,
+            "final_test_acc": acc,
+            "mean_client_seconds_per_round": 0.5,
+            "bytes_up_per_round": 1000,
+            "bytes_down_per_round": 900,
+            "peak_memory_mb": 50.0,
+            "clients": clients,
+            "class_counts": np.random.default_rng(0).integers(0, 20, (clients, 10)).tolist(),
+            "rounds_done": rounds,
+        },
+        open(os.path.join(root, name, "summary.json"), "w"),
+    )
 
 
 def _convex_run(root, name):
     os.makedirs(os.path.join(root, name))
     lines = ["method,round,f_gap,dist,grad_norm,bytes_up,bytes_down,seconds"]
     for m in ("fedavg", "fedpm"):
-        lines += [f"{m},{t},{10.0 ** -t},{10.0 ** -t},{1.0},{8 * t},{8 * t},{0.1 * t}" for t in range(4)]
+        lines += [f"{m},{t},{10.0**-t},{10.0**-t},{1.0},{8 * t},{8 * t},{0.1 * t}" for t in range(4)]
     open(os.path.join(root, name, "history.csv"), "w").write("\n".join(lines) + "\n")
     json.dump({"f_star": 0.3}, open(os.path.join(root, name, "summary.json"), "w"))
 
@@ -58,13 +71,22 @@ def test_every_figure_and_table_renders(results, tmp_path):
     out = str(tmp_path / "out")
     produced = build_all(results, out, "quick", log=lambda msg: None)
     stems = {os.path.splitext(os.path.basename(p))[0] for p in produced}
-    assert stems >= {"test1_convergence", "test2_cifar10_a0.1_curves", "table3_accuracy", "table_pvalues",
-                     "local_epochs", "client_sampling", "foof_samples", "data_distribution", "table_profiling"}
+    assert stems >= {
+        "test1_convergence",
+        "test2_cifar10_a0.1_curves",
+        "table3_accuracy",
+        "table_pvalues",
+        "local_epochs",
+        "client_sampling",
+        "foof_samples",
+        "data_distribution",
+        "table_profiling",
+    }
     for p in produced:
         assert os.path.getsize(p) > 200, p
     assert all(os.path.exists(os.path.join(out, f"{s}.{e}")) for s in stems for e in ("png", "pdf"))
     md = open(os.path.join(out, "table3_accuracy.md")).read()
-    assert "**51.0 ± 1.0**" in md and "FedAvg" in md and "SCAFFOLD" not in md   # FedPM best in bold; no empty rows
+    assert "**51.0 ± 1.0**" in md and "FedAvg" in md and "SCAFFOLD" not in md  # FedPM best in bold; no empty rows
 
 
 def test_figure_axes_are_labelled(results, tmp_path):
@@ -89,7 +111,8 @@ def test_max_pvalue_matches_scipy():
     expect = max(mannwhitneyu(best["fedpm"], best[m], alternative="greater").pvalue for m in ("fedavg", "localnewton"))
     assert max_pvalue(best) == pytest.approx(expect)
     assert max_pvalue(best, exclude=("localnewton",)) == pytest.approx(
-        mannwhitneyu(best["fedpm"], best["fedavg"], alternative="greater").pvalue)
+        mannwhitneyu(best["fedpm"], best["fedavg"], alternative="greater").pvalue
+    )
     # three seeds that all beat three seeds: the smallest p a 3-vs-3 test can give, 1/20
     assert max_pvalue({"fedpm": [3, 4, 5], "x": [0, 1, 2]}) == pytest.approx(0.05)
 
@@ -127,14 +150,14 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path, monkeypatch):
 
 def test_compression_bytes_table_has_float16_parameter_rows():
     pytest.importorskip("torch")
-    from figures.compression import resnet_table
     from fedpm_dnn.models import make_model
+    from figures.compression import resnet_table
+
     n = sum(p.numel() for p in make_model("cnn", 10).parameters())
-    header, rows, caption = resnet_table(("none", "lowrank:0.02"), "cnn", 10, "SimpleCNN",
-                                         ("none", "lowrank:0.02"))
+    header, rows, caption = resnet_table(("none", "lowrank:0.02"), "cnn", 10, "SimpleCNN", ("none", "lowrank:0.02"))
     assert [r[1].split()[0] for r in rows] == ["float32", "float32", "float16", "float16"]
-    MiB = 2 ** 20
-    for r32, r16 in zip(rows[:2], rows[2:]):   # same matrices, parameters halved
+    MiB = 2**20
+    for r32, r16 in zip(rows[:2], rows[2:], strict=False):  # same matrices, parameters halved
         assert r16[2] == r32[2]
         assert float(r32[3]) - float(r16[3]) == pytest.approx(2 * n / MiB, abs=2e-3)
     assert rows[0][4] == "100.0 %" and f"{n:,} parameters" in caption

@@ -1,4 +1,5 @@
 """fedconvex.files.replaced_atomically: the new file whole, or the old one and nothing beside it."""
+
 import os
 
 import pytest
@@ -21,7 +22,7 @@ def test_a_write_that_ends_replaces_the_file_whole(tmp_path):
     path = tmp_path / "f.json"
     path.write_text("old")
     with replaced_atomically(str(path)) as tmp, open(tmp, "w") as fh:
-        assert tmp != str(path) and str(os.getpid()) in tmp        # per process by default
+        assert tmp != str(path) and str(os.getpid()) in tmp  # per process by default
         fh.write("new")
     assert path.read_text() == "new" and os.listdir(tmp_path) == ["f.json"]
     with replaced_atomically(str(path), str(path) + ".tmp") as tmp, open(tmp, "w") as fh:

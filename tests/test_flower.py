@@ -2,6 +2,7 @@
 drawing from its own random stream, ``client_streams``), on a loopback grid (fast, every method), in
 Flower's simulation engine and in a real local deployment; bad, spoofed or missing replies are
 rejected with a reason and the round completes with the others."""
+
 import logging
 import os
 import subprocess
@@ -12,11 +13,12 @@ import pytest
 
 flwr = pytest.importorskip("flwr")
 
+from flower_loopback import LoopbackGrid  # noqa: E402
+
 from fedconvex.algorithms import REGISTRY  # noqa: E402
 from fedpm_flower import logreg, wire  # noqa: E402
 from fedpm_flower.apps import serve  # noqa: E402
 from fedpm_flower.config import FlowerRunConfig  # noqa: E402
-from flower_loopback import LoopbackGrid  # noqa: E402
 from validation.flower import in_process, run_flower  # noqa: E402
 
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
@@ -33,8 +35,11 @@ def loopback(cfg, **kw):
 
 
 def live_flower_processes():
-    out = subprocess.run(["pgrep", "-f", "flower-superlink|flower-supernode|flwr-serverapp|flwr-clientapp"],
-                         capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        ["pgrep", "-f", "flower-superlink|flower-supernode|flwr-serverapp|flwr-clientapp"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     alive = []
     for pid in out:
         try:
@@ -58,8 +63,11 @@ VARIANTS = [  # random client draws, client state, sampling and sample weights t
 ]
 
 
-@pytest.mark.parametrize("kw", [dict(method=m) for m in METHODS] + VARIANTS,
-                         ids=METHODS + [f"{v['method']}-{i}" for i, v in enumerate(VARIANTS)])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(method=m) for m in METHODS] + VARIANTS,
+    ids=METHODS + [f"{v['method']}-{i}" for i, v in enumerate(VARIANTS)],
+)
 def test_every_method_on_flower_gives_the_in_process_model(kw):
     assert_equivalent(config(**kw), in_process, rtol=1e-10, atol=1e-12)
 
@@ -88,7 +96,7 @@ def test_per_client_state_lives_on_the_nodes():
     grid = LoopbackGrid(cfg)
     serve(grid, cfg)
     c = [_load_state(grid.contexts[100 + i])["c"] for i in range(3)]
-    assert all(x.shape == (1, 123) for x in c) and not np.allclose(c[0], c[1])   # each node its own c_i
+    assert all(x.shape == (1, 123) for x in c) and not np.allclose(c[0], c[1])  # each node its own c_i
 
 
 @pytest.mark.slow
@@ -135,6 +143,7 @@ def corrupt_arrays(node, fn):
             return reply
         reply.content["arrays"] = records(fn(numpy(reply.content["arrays"])))
         return reply
+
     return tamper
 
 
@@ -160,14 +169,19 @@ def test_a_node_whose_reply_was_rejected_rolls_back_the_state_the_server_tracks(
         return {**up, field: bad}
 
     problem, alg = _in_process_parts(cfg)
-    state, _ = run(problem, alg, np.zeros(problem.d), cfg.rounds, tamper=nan_client_2, client_streams=True,
-                   seed=cfg.seed)
+    state, _ = run(
+        problem, alg, np.zeros(problem.d), cfg.rounds, tamper=nan_client_2, client_streams=True, seed=cfg.seed
+    )
     np.testing.assert_allclose(np.asarray(result["theta"]), state.theta, rtol=1e-10, atol=1e-12)
     key = alg.server_tracked_state[0]
     node_state = _load_state(grid.contexts[102])[key]
     mine = state.clients[key][[2]]
-    np.testing.assert_allclose(np.asarray(getattr(node_state, "packed", node_state)),
-                               np.asarray(getattr(mine, "packed", mine)), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(getattr(node_state, "packed", node_state)),
+        np.asarray(getattr(mine, "packed", mine)),
+        rtol=1e-10,
+        atol=1e-12,
+    )
 
 
 def _in_process_parts(cfg):
@@ -188,6 +202,7 @@ def in_round(k, tamper):
             return reply
         seen[node] = seen.get(node, 0) + 1
         return tamper(node, reply) if seen[node] == k else reply
+
     return hook
 
 
@@ -201,16 +216,20 @@ def test_a_rejected_reply_is_as_if_its_client_had_dropped_out(caplog):
     np.testing.assert_allclose(bad["theta"], two["theta"], rtol=1e-12)
 
 
-@pytest.mark.parametrize("fn,reason", [
-    (lambda a: {**a, "theta": a["theta"][:-1]}, "theta has shape (122,), expected (123,)"),
-    (lambda a: {**a, "theta": np.full_like(a["theta"], np.nan)}, "theta contains NaN or Inf"),
-    (lambda a: {**a, "P/active": a["P/active"] + 1000}, "P: feature indices outside 0..122"),
-    (lambda a: {k: v for k, v in a.items() if k != "P/block"}, "missing 'P/block'"),
-    (lambda a: {**a, "extra": a["theta"]}, "unexpected entry 'extra'"),
-    (lambda a: {**a, "P/block": a["P/block"].astype(np.complex64)}, "P: block has dtype complex64"),
-    (lambda a: {**a, "P/active": a["P/active"].astype(np.float64)}, "P: feature indices has dtype float64"),
-    (lambda a: {**a, "theta": a["theta"].astype(np.complex128)}, "theta has dtype complex128"),
-], ids=["shape", "nan", "indices", "missing", "extra", "complex-block", "float-indices", "complex-theta"])
+@pytest.mark.parametrize(
+    "fn,reason",
+    [
+        (lambda a: {**a, "theta": a["theta"][:-1]}, "theta has shape (122,), expected (123,)"),
+        (lambda a: {**a, "theta": np.full_like(a["theta"], np.nan)}, "theta contains NaN or Inf"),
+        (lambda a: {**a, "P/active": a["P/active"] + 1000}, "P: feature indices outside 0..122"),
+        (lambda a: {k: v for k, v in a.items() if k != "P/block"}, "missing 'P/block'"),
+        (lambda a: {**a, "extra": a["theta"]}, "unexpected entry 'extra'"),
+        (lambda a: {**a, "P/block": a["P/block"].astype(np.complex64)}, "P: block has dtype complex64"),
+        (lambda a: {**a, "P/active": a["P/active"].astype(np.float64)}, "P: feature indices has dtype float64"),
+        (lambda a: {**a, "theta": a["theta"].astype(np.complex128)}, "theta has dtype complex128"),
+    ],
+    ids=["shape", "nan", "indices", "missing", "extra", "complex-block", "float-indices", "complex-theta"],
+)
 def test_each_kind_of_bad_reply(caplog, fn, reason):
     cfg = config("fedpm", clients=2, rounds=1)
     with caplog.at_level(logging.WARNING, logger="fedpm.server"):
@@ -237,9 +256,10 @@ def test_spoofed_client_ids_are_rejected(caplog):
         if node == 102 and reply.metadata.message_type == "train":
             reply.content["metrics"]["client"] = 0
         return reply
+
     with caplog.at_level(logging.WARNING, logger="fedpm.server"):
         result = loopback(cfg, tamper=spoof)
-        twice = loopback(cfg, nodes=[0, 1, 1])                      # two nodes claim client 1
+        twice = loopback(cfg, nodes=[0, 1, 1])  # two nodes claim client 1
     assert result["history"][1]["rejected"] == 1 and "claims client id 0 but node 102 holds client 2" in caplog.text
     assert "setup: node 102 rejected: client id 1 is held by node 101" in caplog.text
     assert twice["history"][1]["used"] == 2 and twice["history"][1]["dropped"] == 1
@@ -263,11 +283,15 @@ def test_codec_payloads_are_decoded_and_malformed_ones_rejected(caplog):
     assert result["history"][1]["used"] == 2 and "client 2 rejected: undecodable preconditioner payload" in caplog.text
 
 
-@pytest.mark.parametrize("method,fn,reason", [
-    ("fednl", lambda a: {**a, "blocks": a["blocks"][:-1]}, "blocks has shape"),
-    ("fednl", lambda a: {**a, "active": a["active"] + 500}, "active outside 0..122"),
-    ("fedns", lambda a: {**a, "SAt": a["SAt"][:-1]}, "SAt has shape"),
-], ids=["fednl-block", "fednl-active", "fedns-rows"])
+@pytest.mark.parametrize(
+    "method,fn,reason",
+    [
+        ("fednl", lambda a: {**a, "blocks": a["blocks"][:-1]}, "blocks has shape"),
+        ("fednl", lambda a: {**a, "active": a["active"] + 500}, "active outside 0..122"),
+        ("fedns", lambda a: {**a, "SAt": a["SAt"][:-1]}, "SAt has shape"),
+    ],
+    ids=["fednl-block", "fednl-active", "fedns-rows"],
+)
 def test_entries_sized_by_the_active_features_must_match_them(caplog, method, fn, reason):
     cfg = config(method, rounds=1)
     with caplog.at_level(logging.WARNING, logger="fedpm.server"):
@@ -278,7 +302,7 @@ def test_entries_sized_by_the_active_features_must_match_them(caplog, method, fn
 def test_out_of_range_compressor_indices_are_rejected_before_decoding(caplog):
     cfg = config("fednl", rounds=1, params='{"compressor": "topk", "k": 30}')
     with caplog.at_level(logging.WARNING, logger="fedpm.server"):
-        result = loopback(cfg, tamper=corrupt_arrays(101, lambda a: {**a, "index": a["index"] + 10 ** 6}))
+        result = loopback(cfg, tamper=corrupt_arrays(101, lambda a: {**a, "index": a["index"] + 10**6}))
     assert result["history"][1]["used"] == 2 and "client 1 rejected: index outside 0..7625" in caplog.text
 
 
@@ -300,8 +324,11 @@ def cnn_config(method="fedpm", **kw):
     return FlowerRunConfig(**{"problem": "cnn", "method": method, "clients": 3, "rounds": 2, "lr": 0.1, **kw})
 
 
-@pytest.mark.parametrize("kw", [dict(method=m) for m in DNN_METHODS] + CNN_VARIANTS,
-                         ids=list(DNN_METHODS) + [f"{v['method']}-{i}" for i, v in enumerate(CNN_VARIANTS)])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(method=m) for m in DNN_METHODS] + CNN_VARIANTS,
+    ids=list(DNN_METHODS) + [f"{v['method']}-{i}" for i, v in enumerate(CNN_VARIANTS)],
+)
 def test_cnn_every_method_on_flower_gives_the_in_process_model(kw):
     from fedpm_flower.cnn import in_process as cnn_in_process
 
@@ -316,7 +343,7 @@ def test_cnn_client_state_lives_on_the_nodes_and_bytes_count_per_client_that_rep
     grid = LoopbackGrid(cfg)
     full = serve(grid, cfg)["history"]
     controls = [cnn.nest(numpy(grid.contexts[100 + i].state["cnn-state"]))["control"] for i in range(3)]
-    assert all(set(c) == set(controls[0]) for c in controls)      # each node its own control c_i
+    assert all(set(c) == set(controls[0]) for c in controls)  # each node its own control c_i
     assert not all(bool((controls[0][k] == controls[1][k]).all()) for k in controls[0])
     dropped = loopback(cfg, tamper=lambda node, r: None if node == 102 else r)["history"]
     assert [h["dropped"] for h in dropped[1:]] == [1, 1] and [h["used"] for h in dropped[1:]] == [2, 2]
@@ -340,14 +367,19 @@ def test_cnn_a_node_whose_reply_was_rejected_rolls_back_its_control():
     from fedpm_flower.cnn import in_process as cnn_in_process
 
     cfg = cnn_config("scaffold", rounds=4)
-    tamper = in_round(2, corrupt_arrays(102, lambda a: {k: v * np.nan if k.startswith("params/") else v
-                                                        for k, v in a.items()}))
+    tamper = in_round(
+        2, corrupt_arrays(102, lambda a: {k: v * np.nan if k.startswith("params/") else v for k, v in a.items()})
+    )
 
     result = serve(LoopbackGrid(cfg, tamper=tamper), cfg)
     assert [h["rejected"] for h in result["history"][1:]] == [0, 1, 0, 0]
 
-    np.testing.assert_allclose(np.asarray(result["theta"]),
-                               cnn_in_process(cfg, tamper=_nan_params_of_client_2_in_round_2), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(result["theta"]),
+        cnn_in_process(cfg, tamper=_nan_params_of_client_2_in_round_2),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 def test_cnn_delta_codec_a_rejected_reply_resyncs_as_in_process():
@@ -359,33 +391,42 @@ def test_cnn_delta_codec_a_rejected_reply_resyncs_as_in_process():
     from fedpm_flower.transport import numpy
 
     cfg = cnn_config("fedpm", precond_codec="delta:topk:0.5", rounds=4)
-    tamper = in_round(2, corrupt_arrays(102, lambda a: {k: v * np.nan if k.startswith("params/") else v
-                                                        for k, v in a.items()}))
+    tamper = in_round(
+        2, corrupt_arrays(102, lambda a: {k: v * np.nan if k.startswith("params/") else v for k, v in a.items()})
+    )
 
     grid = LoopbackGrid(cfg, tamper=tamper)
     result = serve(grid, cfg)
     assert [h["rejected"] for h in result["history"][1:]] == [0, 1, 0, 0]
     kept = cnn.nest(numpy(grid.contexts[102].state["cnn-state"]))
-    assert "foof_hat" in kept and "foof_ack" not in kept     # estimates on the node, acknowledgements not
+    assert "foof_hat" in kept and "foof_ack" not in kept  # estimates on the node, acknowledgements not
 
-    np.testing.assert_allclose(np.asarray(result["theta"]),
-                               cnn_in_process(cfg, tamper=_nan_params_of_client_2_in_round_2), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(result["theta"]),
+        cnn_in_process(cfg, tamper=_nan_params_of_client_2_in_round_2),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
-def _last(a):      # the reply's last parameter entry
+def _last(a):  # the reply's last parameter entry
     return sorted(k for k in a if k.startswith("params/"))[-1]
 
 
-@pytest.mark.parametrize("method,fn,reason", [
-    ("fedpm", lambda a: {**a, "foof/fc3": -a["foof/fc3"]}, "preconditioner foof[fc3] is not positive semidefinite"),
-    ("fedavg", lambda a: {**a, _last(a): a[_last(a)][:-1]}, "has shape"),
-    ("fedavg", lambda a: {**a, _last(a): a[_last(a)] * np.nan}, "NaN or Inf"),
-    ("fedavg", lambda a: {k: v for k, v in a.items() if k != _last(a)}, "params has entries"),
-    ("fedavg", lambda a: {**a, "extra": a[_last(a)]}, "unexpected entries ['extra']"),
-    ("fedavg", lambda a: {**a, _last(a): a[_last(a)].astype(np.complex64)}, "complex"),
-    ("fedavg", lambda a: {**a, _last(a): a[_last(a)].astype(np.float64)}, "has dtype float64, expected float32"),
-    ("scaffold", lambda a: {k: v for k, v in a.items() if not k.startswith("dcontrol/")}, "missing 'dcontrol'"),
-], ids=["not-psd", "shape", "nan", "missing", "extra", "complex", "dtype", "missing-field"])
+@pytest.mark.parametrize(
+    "method,fn,reason",
+    [
+        ("fedpm", lambda a: {**a, "foof/fc3": -a["foof/fc3"]}, "preconditioner foof[fc3] is not positive semidefinite"),
+        ("fedavg", lambda a: {**a, _last(a): a[_last(a)][:-1]}, "has shape"),
+        ("fedavg", lambda a: {**a, _last(a): a[_last(a)] * np.nan}, "NaN or Inf"),
+        ("fedavg", lambda a: {k: v for k, v in a.items() if k != _last(a)}, "params has entries"),
+        ("fedavg", lambda a: {**a, "extra": a[_last(a)]}, "unexpected entries ['extra']"),
+        ("fedavg", lambda a: {**a, _last(a): a[_last(a)].astype(np.complex64)}, "complex"),
+        ("fedavg", lambda a: {**a, _last(a): a[_last(a)].astype(np.float64)}, "has dtype float64, expected float32"),
+        ("scaffold", lambda a: {k: v for k, v in a.items() if not k.startswith("dcontrol/")}, "missing 'dcontrol'"),
+    ],
+    ids=["not-psd", "shape", "nan", "missing", "extra", "complex", "dtype", "missing-field"],
+)
 def test_cnn_each_kind_of_bad_reply(caplog, method, fn, reason):
     cfg = cnn_config(method, clients=2, rounds=1)
     # the dtype case needs an accepted reply to compare with: client 0's comes first
@@ -400,24 +441,28 @@ def test_cnn_malformed_metrics_and_spoofed_ids_are_rejected(caplog):
 
     def lie(node, reply):
         if reply.metadata.message_type == "train" and node == 101:
-            reply.content["metrics"]["samples"] = -5          # would flip its mixing weight's sign
+            reply.content["metrics"]["samples"] = -5  # would flip its mixing weight's sign
         if reply.metadata.message_type == "train" and node == 102:
             reply.content["metrics"]["client"] = 0
         return reply
+
     with caplog.at_level(logging.WARNING, logger="fedpm.server"):
         result = loopback(cfg, tamper=lie)
     assert result["history"][1]["rejected"] == 2 and result["history"][1]["used"] == 1
     assert "client 1 rejected: sample count -5" in caplog.text
     assert "claims client id 0 but node 102 holds client 2" in caplog.text
 
-    def inflate(node, reply):     # the server knows the synthetic split: a node claiming more data is refused
+    def inflate(node, reply):  # the server knows the synthetic split: a node claiming more data is refused
         if reply.metadata.message_type == "train" and node == 101:
-            reply.content["metrics"]["samples"] = 10 ** 6
+            reply.content["metrics"]["samples"] = 10**6
         return reply
+
     with caplog.at_level(logging.WARNING, logger="fedpm.server"):
         result = loopback(cnn_config("fedavg", rounds=1, weighting="samples"), tamper=inflate)
-    assert result["history"][1]["rejected"] == 1 and "client 1 rejected: reports 1000000 samples, its partition has 48" \
-        in caplog.text
+    assert (
+        result["history"][1]["rejected"] == 1
+        and "client 1 rejected: reports 1000000 samples, its partition has 48" in caplog.text
+    )
 
 
 @pytest.mark.slow
@@ -459,7 +504,7 @@ def test_prepare_writes_each_clients_partition_and_a_node_reads_only_its_folder(
     out = tmp_path / "parts"
     assert flower.main(["prepare", "--data-dir", str(tmp_path / "data"), "--clients", "3", "--out", str(out)]) == 0
     data, _ = load_image_dataset("cifar10", str(tmp_path / "data"))
-    parts = make_partition("relaysum", data.y_train, 3, 0.1, seed=0)          # validation.dnn's split
+    parts = make_partition("relaysum", data.y_train, 3, 0.1, seed=0)  # validation.dnn's split
     for i, part in enumerate(parts):
         x, y, meta = prepared.load(prepared.client_folder(str(out), i), "train.npz")
         np.testing.assert_array_equal(x, data.x_train[part])
@@ -470,14 +515,13 @@ def test_prepare_writes_each_clients_partition_and_a_node_reads_only_its_folder(
     mine = cnn.client_data(cfg, 0, prepared.client_folder(str(out), 2))
     assert torch.equal(mine.y, torch.as_tensor(data.y_train[parts[2]]))
     assert cnn._shape_of(cfg, prepared.client_folder(str(out), 2)) == (10, 3, 32)
-    with pytest.raises(SystemExit):     # never over an existing data set
+    with pytest.raises(SystemExit):  # never over an existing data set
         flower.main(["prepare", "--data-dir", str(tmp_path / "data"), "--clients", "3", "--out", str(out)])
 
 
 def test_cnn_on_prepared_data_trains_each_node_on_its_own_folder(tmp_path):
     """The CIFAR path on a loopback grid: nodes read their prepared folders, the server reports the final
     model's test accuracy; each node's reported sample count is its folder's."""
-    from fedpm_flower import prepared
     from validation import flower
 
     fake_cifar(str(tmp_path / "data"))
@@ -516,8 +560,23 @@ def test_check_refuses_fedns_bartlett_before_starting_anything(tmp_path, capsys)
 
     out = tmp_path / "r"
     with pytest.raises(SystemExit):
-        main(["--problem", "logreg", "--method", "fedns", "--params", '{"gaussian_draw": "bartlett"}',
-              "--clients", "3", "--rounds", "1", "--check", "--out", str(out)])
+        main(
+            [
+                "--problem",
+                "logreg",
+                "--method",
+                "fedns",
+                "--params",
+                '{"gaussian_draw": "bartlett"}',
+                "--clients",
+                "3",
+                "--rounds",
+                "1",
+                "--check",
+                "--out",
+                str(out),
+            ]
+        )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not round-off-stable" in err[0] and "'dense'" in err[0]
     assert not out.exists()

@@ -1,4 +1,5 @@
 """FOOF blocks and FedPM-FOOF mixing against naive references."""
+
 import numpy as np
 import pytest
 
@@ -6,8 +7,8 @@ torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from fedpm_dnn import foof  # noqa: E402
 from fedconvex.algorithms.base import RoundInfo  # noqa: E402
+from fedpm_dnn import foof  # noqa: E402
 from fedpm_dnn.algorithms import make_method  # noqa: E402
 from fedpm_dnn.algorithms.base import stack_replies  # noqa: E402
 
@@ -17,10 +18,8 @@ def aggregate(alg, params, replies, weights, blocks):
     from types import SimpleNamespace
 
     task = SimpleNamespace(blocks=blocks, n_clients=len(replies))
-    info = RoundInfo(sel=np.arange(len(replies)), weights=np.asarray(weights, dtype=np.float64),
-                     n_clients=len(replies))
+    info = RoundInfo(sel=np.arange(len(replies)), weights=np.asarray(weights, dtype=np.float64), n_clients=len(replies))
     return alg.server_update(task, alg.init(task, params), stack_replies(replies), info).theta
-
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +55,7 @@ def test_conv_foof_matrix_sums_every_patch(stride, padding, dilation, bias):
     for b in range(3):
         for i in range(0, H - span, stride):
             for j in range(0, W - span, stride):
-                p = xp[b, :, i:i + span + 1:dilation, j:j + span + 1:dilation].reshape(-1)  # (C, kh, kw) order
+                p = xp[b, :, i : i + span + 1 : dilation, j : j + span + 1 : dilation].reshape(-1)  # (C, kh, kw) order
                 patches.append(torch.cat([p, torch.ones(1)]) if bias else p)
     P = torch.stack(patches)
     torch.testing.assert_close(A, P.T @ P / len(P))
@@ -86,7 +85,7 @@ def test_identity_foof_step_is_sgd():
 
 
 def _replies(model_params, foofs):
-    return [{"params": p, "foof": a} for p, a in zip(model_params, foofs)]
+    return [{"params": p, "foof": a} for p, a in zip(model_params, foofs, strict=False)]
 
 
 def _model():
@@ -122,8 +121,9 @@ def test_fedpm_mixes_blocks_with_their_matrices_and_averages_the_rest():
     model = _model()
     blocks = foof.foof_blocks(model)
     g = torch.Generator().manual_seed(1)
-    ps = [{n: p.detach() + 0.1 * torch.randn(p.shape, generator=g) for n, p in model.named_parameters()}
-          for _ in range(2)]
+    ps = [
+        {n: p.detach() + 0.1 * torch.randn(p.shape, generator=g) for n, p in model.named_parameters()} for _ in range(2)
+    ]
     As = [{n: _random_spd(b.module.weight[0].numel() + 1, g) for n, b in blocks.items()} for _ in range(2)]
     cfg = make_method("fedpm", damping=0.3)
     w = torch.tensor([0.25, 0.75])
@@ -141,26 +141,29 @@ def test_one_full_batch_foof_step_plus_fedpm_mixing_is_a_global_newton_step(damp
     """One Linear layer, squared loss: A is the exact Hessian (per output), so FedPM-FOOF with one
     full-batch local step and sample-count weights equals a (damped) Newton step on the pooled data."""
     from fedpm_dnn.client import foof_matrices  # noqa: F401  (schedule exercised in the e2e test)
+
     torch.manual_seed(5)
     d_in, d_out = 4, 3
     lin = nn.Linear(d_in, d_out)
     blocks = {"": foof.LinearBlock(lin)}
-    xs = [torch.randn(n, d_in) + i for i, n in enumerate((5, 9, 13))]     # heterogeneous clients
+    xs = [torch.randn(n, d_in) + i for i, n in enumerate((5, 9, 13))]  # heterogeneous clients
     ys = [torch.randn(len(x), d_out) for x in xs]
     theta0 = {n: p.detach().clone() for n, p in lin.named_parameters()}
     replies = []
-    for x, y in zip(xs, ys):
+    for x, y in zip(xs, ys, strict=False):
         with torch.no_grad():
-            lin.weight.copy_(theta0["weight"]); lin.bias.copy_(theta0["bias"])
+            lin.weight.copy_(theta0["weight"])
+            lin.bias.copy_(theta0["bias"])
         A = foof.compute_foof(lin, blocks, [x])
         lin.zero_grad()
         (0.5 * ((lin(x) - y) ** 2).sum(1).mean()).backward()
         foof.precondition_grads(lin, blocks, foof.with_uppers(foof.factorize(A, damping)))
         with torch.no_grad():
             for p in lin.parameters():
-                p.sub_(p.grad)                                            # lr = 1
-        replies.append({"params": {"weight": lin.weight.detach().clone(), "bias": lin.bias.detach().clone()},
-                        "foof": A})
+                p.sub_(p.grad)  # lr = 1
+        replies.append(
+            {"params": {"weight": lin.weight.detach().clone(), "bias": lin.bias.detach().clone()}, "foof": A}
+        )
     sizes = torch.tensor([len(x) for x in xs], dtype=torch.float64)
     cfg = make_method("fedpm", damping=damping)
     new = aggregate(cfg, theta0, replies, sizes / sizes.sum(), blocks)
@@ -186,7 +189,7 @@ def test_first_layer_cache_is_exact_after_the_parameters_change():
     batches = [torch.randn(7, 3, 8, 8), torch.randn(5, 3, 8, 8)]
     static = {}
     foof.compute_foof(model, blocks, batches, static)
-    assert set(static) == {"0"}                      # only the block fed the model input is cached
+    assert set(static) == {"0"}  # only the block fed the model input is cached
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p))
@@ -203,15 +206,15 @@ def test_small_damping_on_large_rank_deficient_activations():
     g = torch.Generator().manual_seed(0)
     lin = nn.Linear(60, 3).float()
     x = (torch.randn(400, 5, generator=g) @ torch.randn(5, 60, generator=g) * 100).float()
-    x[:, 40:] = 0.0                                              # dead units
+    x[:, 40:] = 0.0  # dead units
     A = foof.compute_foof(lin, {"fc": foof.LinearBlock(lin)}, [x])["fc"]
     eye = torch.eye(61, dtype=torch.float64)
-    assert int(torch.linalg.cholesky_ex(A.double() + 1e-4 * eye)[1]) != 0   # a plain Cholesky fails
+    assert int(torch.linalg.cholesky_ex(A.double() + 1e-4 * eye)[1]) != 0  # a plain Cholesky fails
     L = foof.factorize({"fc": A}, 1e-4, dtype=torch.float32)["fc"]
     assert L.dtype == torch.float32 and torch.isfinite(L).all()
     rebuilt = L.double() @ L.double().T
     assert torch.linalg.norm(rebuilt - (A.double() + 1e-4 * eye)) < 1e-6 * torch.linalg.norm(A.double())
-    assert torch.linalg.eigvalsh(rebuilt).min() > 0.5e-4                        # damping kept
+    assert torch.linalg.eigvalsh(rebuilt).min() > 0.5e-4  # damping kept
 
 
 def test_non_finite_matrix_names_divergence_not_damping():
@@ -231,8 +234,11 @@ def test_solve_rows_is_the_damped_solve(damping, batch):
     A = X.mT @ X / (3 * d)
     M = A + damping * torch.eye(d, dtype=torch.float64)
     T = torch.randn(*batch, rows, d, generator=g)
-    L = foof.factorize({"b": A[0] if batch else A}, damping, torch.float32)["b"] if not batch else \
-        torch.linalg.cholesky(M).float()
+    L = (
+        foof.factorize({"b": A[0] if batch else A}, damping, torch.float32)["b"]
+        if not batch
+        else torch.linalg.cholesky(M).float()
+    )
     expect = torch.linalg.solve(M, T.double().mT).mT
     for U in (None, L.mT.contiguous()):
         got = foof.solve_rows(T, L, U)
@@ -241,17 +247,21 @@ def test_solve_rows_is_the_damped_solve(damping, batch):
         assert err < 1e-6 * torch.linalg.cond(M).max().item() ** 0.5 + 1e-6
 
 
-@pytest.mark.parametrize("conv,shape", [
-    (nn.Conv2d(3, 6, 5), (7, 3, 32, 32)),
-    (nn.Conv2d(4, 5, 3, stride=2, padding=1, dilation=2), (3, 4, 11, 9)),
-    (nn.Conv2d(2, 3, (3, 2), stride=(1, 2), padding=(2, 1)), (2, 2, 7, 8)),
-    (nn.Conv2d(3, 4, 1), (5, 3, 6, 7)),                   # its patches are a permuted view of x, not a copy
-])
+@pytest.mark.parametrize(
+    "conv,shape",
+    [
+        (nn.Conv2d(3, 6, 5), (7, 3, 32, 32)),
+        (nn.Conv2d(4, 5, 3, stride=2, padding=1, dilation=2), (3, 4, 11, 9)),
+        (nn.Conv2d(2, 3, (3, 2), stride=(1, 2), padding=(2, 1)), (2, 2, 7, 8)),
+        (nn.Conv2d(3, 4, 1), (5, 3, 6, 7)),  # its patches are a permuted view of x, not a copy
+    ],
+)
 def test_conv_patches_are_unfolds_columns(conv, shape):
     """The strided-view patches are exactly F.unfold's, in its order, with stride, padding and dilation."""
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
-    ref = torch.nn.functional.unfold(x, conv.kernel_size, dilation=conv.dilation, padding=conv.padding,
-                                     stride=conv.stride).transpose(1, 2)
+    ref = torch.nn.functional.unfold(
+        x, conv.kernel_size, dilation=conv.dilation, padding=conv.padding, stride=conv.stride
+    ).transpose(1, 2)
     assert torch.equal(foof.conv_patches(conv, x), ref)
     S, total, rows = foof.Conv2dBlock(conv).gram(x)
     flat = ref.reshape(-1, ref.shape[-1]).double()
@@ -270,8 +280,8 @@ def test_one_cpu_thread_runs_the_solves_single_threaded_and_restores_the_count()
             with one_cpu_thread("cpu"):
                 assert torch.get_num_threads() == 1
                 raise KeyError("inside")
-        assert torch.get_num_threads() == 2          # restored after an exception too
-        with one_cpu_thread("meta"):                 # not a CPU tensor's device: untouched
+        assert torch.get_num_threads() == 2  # restored after an exception too
+        with one_cpu_thread("meta"):  # not a CPU tensor's device: untouched
             assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
@@ -288,12 +298,12 @@ def test_stacked_factorisation_is_the_per_client_factorisation(damping):
     d = 7
     good = [_random_spd(d, g).double() for _ in range(3)]
     V = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))[0]
-    w = torch.tensor([-1.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0], dtype=torch.float64)   # indefinite beyond the damping
+    w = torch.tensor([-1.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0], dtype=torch.float64)  # indefinite beyond the damping
     bad = (V * w) @ V.T
     bad = 0.5 * (bad + bad.T)
     stack = torch.stack([good[0], bad, good[1], good[2]])
     eye = torch.eye(d, dtype=torch.float64)
-    assert int(torch.linalg.cholesky_ex(bad + damping * eye)[1]) != 0       # a plain Cholesky fails: repaired
+    assert int(torch.linalg.cholesky_ex(bad + damping * eye)[1]) != 0  # a plain Cholesky fails: repaired
     for dtype in (torch.float64, torch.float32):
         L = factorize_stacked({"b": stack}, damping, dtype)["b"]
         assert L.dtype == dtype

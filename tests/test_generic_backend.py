@@ -4,18 +4,19 @@ No GPU is needed: a stand-in module that forwards to NumPy (and ``cupyx.scipy.sp
 SciPy) is passed as the backend, so every ``xp is np`` fast path is skipped and the generic
 branches run.  Results must equal the NumPy backend's.
 """
+
 import sys
 import types
 
 import numpy as np
 import pytest
 import scipy.sparse
+from naive import random_data
 
 from fedconvex.algorithms import make_algorithm
 from fedconvex.problem import FederatedLogReg
 from fedconvex.reference import solve_optimum
 from fedconvex.run import run
-from naive import random_data
 
 
 class _Forward(types.ModuleType):
@@ -33,15 +34,24 @@ def generic_xp(monkeypatch):
     return _Forward("generic_numpy")
 
 
-@pytest.mark.parametrize("name,kw", [("fedpm", {}), ("localnewton", dict(local_steps=2)), ("fednl", {}),
-                                     ("fedns", dict(sketch_size=4)), ("scaffold", dict(lr=0.5)),
-                                     ("fednl", dict(compressor="natural", alpha=8 / 9)),
-                                     ("fednl", dict(compressor="toplek", k=6)),
-                                     ("fednl", dict(compressor="randseqk", k=6, alpha=6 / 21)),
-                                     ("fednl", dict(compressor="rankr", rank=1)),
-                                     ("fednl-ls", {}), ("fednl-pp", {}),
-                                     ("fedns", dict(sketch="srht", sketch_size=2)),
-                                     ("fedns", dict(sketch="countsketch", sketch_size=2))])
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        ("fedpm", {}),
+        ("localnewton", dict(local_steps=2)),
+        ("fednl", {}),
+        ("fedns", dict(sketch_size=4)),
+        ("scaffold", dict(lr=0.5)),
+        ("fednl", dict(compressor="natural", alpha=8 / 9)),
+        ("fednl", dict(compressor="toplek", k=6)),
+        ("fednl", dict(compressor="randseqk", k=6, alpha=6 / 21)),
+        ("fednl", dict(compressor="rankr", rank=1)),
+        ("fednl-ls", {}),
+        ("fednl-pp", {}),
+        ("fedns", dict(sketch="srht", sketch_size=2)),
+        ("fedns", dict(sketch="countsketch", sketch_size=2)),
+    ],
+)
 def test_generic_backend_matches_numpy(generic_xp, rng, name, kw):
     X, y, parts = random_data(rng, 5, 6)
     fast = FederatedLogReg(X, y, parts, lam=1e-2)
@@ -61,7 +71,7 @@ def test_namespace_recognises_a_cupy_array_by_its_module(monkeypatch):
 
     fake_cupy = types.ModuleType("cupy")
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
-    DeviceArray = type("ndarray", (), {"__module__": "cupy._core.core"})   # no __array_namespace__
+    DeviceArray = type("ndarray", (), {"__module__": "cupy._core.core"})  # no __array_namespace__
     assert namespace(DeviceArray()) is fake_cupy
     with pytest.raises(TypeError, match="different libraries"):
         namespace(DeviceArray(), np.zeros(2))

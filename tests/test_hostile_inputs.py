@@ -4,6 +4,7 @@ pre-existing file) exactly as it was.  The server cases check that the reply is 
 reason naming the client and that the round completes with the others.
 
 The commands run in-process (``main(argv)``), on tiny generated data."""
+
 import hashlib
 import json
 import logging
@@ -21,14 +22,20 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fake_cifar import cifar_pickle  # noqa: E402
+
 from figures import __main__ as figures_main  # noqa: E402
 from validation import bench_convex, bench_dnn, common, dnn, experiments, flower, outputs, superlinear  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROGS = {superlinear: "python -m validation.superlinear", dnn: "python -m validation.dnn",
-         flower: "python -m validation.flower", bench_convex: "python -m validation.bench_convex",
-         bench_dnn: "python -m validation.bench_dnn", experiments: "python -m validation.experiments",
-         figures_main: "python -m figures"}
+PROGS = {
+    superlinear: "python -m validation.superlinear",
+    dnn: "python -m validation.dnn",
+    flower: "python -m validation.flower",
+    bench_convex: "python -m validation.bench_convex",
+    bench_dnn: "python -m validation.bench_dnn",
+    experiments: "python -m validation.experiments",
+    figures_main: "python -m figures",
+}
 
 
 class Evil:
@@ -70,7 +77,7 @@ def base(tmp_path_factory, one_thread):
     (w / "bigindex.svm").write_text("1 1:1 1000000000:1\n-1 2:1\n1 3:1\n-1 4:1\n")
     (w / "hugeindex.svm").write_text("1 1:1 10000000000:1\n-1 2:1\n")
     (w / "list.json").write_text("[1]\n")
-    (w / "ckdir" / "checkpoint.pt").mkdir(parents=True)      # a previous result whose checkpoint.pt is a folder
+    (w / "ckdir" / "checkpoint.pt").mkdir(parents=True)  # a previous result whose checkpoint.pt is a folder
     (w / "ckdir" / ".fedpm-result").write_text("")
     (w / "app").mkdir()
     (w / "app" / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
@@ -90,7 +97,7 @@ def base(tmp_path_factory, one_thread):
             ck.write_bytes(ck.read_bytes()[:1500])
         elif damage == "evil":
             torch.save({"format": 2, "fingerprint": {}, "x": Evil(str(w / "PWNED"))}, str(ck))
-        else:   # a checkpoint from before fingerprints
+        else:  # a checkpoint from before fingerprints
             ck_data = torch.load(str(ck), weights_only=True)
             del ck_data["fingerprint"]
             ck_data.pop("format")
@@ -120,8 +127,22 @@ def snapshot(root):
     return out
 
 
-S = ["--dataset", "a9a", "--clients", "8", "--per-client", "50", "--rounds", "2", "--quiet", "--no-cache",
-     "--jobs", "1", "--methods", "fedpm"]
+S = [
+    "--dataset",
+    "a9a",
+    "--clients",
+    "8",
+    "--per-client",
+    "50",
+    "--rounds",
+    "2",
+    "--quiet",
+    "--no-cache",
+    "--jobs",
+    "1",
+    "--methods",
+    "fedpm",
+]
 OUT = ["--out", "{W}/out"]
 D = DNN + ["--rounds", "1"]
 
@@ -134,23 +155,58 @@ CASES = [
     ("sl-lam-inf", superlinear, S + OUT + ["--lam", "inf"], "--lam: must be a finite number"),
     ("sl-lam-nan", superlinear, S + OUT + ["--lam", "nan"], "--lam: must be a finite number"),
     ("sl-lam-neg", superlinear, S + OUT + ["--lam", "-1"], "--lam: must be a number > 0"),
-    ("sl-alpha-inf", superlinear, S[:4] + S[6:] + OUT + ["--split", "dirichlet", "--alpha", "inf"],
-     "--alpha: must be a finite number"),
+    (
+        "sl-alpha-inf",
+        superlinear,
+        S[:4] + S[6:] + OUT + ["--split", "dirichlet", "--alpha", "inf"],
+        "--alpha: must be a finite number",
+    ),
     ("sl-alpha-0", superlinear, S + OUT + ["--alpha", "0"], "--alpha: must be a number > 0"),
-    ("sl-alpha-without-dirichlet", superlinear, S + OUT + ["--alpha", "0.3"],
-     "--alpha applies to --split dirichlet only (this run's split is sequential)"),
+    (
+        "sl-alpha-without-dirichlet",
+        superlinear,
+        S + OUT + ["--alpha", "0.3"],
+        "--alpha applies to --split dirichlet only (this run's split is sequential)",
+    ),
     ("sl-max-ratio-neg", superlinear, S + OUT + ["--max-ratio", "-1"], "--max-ratio: must be a number >= 0"),
     ("sl-max-ratio-nan", superlinear, S + OUT + ["--max-ratio", "nan"], "--max-ratio: must be a finite number"),
-    ("sl-lr-diverges", superlinear, ["--dataset", "{W}/tiny.svm", "--clients", "3", "--rounds", "3", "--quiet",
-                                      "--jobs", "1", "--methods", "fedavg", "--lr", "1e9"] + OUT,
-     "fedavg diverged with --lr 1e+09"),
+    (
+        "sl-lr-diverges",
+        superlinear,
+        [
+            "--dataset",
+            "{W}/tiny.svm",
+            "--clients",
+            "3",
+            "--rounds",
+            "3",
+            "--quiet",
+            "--jobs",
+            "1",
+            "--methods",
+            "fedavg",
+            "--lr",
+            "1e9",
+        ]
+        + OUT,
+        "fedavg diverged with --lr 1e+09",
+    ),
     ("sl-lr-nan", superlinear, S + OUT + ["--lr", "nan"], "--lr: must be a finite number"),
     ("sl-lr-neg", superlinear, S + OUT + ["--lr", "-1"], "--lr: must be a number > 0"),
     ("sl-seed-neg", superlinear, S + OUT + ["--seed", "-1"], "--seed: must be an integer in 0..4294967295"),
-    ("sl-seed-big", superlinear, S + OUT + ["--seed", str(2 ** 32)], "--seed: must be an integer in 0.."),
-    ("sl-participants-gt-clients", superlinear, S + OUT + ["--participants", "20"], "--participants 20 exceeds the 8 clients (--clients)"),
-    ("sl-participants-gt-paper", superlinear, ["--dataset", "a9a", "--participants", "100", "--quiet"] + OUT,
-     "--participants 100 exceeds the 80 clients"),
+    ("sl-seed-big", superlinear, S + OUT + ["--seed", str(2**32)], "--seed: must be an integer in 0.."),
+    (
+        "sl-participants-gt-clients",
+        superlinear,
+        S + OUT + ["--participants", "20"],
+        "--participants 20 exceeds the 8 clients (--clients)",
+    ),
+    (
+        "sl-participants-gt-paper",
+        superlinear,
+        ["--dataset", "a9a", "--participants", "100", "--quiet"] + OUT,
+        "--participants 100 exceeds the 80 clients",
+    ),
     ("sl-participants-0", superlinear, S + OUT + ["--participants", "0"], "--participants: must be a positive integer"),
     ("sl-n-features-bundled", superlinear, S + OUT + ["--n-features", "5"], "--n-features applies to a LibSVM file"),
     ("sl-method-unknown", superlinear, S[:-1] + ["fedpm,fedxyz"] + OUT, "unknown method(s) fedxyz"),
@@ -162,19 +218,49 @@ CASES = [
     ("sl-dataset-empty", superlinear, ["--dataset", "{W}/empty.svm", "--quiet"] + OUT, "no samples (empty file)"),
     ("sl-dataset-one-label", superlinear, ["--dataset", "{W}/onelabel.svm", "--quiet"] + OUT, "only one label"),
     ("sl-dataset-binary", superlinear, ["--dataset", "{W}/binary.svm", "--quiet"] + OUT, "binary.svm"),
-    ("sl-dataset-feature-1e9", superlinear, ["--dataset", "{W}/bigindex.svm", "--clients", "2", "--quiet"] + OUT,
-     "1000000000 features"),
-    ("sl-dataset-feature-1e10", superlinear, ["--dataset", "{W}/hugeindex.svm", "--quiet"] + OUT,
-     "a feature index exceeds 2147483647"),
-    ("sl-clients-too-many", superlinear, S[:2] + OUT + ["--clients", "100000", "--quiet"], "cannot give 100000 clients"),
-    ("sl-per-client-too-many", superlinear, S[:4] + OUT + ["--per-client", "10000", "--quiet"], "exceeds the 32561 rows"),
+    (
+        "sl-dataset-feature-1e9",
+        superlinear,
+        ["--dataset", "{W}/bigindex.svm", "--clients", "2", "--quiet"] + OUT,
+        "1000000000 features",
+    ),
+    (
+        "sl-dataset-feature-1e10",
+        superlinear,
+        ["--dataset", "{W}/hugeindex.svm", "--quiet"] + OUT,
+        "a feature index exceeds 2147483647",
+    ),
+    (
+        "sl-clients-too-many",
+        superlinear,
+        S[:2] + OUT + ["--clients", "100000", "--quiet"],
+        "cannot give 100000 clients",
+    ),
+    (
+        "sl-per-client-too-many",
+        superlinear,
+        S[:4] + OUT + ["--per-client", "10000", "--quiet"],
+        "exceeds the 32561 rows",
+    ),
     ("sl-per-client-dirichlet", superlinear, S + OUT + ["--split", "dirichlet"], "--per-client does not apply"),
-    ("sl-cache-folder", superlinear, [a for a in S if a != "--no-cache"] + ["--cache", "{W}/foreign"] + OUT,
-     "--cache {W}/foreign: is not a regular file"),
-    ("sl-cache-foreign-file", superlinear, [a for a in S if a != "--no-cache"] + ["--cache", "{W}/file.txt"] + OUT,
-     "--cache {W}/file.txt: is not a tuning cache of this tool (not a JSON object"),
-    ("sl-cache-json-list", superlinear, [a for a in S if a != "--no-cache"] + ["--cache", "{W}/list.json"] + OUT,
-     "--cache {W}/list.json: is not a tuning cache of this tool (not a JSON object"),
+    (
+        "sl-cache-folder",
+        superlinear,
+        [a for a in S if a != "--no-cache"] + ["--cache", "{W}/foreign"] + OUT,
+        "--cache {W}/foreign: is not a regular file",
+    ),
+    (
+        "sl-cache-foreign-file",
+        superlinear,
+        [a for a in S if a != "--no-cache"] + ["--cache", "{W}/file.txt"] + OUT,
+        "--cache {W}/file.txt: is not a tuning cache of this tool (not a JSON object",
+    ),
+    (
+        "sl-cache-json-list",
+        superlinear,
+        [a for a in S if a != "--no-cache"] + ["--cache", "{W}/list.json"] + OUT,
+        "--cache {W}/list.json: is not a tuning cache of this tool (not a JSON object",
+    ),
     ("sl-out-foreign", superlinear, S + ["--out", "{W}/foreign"], "is not a previous result of this tool"),
     ("sl-out-file", superlinear, S + ["--out", "{W}/file.txt"], "exists and is not a folder"),
     ("sl-out-symlink", superlinear, S + ["--out", "{W}/link"], "is a symbolic link"),
@@ -202,42 +288,87 @@ CASES = [
     ("dnn-clients-0", dnn, D + OUT + ["--clients", "0"], "--clients: must be a positive integer"),
     ("dnn-batch-0", dnn, D + OUT + ["--batch-size", "0"], "--batch-size: must be a positive integer"),
     ("dnn-preset-other-dataset", dnn, D + OUT + ["--preset", "cifar100-a0.1"], "is for --dataset cifar100"),
-    ("dnn-preset-no-row", dnn, D + OUT + ["--preset", "cifar10-foof-64", "--method", "fedavg"], "has no row for 'fedavg'"),
+    (
+        "dnn-preset-no-row",
+        dnn,
+        D + OUT + ["--preset", "cifar10-foof-64", "--method", "fedavg"],
+        "has no row for 'fedavg'",
+    ),
     ("dnn-participants", dnn, D + OUT + ["--participants", "5"], "--participants 5 exceeds --clients 3"),
-    ("dnn-participants-default-clients", dnn, D[:2] + D[4:] + OUT + ["--participants", "11"],
-     "--participants 11 exceeds the 10 clients (default --clients)"),
+    (
+        "dnn-participants-default-clients",
+        dnn,
+        D[:2] + D[4:] + OUT + ["--participants", "11"],
+        "--participants 11 exceeds the 10 clients (default --clients)",
+    ),
     ("dnn-train-subset-small", dnn, D + OUT + ["--train-subset", "5"], "--train-subset 5: must be between"),
     ("dnn-train-subset-big", dnn, D + OUT + ["--train-subset", "1000000"], "--train-subset 1000000: must be between"),
     ("dnn-test-subset-big", dnn, D + OUT + ["--test-subset", "1000000"], "--test-subset 1000000: must be between"),
     ("dnn-too-many-clients", dnn, D + OUT + ["--clients", "1000"], "samples cannot give 1000 clients"),
     ("dnn-out-foreign", dnn, D + ["--out", "{W}/foreign"], "is not a previous result of this tool"),
     ("dnn-out-file", dnn, D + ["--out", "{W}/file.txt"], "exists and is not a folder"),
-    ("dnn-chunk-sequential", dnn, D + OUT + ["--engine", "sequential", "--client-chunk", "2"],
-     "--client-chunk applies to --engine vectorized"),
+    (
+        "dnn-chunk-sequential",
+        dnn,
+        D + OUT + ["--engine", "sequential", "--client-chunk", "2"],
+        "--client-chunk applies to --engine vectorized",
+    ),
     ("dnn-threads-0", dnn, D + OUT + ["--threads", "0"], "--threads: must be a positive integer"),
     ("dnn-resume-nothing", dnn, D + OUT + ["--resume"], "--resume: {W}/out/checkpoint.pt does not exist"),
     ("dnn-checkpoint-no-resume", dnn, D + ["--out", "{W}/run"], "exists: pass --resume"),
-    ("dnn-checkpoint-folder", dnn, D + ["--out", "{W}/ckdir"],
-     "{W}/ckdir/checkpoint.pt: is a folder, not a checkpoint file; move it away or choose another --out"),
-    ("dnn-checkpoint-folder-resume", dnn, D + ["--out", "{W}/ckdir", "--resume"],
-     "{W}/ckdir/checkpoint.pt: is a folder, not a checkpoint file; move it away or choose another --out"),
-    ("dnn-resume-alpha", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/run", "--alpha", "0.5"],
-     "different configuration (--alpha: checkpoint has 0.1, this run 0.5)"),
-    ("dnn-resume-model", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/run", "--model", "resnet18gn"],
-     "(--model: checkpoint has 'cnn', this run 'resnet18gn')"),
-    ("dnn-resume-subset", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/run", "--train-subset", "100"],
-     "(--train-subset: checkpoint has None, this run 100)"),
-    ("dnn-resume-method", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/run", "--method", "fedavg"],
-     "(--method: checkpoint has 'fedpm', this run 'fedavg')"),
-    ("dnn-resume-seed", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/run", "--seed", "1"],
-     "(--seed: checkpoint has 0, this run 1)"),
+    (
+        "dnn-checkpoint-folder",
+        dnn,
+        D + ["--out", "{W}/ckdir"],
+        "{W}/ckdir/checkpoint.pt: is a folder, not a checkpoint file; move it away or choose another --out",
+    ),
+    (
+        "dnn-checkpoint-folder-resume",
+        dnn,
+        D + ["--out", "{W}/ckdir", "--resume"],
+        "{W}/ckdir/checkpoint.pt: is a folder, not a checkpoint file; move it away or choose another --out",
+    ),
+    (
+        "dnn-resume-alpha",
+        dnn,
+        DNN + ["--rounds", "2", "--resume", "--out", "{W}/run", "--alpha", "0.5"],
+        "different configuration (--alpha: checkpoint has 0.1, this run 0.5)",
+    ),
+    (
+        "dnn-resume-model",
+        dnn,
+        DNN + ["--rounds", "2", "--resume", "--out", "{W}/run", "--model", "resnet18gn"],
+        "(--model: checkpoint has 'cnn', this run 'resnet18gn')",
+    ),
+    (
+        "dnn-resume-subset",
+        dnn,
+        DNN + ["--rounds", "2", "--resume", "--out", "{W}/run", "--train-subset", "100"],
+        "(--train-subset: checkpoint has None, this run 100)",
+    ),
+    (
+        "dnn-resume-method",
+        dnn,
+        DNN + ["--rounds", "2", "--resume", "--out", "{W}/run", "--method", "fedavg"],
+        "(--method: checkpoint has 'fedpm', this run 'fedavg')",
+    ),
+    (
+        "dnn-resume-seed",
+        dnn,
+        DNN + ["--rounds", "2", "--resume", "--out", "{W}/run", "--seed", "1"],
+        "(--seed: checkpoint has 0, this run 1)",
+    ),
     ("dnn-resume-truncated", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/trunc"], "truncated or corrupted"),
     ("dnn-resume-crafted", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/crafted"], "could run code"),
     ("dnn-resume-old-format", dnn, DNN + ["--rounds", "2", "--resume", "--out", "{W}/old"], "no fingerprint"),
     ("dnn-device", dnn, D + OUT + ["--device", "tpu"], "invalid choice: 'tpu'"),
     # ---------------------------------------------------------------- validation.flower
-    ("fl-impossible-split", flower, ["--dataset", "{W}/tiny.svm", "--clients", "1000", "--mode", "deployment"] + OUT,
-     "60 rows cannot give 1000 clients"),
+    (
+        "fl-impossible-split",
+        flower,
+        ["--dataset", "{W}/tiny.svm", "--clients", "1000", "--mode", "deployment"] + OUT,
+        "60 rows cannot give 1000 clients",
+    ),
     ("fl-cnn-dataset", flower, ["--problem", "cnn", "--dataset", "w8a"] + OUT, "--dataset does not apply"),
     ("fl-max-ratio", flower, ["--max-ratio", "0.5"] + OUT, "--max-ratio 0.5: must be >= 1"),
     ("fl-timeout-inf", flower, ["--timeout", "inf"] + OUT, "--timeout: must be a finite number"),
@@ -247,15 +378,23 @@ CASES = [
     ("fl-dataset-missing", flower, ["--dataset", "nowhere.svm"] + OUT, "nowhere.svm: neither a bundled"),
     ("fl-dataset-big-index", flower, ["--dataset", "{W}/bigindex.svm", "--clients", "2"] + OUT, "1000000000 features"),
     ("fl-method", flower, ["--method", "nosuch"] + OUT, "invalid choice: 'nosuch'"),
-    ("fl-params", flower, ["--method", "scaffold", "--params", '{"momentum": 0.9}'] + OUT,
-     "scaffold has no hyper-parameter 'momentum'"),
+    (
+        "fl-params",
+        flower,
+        ["--method", "scaffold", "--params", '{"momentum": 0.9}'] + OUT,
+        "scaffold has no hyper-parameter 'momentum'",
+    ),
     ("fl-params-not-json", flower, ["--params", "nan"] + OUT, "--params 'nan': not JSON"),
     ("fl-params-lr-text", flower, ["--params", '{"lr": "x"}'] + OUT, "fedpm: lr must be a number, got 'x'"),
     ("fl-params-lr-neg", flower, ["--params", '{"lr": -1}'] + OUT, "fedpm: lr must be > 0, got -1"),
     ("fl-params-lr-nan", flower, ["--params", '{"lr": NaN}'] + OUT, "fedpm: lr must be a finite number, got nan"),
     ("fl-params-steps-0", flower, ["--params", '{"local_steps": 0}'] + OUT, "fedpm: local_steps must be >= 1, got 0"),
-    ("fl-params-cnn-lr-text", flower, ["--problem", "cnn", "--method", "fedavg", "--params", '{"lr": "x"}'] + OUT,
-     "fedavg: lr must be a number, got 'x'"),
+    (
+        "fl-params-cnn-lr-text",
+        flower,
+        ["--problem", "cnn", "--method", "fedavg", "--params", '{"lr": "x"}'] + OUT,
+        "fedavg: lr must be a number, got 'x'",
+    ),
     ("fl-lam-0", flower, ["--lam", "0"] + OUT, "--lam: must be a number > 0"),
     ("fl-participants", flower, ["--participants", "5"] + OUT, "--participants 5 exceeds --clients 3"),
     ("fl-write-app-empty", flower, ["--write-app", ""], "--write-app: empty path"),
@@ -275,20 +414,36 @@ CASES = [
     ("bd-models-none", bench_dnn, ["--models", ","], "unknown model(s) (none given)"),
     ("bd-device", bench_dnn, ["--device", "tpu"], "invalid choice: 'tpu'"),
     ("bd-engines", bench_dnn, ["--engines", "vectorized,gpu"], "--engines: unknown engine(s) gpu"),
-    ("bd-sizes-too-big", bench_dnn, ["--sizes", "99999999,99999999,1,1"],
-     "--sizes 99999999,99999999,1,1: 99999999 clients x 99999999 images need"),
+    (
+        "bd-sizes-too-big",
+        bench_dnn,
+        ["--sizes", "99999999,99999999,1,1"],
+        "--sizes 99999999,99999999,1,1: 99999999 clients x 99999999 images need",
+    ),
     ("bd-engines-none", bench_dnn, ["--engines", ","], "unknown engine(s) (none given)"),
     # ---------------------------------------------------------------- validation.experiments, figures
     ("ex-profile", experiments, ["--profile", "huge"], "argument --profile: invalid choice: 'huge'"),
     ("ex-unknown-flag", experiments, ["--bogus"], "unrecognized arguments: --bogus"),
     ("ex-results-file", experiments, ["--results", "{W}/file.txt"], "--results {W}/file.txt: is not a folder"),
     ("fig-profile", figures_main, ["--profile", "huge"], "argument --profile: invalid choice: 'huge'"),
-    ("fig-results-file", figures_main, ["--no-compute", "--results", "{W}/file.txt"],
-     "--results {W}/file.txt: is not a folder"),
-    ("fig-out-file", figures_main, ["--no-compute", "--results", "{W}/foreign", "--out", "{W}/file.txt"],
-     "--out {W}/file.txt: exists and is not a folder"),
-    ("fig-out-foreign", figures_main, ["--no-compute", "--results", "{W}/foreign", "--out", "{W}/foreign"],
-     "--out {W}/foreign: folder exists and holds files this command did not write"),
+    (
+        "fig-results-file",
+        figures_main,
+        ["--no-compute", "--results", "{W}/file.txt"],
+        "--results {W}/file.txt: is not a folder",
+    ),
+    (
+        "fig-out-file",
+        figures_main,
+        ["--no-compute", "--results", "{W}/foreign", "--out", "{W}/file.txt"],
+        "--out {W}/file.txt: exists and is not a folder",
+    ),
+    (
+        "fig-out-foreign",
+        figures_main,
+        ["--no-compute", "--results", "{W}/foreign", "--out", "{W}/foreign"],
+        "--out {W}/foreign: folder exists and holds files this command did not write",
+    ),
 ]
 
 
@@ -322,11 +477,13 @@ PREPARE = [
 ]
 
 
-@pytest.mark.parametrize("argv,fragment", PREPARE, ids=["train-small", "train-big", "test-small", "out-empty",
-                                                         "out-symlink", "out-file"])
+@pytest.mark.parametrize(
+    "argv,fragment", PREPARE, ids=["train-small", "train-big", "test-small", "out-empty", "out-symlink", "out-file"]
+)
 def test_prepare_bad_input_is_one_clear_line_and_changes_nothing(work, capsys, argv, fragment):
-    argv = ["prepare", "--data-dir", str(work / "data"), "--clients", "3", "--out", str(work / "parts")] + \
-        [a.replace("{W}", str(work)) for a in argv]
+    argv = ["prepare", "--data-dir", str(work / "data"), "--clients", "3", "--out", str(work / "parts")] + [
+        a.replace("{W}", str(work)) for a in argv
+    ]
     before = snapshot(work)
     capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
@@ -348,6 +505,7 @@ def test_prepare_interrupted_while_writing_leaves_nothing(work, monkeypatch):
         if len(calls) == 2:
             raise KeyboardInterrupt
         return real(*a, **kw)
+
     monkeypatch.setattr(prepared, "write", write_then_interrupt)
     before = snapshot(work)
     with pytest.raises(KeyboardInterrupt):
@@ -360,16 +518,20 @@ def test_the_catalogue_is_large_enough():
     assert {m for _, m, _, _ in CASES} == set(PROGS)
 
 
-@pytest.mark.parametrize("method,params,message", [
-    ("fedpm", {"lr": -1.0}, "fedpm: lr must be > 0, got -1.0"),
-    ("fedpm", {"lr": float("nan")}, "fedpm: lr must be a finite number"),
-    ("fedpm", {"lr": "1"}, "fedpm: lr must be a number, got '1'"),
-    ("fedpm", {"local_steps": 0}, "fedpm: local_steps must be >= 1, got 0"),
-    ("fedpm", {"local_steps": 1.5}, "fedpm: local_steps must be an integer, got 1.5"),
-    ("fedpm", {"local_steps": True}, "fedpm: local_steps must be an integer, got True"),
-    ("fedavgm", {"momentum": float("inf")}, "fedavgm: momentum must be a finite number"),
-    ("fednl", {"compressor": 3}, "fednl: compressor must be a string, got 3"),
-], ids=["lr-neg", "lr-nan", "lr-text", "steps-0", "steps-float", "steps-bool", "momentum-inf", "compressor-int"])
+@pytest.mark.parametrize(
+    "method,params,message",
+    [
+        ("fedpm", {"lr": -1.0}, "fedpm: lr must be > 0, got -1.0"),
+        ("fedpm", {"lr": float("nan")}, "fedpm: lr must be a finite number"),
+        ("fedpm", {"lr": "1"}, "fedpm: lr must be a number, got '1'"),
+        ("fedpm", {"local_steps": 0}, "fedpm: local_steps must be >= 1, got 0"),
+        ("fedpm", {"local_steps": 1.5}, "fedpm: local_steps must be an integer, got 1.5"),
+        ("fedpm", {"local_steps": True}, "fedpm: local_steps must be an integer, got True"),
+        ("fedavgm", {"momentum": float("inf")}, "fedavgm: momentum must be a finite number"),
+        ("fednl", {"compressor": 3}, "fednl: compressor must be a string, got 3"),
+    ],
+    ids=["lr-neg", "lr-nan", "lr-text", "steps-0", "steps-float", "steps-bool", "momentum-inf", "compressor-int"],
+)
 def test_make_algorithm_refuses_a_bad_value_at_construction(method, params, message):
     """README's library example builds methods with make_algorithm: a bad value is one ValueError there,
     not an obscure failure inside a round (or, for a negative lr, a silent ascent)."""
@@ -386,7 +548,10 @@ def test_loading_a_folder_as_a_checkpoint_says_it_is_a_folder(tmp_path):
     (tmp_path / "checkpoint.pt").mkdir()
     with pytest.raises(ck.CheckpointError) as exc:
         ck.load(str(tmp_path / "checkpoint.pt"))
-    assert str(exc.value) == f"{tmp_path}/checkpoint.pt: is a folder, not a checkpoint file; move it away or choose another --out"
+    assert (
+        str(exc.value)
+        == f"{tmp_path}/checkpoint.pt: is a folder, not a checkpoint file; move it away or choose another --out"
+    )
 
 
 def test_make_method_refuses_a_bad_value_at_construction():
@@ -429,6 +594,7 @@ def _bad(kind):
         elif kind == "not-a-dict":
             return [r]
         return r
+
     return f
 
 
@@ -460,14 +626,18 @@ def test_server_rejects_each_hostile_reply_and_goes_on(caplog, kind, kw, reason)
     assert len(logged) == 1 and "\n" not in logged[0] and logged[0].startswith("round 1: client 2 rejected: ")
 
 
-@pytest.mark.parametrize("ids,senders,reason", [
-    ([0, 1, 1, 3], None, "client id 1 is claimed by more than one reply"),
-    ([0, 1, 9, 3], None, "client id 9 is outside 0..3"),
-    ([0, 1, -1, 3], None, "client id -1 is outside 0..3"),
-    ([0, 1, "2", 3], None, "client id '2' is not an integer"),
-    ([0, 1, True, 3], None, "client id True is not an integer"),
-    ([0, 1, 2, 3], [0, 1, 3, 3], "claims client id 2 but was sent by 3"),
-], ids=["duplicate", "out-of-range", "negative", "string", "bool", "not-the-sender"])
+@pytest.mark.parametrize(
+    "ids,senders,reason",
+    [
+        ([0, 1, 1, 3], None, "client id 1 is claimed by more than one reply"),
+        ([0, 1, 9, 3], None, "client id 9 is outside 0..3"),
+        ([0, 1, -1, 3], None, "client id -1 is outside 0..3"),
+        ([0, 1, "2", 3], None, "client id '2' is not an integer"),
+        ([0, 1, True, 3], None, "client id True is not an integer"),
+        ([0, 1, 2, 3], [0, 1, 3, 3], "claims client id 2 but was sent by 3"),
+    ],
+    ids=["duplicate", "out-of-range", "negative", "string", "bool", "not-the-sender"],
+)
 def test_server_rejects_untrusted_client_ids(ids, senders, reason):
     from fedconvex.screening import screen
 
@@ -500,6 +670,7 @@ def _tamper(node, fn):
         if dst == node and not reply.has_error() and reply.metadata.message_type == "train":
             reply.content["arrays"] = records(fn(numpy(reply.content["arrays"])))
         return reply
+
     return tamper
 
 
@@ -513,19 +684,24 @@ def test_a_huge_preconditioner_cannot_set_the_model(base):
 
     def attack(a):
         return {**a, "theta": np.full(d, 50.0), "P/block": 1e12 * np.eye(len(a["P/active"]))}
-    guarded = _flower_run(cfg, tamper=_tamper(102, attack))        # the magnitude guard is on by default (1000)
+
+    guarded = _flower_run(cfg, tamper=_tamper(102, attack))  # the magnitude guard is on by default (1000)
     assert guarded["history"][1]["used"] == 2 and guarded["history"][1]["rejected"] == 1
     np.testing.assert_allclose(guarded["theta"], two["theta"], rtol=1e-12)
     unguarded = _flower_run(FlowerRunConfig(**{**cfg.to_run_config(), "max_ratio": 0.0}), tamper=_tamper(102, attack))
-    assert np.abs(np.asarray(unguarded["theta"]) - 50).min() < 1e-3   # without the guard it wins
+    assert np.abs(np.asarray(unguarded["theta"]) - 50).min() < 1e-3  # without the guard it wins
 
 
-@pytest.mark.parametrize("corrupt,reason", [
-    (lambda r: {**r, "P/block": r["P/block"].astype(np.complex64)}, "P: block has dtype complex64"),
-    (lambda r: {**r, "P/block": r["P/block"].astype(np.int64)}, "P: block has dtype int64"),
-    (lambda r: {**r, "P/active": r["P/active"].astype(np.float64)}, "P: feature indices has dtype float64"),
-    (lambda r: {**r, "theta": r["theta"].astype(np.complex128)}, "theta has dtype complex128"),
-], ids=["complex-block", "int-block", "float-indices", "complex-theta"])
+@pytest.mark.parametrize(
+    "corrupt,reason",
+    [
+        (lambda r: {**r, "P/block": r["P/block"].astype(np.complex64)}, "P: block has dtype complex64"),
+        (lambda r: {**r, "P/block": r["P/block"].astype(np.int64)}, "P: block has dtype int64"),
+        (lambda r: {**r, "P/active": r["P/active"].astype(np.float64)}, "P: feature indices has dtype float64"),
+        (lambda r: {**r, "theta": r["theta"].astype(np.complex128)}, "theta has dtype complex128"),
+    ],
+    ids=["complex-block", "int-block", "float-indices", "complex-theta"],
+)
 def test_flower_logreg_server_dtype_checks(base, caplog, corrupt, reason):
     from fedpm_flower.config import FlowerRunConfig
 
@@ -555,7 +731,7 @@ def test_a_previous_result_is_replaced_only_when_the_new_one_is_complete(tmp_pat
     with outputs.ResultDir(str(out)) as tmp:
         open(os.path.join(tmp, "summary.json"), "w").write("1")
     assert (out / "summary.json").read_text() == "1" and (out / outputs.MARKER).exists()
-    with pytest.raises(KeyboardInterrupt):   # Ctrl-C while writing the new result
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C while writing the new result
         with outputs.ResultDir(str(out)) as tmp:
             open(os.path.join(tmp, "summary.json"), "w").write("2")
             raise KeyboardInterrupt
@@ -589,23 +765,41 @@ def _killed(*task):
 
 def test_a_killed_worker_is_one_line_and_nothing_is_written(base, tmp_path, capsys, monkeypatch):
     """The parallel workers are forked: one of them killed (-9) must not hang the run."""
-    monkeypatch.setattr(superlinear, "_run_method", _killed)       # a worker's task: a method with known lr,
-    monkeypatch.setattr(superlinear, "_run_candidate", _killed)    # or one tuning candidate
+    monkeypatch.setattr(superlinear, "_run_method", _killed)  # a worker's task: a method with known lr,
+    monkeypatch.setattr(superlinear, "_run_candidate", _killed)  # or one tuning candidate
     out = tmp_path / "o"
     with pytest.raises(SystemExit) as exc:
-        superlinear.main(["--dataset", str(base / "tiny.svm"), "--clients", "3", "--rounds", "2", "--quiet",
-                          "--no-cache", "--jobs", "2", "--methods", "fedpm,fedavg", "--out", str(out)])
+        superlinear.main(
+            [
+                "--dataset",
+                str(base / "tiny.svm"),
+                "--clients",
+                "3",
+                "--rounds",
+                "2",
+                "--quiet",
+                "--no-cache",
+                "--jobs",
+                "2",
+                "--methods",
+                "fedpm,fedavg",
+                "--out",
+                str(out),
+            ]
+        )
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and "a worker process ended abnormally" in err[0]
     assert os.listdir(tmp_path) == []
 
 
 def test_sigterm_while_writing_leaves_no_partial_folder(tmp_path):
-    code = ("import os, signal, sys, time\n"
-            "from validation.outputs import ResultDir\n"
-            "with ResultDir(sys.argv[1]) as tmp:\n"
-            "    open(os.path.join(tmp, 'started'), 'w').write('1')\n"
-            "    time.sleep(60)\n")
+    code = (
+        "import os, signal, sys, time\n"
+        "from validation.outputs import ResultDir\n"
+        "with ResultDir(sys.argv[1]) as tmp:\n"
+        "    open(os.path.join(tmp, 'started'), 'w').write('1')\n"
+        "    time.sleep(60)\n"
+    )
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "o")], env={**os.environ, "PYTHONPATH": ROOT})
     deadline = time.time() + 30
     while not any(n.startswith(".partial-") for n in os.listdir(tmp_path)) and time.time() < deadline:
@@ -619,11 +813,32 @@ def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path):
     """Ctrl-C (SIGINT to the process group, as a terminal sends it) mid-run: one line, exit 130, no
     traceback, no result and no temporary folder."""
     out = tmp_path / "o"
-    p = subprocess.Popen([sys.executable, "-m", "validation.superlinear", "--dataset", "w8a", "--quiet", "--no-cache",
-                          "--methods", "fedpm,fedavg,fednl", "--rounds", "50", "--jobs", "2", "--out", str(out)],
-                         env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}, cwd=ROOT,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # not inherited as ignored
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "validation.superlinear",
+            "--dataset",
+            "w8a",
+            "--quiet",
+            "--no-cache",
+            "--methods",
+            "fedpm,fedavg,fednl",
+            "--rounds",
+            "50",
+            "--jobs",
+            "2",
+            "--out",
+            str(out),
+        ],
+        env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"},
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # not inherited as ignored
     time.sleep(4)
     os.killpg(p.pid, signal.SIGINT)
     err = p.communicate(timeout=120)[1]
@@ -648,6 +863,7 @@ def test_ctrl_c_while_a_checkpoint_is_written_keeps_the_old_one_and_no_temporary
             raise KeyboardInterrupt
         finally:
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 3866432 vs 3866328")
+
     monkeypatch.setattr(ck.torch, "save", interrupted_save)
     with pytest.raises(KeyboardInterrupt):
         ck.save(str(path), {"round": torch.tensor(2)})
@@ -661,9 +877,13 @@ def test_kill_9_then_resume_gives_the_uninterrupted_history(base, tmp_path, caps
     full = tmp_path / "full"
     assert dnn.main(args + ["--out", str(full)]) == 0
     killed = tmp_path / "killed"
-    p = subprocess.Popen([sys.executable, "-m", "validation.dnn", *args, "--out", str(killed)],
-                         env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}, cwd=ROOT, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "validation.dnn", *args, "--out", str(killed)],
+        env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"},
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 300
     while not (killed / "checkpoint.pt").exists() and p.poll() is None and time.time() < deadline:
         time.sleep(0.01)
@@ -698,9 +918,10 @@ def test_ctrl_c_in_dnn_says_what_is_kept_and_leaves_an_empty_out_as_it_was(base,
 
         def interrupted_last_write(*a, **k):
             calls.append(1)
-            if len(calls) == 2:      # the first is round 1's, the second the final one
+            if len(calls) == 2:  # the first is round 1's, the second the final one
                 raise KeyboardInterrupt
             return real(*a, **k)
+
         monkeypatch.setattr(dnn, "write_outputs", interrupted_last_write)
     assert common.run_command("python -m validation.dnn", lambda: dnn.main(args)) == 130
     line = capsys.readouterr().err.strip()
@@ -716,10 +937,30 @@ def test_sigterm_to_the_command_alone_stops_its_workers_in_one_line(tmp_path):
     """SIGTERM to the main process only (``kill PID``, a scheduler, ``Popen.terminate``) while its tuning workers
     run: one line, exit 143, no result, and no worker left behind (they were orphaned, holding their memory)."""
     out = tmp_path / "o"
-    p = subprocess.Popen([sys.executable, "-m", "validation.superlinear", "--dataset", "w8a", "--quiet", "--no-cache",
-                          "--methods", "fedpm,fedavg,fednl", "--rounds", "50", "--jobs", "2", "--out", str(out)],
-                         env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}, cwd=ROOT,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "validation.superlinear",
+            "--dataset",
+            "w8a",
+            "--quiet",
+            "--no-cache",
+            "--methods",
+            "fedpm,fedavg,fednl",
+            "--rounds",
+            "50",
+            "--jobs",
+            "2",
+            "--out",
+            str(out),
+        ],
+        env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"},
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     def children():
         try:
@@ -727,6 +968,7 @@ def test_sigterm_to_the_command_alone_stops_its_workers_in_one_line(tmp_path):
                 return [int(c) for c in fh.read().split()]
         except OSError:
             return []
+
     deadline = time.time() + 60
     while len(children()) < 2 and p.poll() is None and time.time() < deadline:
         time.sleep(0.1)
@@ -737,7 +979,8 @@ def test_sigterm_to_the_command_alone_stops_its_workers_in_one_line(tmp_path):
     err = p.communicate(timeout=120)[1]
     assert p.returncode == 143 and "Traceback" not in err, err
     assert [ln for ln in err.splitlines() if ln.strip()] == [
-        "python -m validation.superlinear: error: terminated (SIGTERM); nothing was written"], err
+        "python -m validation.superlinear: error: terminated (SIGTERM); nothing was written"
+    ], err
     deadline = time.time() + 30
     while any(os.path.exists(f"/proc/{w}") for w in workers) and time.time() < deadline:
         time.sleep(0.1)
@@ -765,4 +1008,3 @@ def test_figures_write_again_into_their_own_out(tmp_path, capsys):
     assert figures_main.main(args) == 0 and (out / ".fedpm-result").exists()
     (out / "table3_accuracy.md").write_text("an earlier table of ours\n")
     assert figures_main.main(args) == 0
-

@@ -1,7 +1,9 @@
 """Properties of the preconditioned-mixing kernel, on several array libraries."""
+
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedconvex.blocks import ActiveBlocks
 from fedconvex.mixing import precond_mix, simple_mix
@@ -73,8 +75,8 @@ def test_matches_the_closed_form(rng):
     P, X, w = spd_stack(rng, n, d, rank=2), rng.normal(size=(n, d)), rng.random(n)
     lam = 0.7
     w_n = w / w.sum()
-    A = sum(wi * (Pi + lam * np.eye(d)) for wi, Pi in zip(w_n, P))
-    b = sum(wi * (Pi + lam * np.eye(d)) @ xi for wi, Pi, xi in zip(w_n, P, X))
+    A = sum(wi * (Pi + lam * np.eye(d)) for wi, Pi in zip(w_n, P, strict=False))
+    b = sum(wi * (Pi + lam * np.eye(d)) @ xi for wi, Pi, xi in zip(w_n, P, X, strict=False))
     np.testing.assert_allclose(precond_mix(P, X, w, damping=lam), np.linalg.solve(A, b), rtol=1e-10)
 
 
@@ -84,26 +86,33 @@ def test_structured_stack_equals_dense(rng):
     blocks = [spd_stack(rng, 1, len(a), rank=1)[0] for a in active]
     stack = ActiveBlocks(tuple(blocks), tuple(active), d, shift=0.05)
     X = rng.normal(size=(n, d))
-    np.testing.assert_allclose(precond_mix(stack, X, damping=0.3), precond_mix(stack.dense(), X, damping=0.3),
-                               rtol=1e-11)
+    np.testing.assert_allclose(
+        precond_mix(stack, X, damping=0.3), precond_mix(stack.dense(), X, damping=0.3), rtol=1e-11
+    )
 
 
-@pytest.mark.parametrize("bad", [
-    dict(P=np.zeros((2, 3, 4)), X=np.zeros((2, 3))),
-    dict(P=np.eye(3)[None].repeat(2, 0), X=np.zeros((3, 3))),
-    dict(P=np.eye(3)[None].repeat(2, 0), X=np.zeros((2, 4))),
-    dict(P=np.eye(3)[None].repeat(2, 0), X=np.zeros((2, 3)), damping=-1.0),
-    dict(P=np.eye(3)[None].repeat(2, 0), X=np.zeros((2, 3)), weights=[1.0]),
-    dict(P=np.eye(3)[None].repeat(2, 0), X=np.zeros((2, 3)), weights=[0.0, 0.0]),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(P=np.zeros((2, 3, 4)), X=np.zeros((2, 3))),
+        dict(P=np.eye(3)[None].repeat(2, 0), X=np.zeros((3, 3))),
+        dict(P=np.eye(3)[None].repeat(2, 0), X=np.zeros((2, 4))),
+        dict(P=np.eye(3)[None].repeat(2, 0), X=np.zeros((2, 3)), damping=-1.0),
+        dict(P=np.eye(3)[None].repeat(2, 0), X=np.zeros((2, 3)), weights=[1.0]),
+        dict(P=np.eye(3)[None].repeat(2, 0), X=np.zeros((2, 3)), weights=[0.0, 0.0]),
+    ],
+)
 def test_bad_inputs_raise(bad):
     with pytest.raises(ValueError):
         precond_mix(**bad)
 
 
-BACKENDS = [pytest.param("torch", marks=pytest.mark.skipif(torch is None, reason="torch not installed")),
-            pytest.param("array_api_strict",
-                         marks=pytest.mark.skipif(array_api_strict is None, reason="array-api-strict not installed"))]
+BACKENDS = [
+    pytest.param("torch", marks=pytest.mark.skipif(torch is None, reason="torch not installed")),
+    pytest.param(
+        "array_api_strict", marks=pytest.mark.skipif(array_api_strict is None, reason="array-api-strict not installed")
+    ),
+]
 
 
 def to_backend(name, a):
@@ -121,10 +130,15 @@ def test_same_result_on_other_array_libraries(name, prob, damping):
     out = precond_mix(to_backend(name, P), to_backend(name, X), to_backend(name, w), damping=damping)
     assert type(out).__module__.split(".")[0] == name.split(".")[0]
     np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(np.asarray(precond_mix(to_backend(name, P), to_backend(name, X[:, :, 0]))),
-                               precond_mix(P, X[:, :, 0]), rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(np.asarray(simple_mix(to_backend(name, X), to_backend(name, w))),
-                               simple_mix(X, w), rtol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(precond_mix(to_backend(name, P), to_backend(name, X[:, :, 0]))),
+        precond_mix(P, X[:, :, 0]),
+        rtol=1e-10,
+        atol=1e-12,
+    )
+    np.testing.assert_allclose(
+        np.asarray(simple_mix(to_backend(name, X), to_backend(name, w))), simple_mix(X, w), rtol=1e-12
+    )
 
 
 def test_mixing_arrays_of_two_libraries_is_an_error():
@@ -142,23 +156,48 @@ def test_default_weights_are_uniform_one_over_n(prob, damping):
     rng = np.random.default_rng(seed)
     P, X = spd_stack(rng, n, d, rank=1), rng.normal(size=(n, d))
     A = sum(Pi + damping * np.eye(d) for Pi in P) / n
-    b = sum((Pi + damping * np.eye(d)) @ xi for Pi, xi in zip(P, X)) / n
+    b = sum((Pi + damping * np.eye(d)) @ xi for Pi, xi in zip(P, X, strict=False)) / n
     np.testing.assert_allclose(precond_mix(P, X, damping=damping), np.linalg.solve(A, b), rtol=1e-9, atol=1e-10)
-    np.testing.assert_allclose(precond_mix(P, X, damping=damping), precond_mix(P, X, np.ones(n), damping=damping),
-                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        precond_mix(P, X, damping=damping), precond_mix(P, X, np.ones(n), damping=damping), rtol=1e-10, atol=1e-12
+    )
 
 
 # ------------------------------------------------------------------ malformed inputs, refused at the call
-@pytest.mark.parametrize("args,kw,exc,fragment", [
-    (([], [], []), {}, TypeError, "P must be an (N, d, d) array stack or a structured stack, got list"),
-    ((np.eye(2)[None], [[1.0, 2.0]]), {}, TypeError, "X must be an (N, d) or (N, d, k) array, got list"),
-    ((np.eye(2)[None], np.float64(1.0)), {}, ValueError, "X has shape (), expected (N, 2) or (N, 2, k)"),
-    ((np.zeros((0, 3, 3)), np.zeros((0, 3))), {}, ValueError, "precond_mix needs at least one client (P and X hold 0)"),
-    ((np.eye(2)[None], np.ones((1, 2))), {"damping": float("nan")}, ValueError, "damping must be a finite number >= 0, got nan"),
-    ((np.eye(2)[None], np.ones((1, 2))), {"damping": float("inf")}, ValueError, "damping must be a finite number >= 0, got inf"),
-    ((np.eye(2)[None], np.ones((1, 2))), {"damping": -1.0}, ValueError, "damping must be a finite number >= 0, got -1.0"),
-    ((np.eye(2)[None], np.ones((1, 2)), [np.inf]), {}, ValueError, "weights must sum to a finite positive number"),
-], ids=["lists", "x-list", "x-scalar", "empty", "damping-nan", "damping-inf", "damping-neg", "weights-inf"])
+@pytest.mark.parametrize(
+    "args,kw,exc,fragment",
+    [
+        (([], [], []), {}, TypeError, "P must be an (N, d, d) array stack or a structured stack, got list"),
+        ((np.eye(2)[None], [[1.0, 2.0]]), {}, TypeError, "X must be an (N, d) or (N, d, k) array, got list"),
+        ((np.eye(2)[None], np.float64(1.0)), {}, ValueError, "X has shape (), expected (N, 2) or (N, 2, k)"),
+        (
+            (np.zeros((0, 3, 3)), np.zeros((0, 3))),
+            {},
+            ValueError,
+            "precond_mix needs at least one client (P and X hold 0)",
+        ),
+        (
+            (np.eye(2)[None], np.ones((1, 2))),
+            {"damping": float("nan")},
+            ValueError,
+            "damping must be a finite number >= 0, got nan",
+        ),
+        (
+            (np.eye(2)[None], np.ones((1, 2))),
+            {"damping": float("inf")},
+            ValueError,
+            "damping must be a finite number >= 0, got inf",
+        ),
+        (
+            (np.eye(2)[None], np.ones((1, 2))),
+            {"damping": -1.0},
+            ValueError,
+            "damping must be a finite number >= 0, got -1.0",
+        ),
+        ((np.eye(2)[None], np.ones((1, 2)), [np.inf]), {}, ValueError, "weights must sum to a finite positive number"),
+    ],
+    ids=["lists", "x-list", "x-scalar", "empty", "damping-nan", "damping-inf", "damping-neg", "weights-inf"],
+)
 def test_precond_mix_refuses_malformed_input(args, kw, exc, fragment):
     with pytest.raises(exc) as info:
         precond_mix(*args, **kw)

@@ -2,6 +2,7 @@
 matrix after matrix, in upper-index order; the dense path (Natural.encode with supports) and FedNL's block
 path (fednl_blocks.encode on the active blocks) draw and send the same; a matrix with mass outside its
 support draws for every entry instead; the distribution is still unbiased rounding to powers of two."""
+
 import math
 
 import numpy as np
@@ -12,8 +13,13 @@ from fedconvex.algorithms.compressors import Natural
 from fedconvex.blocks import Layout
 
 D = 9
-SUPPORTS = [np.array([], dtype=np.int64), np.array([4]), np.array([0, 2, 5, 8]), np.arange(D),
-            np.array([1, 3, 4, 6, 7])]
+SUPPORTS = [
+    np.array([], dtype=np.int64),
+    np.array([4]),
+    np.array([0, 2, 5, 8]),
+    np.arange(D),
+    np.array([1, 3, 4, 6, 7]),
+]
 
 
 def upper_count(a):
@@ -34,7 +40,7 @@ def random_blocks(rng, supports, d=D):
     layout = Layout([len(a) for a in supports], [(a[:, None] * d + a[None, :]).reshape(-1) for a in supports], d)
     packed = np.concatenate([B.reshape(-1) for B in blocks])
     M = np.zeros((len(supports), d, d))
-    for c, (a, B) in enumerate(zip(supports, blocks)):
+    for c, (a, B) in enumerate(zip(supports, blocks, strict=False)):
         M[c][np.ix_(a, a)] = B
     return packed, layout, M
 
@@ -51,16 +57,16 @@ def natural_by_definition(M, entries, uniforms):
             t, draw = M[c, i, j], next(u)
             if t == 0.0:
                 continue
-            a = math.frexp(abs(t))[1] - 1                   # 2^a <= |t| < 2^(a+1)
-            up = draw < abs(t) / 2.0 ** a - 1.0
+            a = math.frexp(abs(t))[1] - 1  # 2^a <= |t| < 2^(a+1)
+            up = draw < abs(t) / 2.0**a - 1.0
             out[c, i, j] = out[c, j, i] = math.copysign(2.0 ** (a + up), t)
-    assert next(u, None) is None                            # every uniform used
+    assert next(u, None) is None  # every uniform used
     return out
 
 
 def support_pairs(a):
     a = sorted(set(int(x) for x in a))
-    return [(i, j) for i in a for j in a if i <= j]           # row-major upper triangle: upper-index order
+    return [(i, j) for i in a for j in a if i <= j]  # row-major upper triangle: upper-index order
 
 
 def test_the_dense_path_draws_one_uniform_per_upper_entry_of_each_support_in_upper_index_order(rng):
@@ -70,7 +76,7 @@ def test_the_dense_path_draws_one_uniform_per_upper_entry_of_each_support_in_upp
     got, ref = np.random.default_rng(7), np.random.default_rng(7)
     msg = nat.encode(np, M, got, support=SUPPORTS)
     uniforms = ref.random(count)
-    assert got.bit_generator.state == ref.bit_generator.state       # exactly `count` uniforms drawn
+    assert got.bit_generator.state == ref.bit_generator.state  # exactly `count` uniforms drawn
     want = natural_by_definition(M, [support_pairs(a) for a in SUPPORTS], uniforms)
     assert np.array_equal(nat.decode(np, msg, D), want)
     # the message format is unchanged: every upper entry has an int16 code, 12 bits each
@@ -108,7 +114,7 @@ def test_the_block_path_sends_the_dense_paths_messages_and_leaves_the_same_gener
     packed, layout, M = random_blocks(rng, supports)
     nat = Natural()
     dense_rng, block_rng, ref = (np.random.default_rng(11) for _ in range(3))
-    for _ in range(2):                                            # the block path's kept buffer is reused
+    for _ in range(2):  # the block path's kept buffer is reused
         want = nat.encode(np, M, dense_rng, support=supports)
         msg, S = fednl_blocks.encode(nat, packed, layout, supports, D, block_rng)
         assert np.array_equal(msg["code"], want["code"])
@@ -117,7 +123,7 @@ def test_the_block_path_sends_the_dense_paths_messages_and_leaves_the_same_gener
         assert block_rng.bit_generator.state == ref.bit_generator.state
         # the update the client adds is the decoded message, on its block
         decoded = nat.decode(np, want, D)
-        for c, (a, B) in enumerate(zip(supports, layout.views(S))):
+        for c, (a, B) in enumerate(zip(supports, layout.views(S), strict=False)):
             assert np.array_equal(B, decoded[c][np.ix_(a, a)])
 
 
@@ -126,7 +132,7 @@ def test_mass_outside_the_support_draws_for_every_entry_and_is_not_dropped(rng):
     entry of the whole matrix (as without a support); the other matrices keep their support's draws."""
     supports = [np.array([0, 2, 5, 8]), np.array([1, 3]), np.array([4, 6, 7])]
     _, _, M = random_blocks(rng, supports)
-    M[1, 0, 7] = M[1, 7, 0] = 3.0                    # client 1's support is {1, 3}: entry (0, 7) is outside
+    M[1, 0, 7] = M[1, 7, 0] = 3.0  # client 1's support is {1, 3}: entry (0, 7) is outside
     got, ref = np.random.default_rng(5), np.random.default_rng(5)
     msg = Natural().encode(np, M, got, support=supports)
     entries = [support_pairs(supports[0]), support_pairs(range(D)), support_pairs(supports[2])]
@@ -134,7 +140,7 @@ def test_mass_outside_the_support_draws_for_every_entry_and_is_not_dropped(rng):
     assert got.bit_generator.state == ref.bit_generator.state
     decoded = Natural().decode(np, msg, D)
     assert np.array_equal(decoded, natural_by_definition(M, entries, uniforms))
-    assert decoded[1, 0, 7] in (2.0, 4.0)            # 3 is rounded to a power of two, not dropped
+    assert decoded[1, 0, 7] in (2.0, 4.0)  # 3 is rounded to a power of two, not dropped
 
 
 def test_natural_on_a_support_is_unbiased(rng):
@@ -152,7 +158,7 @@ def test_natural_on_a_support_is_unbiased(rng):
     low = np.where(t > 0, 2.0 ** (np.frexp(t)[1] - 1.0), 0.0)
     sd = np.sqrt((2 * low - t) * (t - low) / draws)
     assert np.all(np.abs(mean - M) <= 5 * sd + 1e-12 * t)
-    assert (sd > 0).sum() >= 10                                # most entries are really random
+    assert (sd > 0).sum() >= 10  # most entries are really random
 
 
 def test_natural_rejects_supports_that_do_not_fit_the_matrices(rng):

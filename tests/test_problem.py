@@ -1,11 +1,13 @@
 """The logistic-regression oracles against finite differences and a dense naive reference."""
+
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from naive import NaiveLogReg, random_data
 
 from fedconvex.blocks import ActiveBlocks, NotPositiveDefinite
 from fedconvex.problem import FederatedLogReg
-from naive import NaiveLogReg, random_data
 
 
 def make(rng, n_clients=4, d=6, lam=1e-2, weighting="uniform", **kw):
@@ -14,8 +16,11 @@ def make(rng, n_clients=4, d=6, lam=1e-2, weighting="uniform", **kw):
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), weighting=st.sampled_from(["uniform", "samples"]),
-       lam=st.sampled_from([0.0, 1e-3, 0.3]))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    weighting=st.sampled_from(["uniform", "samples"]),
+    lam=st.sampled_from([0.0, 1e-3, 0.3]),
+)
 def test_oracles_match_the_naive_reference(seed, weighting, lam):
     rng = np.random.default_rng(seed)
     pb, ref = make(rng, n_clients=int(rng.integers(1, 6)), d=int(rng.integers(1, 9)), lam=lam, weighting=weighting)
@@ -29,7 +34,7 @@ def test_oracles_match_the_naive_reference(seed, weighting, lam):
         np.testing.assert_allclose(grads[i], ref.g_i(i, T[i]), rtol=1e-10, atol=1e-14)
         np.testing.assert_allclose(H[i], ref.H_i(i, T[i]), rtol=1e-10, atol=1e-14)
         np.testing.assert_allclose(hv[i], ref.H_i(i, T[i]) @ V[i], rtol=1e-10, atol=1e-14)
-    assert np.array_equal(pb.values(T), vals)          # the values-only path: the same numbers
+    assert np.array_equal(pb.values(T), vals)  # the values-only path: the same numbers
     th = T[0]
     assert pb.value(th) == pytest.approx(ref.f(th), rel=1e-12)
     assert pb.value(th) == pb.value_and_gradient(th)[0]
@@ -83,8 +88,9 @@ def test_active_blocks_solve_apply_and_null_space(rng):
         if shift:
             np.testing.assert_allclose(stack.solve(G), np.linalg.solve(D, G[:, :, None])[:, :, 0], rtol=1e-10)
         else:  # singular off the active features: the minimum-norm solution (pseudo-inverse)
-            np.testing.assert_allclose(stack.solve(G), np.einsum("nij,nj->ni", np.linalg.pinv(D), G), rtol=1e-8,
-                                       atol=1e-12)
+            np.testing.assert_allclose(
+                stack.solve(G), np.einsum("nij,nj->ni", np.linalg.pinv(D), G), rtol=1e-8, atol=1e-12
+            )
         np.testing.assert_allclose(stack.apply(G), np.einsum("nij,nj->ni", D, G), rtol=1e-12)
     bad = ActiveBlocks((-np.eye(2),), (np.array([0, 1]),), 3, 0.0)
     with pytest.raises(NotPositiveDefinite, match="client 0"):
@@ -130,8 +136,7 @@ def test_global_hessian_product_keeps_its_pattern_and_gives_scipys_numbers(rng):
         got = pb._xtsx(s)
         assert got.dtype == ref.dtype and np.array_equal(got, ref)
     theta = rng.normal(size=pb.d)
-    np.testing.assert_allclose(pb.hessian(theta), NaiveLogReg(X, y, parts, 1e-2).H(theta), rtol=1e-10,
-                               atol=1e-12)
+    np.testing.assert_allclose(pb.hessian(theta), NaiveLogReg(X, y, parts, 1e-2).H(theta), rtol=1e-10, atol=1e-12)
 
 
 # ------------------------------------------------------------------ malformed inputs, refused at the boundary
@@ -140,14 +145,18 @@ def _small(rng):
     return X, y, parts
 
 
-@pytest.mark.parametrize("lam,exc,fragment", [
-    (float("inf"), ValueError, "lam must be a finite number >= 0, got inf"),
-    (float("nan"), ValueError, "lam must be a finite number >= 0, got nan"),
-    (-1e-3, ValueError, "lam must be a finite number >= 0, got -0.001"),
-    ("x", TypeError, "lam must be a real number, got 'x'"),
-    (None, TypeError, "lam must be a real number, got None"),
-    (True, TypeError, "lam must be a real number, got True"),
-], ids=["inf", "nan", "negative", "text", "none", "bool"])
+@pytest.mark.parametrize(
+    "lam,exc,fragment",
+    [
+        (float("inf"), ValueError, "lam must be a finite number >= 0, got inf"),
+        (float("nan"), ValueError, "lam must be a finite number >= 0, got nan"),
+        (-1e-3, ValueError, "lam must be a finite number >= 0, got -0.001"),
+        ("x", TypeError, "lam must be a real number, got 'x'"),
+        (None, TypeError, "lam must be a real number, got None"),
+        (True, TypeError, "lam must be a real number, got True"),
+    ],
+    ids=["inf", "nan", "negative", "text", "none", "bool"],
+)
 def test_bad_lam_is_one_clear_error(rng, lam, exc, fragment):
     X, y, parts = _small(rng)
     with pytest.raises(exc) as info:
@@ -162,7 +171,7 @@ def test_labels_must_be_exactly_plus_minus_one(rng):
         FederatedLogReg(X, (y + 1) / 2, parts)
     msg = str(info.value)
     assert "y must hold labels -1 and +1" in msg and "got 0" in msg and "2 * y - 1" in msg
-    for bad in (y * 2, np.where(y > 0, 1.0, 0.5), (y > 0)):        # +-2, a fraction, booleans
+    for bad in (y * 2, np.where(y > 0, 1.0, 0.5), (y > 0)):  # +-2, a fraction, booleans
         with pytest.raises(ValueError, match="y must hold labels -1 and \\+1"):
             FederatedLogReg(X, bad, parts)
     # +-1 of any numeric dtype are the same problem
@@ -172,16 +181,19 @@ def test_labels_must_be_exactly_plus_minus_one(rng):
     assert a.value(theta) == b.value(theta)
 
 
-@pytest.mark.parametrize("case,fragment", [
-    ("y-short", "y has 11 labels but X has 12 rows"),
-    ("y-2d", "y must be a 1-D array of labels, got shape (12, 1)"),
-    ("y-text", "y must be numeric"),
-    ("y-nan", "y holds NaN or Inf"),
-    ("X-nan", "X holds NaN or Inf"),
-    ("X-inf", "X holds NaN or Inf"),
-    ("X-text", "X must be a 2-D numeric array or SciPy sparse matrix"),
-    ("X-no-columns", "X has no columns"),
-])
+@pytest.mark.parametrize(
+    "case,fragment",
+    [
+        ("y-short", "y has 11 labels but X has 12 rows"),
+        ("y-2d", "y must be a 1-D array of labels, got shape (12, 1)"),
+        ("y-text", "y must be numeric"),
+        ("y-nan", "y holds NaN or Inf"),
+        ("X-nan", "X holds NaN or Inf"),
+        ("X-inf", "X holds NaN or Inf"),
+        ("X-text", "X must be a 2-D numeric array or SciPy sparse matrix"),
+        ("X-no-columns", "X has no columns"),
+    ],
+)
 def test_malformed_data_is_one_clear_error(rng, case, fragment):
     X, y, parts = _small(rng)
     if case == "y-short":
@@ -206,16 +218,20 @@ def test_malformed_data_is_one_clear_error(rng, case, fragment):
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("parts,exc,fragment", [
-    ([[0, 1, 2], [3, -1]], ValueError, "client 1 has row index -1; row indices must be in 0..11"),
-    ([[0, 1, 2], [3, 12]], ValueError, "client 1 has row index 12; row indices must be in 0..11"),
-    ([[0, 1, 2], [3.0, 4.0]], TypeError, "client 1's row indices must be integers, got float64"),
-    ([[0, 1, 2], [True, False]], TypeError, "client 1's row indices must be integers, got bool"),
-    ([[0, 1], 2], ValueError, "client 1's rows must be a 1-D array of row indices, got a scalar"),
-    ([[[0, 1], [2, 3]]], ValueError, "client 0's rows must be a 1-D array of row indices, got shape (2, 2)"),
-    (None, TypeError, "parts must be a sequence of row-index arrays (one per client), got NoneType"),
-    ([], ValueError, "a federated problem needs at least one client"),
-], ids=["negative", "out-of-range", "float", "bool", "scalar", "2d", "none", "empty"])
+@pytest.mark.parametrize(
+    "parts,exc,fragment",
+    [
+        ([[0, 1, 2], [3, -1]], ValueError, "client 1 has row index -1; row indices must be in 0..11"),
+        ([[0, 1, 2], [3, 12]], ValueError, "client 1 has row index 12; row indices must be in 0..11"),
+        ([[0, 1, 2], [3.0, 4.0]], TypeError, "client 1's row indices must be integers, got float64"),
+        ([[0, 1, 2], [True, False]], TypeError, "client 1's row indices must be integers, got bool"),
+        ([[0, 1], 2], ValueError, "client 1's rows must be a 1-D array of row indices, got a scalar"),
+        ([[[0, 1], [2, 3]]], ValueError, "client 0's rows must be a 1-D array of row indices, got shape (2, 2)"),
+        (None, TypeError, "parts must be a sequence of row-index arrays (one per client), got NoneType"),
+        ([], ValueError, "a federated problem needs at least one client"),
+    ],
+    ids=["negative", "out-of-range", "float", "bool", "scalar", "2d", "none", "empty"],
+)
 def test_bad_client_partition_is_one_clear_error(rng, parts, exc, fragment):
     X, y, _ = _small(rng)
     with pytest.raises(exc) as info:

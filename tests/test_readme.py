@@ -1,4 +1,5 @@
 """README.md is the contract with a new user: its commands must be the ones CI runs."""
+
 import os
 import re
 

@@ -1,8 +1,10 @@
 """Server robustness: unusable client replies are rejected, logged, and the round goes on."""
+
 import logging
 
 import numpy as np
 import pytest
+from naive import random_data
 
 from fedconvex.algorithms import make_algorithm
 from fedconvex.blocks import ActiveBlocks
@@ -10,7 +12,6 @@ from fedconvex.mixing import precond_mix
 from fedconvex.problem import FederatedLogReg
 from fedconvex.run import run
 from fedconvex.screening import psd_problem, reply_problem, screen
-from naive import random_data
 
 
 def problem(rng, n=5, d=6):
@@ -24,6 +25,7 @@ def corrupt_theta(client, value):
         up["theta"] = up["theta"].copy()
         up["theta"][client, 0] = value
         return up
+
     return tamper
 
 
@@ -65,8 +67,10 @@ def test_when_nobody_is_usable_the_round_is_skipped_and_the_model_kept(rng, capl
 
     def tamper(round_, up):
         P = up["P"]
-        return {**up, "P": ActiveBlocks(tuple(-b - np.eye(b.shape[0]) for b in P.blocks), P.active, P.d, P.shift,
-                                        P.flat)}
+        return {
+            **up,
+            "P": ActiveBlocks(tuple(-b - np.eye(b.shape[0]) for b in P.blocks), P.active, P.d, P.shift, P.flat),
+        }
 
     with caplog.at_level(logging.WARNING, logger="fedpm.server"):
         state, hist = run(pb, make_algorithm("fedpm"), theta, 2, tamper=tamper)
@@ -80,11 +84,11 @@ def test_psd_and_reply_checks():
     P = A @ A.T
     assert psd_problem(P) is None and psd_problem(np.zeros((0, 0))) is None
     lowest = np.linalg.eigvalsh(P)[0]
-    assert psd_problem(P - (lowest + 1.0) * np.eye(5)) == "is not positive semidefinite"   # eigenvalue -1
-    assert psd_problem(P - lowest * np.eye(5)) is None                                   # singular PSD: fine
+    assert psd_problem(P - (lowest + 1.0) * np.eye(5)) == "is not positive semidefinite"  # eigenvalue -1
+    assert psd_problem(P - lowest * np.eye(5)) is None  # singular PSD: fine
     assert psd_problem(A) == "is not symmetric"
     assert psd_problem(-P) == "is not positive semidefinite"
-    assert psd_problem(P + 1e-12 * rng.normal(size=(5, 5))) is None   # asymmetry within tolerance
+    assert psd_problem(P + 1e-12 * rng.normal(size=(5, 5))) is None  # asymmetry within tolerance
     bad = P.copy()
     bad[2, 3] = np.nan
     assert psd_problem(bad) == "contains NaN or Inf"
@@ -92,11 +96,15 @@ def test_psd_and_reply_checks():
     shapes = {"params": {"w": (2, 2), "b": (2,)}, "foof": {"fc": (3, 3)}}
     good = {"params": {"w": np.ones((2, 2)), "b": np.ones(2)}, "foof": {"fc": np.eye(3)}}
     assert reply_problem(good, shapes, {"foof"}) is None
-    assert reply_problem({**good, "params": {"w": np.ones((2, 3)), "b": np.ones(2)}}, shapes) == \
-        "params[w] has shape (2, 3), expected (2, 2)"
+    assert (
+        reply_problem({**good, "params": {"w": np.ones((2, 3)), "b": np.ones(2)}}, shapes)
+        == "params[w] has shape (2, 3), expected (2, 2)"
+    )
     assert reply_problem({"params": good["params"]}, shapes) == "missing 'foof'"
-    assert reply_problem({**good, "foof": {"fc": -np.eye(3)}}, shapes, {"foof"}) == \
-        "preconditioner foof[fc] is not positive semidefinite"
+    assert (
+        reply_problem({**good, "foof": {"fc": -np.eye(3)}}, shapes, {"foof"})
+        == "preconditioner foof[fc] is not positive semidefinite"
+    )
     kept, rejected = screen([good, {"params": good["params"]}], [7, 9], shapes, {"foof"})
     assert kept == [0] and rejected == [(9, "missing 'foof'")]
 
@@ -104,9 +112,9 @@ def test_psd_and_reply_checks():
 def test_tolerance_follows_the_matrix_precision():
     rng = np.random.default_rng(1)
     A = rng.normal(size=(40, 3))
-    P = A @ A.T * 100.0                          # rank 3: 37 zero eigenvalues
+    P = A @ A.T * 100.0  # rank 3: 37 zero eigenvalues
     assert psd_problem(P) is None
-    assert psd_problem(P.astype(np.float32)) is None      # float32 rounding is not a reason to reject
+    assert psd_problem(P.astype(np.float32)) is None  # float32 rounding is not a reason to reject
     assert psd_problem(-P.astype(np.float32)) == "is not positive semidefinite"
 
 
@@ -122,8 +130,11 @@ def test_the_convex_loop_magnitude_guard_rejects_an_enormous_valid_preconditione
     def inflate(round_, up):
         P = up["P"]
         blocks = (P.blocks[0] * 1e12,) + tuple(P.blocks[1:])
-        return {**up, "P": replace(P, blocks=blocks, packed=None, layout=None, certificate={}),
-                "theta": np.vstack([up["theta"][:1] + 50.0, up["theta"][1:]])}
+        return {
+            **up,
+            "P": replace(P, blocks=blocks, packed=None, layout=None, certificate={}),
+            "theta": np.vstack([up["theta"][:1] + 50.0, up["theta"][1:]]),
+        }
 
     alg = make_algorithm("fedpm", lr=1.0)
     honest, _ = run(pb, alg, theta0, 1, max_ratio=100.0)
@@ -159,14 +170,12 @@ def test_whole_stack_check_accepts_exactly_what_every_per_client_check_accepts(r
     P = up["P"]
     bad_index = dict(up, P=replace(P, active=P.active[:3] + (P.active[3] + 6,)))
     flipped = P.packed.copy()
-    flipped[:] *= -1                                    # negative definite, uncertified: factorised per client
+    flipped[:] *= -1  # negative definite, uncertified: factorised per client
     uncertified = dict(up, P=ActiveBlocks(P.layout.views(flipped), P.active, P.d, P.shift, P.flat, flipped, P.layout))
     for msg in (bad_theta, bad_index, uncertified):
         assert not per_client(msg) and not all_usable(msg, 4, 6, psd)
-    honest = dict(up, P=ActiveBlocks(P.blocks, P.active, P.d, P.shift, P.flat, P.packed, P.layout))   # no certificate
-    assert per_client(honest) and not all_usable(honest, 4, 6, psd)   # undecided cheaply: the per-client path decides
-
-
+    honest = dict(up, P=ActiveBlocks(P.blocks, P.active, P.d, P.shift, P.flat, P.packed, P.layout))  # no certificate
+    assert per_client(honest) and not all_usable(honest, 4, 6, psd)  # undecided cheaply: the per-client path decides
 
 
 @pytest.mark.parametrize("library", ["numpy", "torch", "generic"])
@@ -180,16 +189,18 @@ def test_psd_check_with_a_shift_is_the_check_of_the_shifted_matrix(library, monk
     conv = lambda a: a  # noqa: E731
     if library == "torch":
         conv = pytest.importorskip("torch").asarray
-    elif library == "generic":            # a NumPy stand-in that is not ``np``: the branch CuPy runs
+    elif library == "generic":  # a NumPy stand-in that is not ``np``: the branch CuPy runs
+
         class Forward(types.ModuleType):
             def __getattr__(self, name):
                 return getattr(np, name)
+
         fwd = Forward("generic_numpy")
         monkeypatch.setattr(screening, "namespace", lambda *a: fwd)
     rng = np.random.default_rng(5)
     A = rng.normal(size=(6, 6))
     B = A @ A.T
-    B = B - (np.linalg.eigvalsh(B)[0] + 0.5) * np.eye(6)        # lowest eigenvalue -0.5
+    B = B - (np.linalg.eigvalsh(B)[0] + 0.5) * np.eye(6)  # lowest eigenvalue -0.5
     for shift in (0.0, 0.2, 0.8, 3.0):
         expect = psd_problem(conv(B + shift * np.eye(6)))
         assert psd_problem(conv(B), shift=shift) == expect, shift
@@ -214,4 +225,4 @@ def test_magnitudes_are_the_trace_and_the_euclidean_norm(rng):
     theta, extra = rng.normal(size=5), rng.normal(size=(2, 3))
     trace, norm = magnitudes({"P": P, "theta": theta, "x": extra}, ("P",))
     assert trace == pytest.approx(np.trace(P["a"]) + 3.0, rel=1e-12)
-    assert norm == pytest.approx(np.sqrt(np.sum(theta ** 2) + np.sum(extra ** 2)), rel=1e-12)
+    assert norm == pytest.approx(np.sqrt(np.sum(theta**2) + np.sum(extra**2)), rel=1e-12)

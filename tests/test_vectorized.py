@@ -1,11 +1,12 @@
 """The vectorized engine (clients as a batch axis) trains every method to the sequential engine's models."""
+
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from fedpm_dnn.client import ClientData  # noqa: E402
 from fedpm_dnn.algorithms import METHODS, applicable, make_method  # noqa: E402
+from fedpm_dnn.client import ClientData  # noqa: E402
 from fedpm_dnn.simulation import Experiment, run_experiment  # noqa: E402
 
 
@@ -13,7 +14,8 @@ def make(name, **kw):
     """The method with those of the common settings ``kw`` that it takes."""
     return make_method(name, **applicable(name, kw))
 
-SIZES = (40, 23, 7, 30)   # unequal clients; 7 is smaller than one batch of 16; 23 ends in a partial batch
+
+SIZES = (40, 23, 7, 30)  # unequal clients; 7 is smaller than one batch of 16; 23 ends in a partial batch
 
 
 def experiment(cfg, engine, rounds=2, participants=3, augment=True, chunk=None, device="cpu"):
@@ -22,14 +24,34 @@ def experiment(cfg, engine, rounds=2, participants=3, augment=True, chunk=None, 
     for i, n in enumerate(SIZES):
         y = g.integers(0, 3, n)
         x = g.integers(0, 256, (n, 3, 16, 16)).astype(np.uint8)
-        clients.append(ClientData(torch.as_tensor(x).to(device), torch.as_tensor(y).to(device),
-                                  (0.4, 0.5, 0.45), (0.25, 0.3, 0.2),
-                                  augment=augment and i != 1))
+        clients.append(
+            ClientData(
+                torch.as_tensor(x).to(device),
+                torch.as_tensor(y).to(device),
+                (0.4, 0.5, 0.45),
+                (0.25, 0.3, 0.2),
+                augment=augment and i != 1,
+            )
+        )
     xt = torch.as_tensor(g.integers(0, 256, (30, 3, 16, 16)).astype(np.uint8)).to(device)
     yt = torch.as_tensor(g.integers(0, 3, 30)).to(device)
-    return Experiment(cfg=cfg, model="cnn", num_classes=3, clients=clients, x_test=xt, y_test=yt,
-                      mean=(0.4, 0.5, 0.45), std=(0.25, 0.3, 0.2), rounds=rounds, participants=participants,
-                      seed=3, image_size=16, engine=engine, client_chunk=chunk, device=device)
+    return Experiment(
+        cfg=cfg,
+        model="cnn",
+        num_classes=3,
+        clients=clients,
+        x_test=xt,
+        y_test=yt,
+        mean=(0.4, 0.5, 0.45),
+        std=(0.25, 0.3, 0.2),
+        rounds=rounds,
+        participants=participants,
+        seed=3,
+        image_size=16,
+        engine=engine,
+        client_chunk=chunk,
+        device=device,
+    )
 
 
 def run(cfg, engine, tmp=None, **kw):
@@ -55,8 +77,11 @@ def assert_same(r_vec, r_seq, tol=1e-5):
         assert rs.keys() == r_vec[key].keys()
         for part, vals in rs.items():
             for name, v in vals.items():
-                assert rel(r_vec[key][part][name].double(), v.double()) <= (1e-4 if part == "dcontrol" else tol), \
-                    (key, part, name)
+                assert rel(r_vec[key][part][name].double(), v.double()) <= (1e-4 if part == "dcontrol" else tol), (
+                    key,
+                    part,
+                    name,
+                )
 
 
 CFG = dict(lr=0.05, local_epochs=2, batch_size=16, mu=0.01, server_lr=0.03, clip=1.0, damping=0.5)
@@ -66,19 +91,24 @@ CFG = dict(lr=0.05, local_epochs=2, batch_size=16, mu=0.01, server_lr=0.03, clip
 def test_every_method_gives_the_sequential_replies(method, tmp_path):
     cfg = make(method, **CFG)
     h_seq, r_seq = run(cfg, "sequential", str(tmp_path / "seq.pt"))
-    h_vec, r_vec = run(cfg, "vectorized", str(tmp_path / "vec.pt"), chunk=2)   # two chunks: 2 + 1 participants
+    h_vec, r_vec = run(cfg, "vectorized", str(tmp_path / "vec.pt"), chunk=2)  # two chunks: 2 + 1 participants
     assert_same(r_vec, r_seq)
     m_seq, m_vec = (torch.load(tmp_path / f, weights_only=False)["server"]["params"] for f in ("seq.pt", "vec.pt"))
-    for name, v in m_seq.items():   # the global model after two rounds
+    for name, v in m_seq.items():  # the global model after two rounds
         assert rel(m_vec[name].double(), v.double()) <= 1e-5, name
-    for a, b in zip(h_vec, h_seq):
+    for a, b in zip(h_vec, h_seq, strict=False):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
         assert a["bytes_up"] == b["bytes_up"]
 
 
-@pytest.mark.parametrize("variant", [dict(clip_stage="gradient", weight_decay_mode="decoupled", weight_decay=0.01),
-                                     dict(foof_samples=20, refresh_every=2),
-                                     dict(refresh_every=3, clip=None)])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(clip_stage="gradient", weight_decay_mode="decoupled", weight_decay=0.01),
+        dict(foof_samples=20, refresh_every=2),
+        dict(refresh_every=3, clip=None),
+    ],
+)
 def test_foof_variants_match(variant):
     cfg = make("fedpm", **{**CFG, **variant})
     _, r_seq = run(cfg, "sequential", participants=None)
@@ -162,7 +192,9 @@ def test_grouped_and_per_client_convolutions_agree(model_name):
     torch.manual_seed(0)
     K, B = 3, 4
     model = make_model(model_name, 5, 3, 16).double()
-    P = {n: torch.stack([p.detach() + 0.01 * torch.randn_like(p) for _ in range(K)]) for n, p in model.named_parameters()}
+    P = {
+        n: torch.stack([p.detach() + 0.01 * torch.randn_like(p) for _ in range(K)]) for n, p in model.named_parameters()
+    }
     x = torch.randn(K, B, 3, 16, 16, dtype=torch.float64)
     results = []
     for form in (_conv_loop, _conv_grouped):
@@ -170,12 +202,12 @@ def test_grouped_and_per_client_convolutions_agree(model_name):
         stacked.conv_mode = {name: form for name, m in stacked.mods.items() if isinstance(m, torch.nn.Conv2d)}
         Pk = {n: v.clone().requires_grad_(True) for n, v in P.items()}
         out = stacked(Pk, x)
-        results.append((out.detach(), torch.autograd.grad((out ** 2).sum(), list(Pk.values()))))
+        results.append((out.detach(), torch.autograd.grad((out**2).sum(), list(Pk.values()))))
     (o1, g1), (o2, g2) = results
     assert rel(o2, o1) <= 1e-12
-    for a, b in zip(g2, g1):
+    for a, b in zip(g2, g1, strict=False):
         assert rel(a, b) <= 1e-10
-    for k in range(K):   # and the per-client form is client k's own model
+    for k in range(K):  # and the per-client form is client k's own model
         ref = functional_call(model, {n: v[k] for n, v in P.items()}, (x[k],))
         assert rel(o1[k], ref) <= 1e-12
 
@@ -192,21 +224,23 @@ def test_the_cpu_training_form_client_by_client_agrees_with_the_stacked_form(mod
     torch.manual_seed(1)
     K, B = 3, 4
     model = make_model(model_name, 5, 3, 16).double()
-    P = {n: torch.stack([p.detach() + 0.01 * torch.randn_like(p) for _ in range(K)]) for n, p in model.named_parameters()}
+    P = {
+        n: torch.stack([p.detach() + 0.01 * torch.randn_like(p) for _ in range(K)]) for n, p in model.named_parameters()
+    }
     x = torch.randn(K, B, 3, 16, 16, dtype=torch.float64)
     stacked = StackedModel(model)
     results = []
     for fwd in (stacked, stacked.per_client):
         Pk = {n: v.clone().requires_grad_(True) for n, v in P.items()}
         out = fwd(Pk, x)
-        results.append((out.detach(), torch.autograd.grad((out ** 3).sum(), list(Pk.values()))))
+        results.append((out.detach(), torch.autograd.grad((out**3).sum(), list(Pk.values()))))
     (o1, g1), (o2, g2) = results
     assert o2.shape == o1.shape and rel(o2, o1) <= 1e-12
-    for a, b in zip(g2, g1):
+    for a, b in zip(g2, g1, strict=False):
         assert a.shape == b.shape and rel(a, b) <= 1e-10
     for k in range(K):
         assert rel(o2[k], functional_call(model, {n: v[k] for n, v in P.items()}, (x[k],))) <= 1e-12
-    assert all("forward" not in m.__dict__ for m in model.modules())      # the layers are restored
+    assert all("forward" not in m.__dict__ for m in model.modules())  # the layers are restored
 
 
 @pytest.mark.parametrize("max_norm", [0.05, 1.0, 100.0])
@@ -222,12 +256,12 @@ def test_stacked_clipping_is_clip_grad_norm_client_by_client(max_norm):
     expect = []
     for k in range(4):
         own = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
-        for p, st in zip(own, stacks):
+        for p, st in zip(own, stacks, strict=False):
             p.grad = st[k].clone()
         torch.nn.utils.clip_grad_norm_(own, max_norm)
         expect.append([p.grad for p in own])
     got = [st.clone() for st in stacks]
     _clip_(got, max_norm)
     for k in range(4):
-        for a, b in zip(got, expect[k]):
+        for a, b in zip(got, expect[k], strict=False):
             torch.testing.assert_close(a[k], b, rtol=1e-6, atol=0)

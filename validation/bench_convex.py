@@ -24,6 +24,7 @@ Every run pins BLAS to one thread (fedconvex.run does), so the numbers are per c
 ``--backend cupy`` our rounds run on the GPU (each round synchronised before its clock stops); the
 naive loop stays the host NumPy loop, so loop_ratio there compares a GPU round with the CPU loop.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,8 @@ from fedconvex.reference import initial_point, solve_optimum
 from fedconvex.run import Diverged, run
 
 MAX_ROUNDS = 40
-ALTERNATIONS = 2   # runs of a method's rounds, each followed by a run of FedPM's, for its round_vs_fedpm
-TIME_CAP = 10.0   # seconds of rounds after which a method's run from theta = 0 is given up
+ALTERNATIONS = 2  # runs of a method's rounds, each followed by a run of FedPM's, for its round_vs_fedpm
+TIME_CAP = 10.0  # seconds of rounds after which a method's run from theta = 0 is given up
 
 
 def all_methods(d):
@@ -94,8 +95,7 @@ def _measure_method(problem, alg, theta0, zero, fedpm, rounds, row):
     except Diverged:
         row["seconds_per_round"] = row["round_vs_fedpm"] = None
     try:
-        _, h0 = run(problem, alg, zero, MAX_ROUNDS,
-                    stop=lambda r: r["grad_norm"] <= 1e-9 or r["seconds"] > TIME_CAP)
+        _, h0 = run(problem, alg, zero, MAX_ROUNDS, stop=lambda r: r["grad_norm"] <= 1e-9 or r["seconds"] > TIME_CAP)
         ok = h0[-1]["grad_norm"] <= 1e-9
         row["seconds_to_1e-9"] = h0[-1]["seconds"] if ok else None
         row["rounds_to_1e-9"] = h0[-1]["round"] if ok else None
@@ -116,7 +116,7 @@ def measure_all(problem, theta0, rounds=5):
         row = {"label": label, "method": name, "params": params}
         try:
             _measure_method(problem, alg, theta0, zero, fedpm, rounds, row)
-        except Exception as exc:   # one method failing on a backend must not hide the others' numbers
+        except Exception as exc:  # one method failing on a backend must not hide the others' numbers
             row["error"] = f"{type(exc).__name__}: {exc}"
             print(f"bench_convex: {label} failed: {row['error']}", file=sys.stderr)
         rows.append(row)
@@ -127,7 +127,7 @@ def naive_fedpm_round(Xs, ys, theta, lam, lr=1.0):
     """FedPM K=1 as a user would first write it: one dense client at a time."""
     d = theta.shape[0]
     Ps, thetas = [], []
-    for X, y in zip(Xs, ys):
+    for X, y in zip(Xs, ys, strict=False):
         m = y * (X @ theta)
         sig = 1.0 / (1.0 + np.exp(-m))
         g = X.T @ (-y * (1.0 - sig)) / len(y) + lam * theta
@@ -135,7 +135,7 @@ def naive_fedpm_round(Xs, ys, theta, lam, lr=1.0):
         thetas.append(theta - lr * np.linalg.solve(P, g))
         Ps.append(P)
     Pbar = sum(Ps) / len(Ps)
-    rhs = sum(P @ t for P, t in zip(Ps, thetas)) / len(Ps)
+    rhs = sum(P @ t for P, t in zip(Ps, thetas, strict=False)) / len(Ps)
     return np.linalg.solve(Pbar, rhs)
 
 
@@ -185,15 +185,27 @@ def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False, backend=
     if all_methods:
         extra["methods"] = measure_all(problem, theta0)
         extra["max_rounds_to_target"] = MAX_ROUNDS
-    return {**extra, "dataset": dataset, "clients": n_clients, "per_client": per_client, "d": problem.d,
-            "seconds_per_round": per_round, "seconds_per_round_without_screening": per_round_unscreened,
-            "seconds_to_1e-9": to_target, "rounds_to_1e-9": hist0[-1]["round"],
-            "naive_seconds_per_round": best_naive, "loop_ratio": best_naive / per_round,
-            "naive_vs_ours_relative_difference": agree,
-            "blas_threads": 1, "backend": backend, "device": _device_name(xp),
-            "command": "python -m validation.bench_convex" + (f" --dataset {dataset}" if dataset != "w8a" else "")
-            + (f" --backend {backend}" if backend != "numpy" else "")
-            + (" --all-methods" if all_methods else "")}
+    return {
+        **extra,
+        "dataset": dataset,
+        "clients": n_clients,
+        "per_client": per_client,
+        "d": problem.d,
+        "seconds_per_round": per_round,
+        "seconds_per_round_without_screening": per_round_unscreened,
+        "seconds_to_1e-9": to_target,
+        "rounds_to_1e-9": hist0[-1]["round"],
+        "naive_seconds_per_round": best_naive,
+        "loop_ratio": best_naive / per_round,
+        "naive_vs_ours_relative_difference": agree,
+        "blas_threads": 1,
+        "backend": backend,
+        "device": _device_name(xp),
+        "command": "python -m validation.bench_convex"
+        + (f" --dataset {dataset}" if dataset != "w8a" else "")
+        + (f" --backend {backend}" if backend != "numpy" else "")
+        + (" --all-methods" if all_methods else ""),
+    }
 
 
 def _device_name(xp) -> str:
@@ -206,15 +218,16 @@ def _device_name(xp) -> str:
 
 
 def main(argv=None) -> int:
-    from validation.common import OneLineParser, USER_ERRORS, fail
+    from validation.common import USER_ERRORS, OneLineParser, fail
 
     prog = "python -m validation.bench_convex"
     p = OneLineParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--dataset", default="w8a", help=f"bundled name ({', '.join(BUNDLED)}) or a LibSVM file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--all-methods", action="store_true", help="also time every method (see the module doc)")
-    p.add_argument("--backend", choices=("numpy", "cupy"), default="numpy",
-                   help="array library of our rounds (cupy: on the GPU)")
+    p.add_argument(
+        "--backend", choices=("numpy", "cupy"), default="numpy", help="array library of our rounds (cupy: on the GPU)"
+    )
     args = p.parse_args(argv)
     if args.dataset not in BUNDLED and not os.path.isfile(args.dataset):
         p.error(f"--dataset {args.dataset}: neither a bundled dataset ({', '.join(BUNDLED)}) nor a file")
@@ -227,27 +240,43 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(r))
         return failed
-    print(f"FedPM on {r['dataset']}: {r['clients']} clients x {r['per_client']} rows, d={r['d']}, exact Hessians, "
-          f"float64, {r['backend']} on {r['device']}")
-    print(f"  seconds per round (median)        {r['seconds_per_round']:.4f} s   (target <= 0.040 s on w8a; "
-          f"{r['seconds_per_round_without_screening']:.4f} s without screening the replies)")
-    print(f"  theta=0 -> ||grad f|| <= 1e-9      {r['seconds_to_1e-9']:.3f} s in {r['rounds_to_1e-9']} rounds (target <= 0.35 s on w8a)")
+    print(
+        f"FedPM on {r['dataset']}: {r['clients']} clients x {r['per_client']} rows, d={r['d']}, exact Hessians, "
+        f"float64, {r['backend']} on {r['device']}"
+    )
+    print(
+        f"  seconds per round (median)        {r['seconds_per_round']:.4f} s   (target <= 0.040 s on w8a; "
+        f"{r['seconds_per_round_without_screening']:.4f} s without screening the replies)"
+    )
+    print(
+        f"  theta=0 -> ||grad f|| <= 1e-9      {r['seconds_to_1e-9']:.3f} s in {r['rounds_to_1e-9']} rounds (target <= 0.35 s on w8a)"
+    )
     print(f"  naive per-client loop per round   {r['naive_seconds_per_round']:.4f} s")
-    print(f"  loop_ratio (naive / ours)         {r['loop_ratio']:.1f}x   (same iterates: rel. diff "
-          f"{r['naive_vs_ours_relative_difference']:.1e})")
+    print(
+        f"  loop_ratio (naive / ours)         {r['loop_ratio']:.1f}x   (same iterates: rel. diff "
+        f"{r['naive_vs_ours_relative_difference']:.1e})"
+    )
     if "methods" in r:
-        print(f"\n  {'method':34s} {'s/round':>9s} {'x FedPM':>8s} {'s to 1e-9':>10s} {'rounds':>6s} {'last |grad|':>11s}"
-              f"   (from theta=0, <= {r['max_rounds_to_target']} rounds)")
+        print(
+            f"\n  {'method':34s} {'s/round':>9s} {'x FedPM':>8s} {'s to 1e-9':>10s} {'rounds':>6s} {'last |grad|':>11s}"
+            f"   (from theta=0, <= {r['max_rounds_to_target']} rounds)"
+        )
         for m in r["methods"]:
+
             def f(v, fmt):
                 return "-" if v is None else format(v, fmt)
+
             if "error" in m:
                 print(f"  {m['label']:34s} failed: {m['error']}")
                 continue
             last = m.get("final_grad_norm")
-            last = f"{last:11.1e}" if isinstance(last, float) else f"{last or '-':>11s}"   # how far it got, or "diverged"
-            print(f"  {m['label']:34s} {f(m.get('seconds_per_round'), '9.4f')} {f(m.get('round_vs_fedpm'), '8.2f')} "
-                  f"{f(m.get('seconds_to_1e-9'), '10.3f')} {f(m.get('rounds_to_1e-9'), '6d')} {last}")
+            last = (
+                f"{last:11.1e}" if isinstance(last, float) else f"{last or '-':>11s}"
+            )  # how far it got, or "diverged"
+            print(
+                f"  {m['label']:34s} {f(m.get('seconds_per_round'), '9.4f')} {f(m.get('round_vs_fedpm'), '8.2f')} "
+                f"{f(m.get('seconds_to_1e-9'), '10.3f')} {f(m.get('rounds_to_1e-9'), '6d')} {last}"
+            )
     print(f"reproduce: {r['command']}")
     return failed
 

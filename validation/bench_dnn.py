@@ -18,6 +18,7 @@ training scaled by images x epochs, the FOOF statistics by images, the factorisa
 clients; the JSON also keeps the older whole-round-per-image projection, which charges a small benchmark's
 fixed per-round costs -- ResNet18-GN's 4,609-wide factorisations -- once per image).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,10 @@ import numpy as np
 # FOOF statistics are computed once per round, so the ratio depends on the epochs per round.
 # Only rounds after the first are timed (the first also builds each client's initial matrices).
 SIZES = {
-    ("cnn", "cpu"): (10, 300, 5, 3), ("resnet18gn", "cpu"): (2, 32, 1, 2),
-    ("cnn", "cuda"): (10, 5000, 5, 3), ("resnet18gn", "cuda"): (10, 5000, 5, 3),
+    ("cnn", "cpu"): (10, 300, 5, 3),
+    ("resnet18gn", "cpu"): (2, 32, 1, 2),
+    ("cnn", "cuda"): (10, 5000, 5, 3),
+    ("resnet18gn", "cuda"): (10, 5000, 5, 3),
 }
 CLASSES = {"cnn": 10, "resnet18gn": 100}
 PAPER = {"cnn": 1.23, "resnet18gn": 1.61}
@@ -49,21 +52,40 @@ def _sync(device):
 def _experiment(model, method, device, clients, per_client, epochs, rounds, engine, chunk=None, seed=0):
     import torch
 
-    from fedpm_dnn.client import ClientData
     from fedpm_dnn.algorithms import make_method, method_class
+    from fedpm_dnn.client import ClientData
     from fedpm_dnn.simulation import Experiment
 
     g = torch.Generator().manual_seed(seed)
     k = CLASSES[model]
-    data = [ClientData(torch.randint(0, 256, (per_client, 3, 32, 32), generator=g, dtype=torch.uint8).to(device),
-                       torch.randint(0, k, (per_client,), generator=g).to(device), (0.5,) * 3, (0.25,) * 3)
-            for _ in range(clients)]
+    data = [
+        ClientData(
+            torch.randint(0, 256, (per_client, 3, 32, 32), generator=g, dtype=torch.uint8).to(device),
+            torch.randint(0, k, (per_client,), generator=g).to(device),
+            (0.5,) * 3,
+            (0.25,) * 3,
+        )
+        for _ in range(clients)
+    ]
     xt = torch.randint(0, 256, (256, 3, 32, 32), generator=g, dtype=torch.uint8).to(device)
     yt = torch.randint(0, k, (256,), generator=g).to(device)
     foof_kw = {"damping": 1.0} if method_class(method).uses_foof else {}
     cfg = make_method(method, lr=0.05, clip=1.0, local_epochs=epochs, **foof_kw)
-    return Experiment(cfg=cfg, model=model, num_classes=k, clients=data, x_test=xt, y_test=yt, mean=(0.5,) * 3,
-                      std=(0.25,) * 3, rounds=rounds, seed=seed, device=device, engine=engine, client_chunk=chunk)
+    return Experiment(
+        cfg=cfg,
+        model=model,
+        num_classes=k,
+        clients=data,
+        x_test=xt,
+        y_test=yt,
+        mean=(0.5,) * 3,
+        std=(0.25,) * 3,
+        rounds=rounds,
+        seed=seed,
+        device=device,
+        engine=engine,
+        client_chunk=chunk,
+    )
 
 
 class FoofTimer:
@@ -91,6 +113,7 @@ class FoofTimer:
                 _sync(self.device)
                 self.seconds[bucket] += time.perf_counter() - t
                 self.depth -= 1
+
         setattr(owner, name, timed)
 
     def __enter__(self):
@@ -116,14 +139,21 @@ def _rounds(model, method, device, size, engine, chunk=None):
     exp = _experiment(model, method, device, clients, per_client, epochs, rounds, engine, chunk)
     marks = []
     with FoofTimer(device) as timer:
+
         def on_round(row, history):
             marks.append(dict(timer.seconds))
+
         hist = run_experiment(exp, on_round=on_round)
     parts = []
     for i, r in enumerate(hist):
         before = marks[i - 1] if i else {k: 0.0 for k in marks[i]}
-        parts.append({"seconds": r["client_seconds"] + r["server_seconds"], "server": r["server_seconds"],
-                      **{k: marks[i][k] - before[k] for k in marks[i]}})
+        parts.append(
+            {
+                "seconds": r["client_seconds"] + r["server_seconds"],
+                "server": r["server_seconds"],
+                **{k: marks[i][k] - before[k] for k in marks[i]},
+            }
+        )
     keep = slice(1, None) if len(hist) > 1 else slice(None)
     return parts[keep], max(r["peak_memory_mb"] for r in hist), exp.meta.get("client_chunk")
 
@@ -138,9 +168,11 @@ def paper_round_seconds(parts: dict, clients: int, per_client: int, epochs: int)
     with the images (it reads each image once), the factorisations and the server's work with the clients
     (their sizes are the model's, not the data's).  At the paper's own size it is the measured round."""
     train = parts["seconds"] - parts["statistics"] - parts["factorisations"] - parts["server"]
-    return (train * PAPER_IMAGES * PAPER_EPOCHS / (clients * per_client * epochs)
-            + parts["statistics"] * PAPER_IMAGES / (clients * per_client)
-            + (parts["factorisations"] + parts["server"]) * PAPER_CLIENTS / clients)
+    return (
+        train * PAPER_IMAGES * PAPER_EPOCHS / (clients * per_client * epochs)
+        + parts["statistics"] * PAPER_IMAGES / (clients * per_client)
+        + (parts["factorisations"] + parts["server"]) * PAPER_CLIENTS / clients
+    )
 
 
 ENGINES = ("sequential", "vectorized")
@@ -156,7 +188,7 @@ def measure(model, device, sizes=None, repeats=None, chunk=None, engines=ENGINES
     times = {(e, m): [] for e in engines for m in ("fedavg", "fedpm")}
     fedpm_parts = {e: [] for e in engines}
     foof_share, peak, used = [], 0.0, None
-    reported = "vectorized" if "vectorized" in engines else "sequential"   # FOOF share and peak memory of its FedPM
+    reported = "vectorized" if "vectorized" in engines else "sequential"  # FOOF share and peak memory of its FedPM
     for _ in range(repeats):  # alternate engines and methods so machine drift hits all alike
         for engine in engines:
             for method in ("fedavg", "fedpm"):
@@ -176,34 +208,43 @@ def measure(model, device, sizes=None, repeats=None, chunk=None, engines=ENGINES
     def ratio(a, b):
         return None if a is None or b is None else a / b
 
-    def projected(engine):   # 100 rounds of the paper's setting, FedPM: each measured round projected, then the median
+    def projected(engine):  # 100 rounds of the paper's setting, FedPM: each measured round projected, then the median
         if engine not in fedpm_parts:
             return None
         rounds = [paper_round_seconds(p, clients, per_client, epochs) for p in fedpm_parts[engine]]
         return PAPER_ROUNDS * float(np.median(rounds)) / 60
 
-    return {"model": model, "dataset_size_of": "cifar10" if model == "cnn" else "cifar100",
-            "clients": clients, "samples_per_client": per_client, "local_epochs": epochs,
-            "client_chunk": used,
-            "engines": list(engines), "timed_rounds_per_method": repeats * max(size[3] - 1, 1),
-            "images_per_second_sequential": ratio(images, med[("sequential", "fedavg")]),
-            "images_per_second_vectorized": ratio(images, med[("vectorized", "fedavg")]),
-            "vectorized_speedup": ratio(med[("sequential", "fedavg")], med[("vectorized", "fedavg")]),
-            "fedavg_round_seconds_sequential": med[("sequential", "fedavg")],
-            "fedpm_round_seconds_sequential": med[("sequential", "fedpm")],
-            "fedavg_round_seconds_vectorized": med[("vectorized", "fedavg")],
-            "fedpm_round_seconds_vectorized": med[("vectorized", "fedpm")],
-            "fedpm_over_fedavg": ratio(med[("vectorized", "fedpm")], med[("vectorized", "fedavg")]),
-            "fedpm_over_fedavg_sequential": ratio(med[("sequential", "fedpm")], med[("sequential", "fedavg")]),
-            "paper_ratio": PAPER[model],
-            "foof_seconds_share": float(np.median(foof_share)),
-            "peak_memory_mb": peak,
-            "projected_100_round_minutes": projected("vectorized"),
-            "projected_100_round_minutes_sequential": projected("sequential"),
-            "fedpm_round_parts_seconds": {e: part_med.get(e) for e in ENGINES},
-            "projected_100_round_minutes_per_image": {   # the earlier rule: the whole round scaled by images x epochs
-                e: PAPER_ROUNDS * part_med[e]["seconds"] * PAPER_IMAGES * PAPER_EPOCHS / images / 60
-                if e in part_med else None for e in ENGINES}}
+    return {
+        "model": model,
+        "dataset_size_of": "cifar10" if model == "cnn" else "cifar100",
+        "clients": clients,
+        "samples_per_client": per_client,
+        "local_epochs": epochs,
+        "client_chunk": used,
+        "engines": list(engines),
+        "timed_rounds_per_method": repeats * max(size[3] - 1, 1),
+        "images_per_second_sequential": ratio(images, med[("sequential", "fedavg")]),
+        "images_per_second_vectorized": ratio(images, med[("vectorized", "fedavg")]),
+        "vectorized_speedup": ratio(med[("sequential", "fedavg")], med[("vectorized", "fedavg")]),
+        "fedavg_round_seconds_sequential": med[("sequential", "fedavg")],
+        "fedpm_round_seconds_sequential": med[("sequential", "fedpm")],
+        "fedavg_round_seconds_vectorized": med[("vectorized", "fedavg")],
+        "fedpm_round_seconds_vectorized": med[("vectorized", "fedpm")],
+        "fedpm_over_fedavg": ratio(med[("vectorized", "fedpm")], med[("vectorized", "fedavg")]),
+        "fedpm_over_fedavg_sequential": ratio(med[("sequential", "fedpm")], med[("sequential", "fedavg")]),
+        "paper_ratio": PAPER[model],
+        "foof_seconds_share": float(np.median(foof_share)),
+        "peak_memory_mb": peak,
+        "projected_100_round_minutes": projected("vectorized"),
+        "projected_100_round_minutes_sequential": projected("sequential"),
+        "fedpm_round_parts_seconds": {e: part_med.get(e) for e in ENGINES},
+        "projected_100_round_minutes_per_image": {  # the earlier rule: the whole round scaled by images x epochs
+            e: PAPER_ROUNDS * part_med[e]["seconds"] * PAPER_IMAGES * PAPER_EPOCHS / images / 60
+            if e in part_med
+            else None
+            for e in ENGINES
+        },
+    }
 
 
 def main(argv=None) -> int:
@@ -214,37 +255,48 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     p.add_argument("--client-chunk", type=int, default=None, help="vectorized: clients per chunk (default: auto)")
-    p.add_argument("--sizes", default=None,
-                   help="clients,samples_per_client,local_epochs,rounds for every model (default: per model and device)")
+    p.add_argument(
+        "--sizes",
+        default=None,
+        help="clients,samples_per_client,local_epochs,rounds for every model (default: per model and device)",
+    )
     p.add_argument("--repeats", type=int, default=None, help="runs per engine and method (default 2; ResNet on CPU 1)")
-    p.add_argument("--engines", default=",".join(ENGINES),
-                   help="comma-separated engines to measure (default both; the other's numbers are null)")
+    p.add_argument(
+        "--engines",
+        default=",".join(ENGINES),
+        help="comma-separated engines to measure (default both; the other's numbers are null)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+
     def listed(flag, what, value, allowed):
         """The comma-separated names of ``value``, each one of ``allowed``, or one error line."""
         names = [v.strip() for v in value.split(",") if v.strip()]
         unknown = [v for v in names if v not in allowed]
         if unknown or not names:
-            p.error(f"{flag}: unknown {what}(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(allowed)}")
+            p.error(
+                f"{flag}: unknown {what}(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(allowed)}"
+            )
         return names
 
     models = listed("--models", "model", args.models, CLASSES)
     chosen = listed("--engines", "engine", args.engines, ENGINES)
-    engines = tuple(e for e in ENGINES if e in chosen)          # sequential first, as the alternation runs them
+    engines = tuple(e for e in ENGINES if e in chosen)  # sequential first, as the alternation runs them
     try:
         sizes = tuple(int(v) for v in args.sizes.split(",")) if args.sizes else None
     except ValueError:
         sizes = ()
     if sizes is not None and (len(sizes) != 4 or min(sizes) < 1):
         p.error("--sizes takes four positive integers: clients,samples_per_client,local_epochs,rounds")
-    if sizes is not None:   # the synthetic images alone (uint8, 3 x 32 x 32), before any training copy
+    if sizes is not None:  # the synthetic images alone (uint8, 3 x 32 x 32), before any training copy
         from validation.common import memory_bytes
 
         need, have = sizes[0] * sizes[1] * 3 * 32 * 32, memory_bytes()
         if need > have // 2:
-            p.error(f"--sizes {args.sizes}: {sizes[0]} clients x {sizes[1]} images need {need / 2 ** 30:.3g} GiB, "
-                    f"more than half of this machine's {have / 2 ** 30:.3g} GiB")
+            p.error(
+                f"--sizes {args.sizes}: {sizes[0]} clients x {sizes[1]} images need {need / 2**30:.3g} GiB, "
+                f"more than half of this machine's {have / 2**30:.3g} GiB"
+            )
     for flag, v in (("--threads", args.threads), ("--client-chunk", args.client_chunk), ("--repeats", args.repeats)):
         if v is not None and v < 1:
             p.error(f"{flag} must be a positive integer, got {v}")
@@ -256,39 +308,62 @@ def main(argv=None) -> int:
         p.error("--device cuda: no CUDA device is visible to torch")
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else \
-        ("cpu" if args.device == "auto" else args.device)
+    device = (
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
-    out = {"command": "python -m validation.bench_dnn " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "device": device, "device_name": name, "torch_threads": torch.get_num_threads(),
-           "torch": torch.__version__, "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-           "results": [measure(m, device, sizes, args.repeats, args.client_chunk, engines) for m in models]}
+    out = {
+        "command": "python -m validation.bench_dnn " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "device": device,
+        "device_name": name,
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "results": [measure(m, device, sizes, args.repeats, args.client_chunk, engines) for m in models],
+    }
     cnn = next((r for r in out["results"] if r["model"] == "cnn"), None)
-    if cnn:   # the headline keys: SimpleCNN, CIFAR-10 setting
-        out.update({k: cnn[k] for k in ("images_per_second_sequential", "images_per_second_vectorized",
-                                        "fedpm_over_fedavg", "foof_seconds_share", "peak_memory_mb",
-                                        "projected_100_round_minutes")})
+    if cnn:  # the headline keys: SimpleCNN, CIFAR-10 setting
+        out.update(
+            {
+                k: cnn[k]
+                for k in (
+                    "images_per_second_sequential",
+                    "images_per_second_vectorized",
+                    "fedpm_over_fedavg",
+                    "foof_seconds_share",
+                    "peak_memory_mb",
+                    "projected_100_round_minutes",
+                )
+            }
+        )
     if args.json:
         print(json.dumps(out))
         return 0
+
     def f(v, spec):
         return "-" if v is None else format(v, spec)
 
     print(f"device: {name}, torch threads pinned to {out['torch_threads']}")
     for r in out["results"]:
-        print(f"{r['model']:<11} {r['clients']} clients x {r['samples_per_client']} images x {r['local_epochs']} epochs "
-              f"(client chunk {r['client_chunk']}): local training sequential {f(r['images_per_second_sequential'], '.0f')} "
-              f"img/s, vectorized {f(r['images_per_second_vectorized'], '.0f')} img/s "
-              f"({f(r['vectorized_speedup'], '.2f')}x); FedPM/FedAvg vectorized {f(r['fedpm_over_fedavg'], '.2f')}x, "
-              f"sequential {f(r['fedpm_over_fedavg_sequential'], '.2f')}x (paper {r['paper_ratio']:.2f}x); FOOF share "
-              f"{r['foof_seconds_share']:.0%}; peak {r['peak_memory_mb']:.0f} MB; projected 100-round "
-              f"{r['dataset_size_of']} run {f(r['projected_100_round_minutes'], '.0f')} min vectorized, "
-              f"{f(r['projected_100_round_minutes_sequential'], '.0f')} min sequential")
+        print(
+            f"{r['model']:<11} {r['clients']} clients x {r['samples_per_client']} images x {r['local_epochs']} epochs "
+            f"(client chunk {r['client_chunk']}): local training sequential {f(r['images_per_second_sequential'], '.0f')} "
+            f"img/s, vectorized {f(r['images_per_second_vectorized'], '.0f')} img/s "
+            f"({f(r['vectorized_speedup'], '.2f')}x); FedPM/FedAvg vectorized {f(r['fedpm_over_fedavg'], '.2f')}x, "
+            f"sequential {f(r['fedpm_over_fedavg_sequential'], '.2f')}x (paper {r['paper_ratio']:.2f}x); FOOF share "
+            f"{r['foof_seconds_share']:.0%}; peak {r['peak_memory_mb']:.0f} MB; projected 100-round "
+            f"{r['dataset_size_of']} run {f(r['projected_100_round_minutes'], '.0f')} min vectorized, "
+            f"{f(r['projected_100_round_minutes_sequential'], '.0f')} min sequential"
+        )
         for e, pm in r["fedpm_round_parts_seconds"].items():
             if pm is not None:
-                print(f"  FedPM round, {e}: {pm['seconds']:.2f} s = FOOF statistics {pm['statistics']:.2f} + "
-                      f"factorisations {pm['factorisations']:.2f} + server {pm['server']:.2f} + local training "
-                      f"(the rest; medians of each part)")
+                print(
+                    f"  FedPM round, {e}: {pm['seconds']:.2f} s = FOOF statistics {pm['statistics']:.2f} + "
+                    f"factorisations {pm['factorisations']:.2f} + server {pm['server']:.2f} + local training "
+                    f"(the rest; medians of each part)"
+                )
     print("reproduce: python -m validation.bench_dnn " + " ".join(argv if argv is not None else sys.argv[1:]))
     return 0
 

@@ -1,4 +1,5 @@
 """Shared set-up for the convex experiments: data, split, problem, optimum, initial point."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,10 +12,16 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from fedconvex.backend import BackendError, get_backend
-from fedconvex.problem import DEFAULT_LAM
-from fedconvex.data import (BUNDLED, DataError, dirichlet_split, load_dataset, paper_split_sizes,
-                            sequential_split, shuffled_split)
-from fedconvex.problem import FederatedLogReg
+from fedconvex.data import (
+    BUNDLED,
+    DataError,
+    dirichlet_split,
+    load_dataset,
+    paper_split_sizes,
+    sequential_split,
+    shuffled_split,
+)
+from fedconvex.problem import DEFAULT_LAM, FederatedLogReg
 from fedconvex.reference import initial_point, solve_optimum
 
 
@@ -25,14 +32,16 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-MAX_INT = 2 ** 31 - 1  # counts (rounds, clients, rows, ...) far beyond any run that fits in memory
+MAX_INT = 2**31 - 1  # counts (rounds, clients, rows, ...) far beyond any run that fits in memory
 
 
 def _number(text, kind=float):
     try:
         v = kind(text)
     except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"must be {'an integer' if kind is int else 'a number'}, got {text!r}"
+        ) from None
     if kind is float and not math.isfinite(v):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
     return v
@@ -50,8 +59,8 @@ def positive_int(text):
 def seed_int(text):
     """A random seed: an integer in 0 .. 2**32 - 1 (what NumPy and torch accept alike)."""
     v = _number(text, int)
-    if not 0 <= v < 2 ** 32:
-        raise argparse.ArgumentTypeError(f"must be an integer in 0..{2 ** 32 - 1}, got {text}")
+    if not 0 <= v < 2**32:
+        raise argparse.ArgumentTypeError(f"must be an integer in 0..{2**32 - 1}, got {text}")
     return v
 
 
@@ -97,14 +106,30 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-features", type=positive_int, default=None, help="columns of a LibSVM file given by path")
     p.add_argument("--clients", type=positive_int, default=None, help="N clients (paper: w8a 142, a9a 80)")
     p.add_argument("--per-client", type=positive_int, default=None, help="M rows per client (default floor(rows/N))")
-    p.add_argument("--split", choices=("sequential", "shuffled", "dirichlet"), default="sequential",
-                   help="sequential = the paper's file-order split")
-    p.add_argument("--alpha", type=positive_float, default=None,
-                   help=f"Dirichlet concentration for --split dirichlet (default {DEFAULT_ALPHA})")
-    p.add_argument("--lam", type=positive_float, default=DEFAULT_LAM,
-                   help="L2 regularisation lambda (> 0: the problem must have a unique optimum)")
-    p.add_argument("--weighting", choices=("uniform", "samples"), default="uniform",
-                   help="client weights in f and in the mixing (paper: uniform 1/N)")
+    p.add_argument(
+        "--split",
+        choices=("sequential", "shuffled", "dirichlet"),
+        default="sequential",
+        help="sequential = the paper's file-order split",
+    )
+    p.add_argument(
+        "--alpha",
+        type=positive_float,
+        default=None,
+        help=f"Dirichlet concentration for --split dirichlet (default {DEFAULT_ALPHA})",
+    )
+    p.add_argument(
+        "--lam",
+        type=positive_float,
+        default=DEFAULT_LAM,
+        help="L2 regularisation lambda (> 0: the problem must have a unique optimum)",
+    )
+    p.add_argument(
+        "--weighting",
+        choices=("uniform", "samples"),
+        default="uniform",
+        help="client weights in f and in the mixing (paper: uniform 1/N)",
+    )
     p.add_argument("--init", choices=("paper", "zero"), default="paper", help="theta0 = theta* + N(0, 0.1^2 I), or 0")
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--backend", default="numpy", help="numpy or cupy")
@@ -113,8 +138,10 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
 def check_problem_args(parser, args) -> None:
     """Cross-flag consistency of add_problem_args, as one parser error naming the flag."""
     if args.n_features is not None and args.dataset in BUNDLED:
-        parser.error(f"--n-features applies to a LibSVM file given by path, not to the bundled {args.dataset} "
-                     f"({BUNDLED[args.dataset][1]} features)")
+        parser.error(
+            f"--n-features applies to a LibSVM file given by path, not to the bundled {args.dataset} "
+            f"({BUNDLED[args.dataset][1]} features)"
+        )
     if args.alpha is not None and args.split != "dirichlet":
         parser.error(f"--alpha applies to --split dirichlet only (this run's split is {args.split})")
     if args.split == "dirichlet" and args.alpha is None:
@@ -122,14 +149,16 @@ def check_problem_args(parser, args) -> None:
     if args.per_client is not None and args.split == "dirichlet":
         parser.error("--per-client does not apply to --split dirichlet (client sizes follow the Dirichlet draw)")
     if os.path.isdir(args.dataset):
-        parser.error(f"--dataset {args.dataset}: is a folder; give a bundled name ({', '.join(BUNDLED)}) or a LibSVM file")
+        parser.error(
+            f"--dataset {args.dataset}: is a folder; give a bundled name ({', '.join(BUNDLED)}) or a LibSVM file"
+        )
 
 
 def memory_bytes() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        return 16 * 2 ** 30
+        return 16 * 2**30
 
 
 def check_fits(ds, dataset: str) -> None:
@@ -137,9 +166,11 @@ def check_fits(ds, dataset: str) -> None:
     need = 3 * 8 * ds.d * ds.d
     have = memory_bytes()
     if need > have // 2:
-        raise DataError(f"--dataset {dataset}: {ds.d} features (largest feature index); the dense {ds.d} x {ds.d} "
-                        f"Hessians need {need / 2 ** 30:.3g} GiB, more than half of this machine's "
-                        f"{have / 2 ** 30:.3g} GiB; pass --n-features or fix the file")
+        raise DataError(
+            f"--dataset {dataset}: {ds.d} features (largest feature index); the dense {ds.d} x {ds.d} "
+            f"Hessians need {need / 2**30:.3g} GiB, more than half of this machine's "
+            f"{have / 2**30:.3g} GiB; pass --n-features or fix the file"
+        )
 
 
 def build_split(args, ds):
@@ -177,7 +208,7 @@ def build_problem(args):
     return problem, ds, theta_star, f_star, gnorm, theta0
 
 
-def keep_freed_memory(mmap_threshold: int = 32 * 2 ** 20, trim_threshold: int = 2 ** 30) -> bool:
+def keep_freed_memory(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 2**30) -> bool:
     """Have glibc's malloc keep freed memory for reuse instead of handing it back to the kernel at once.
 
     A Test 1 round allocates tens of MB of per-client arrays (w8a FedNS: the 142 sketched roots and their
@@ -192,7 +223,7 @@ def keep_freed_memory(mmap_threshold: int = 32 * 2 ** 20, trim_threshold: int = 
 
     try:
         libc = ctypes.CDLL(None)
-        mallopt, version = libc.mallopt, libc.gnu_get_libc_version   # glibc only (musl has no version call)
+        mallopt, version = libc.mallopt, libc.gnu_get_libc_version  # glibc only (musl has no version call)
     except (OSError, AttributeError):
         return False
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
@@ -209,6 +240,7 @@ def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> i
     raised as ``Terminated`` (a KeyboardInterrupt), so ``main``'s own cleanup (temporary folders, child
     processes, a worker pool that would otherwise be orphaned) has run by then.  A KeyboardInterrupt carrying a
     message (validation.dnn: what the output folder keeps) says that instead of ``what_is_kept``."""
+
     def terminated(signum, frame):
         raise Terminated()
 

@@ -6,6 +6,7 @@
 Writes DIR/history.csv, DIR/summary.json (with the per-client class-count table) and
 DIR/checkpoint.pt every round; ``--resume`` continues a killed run to the identical result.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,41 +42,78 @@ def parse_args(argv=None):
     p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--dataset", choices=("cifar10", "cifar100", "femnist"), default="cifar10")
     p.add_argument("--data-dir", default=None, help="data folder (default: $FEDPM_DATA)")
-    p.add_argument("--cache-dir", default=None, help="where decoded JPEGs are cached (default: $FEDPM_CACHE or ~/.cache/fedpm)")
+    p.add_argument(
+        "--cache-dir", default=None, help="where decoded JPEGs are cached (default: $FEDPM_CACHE or ~/.cache/fedpm)"
+    )
     p.add_argument("--model", choices=("cnn", "resnet18gn"), default="cnn")
     p.add_argument("--method", choices=METHODS, default="fedpm")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="hyper-parameters of an appendix table")
     p.add_argument("--alpha", type=common.positive_float, default=0.1, help="Dirichlet concentration")
-    p.add_argument("--split", choices=("relaysum", "dirichlet"), default="relaysum",
-                   help="relaysum: the paper's Dirichlet split (Vogels et al. 2021; capped shares, every client >= 50%% "
-                        "of the mean size); dirichlet: plain per-class Dir(alpha)")
-    p.add_argument("--clients", type=common.positive_int, default=None,
-                   help="clients (default 10; FEMNIST: every writer)")
-    p.add_argument("--augment", choices=("crop-flip", "none"), default="crop-flip",
-                   help="training-batch augmentation (default crop-flip: random 32-crop of the 4-padded image + "
-                        "horizontal flip, as the RelaySum/MOON CIFAR pipelines; the paper is silent)")
-    p.add_argument("--participants", type=common.positive_int, default=None,
-                   help="clients sampled per round (default: the preset's, else all)")
+    p.add_argument(
+        "--split",
+        choices=("relaysum", "dirichlet"),
+        default="relaysum",
+        help="relaysum: the paper's Dirichlet split (Vogels et al. 2021; capped shares, every client >= 50%% "
+        "of the mean size); dirichlet: plain per-class Dir(alpha)",
+    )
+    p.add_argument(
+        "--clients", type=common.positive_int, default=None, help="clients (default 10; FEMNIST: every writer)"
+    )
+    p.add_argument(
+        "--augment",
+        choices=("crop-flip", "none"),
+        default="crop-flip",
+        help="training-batch augmentation (default crop-flip: random 32-crop of the 4-padded image + "
+        "horizontal flip, as the RelaySum/MOON CIFAR pipelines; the paper is silent)",
+    )
+    p.add_argument(
+        "--participants",
+        type=common.positive_int,
+        default=None,
+        help="clients sampled per round (default: the preset's, else all)",
+    )
     p.add_argument("--rounds", type=common.positive_int, default=100)
     p.add_argument("--local-epochs", type=common.positive_int, default=None, help="default 5 (or the preset's)")
     p.add_argument("--seed", type=common.seed_int, default=0)
     p.add_argument("--foof-samples", choices=("64", "256", "1024", "all"), default=None)
-    p.add_argument("--train-subset", type=common.positive_int, default=None,
-                   help="class-balanced subset of the training set (for CPU-sized runs)")
-    p.add_argument("--test-subset", type=common.positive_int, default=None, help="first N test images (class order kept balanced)")
+    p.add_argument(
+        "--train-subset",
+        type=common.positive_int,
+        default=None,
+        help="class-balanced subset of the training set (for CPU-sized runs)",
+    )
+    p.add_argument(
+        "--test-subset", type=common.positive_int, default=None, help="first N test images (class order kept balanced)"
+    )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--engine", choices=("auto", "sequential", "vectorized"), default=DEFAULT_ENGINE,
-                   help="vectorized: the round's participants trained together on the device, clients as a batch "
-                        "axis (same models as sequential, client by client); auto (default): vectorized on a GPU, "
-                        "sequential on a CPU, where each is the faster")
-    p.add_argument("--max-ratio", type=common.nonneg_float, default=0.0,
-                   help="server magnitude guard: reject a reply whose FOOF-matrix trace or parameter norm exceeds "
-                        "R x the round's median (default 0 = off, as in the paper's runs)")
-    p.add_argument("--threads", type=common.positive_int, default=None,
-                   help="torch CPU threads (default: torch's, all cores); float32 sums, and so the last digits of a "
-                        "run, depend on it: summary.json records it")
-    p.add_argument("--client-chunk", type=common.positive_int, default=None,
-                   help="vectorized: clients per chunk (default: as many as fit in the free device memory)")
+    p.add_argument(
+        "--engine",
+        choices=("auto", "sequential", "vectorized"),
+        default=DEFAULT_ENGINE,
+        help="vectorized: the round's participants trained together on the device, clients as a batch "
+        "axis (same models as sequential, client by client); auto (default): vectorized on a GPU, "
+        "sequential on a CPU, where each is the faster",
+    )
+    p.add_argument(
+        "--max-ratio",
+        type=common.nonneg_float,
+        default=0.0,
+        help="server magnitude guard: reject a reply whose FOOF-matrix trace or parameter norm exceeds "
+        "R x the round's median (default 0 = off, as in the paper's runs)",
+    )
+    p.add_argument(
+        "--threads",
+        type=common.positive_int,
+        default=None,
+        help="torch CPU threads (default: torch's, all cores); float32 sums, and so the last digits of a "
+        "run, depend on it: summary.json records it",
+    )
+    p.add_argument(
+        "--client-chunk",
+        type=common.positive_int,
+        default=None,
+        help="vectorized: clients per chunk (default: as many as fit in the free device memory)",
+    )
     p.add_argument("--out", default=None, help="output folder (default results/dnn-<dataset>-<method>-s<seed>)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--quiet", action="store_true")
@@ -91,18 +129,31 @@ def parse_args(argv=None):
     g.add_argument("--refresh-every", type=common.positive_int, help="recompute FOOF matrices every s local steps")
     g.add_argument("--weighting", choices=("uniform", "samples"))
     g.add_argument("--precond-dtype", choices=("float32", "float16"), help="dtype FedPM's matrices travel in")
-    g.add_argument("--param-dtype", choices=("float32", "float16", "bfloat16"),
-                   help="dtype every method's model parameters travel up in (default float32: as trained; the "
-                        "server upcasts them before mixing)")
-    g.add_argument("--precond-codec", default=None, type=common.precond_codec,
-                   help="how FedPM's matrices travel (default none): sym, fp16, bf16, lowrank:R, delta:identity, "
-                        "delta:topk:K, delta:rankr:R (R, K: a count or a fraction); see fedconvex/codecs.py")
-    g.add_argument("--clip-stage", choices=("update", "gradient"),
-                   help="clip the preconditioned step (default: the reading under which the appendix's damping 1e-4 "
-                        "with clip 1.0 is stable) or the raw gradient before preconditioning")
-    g.add_argument("--weight-decay-mode", choices=("coupled", "decoupled"),
-                   help="coupled (default): wd*theta joins the gradient before preconditioning and clipping; "
-                        "decoupled: theta shrinks by lr*wd after the step")
+    g.add_argument(
+        "--param-dtype",
+        choices=("float32", "float16", "bfloat16"),
+        help="dtype every method's model parameters travel up in (default float32: as trained; the "
+        "server upcasts them before mixing)",
+    )
+    g.add_argument(
+        "--precond-codec",
+        default=None,
+        type=common.precond_codec,
+        help="how FedPM's matrices travel (default none): sym, fp16, bf16, lowrank:R, delta:identity, "
+        "delta:topk:K, delta:rankr:R (R, K: a count or a fraction); see fedconvex/codecs.py",
+    )
+    g.add_argument(
+        "--clip-stage",
+        choices=("update", "gradient"),
+        help="clip the preconditioned step (default: the reading under which the appendix's damping 1e-4 "
+        "with clip 1.0 is stable) or the raw gradient before preconditioning",
+    )
+    g.add_argument(
+        "--weight-decay-mode",
+        choices=("coupled", "decoupled"),
+        help="coupled (default): wd*theta joins the gradient before preconditioning and clipping; "
+        "decoupled: theta shrinks by lr*wd after the step",
+    )
     args = p.parse_args(argv)
     if args.out is None:
         args.out = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")
@@ -118,16 +169,16 @@ def check_args(p, args):
         setting = PRESETS[args.preset]["setting"]
         if setting.get("dataset", args.dataset) != args.dataset:
             p.error(f"--preset {args.preset} is for --dataset {setting['dataset']}, not {args.dataset}")
-    if args.participants is not None and args.dataset != "femnist":   # FEMNIST's writers are counted at load
+    if args.participants is not None and args.dataset != "femnist":  # FEMNIST's writers are counted at load
         if args.clients is not None and args.participants > args.clients:
             p.error(f"--participants {args.participants} exceeds --clients {args.clients}")
-        if args.clients is None and args.participants > 10:    # build()'s default
+        if args.clients is None and args.participants > 10:  # build()'s default
             p.error(f"--participants {args.participants} exceeds the 10 clients (default --clients)")
     if args.client_chunk is not None and args.engine == "sequential":
         p.error("--client-chunk applies to --engine vectorized (or auto on a GPU), not to --engine sequential")
     common.check_out_arg(p, args.out)
     ckpt = os.path.join(args.out, "checkpoint.pt")
-    if os.path.lexists(ckpt) and not os.path.isfile(ckpt):     # a folder (or a dangling link) by that name
+    if os.path.lexists(ckpt) and not os.path.isfile(ckpt):  # a folder (or a dangling link) by that name
         what = "is a folder" if os.path.isdir(ckpt) else "is not a regular file"
         p.error(f"{ckpt}: {what}, not a checkpoint file; move it away or choose another --out")
     if args.resume and not os.path.isfile(ckpt):
@@ -169,15 +220,34 @@ def build(args):
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is visible to torch")
-    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else ("cpu" if args.device == "auto" else args.device)
+    device = (
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     engine = AUTO_ENGINE[device] if args.engine == "auto" else args.engine
     clip = None if args.clip == 0 else args.clip
-    cfg = method_config(args.preset, args.method, lr=args.lr, clip=clip, weight_decay=args.weight_decay, mu=args.mu,
-                        momentum=args.momentum, server_lr=args.server_lr, damping=args.damping,
-                        batch_size=args.batch_size, refresh_every=args.refresh_every, weighting=args.weighting,
-                        precond_dtype=args.precond_dtype, precond_codec=args.precond_codec, param_dtype=args.param_dtype, local_epochs=args.local_epochs, clip_stage=args.clip_stage,
-                        weight_decay_mode=args.weight_decay_mode,
-                        foof_samples=None if args.foof_samples in (None, "all") else int(args.foof_samples))
+    cfg = method_config(
+        args.preset,
+        args.method,
+        lr=args.lr,
+        clip=clip,
+        weight_decay=args.weight_decay,
+        mu=args.mu,
+        momentum=args.momentum,
+        server_lr=args.server_lr,
+        damping=args.damping,
+        batch_size=args.batch_size,
+        refresh_every=args.refresh_every,
+        weighting=args.weighting,
+        precond_dtype=args.precond_dtype,
+        precond_codec=args.precond_codec,
+        param_dtype=args.param_dtype,
+        local_epochs=args.local_epochs,
+        clip_stage=args.clip_stage,
+        weight_decay_mode=args.weight_decay_mode,
+        foof_samples=None if args.foof_samples in (None, "all") else int(args.foof_samples),
+    )
     if args.clip == 0:  # explicit "no clipping" overrides a preset's clip
         cfg = dataclasses.replace(cfg, clip=None)
     data, natural = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
@@ -189,23 +259,27 @@ def build(args):
             raise ValueError("--train-subset does not apply to FEMNIST's writer partition; use --clients")
         if args.clients and args.clients > len(natural):
             raise ValueError(f"--clients {args.clients} exceeds the {len(natural)} writers of this FEMNIST folder")
-        parts = natural[:args.clients] if args.clients else natural
+        parts = natural[: args.clients] if args.clients else natural
     else:
         if args.train_subset:
             if not data.num_classes <= args.train_subset <= len(y):
-                raise ValueError(f"--train-subset {args.train_subset}: must be between the {data.num_classes} "
-                                 f"classes and the {len(y)} training images")
+                raise ValueError(
+                    f"--train-subset {args.train_subset}: must be between the {data.num_classes} "
+                    f"classes and the {len(y)} training images"
+                )
             keep = balanced_subset(y, args.train_subset, data.num_classes, args.seed)
             x, y = x[keep], y[keep]
         parts = make_partition(args.split, y, args.clients or 10, args.alpha, seed=args.seed)
     participants = args.participants or setting.get("participants")
     if participants and participants >= len(parts) and not args.participants:
-        participants = None   # the preset samples more clients than this run has: everyone takes part
+        participants = None  # the preset samples more clients than this run has: everyone takes part
     xt, yt = data.x_test, data.y_test
     if args.test_subset:
         if not data.num_classes <= args.test_subset <= len(yt):
-            raise ValueError(f"--test-subset {args.test_subset}: must be between the {data.num_classes} "
-                             f"classes and the {len(yt)} test images")
+            raise ValueError(
+                f"--test-subset {args.test_subset}: must be between the {data.num_classes} "
+                f"classes and the {len(yt)} test images"
+            )
         keep = balanced_subset(yt, args.test_subset, data.num_classes, args.seed)
         xt, yt = xt[keep], yt[keep]
     if participants and participants > len(parts):
@@ -213,20 +287,47 @@ def build(args):
     to = lambda a: torch.as_tensor(a).to(device)  # noqa: E731
     augment = args.augment == "crop-flip"
     clients = [ClientData(to(x[p]), to(y[p]), data.mean, data.std, augment=augment) for p in parts]
-    exp = Experiment(cfg=cfg, model=args.model, num_classes=data.num_classes, clients=clients, x_test=to(xt),
-                     y_test=to(yt), mean=data.mean, std=data.std, rounds=args.rounds,
-                     participants=participants, seed=args.seed, device=device, in_channels=x.shape[1],
-                     image_size=x.shape[2], engine=engine, client_chunk=args.client_chunk,
-                     max_ratio=args.max_ratio or None)
-    desc = {"dataset": data.name, "train_samples": int(len(y)), "test_samples": int(len(yt)),
-            "num_classes": data.num_classes, "clients": len(parts), "alpha": args.alpha if natural is None else None,
-            "partition": args.split if natural is None else "natural (writers)", "participants": participants or len(parts),
-            "augment": args.augment, "client_sizes": [int(len(p)) for p in parts],
-            "class_counts": partition_table(y, parts, data.num_classes).tolist(),
-            "preset": args.preset, "preset_table": PRESETS[args.preset]["table"] if args.preset else None,
-            "device": device, "engine": engine, "config": {"name": cfg.name, **cfg.hyperparameters()}}
+    exp = Experiment(
+        cfg=cfg,
+        model=args.model,
+        num_classes=data.num_classes,
+        clients=clients,
+        x_test=to(xt),
+        y_test=to(yt),
+        mean=data.mean,
+        std=data.std,
+        rounds=args.rounds,
+        participants=participants,
+        seed=args.seed,
+        device=device,
+        in_channels=x.shape[1],
+        image_size=x.shape[2],
+        engine=engine,
+        client_chunk=args.client_chunk,
+        max_ratio=args.max_ratio or None,
+    )
+    desc = {
+        "dataset": data.name,
+        "train_samples": int(len(y)),
+        "test_samples": int(len(yt)),
+        "num_classes": data.num_classes,
+        "clients": len(parts),
+        "alpha": args.alpha if natural is None else None,
+        "partition": args.split if natural is None else "natural (writers)",
+        "participants": participants or len(parts),
+        "augment": args.augment,
+        "client_sizes": [int(len(p)) for p in parts],
+        "class_counts": partition_table(y, parts, data.num_classes).tolist(),
+        "preset": args.preset,
+        "preset_table": PRESETS[args.preset]["table"] if args.preset else None,
+        "device": device,
+        "engine": engine,
+        "config": {"name": cfg.name, **cfg.hyperparameters()},
+    }
     if data.source == "jpeg":
-        desc["note"] = "CIFAR-10 JPEG copy (lossy re-encoding): accuracies are close to, not identical with, the original"
+        desc["note"] = (
+            "CIFAR-10 JPEG copy (lossy re-encoding): accuracies are close to, not identical with, the original"
+        )
     return exp, desc
 
 
@@ -236,9 +337,8 @@ def write_atomic(path, text):
 
 
 def write_outputs(out, history, summary):
-    from fedpm_dnn.simulation import HISTORY_COLUMNS
-
     from fedconvex.history import history_csv
+    from fedpm_dnn.simulation import HISTORY_COLUMNS
 
     write_atomic(os.path.join(out, "history.csv"), history_csv(history, columns=HISTORY_COLUMNS))
     write_atomic(os.path.join(out, "summary.json"), json.dumps(summary, indent=2))
@@ -249,15 +349,20 @@ def summarize(desc, history, command):
 
     accs = [r["test_acc"] for r in history]
     n = len(history)
-    return {**desc, "rounds_done": n, "best_test_acc": max(accs) if accs else None,
-            "final_test_acc": accs[-1] if accs else None,
-            "mean_client_seconds_per_round": float(np.mean([r["client_seconds"] for r in history])) if n else None,
-            "mean_server_seconds_per_round": float(np.mean([r["server_seconds"] for r in history])) if n else None,
-            "bytes_up_per_round": history[-1]["bytes_up"] / n if n else None,
-            "bytes_down_per_round": history[-1]["bytes_down"] / n if n else None,
-            "peak_memory_mb": max(r["peak_memory_mb"] for r in history) if n else None,
-            "command": command, "torch_threads": torch.get_num_threads(),
-            "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}}
+    return {
+        **desc,
+        "rounds_done": n,
+        "best_test_acc": max(accs) if accs else None,
+        "final_test_acc": accs[-1] if accs else None,
+        "mean_client_seconds_per_round": float(np.mean([r["client_seconds"] for r in history])) if n else None,
+        "mean_server_seconds_per_round": float(np.mean([r["server_seconds"] for r in history])) if n else None,
+        "bytes_up_per_round": history[-1]["bytes_up"] / n if n else None,
+        "bytes_down_per_round": history[-1]["bytes_down"] / n if n else None,
+        "peak_memory_mb": max(r["peak_memory_mb"] for r in history) if n else None,
+        "command": command,
+        "torch_threads": torch.get_num_threads(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
+    }
 
 
 def open_out(out) -> str:
@@ -267,7 +372,7 @@ def open_out(out) -> str:
 
     created = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
-    if created or not is_ours(out):   # new, or empty (check_args refused anything else)
+    if created or not is_ours(out):  # new, or empty (check_args refused anything else)
         mark(out)
         return "created" if created else "marked"
     return "ours"
@@ -327,13 +432,13 @@ def main(argv=None) -> int:
 
     start = time.perf_counter()
     try:
-        with sigterm_as_exit():   # SIGTERM unwinds like Ctrl-C, so the cleanup below runs
+        with sigterm_as_exit():  # SIGTERM unwinds like Ctrl-C, so the cleanup below runs
             history = run_experiment(exp, checkpoint=ckpt, resume=args.resume, on_round=on_round)
     except BaseException as exc:
         # no round completed: leave --out as it was found, as if never started
         if not os.path.exists(ckpt):
             undo_open_out(args.out, opened)
-        if isinstance(exc, KeyboardInterrupt) and os.path.exists(ckpt):    # said in one line (run_command)
+        if isinstance(exc, KeyboardInterrupt) and os.path.exists(ckpt):  # said in one line (run_command)
             raise type(exc)(f"{args.out} keeps the rounds done so far; --resume continues") from None
         if not isinstance(exc, (ArithmeticError, ValueError)):
             raise
@@ -341,10 +446,12 @@ def main(argv=None) -> int:
     summary = summarize(desc, history, command)
     try:
         write_outputs(args.out, history, summary)
-    except KeyboardInterrupt as exc:   # each file is replaced whole: the last round's files stand
+    except KeyboardInterrupt as exc:  # each file is replaced whole: the last round's files stand
         raise type(exc)(f"{args.out} keeps the rounds done so far; --resume continues") from None
-    print(f"{args.method}: best test accuracy {summary['best_test_acc']:.4f}, final {summary['final_test_acc']:.4f} "
-          f"after {len(history)} rounds ({time.perf_counter() - start:.1f}s)")
+    print(
+        f"{args.method}: best test accuracy {summary['best_test_acc']:.4f}, final {summary['final_test_acc']:.4f} "
+        f"after {len(history)} rounds ({time.perf_counter() - start:.1f}s)"
+    )
     print(f"wrote {args.out}/history.csv, summary.json, checkpoint.pt")
     print(f"reproduce: {command}")
     return 0

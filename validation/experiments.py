@@ -13,6 +13,7 @@ Profiles:
 Each run writes results/<profile>/<name>/{history.csv, summary.json} (summary.json holds the exact
 command and versions).  A run whose summary.json exists with all its rounds is not recomputed.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,10 +27,28 @@ from validation.progress import Progress
 # FedPM preconditioner codecs measured on the CNN (fedconvex/codecs.py).  lowrank:0.02, lowrank:1 and the
 # 2 % delta codecs are the ones whose bytes can meet issue 13's <= 25 % of the total upload (the parameters
 # alone are 22.7 % of uncompressed FedPM's upload on the SimpleCNN)
-CNN_CODECS = ("sym", "fp16", "bf16", "lowrank:0.1", "lowrank:0.02", "lowrank:1", "delta:topk:0.05", "delta:topk:0.02",
-              "delta:rankr:0.02")
-CONVEX_CODECS = ("none", "sym", "fp16", "bf16", "lowrank:0.1", "lowrank:0.3", "delta:identity", "delta:topk:0.05",
-                 "delta:rankr:0.05")
+CNN_CODECS = (
+    "sym",
+    "fp16",
+    "bf16",
+    "lowrank:0.1",
+    "lowrank:0.02",
+    "lowrank:1",
+    "delta:topk:0.05",
+    "delta:topk:0.02",
+    "delta:rankr:0.02",
+)
+CONVEX_CODECS = (
+    "none",
+    "sym",
+    "fp16",
+    "bf16",
+    "lowrank:0.1",
+    "lowrank:0.3",
+    "delta:identity",
+    "delta:topk:0.05",
+    "delta:rankr:0.05",
+)
 
 
 # (codec, --param-dtype) runs of FedPM with its parameters on the wire in 16 bits (issue 13: the float32
@@ -46,28 +65,46 @@ def param_slug(dtype: str) -> str:
     return "" if dtype == "float32" else f"-params-{dtype}"
 
 
-DNN_METHODS = METHODS   # the DNN registry's methods, in the paper's order
+DNN_METHODS = METHODS  # the DNN registry's methods, in the paper's order
 ABLATION_METHODS = ("fedavg", "localnewton", "fedpm")
 
 
 @dataclass(frozen=True)
 class Run:
-    name: str          # folder under results/<profile>/
-    kind: str          # "superlinear" or "dnn"
-    argv: tuple        # arguments of the runner (without --out)
-    rounds: int = 0    # rounds expected in history (dnn)
+    name: str  # folder under results/<profile>/
+    kind: str  # "superlinear" or "dnn"
+    argv: tuple  # arguments of the runner (without --out)
+    rounds: int = 0  # rounds expected in history (dnn)
     dataset: str = "cifar10"
 
 
 PROFILES = {
-    "quick": dict(seeds=(0, 1), rounds=4, subset=["--train-subset", "3000", "--test-subset", "2000"], datasets=("cifar10",),
-                  epoch_budget=20, label="quick profile: CIFAR-10 JPEG copy, 3k-image training subset, 2k test images, "
-                                         "4 rounds, 2 seeds"),
-    "paper": dict(seeds=(0, 1, 2), rounds=100, subset=[], datasets=("cifar10", "cifar100"), epoch_budget=100,
-                  label="paper profile: full data, 100 rounds, 3 seeds"),
-    "cpu-full": dict(seeds=(0,), rounds=20, subset=[], datasets=("cifar10",), alphas=("0.1",),
-                     methods=("fedavg", "scaffold", "localnewton", "fedpm"), ablations=False,
-                     label="cpu-full profile: all 50k CIFAR-10 images, alpha=0.1, 20 rounds, seed 0"),
+    "quick": dict(
+        seeds=(0, 1),
+        rounds=4,
+        subset=["--train-subset", "3000", "--test-subset", "2000"],
+        datasets=("cifar10",),
+        epoch_budget=20,
+        label="quick profile: CIFAR-10 JPEG copy, 3k-image training subset, 2k test images, 4 rounds, 2 seeds",
+    ),
+    "paper": dict(
+        seeds=(0, 1, 2),
+        rounds=100,
+        subset=[],
+        datasets=("cifar10", "cifar100"),
+        epoch_budget=100,
+        label="paper profile: full data, 100 rounds, 3 seeds",
+    ),
+    "cpu-full": dict(
+        seeds=(0,),
+        rounds=20,
+        subset=[],
+        datasets=("cifar10",),
+        alphas=("0.1",),
+        methods=("fedavg", "scaffold", "localnewton", "fedpm"),
+        ablations=False,
+        label="cpu-full profile: all 50k CIFAR-10 images, alpha=0.1, 20 rounds, seed 0",
+    ),
 }
 
 
@@ -75,18 +112,45 @@ def plan(profile: str) -> list[Run]:
     p = PROFILES[profile]
     runs = [Run(f"superlinear-{d}", "superlinear", ("--dataset", d, "--quiet")) for d in ("w8a", "a9a")]
     # FedPM (K = 1, lr 1: Newton) per preconditioner codec; FedNL comes from superlinear-<dataset>
-    runs += [Run(f"compression-{d}-{codec_slug(c)}", "superlinear", (
-        "--dataset", d, "--methods", "fedpm", "--lr", "1", "--rounds", "15", "--precond-codec", c, "--quiet"))
-        for d in ("w8a", "a9a") for c in CONVEX_CODECS]
+    runs += [
+        Run(
+            f"compression-{d}-{codec_slug(c)}",
+            "superlinear",
+            ("--dataset", d, "--methods", "fedpm", "--lr", "1", "--rounds", "15", "--precond-codec", c, "--quiet"),
+        )
+        for d in ("w8a", "a9a")
+        for c in CONVEX_CODECS
+    ]
     model = {"cifar10": "cnn", "cifar100": "resnet18gn"}
     for ds in p["datasets"]:
         for alpha in p.get("alphas", ("1.0", "0.1")):
             for m in p.get("methods", DNN_METHODS):
                 for s in p["seeds"]:
-                    runs.append(Run(f"main-{ds}-a{alpha}-{m}-s{s}", "dnn", (
-                        "--dataset", ds, "--model", model[ds], "--method", m, "--preset", f"{ds}-a{alpha}",
-                        "--alpha", alpha, "--rounds", str(p["rounds"]), "--seed", str(s), *p["subset"]),
-                        p["rounds"], ds))
+                    runs.append(
+                        Run(
+                            f"main-{ds}-a{alpha}-{m}-s{s}",
+                            "dnn",
+                            (
+                                "--dataset",
+                                ds,
+                                "--model",
+                                model[ds],
+                                "--method",
+                                m,
+                                "--preset",
+                                f"{ds}-a{alpha}",
+                                "--alpha",
+                                alpha,
+                                "--rounds",
+                                str(p["rounds"]),
+                                "--seed",
+                                str(s),
+                                *p["subset"],
+                            ),
+                            p["rounds"],
+                            ds,
+                        )
+                    )
     if not p.get("ablations", True):
         return runs
     # local epochs 1 / 5 / 10 with the total number of local epochs fixed (CIFAR-10, alpha = 0.1)
@@ -94,37 +158,139 @@ def plan(profile: str) -> list[Run]:
         rounds = max(1, p["epoch_budget"] // epochs)
         for m in ABLATION_METHODS if profile == "quick" else DNN_METHODS:
             for s in p["seeds"]:
-                runs.append(Run(f"epochs-{epochs}-{m}-s{s}", "dnn", (
-                    "--dataset", "cifar10", "--method", m, "--preset", preset, "--local-epochs", str(epochs),
-                    "--rounds", str(rounds), "--seed", str(s), *p["subset"]), rounds))
+                runs.append(
+                    Run(
+                        f"epochs-{epochs}-{m}-s{s}",
+                        "dnn",
+                        (
+                            "--dataset",
+                            "cifar10",
+                            "--method",
+                            m,
+                            "--preset",
+                            preset,
+                            "--local-epochs",
+                            str(epochs),
+                            "--rounds",
+                            str(rounds),
+                            "--seed",
+                            str(s),
+                            *p["subset"],
+                        ),
+                        rounds,
+                    )
+                )
     # client sampling: 2 / 5 / 8 / 10 participants of 10
     for part in (2, 5, 8, 10):
         for m in ABLATION_METHODS if profile == "quick" else tuple(x for x in DNN_METHODS if x != "fedadam"):
             for s in p["seeds"]:
-                runs.append(Run(f"sampling-{part}-{m}-s{s}", "dnn", (
-                    "--dataset", "cifar10", "--method", m, "--preset", f"cifar10-sampling-{part}",
-                    "--participants", str(part), "--rounds", str(p["rounds"]), "--seed", str(s), *p["subset"]),
-                    p["rounds"]))
+                runs.append(
+                    Run(
+                        f"sampling-{part}-{m}-s{s}",
+                        "dnn",
+                        (
+                            "--dataset",
+                            "cifar10",
+                            "--method",
+                            m,
+                            "--preset",
+                            f"cifar10-sampling-{part}",
+                            "--participants",
+                            str(part),
+                            "--rounds",
+                            str(p["rounds"]),
+                            "--seed",
+                            str(s),
+                            *p["subset"],
+                        ),
+                        p["rounds"],
+                    )
+                )
     # FOOF sample counts (FedPM)
     for k in ("64", "256", "1024", "all"):
         for s in p["seeds"]:
-            runs.append(Run(f"foof-{k}-fedpm-s{s}", "dnn", (
-                "--dataset", "cifar10", "--method", "fedpm", "--preset", f"cifar10-foof-{k}", "--foof-samples", k,
-                "--rounds", str(p["rounds"]), "--seed", str(s), *p["subset"]), p["rounds"]))
+            runs.append(
+                Run(
+                    f"foof-{k}-fedpm-s{s}",
+                    "dnn",
+                    (
+                        "--dataset",
+                        "cifar10",
+                        "--method",
+                        "fedpm",
+                        "--preset",
+                        f"cifar10-foof-{k}",
+                        "--foof-samples",
+                        k,
+                        "--rounds",
+                        str(p["rounds"]),
+                        "--seed",
+                        str(s),
+                        *p["subset"],
+                    ),
+                    p["rounds"],
+                )
+            )
     # preconditioner codecs (issue 13): FedPM on CIFAR-10 alpha = 0.1 per codec, beside the main runs'
     # FedAvg and uncompressed FedPM (main-cifar10-a0.1-*)
     for codec in CNN_CODECS:
         for s in p["seeds"]:
-            runs.append(Run(f"compression-cifar10-a0.1-{codec_slug(codec)}-s{s}", "dnn", (
-                "--dataset", "cifar10", "--model", "cnn", "--method", "fedpm", "--preset", "cifar10-a0.1",
-                "--alpha", "0.1", "--precond-codec", codec, "--rounds", str(p["rounds"]), "--seed", str(s),
-                *p["subset"]), p["rounds"]))
+            runs.append(
+                Run(
+                    f"compression-cifar10-a0.1-{codec_slug(codec)}-s{s}",
+                    "dnn",
+                    (
+                        "--dataset",
+                        "cifar10",
+                        "--model",
+                        "cnn",
+                        "--method",
+                        "fedpm",
+                        "--preset",
+                        "cifar10-a0.1",
+                        "--alpha",
+                        "0.1",
+                        "--precond-codec",
+                        codec,
+                        "--rounds",
+                        str(p["rounds"]),
+                        "--seed",
+                        str(s),
+                        *p["subset"],
+                    ),
+                    p["rounds"],
+                )
+            )
     for codec, dtype in CNN_PARAM_DTYPE_RUNS:
         for s in p["seeds"]:
-            runs.append(Run(f"compression-cifar10-a0.1-{codec_slug(codec)}{param_slug(dtype)}-s{s}", "dnn", (
-                "--dataset", "cifar10", "--model", "cnn", "--method", "fedpm", "--preset", "cifar10-a0.1",
-                "--alpha", "0.1", "--precond-codec", codec, "--param-dtype", dtype, "--rounds", str(p["rounds"]),
-                "--seed", str(s), *p["subset"]), p["rounds"]))
+            runs.append(
+                Run(
+                    f"compression-cifar10-a0.1-{codec_slug(codec)}{param_slug(dtype)}-s{s}",
+                    "dnn",
+                    (
+                        "--dataset",
+                        "cifar10",
+                        "--model",
+                        "cnn",
+                        "--method",
+                        "fedpm",
+                        "--preset",
+                        "cifar10-a0.1",
+                        "--alpha",
+                        "0.1",
+                        "--precond-codec",
+                        codec,
+                        "--param-dtype",
+                        dtype,
+                        "--rounds",
+                        str(p["rounds"]),
+                        "--seed",
+                        str(s),
+                        *p["subset"],
+                    ),
+                    p["rounds"],
+                )
+            )
     return runs
 
 
@@ -177,8 +343,13 @@ def ensure(profile: str, data_dir: str | None, results: str = "results", only=No
             if r.kind == "superlinear":
                 superlinear.main(list(r.argv) + ["--out", folder])
             else:
-                argv = list(r.argv) + ["--data-dir", data_dir or os.environ.get("FEDPM_DATA", ""), "--out", folder,
-                                       "--quiet"]
+                argv = list(r.argv) + [
+                    "--data-dir",
+                    data_dir or os.environ.get("FEDPM_DATA", ""),
+                    "--out",
+                    folder,
+                    "--quiet",
+                ]
                 if os.path.exists(os.path.join(folder, "checkpoint.pt")):
                     argv.append("--resume")
                 dnn.main(argv)
@@ -186,7 +357,9 @@ def ensure(profile: str, data_dir: str | None, results: str = "results", only=No
             if exc.code not in (0, None):
                 log(f"run {r.name} failed (exit {exc.code}); its figures will lack it")
         bar.update(1, r.name)
-    return {r.name: os.path.join(root, r.name) for r in runs if os.path.isfile(os.path.join(root, r.name, "summary.json"))}
+    return {
+        r.name: os.path.join(root, r.name) for r in runs if os.path.isfile(os.path.join(root, r.name, "summary.json"))
+    }
 
 
 def check_results_arg(parser, path: str) -> None:

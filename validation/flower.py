@@ -12,6 +12,7 @@ and fails when the models differ beyond round-off.  ``prepare`` (validation/flow
 client's image partition to its own folder.  Writes OUT/result.json (final parameters, per-round history,
 configuration, wall time) and OUT/history.csv (the history in the one format of fedconvex.history).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,36 +39,73 @@ def parse_args(argv=None):
     from fedconvex.algorithms import REGISTRY
     from fedpm_dnn.algorithms import METHODS as DNN_METHODS
 
-    p.add_argument("--method", choices=sorted(set(REGISTRY) | set(DNN_METHODS)), default="fedpm",
-                   help="any registered fedconvex method on logreg; any registered fedpm_dnn method on the cnn")
-    p.add_argument("--params", default="", help="more hyper-parameters of the method as JSON, e.g. "
-                   "'{\"compressor\": \"topk\", \"k\": 50}'")
-    p.add_argument("--participants", type=common.positive_int, default=None, help="clients sampled per round (default all)")
+    p.add_argument(
+        "--method",
+        choices=sorted(set(REGISTRY) | set(DNN_METHODS)),
+        default="fedpm",
+        help="any registered fedconvex method on logreg; any registered fedpm_dnn method on the cnn",
+    )
+    p.add_argument(
+        "--params",
+        default="",
+        help='more hyper-parameters of the method as JSON, e.g. \'{"compressor": "topk", "k": 50}\'',
+    )
+    p.add_argument(
+        "--participants", type=common.positive_int, default=None, help="clients sampled per round (default all)"
+    )
     p.add_argument("--weighting", choices=("uniform", "samples"), default="uniform")
-    p.add_argument("--dataset", default="a9a", help="bundled name or LibSVM path (logreg; the cnn uses a seeded "
-                   "synthetic image task so every SuperNode can rebuild its partition)")
+    p.add_argument(
+        "--dataset",
+        default="a9a",
+        help="bundled name or LibSVM path (logreg; the cnn uses a seeded "
+        "synthetic image task so every SuperNode can rebuild its partition)",
+    )
     p.add_argument("--clients", type=common.positive_int, default=3)
     p.add_argument("--rounds", type=common.positive_int, default=2)
     p.add_argument("--lr", type=common.positive_float, default=None, help="default: the method's own (fedavg: 10)")
-    p.add_argument("--local-steps", type=common.positive_int, default=1,
-                   help="local steps per round (logreg); with --problem cnn, local epochs over the client's data")
-    p.add_argument("--lam", type=common.positive_float, default=1e-3,
-                   help="L2 regularisation (> 0: without it a client's Hessian can be singular)")
+    p.add_argument(
+        "--local-steps",
+        type=common.positive_int,
+        default=1,
+        help="local steps per round (logreg); with --problem cnn, local epochs over the client's data",
+    )
+    p.add_argument(
+        "--lam",
+        type=common.positive_float,
+        default=1e-3,
+        help="L2 regularisation (> 0: without it a client's Hessian can be singular)",
+    )
     p.add_argument("--precond-dtype", choices=("float64", "float32", "float16"), default="float64")
-    p.add_argument("--precond-codec", default="none", type=_codec,
-                   help="how FedPM's preconditioners travel: none, sym, fp16, bf16, lowrank:R, delta:C (the delta "
-                        "codecs' estimates live on the nodes); see fedconvex/codecs.py")
-    p.add_argument("--data-dir", default="", help="cnn: a data set prepared by `python -m validation.flower prepare` "
-                   "(default: the seeded synthetic image task); in deployment SuperNode i reads only DIR/client-i")
+    p.add_argument(
+        "--precond-codec",
+        default="none",
+        type=_codec,
+        help="how FedPM's preconditioners travel: none, sym, fp16, bf16, lowrank:R, delta:C (the delta "
+        "codecs' estimates live on the nodes); see fedconvex/codecs.py",
+    )
+    p.add_argument(
+        "--data-dir",
+        default="",
+        help="cnn: a data set prepared by `python -m validation.flower prepare` "
+        "(default: the seeded synthetic image task); in deployment SuperNode i reads only DIR/client-i",
+    )
     p.add_argument("--mode", choices=("simulation", "deployment"), default="simulation")
     p.add_argument("--timeout", type=common.positive_float, default=300.0)
-    p.add_argument("--max-ratio", type=common.nonneg_float, default=1000.0,
-                   help="server magnitude guard: reject a reply whose preconditioner trace or parameter norm "
-                        "exceeds R x the round's median (0 = off)")
+    p.add_argument(
+        "--max-ratio",
+        type=common.nonneg_float,
+        default=1000.0,
+        help="server magnitude guard: reject a reply whose preconditioner trace or parameter norm "
+        "exceeds R x the round's median (0 = off)",
+    )
     p.add_argument("--check", action="store_true", help="compare with the in-process run")
     p.add_argument("--out", default=None, help="default results/flower-<problem>-<method>-<mode>")
-    p.add_argument("--write-app", metavar="DIR", default=None,
-                   help="only write the Flower app folder (pyproject.toml) for `flwr run` on a remote SuperLink")
+    p.add_argument(
+        "--write-app",
+        metavar="DIR",
+        default=None,
+        help="only write the Flower app folder (pyproject.toml) for `flwr run` on a remote SuperLink",
+    )
     args = p.parse_args(argv)
     if args.out is None:
         args.out = os.path.join("results", f"flower-{args.problem}-{args.method}-{args.mode}")
@@ -89,8 +127,10 @@ def parse_args(argv=None):
             p.error(f"--write-app {args.write_app}: exists and is not a folder")
         toml = os.path.join(args.write_app, "pyproject.toml")
         if os.path.lexists(toml) and not _our_app(toml):
-            p.error(f"--write-app {args.write_app}: holds a pyproject.toml that is not a FedPM Flower app; "
-                    "choose another folder")
+            p.error(
+                f"--write-app {args.write_app}: holds a pyproject.toml that is not a FedPM Flower app; "
+                "choose another folder"
+            )
         return args
     if args.problem == "logreg":
         from fedconvex.data import BUNDLED
@@ -98,10 +138,12 @@ def parse_args(argv=None):
         if args.dataset not in BUNDLED:
             if not os.path.isfile(args.dataset):
                 p.error(f"--dataset {args.dataset}: neither a bundled dataset ({', '.join(BUNDLED)}) nor a file")
-            args.dataset = os.path.abspath(args.dataset)   # SuperNodes run in another folder
+            args.dataset = os.path.abspath(args.dataset)  # SuperNodes run in another folder
     elif args.dataset != p.get_default("dataset"):
-        p.error("--dataset does not apply to --problem cnn (it trains on a seeded synthetic image task, or on "
-                "--data-dir prepared by `python -m validation.flower prepare`)")
+        p.error(
+            "--dataset does not apply to --problem cnn (it trains on a seeded synthetic image task, or on "
+            "--data-dir prepared by `python -m validation.flower prepare`)"
+        )
     if args.data_dir:
         if args.problem != "cnn":
             p.error("--data-dir applies to --problem cnn only")
@@ -143,8 +185,15 @@ def in_process(cfg):
 
     ds = load_dataset(cfg.dataset)
     problem = FederatedLogReg(ds.X, ds.y, split(cfg, ds.n), lam=cfg.lam, weighting=cfg.weighting)
-    state, _ = run(problem, algorithm(cfg), np.zeros(problem.d), cfg.rounds, participants=cfg.participants or None,
-                   seed=cfg.seed, client_streams=True)
+    state, _ = run(
+        problem,
+        algorithm(cfg),
+        np.zeros(problem.d),
+        cfg.rounds,
+        participants=cfg.participants or None,
+        seed=cfg.seed,
+        client_streams=True,
+    )
     return state.theta
 
 
@@ -155,8 +204,12 @@ def run_flower(cfg, mode: str, timeout: float) -> dict:
 
         from fedpm_flower.apps import make_client_app, make_server_app
 
-        run_simulation(make_server_app(cfg), make_client_app(cfg), num_supernodes=cfg.clients,
-                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+        run_simulation(
+            make_server_app(cfg),
+            make_client_app(cfg),
+            num_supernodes=cfg.clients,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        )
         if not os.path.isfile(cfg.out):
             raise RuntimeError("the Flower simulation ended without a result (its log is above)")
         with open(cfg.out) as fh:
@@ -181,8 +234,10 @@ def main(argv=None) -> int:
         from fedpm_flower.deploy import write_app
 
         write_app(args.write_app, None)
-        print(f"wrote {args.write_app}/pyproject.toml; submit with: flwr run {args.write_app} <connection> "
-              f"--run-config \"method='fedpm' clients=N rounds=T out='/path/on/the/server/result.json'\"")
+        print(
+            f"wrote {args.write_app}/pyproject.toml; submit with: flwr run {args.write_app} <connection> "
+            f"--run-config \"method='fedpm' clients=N rounds=T out='/path/on/the/server/result.json'\""
+        )
         return 0
     try:
         import flwr  # noqa: F401
@@ -190,8 +245,9 @@ def main(argv=None) -> int:
         common.fail(PROG, ImportError("Flower is not installed: pip install -e '.[flower]'"))
     from fedpm_flower.config import FlowerRunConfig
 
-    if args.problem == "cnn":   # SimpleCNN on the seeded synthetic image task, one local epoch per round
-        from fedpm_dnn.algorithms import REGISTRY as DNN_REGISTRY, METHODS as DNN_METHODS
+    if args.problem == "cnn":  # SimpleCNN on the seeded synthetic image task, one local epoch per round
+        from fedpm_dnn.algorithms import METHODS as DNN_METHODS
+        from fedpm_dnn.algorithms import REGISTRY as DNN_REGISTRY
 
         if args.method not in DNN_METHODS:
             common.fail(PROG, ValueError(f"--method {args.method}: the cnn runs {', '.join(DNN_METHODS)}"))
@@ -200,30 +256,50 @@ def main(argv=None) -> int:
         from fedconvex.algorithms import REGISTRY
 
         # FedAvg's tuned step on a9a (as before); every other method its own default
-        lr = args.lr if args.lr is not None else 10.0 if args.method == "fedavg" else \
-            REGISTRY[args.method].__dataclass_fields__["lr"].default
+        lr = (
+            args.lr
+            if args.lr is not None
+            else 10.0
+            if args.method == "fedavg"
+            else REGISTRY[args.method].__dataclass_fields__["lr"].default
+        )
     from fedconvex.data import DataError
     from validation.outputs import OutputError, ResultDir
 
-    cfg = FlowerRunConfig(problem=args.problem, method=args.method, params=args.params,
-                          participants=args.participants or 0, weighting=args.weighting,
-                          dataset=args.dataset, data_dir=args.data_dir, clients=args.clients,
-                          rounds=args.rounds, lr=lr, local_steps=args.local_steps, lam=args.lam,
-                          precond_dtype=args.precond_dtype, precond_codec=args.precond_codec, timeout=args.timeout,
-                          max_ratio=args.max_ratio, out="")
+    cfg = FlowerRunConfig(
+        problem=args.problem,
+        method=args.method,
+        params=args.params,
+        participants=args.participants or 0,
+        weighting=args.weighting,
+        dataset=args.dataset,
+        data_dir=args.data_dir,
+        clients=args.clients,
+        rounds=args.rounds,
+        lr=lr,
+        local_steps=args.local_steps,
+        lam=args.lam,
+        precond_dtype=args.precond_dtype,
+        precond_codec=args.precond_codec,
+        timeout=args.timeout,
+        max_ratio=args.max_ratio,
+        out="",
+    )
     try:
         if args.problem == "cnn":
             from fedpm_flower.cnn import algorithm as cnn_algorithm
 
-            cnn_algorithm(cfg)      # unknown or bad hyper-parameters: before any process starts
+            cnn_algorithm(cfg)  # unknown or bad hyper-parameters: before any process starts
         if args.problem == "logreg":
             from fedpm_flower.logreg import algorithm
 
-            alg = algorithm(cfg)    # unknown hyper-parameters, bad codec settings: before any process starts
+            alg = algorithm(cfg)  # unknown hyper-parameters, bad codec settings: before any process starts
             if args.check and getattr(alg, "gaussian_draw", None) == "bartlett":
-                raise ValueError("--check compares with the in-process run to round-off, and FedNS's "
-                                 "gaussian_draw 'bartlett' is not round-off-stable (README, FedNS's Gaussian sketch); "
-                                 "check with 'dense'")
+                raise ValueError(
+                    "--check compares with the in-process run to round-off, and FedNS's "
+                    "gaussian_draw 'bartlett' is not round-off-stable (README, FedNS's Gaussian sketch); "
+                    "check with 'dense'"
+                )
         check_split(cfg)
         with ResultDir(args.out) as tmp:
             final = os.path.abspath(os.path.join(args.out, "result.json"))
@@ -241,8 +317,10 @@ def finish(args, cfg, tmp, final) -> None:
     result = run_flower(cfg, args.mode, args.timeout)
     wall = time.perf_counter() - start
     if not any(h.get("used", 0) for h in result["history"]):
-        raise RuntimeError(f"no client contributed to any of the {args.rounds} rounds (every reply was dropped or "
-                           "rejected); nothing written")
+        raise RuntimeError(
+            f"no client contributed to any of the {args.rounds} rounds (every reply was dropped or "
+            "rejected); nothing written"
+        )
     result["config"]["out"] = final
     result["wall_seconds"] = wall
     result["mode"] = args.mode
@@ -258,20 +336,23 @@ def finish(args, cfg, tmp, final) -> None:
         # round-off only: float64 clients (logreg) or float32 torch (cnn); float16 preconditioners differ by design
         tol = (1e-4 if args.problem == "cnn" else 1e-9) * max(1.0, float(np.max(np.abs(ref))))
         if args.precond_dtype == "float64" and not diff <= tol:
-            raise RuntimeError(f"--check: the Flower model differs from the in-process one by {diff:.2e} "
-                               f"(tolerance {tol:.1e})")
+            raise RuntimeError(
+                f"--check: the Flower model differs from the in-process one by {diff:.2e} (tolerance {tol:.1e})"
+            )
     with open(cfg.out, "w") as fh:
         json.dump(result, fh, indent=1)
     # the history in the one format every front-end writes (fedconvex.history), beside the raw result
     with open(os.path.join(tmp, "history.csv"), "w") as fh:
         fh.write(history_csv(result["history"]))
-    for name in os.listdir(tmp):   # the ServerApp's own temporary files
+    for name in os.listdir(tmp):  # the ServerApp's own temporary files
         if name.endswith(".tmp"):
             os.remove(os.path.join(tmp, name))
     last = result["history"][-1]
-    print(f"{args.method} on Flower ({args.mode}), {args.clients} clients, {args.rounds} rounds: wall {wall:.1f} s; "
-          f"per client per round {last['bytes_up'] / args.rounds / 1e3:.1f} kB up, "
-          f"{last['bytes_down'] / args.rounds / 1e3:.1f} kB down")
+    print(
+        f"{args.method} on Flower ({args.mode}), {args.clients} clients, {args.rounds} rounds: wall {wall:.1f} s; "
+        f"per client per round {last['bytes_up'] / args.rounds / 1e3:.1f} kB up, "
+        f"{last['bytes_down'] / args.rounds / 1e3:.1f} kB down"
+    )
     if args.check:
         print(f"largest |theta_flower - theta_in_process| = {result['max_abs_diff_vs_in_process']:.2e}")
     if "test_acc" in result:
@@ -281,7 +362,7 @@ def finish(args, cfg, tmp, final) -> None:
 
 if __name__ == "__main__":
     rc = common.run_command(PROG, main)
-    if rc in (130, 143):   # Ctrl-C or SIGTERM
+    if rc in (130, 143):  # Ctrl-C or SIGTERM
         # Ctrl-C inside run_simulation leaves Flower's non-daemon threads waiting on dead Ray actors (up to
         # --timeout a round): the interpreter would print the line and then hang joining them.  The output's
         # temporary folder is already removed (ResultDir), so end here.

@@ -7,6 +7,7 @@ The split is validation.dnn's (RelaySum's capped Dirichlet, --alpha, --seed); --
 SuperNode i with ``--node-config "partition-id=i data-dir='DIR/client-i'"`` (the local deployment of
 validation.flower does that for --data-dir DIR).
 """
+
 from __future__ import annotations
 
 import os
@@ -29,9 +30,13 @@ def parse_args(argv):
     p.add_argument("--test-subset", type=common.positive_int, default=None)
     p.add_argument("--out", required=True, help="the folder to write (client-<i>/, server/, meta.json)")
     args = p.parse_args(argv)
-    if not os.path.islink(args.out) and os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
+    if (
+        not os.path.islink(args.out)
+        and os.path.exists(args.out)
+        and (not os.path.isdir(args.out) or os.listdir(args.out))
+    ):
         p.error(f"--out {args.out}: exists and is not an empty folder")
-    common.check_out_arg(p, args.out)    # an empty path, a symbolic link, a parent that is not a writable folder
+    common.check_out_arg(p, args.out)  # an empty path, a symbolic link, a parent that is not a writable folder
     return args
 
 
@@ -55,9 +60,11 @@ def prepare(args) -> None:
 
     data, _ = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
     x, y, xt, yt = data.x_train, data.y_train, data.x_test, data.y_test
-    for flag, n, have, what in (("--train-subset", args.train_subset, len(y), "training"),
-                                ("--test-subset", args.test_subset, len(yt), "test")):
-        if n and not data.num_classes <= n <= have:     # as validation.dnn
+    for flag, n, have, what in (
+        ("--train-subset", args.train_subset, len(y), "training"),
+        ("--test-subset", args.test_subset, len(yt), "test"),
+    ):
+        if n and not data.num_classes <= n <= have:  # as validation.dnn
             raise ValueError(f"{flag} {n}: must be between the {data.num_classes} classes and the {have} {what} images")
     if args.train_subset:
         keep = balanced_subset(y, args.train_subset, data.num_classes, args.seed)
@@ -66,16 +73,27 @@ def prepare(args) -> None:
         keep = balanced_subset(yt, args.test_subset, data.num_classes, args.seed)
         xt, yt = xt[keep], yt[keep]
     parts = make_partition(args.split, y, args.clients, args.alpha, seed=args.seed)
-    meta = {"dataset": data.name, "num_classes": int(data.num_classes), "channels": int(x.shape[1]),
-            "image_size": int(x.shape[2]), "mean": list(data.mean), "std": list(data.std), "clients": len(parts),
-            "split": args.split, "alpha": args.alpha, "seed": args.seed,
-            "client_sizes": [int(len(p)) for p in parts]}
+    meta = {
+        "dataset": data.name,
+        "num_classes": int(data.num_classes),
+        "channels": int(x.shape[1]),
+        "image_size": int(x.shape[2]),
+        "mean": list(data.mean),
+        "std": list(data.std),
+        "clients": len(parts),
+        "split": args.split,
+        "alpha": args.alpha,
+        "seed": args.seed,
+        "client_sizes": [int(len(p)) for p in parts],
+    }
     # written into a hidden sibling and moved into place when complete (an error or Ctrl-C leaves nothing)
-    with ResultDir(args.out, marked=False) as tmp:   # a data set, not a result: --out is never replaced (parse_args)
+    with ResultDir(args.out, marked=False) as tmp:  # a data set, not a result: --out is never replaced (parse_args)
         for i, part in enumerate(parts):
             prepared.write(prepared.client_folder(tmp, i), "train.npz", x[part], y[part], {**meta, "client": i})
         prepared.write(prepared.server_folder(tmp), "test.npz", xt, yt, meta)
         with open(os.path.join(tmp, "meta.json"), "w") as fh:
             json.dump({**meta, "class_counts": partition_table(y, parts, data.num_classes).tolist()}, fh, indent=1)
-    print(f"wrote {len(parts)} client folders ({', '.join(str(len(p)) for p in parts)} images) and server/ "
-          f"({len(yt)} test images) to {args.out}")
+    print(
+        f"wrote {len(parts)} client folders ({', '.join(str(len(p)) for p in parts)} images) and server/ "
+        f"({len(yt)} test images) to {args.out}"
+    )

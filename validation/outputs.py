@@ -10,6 +10,7 @@ one is in place.  The temporary folders are removed on every exit path Python se
 Ctrl-C, SIGTERM); after a kill -9 the next run in the same parent folder removes those whose
 process no longer exists.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,8 +52,10 @@ def check_out(path: str, flag: str = "--out") -> None:
     if os.path.lexists(path) and not os.path.isdir(path):
         raise OutputError(f"{flag} {path}: exists and is not a folder; choose another {flag}")
     if os.path.isdir(path) and os.listdir(path) and not is_ours(path):
-        raise OutputError(f"{flag} {path}: folder exists and is not a previous result of this tool (no {MARKER}); "
-                          f"choose another {flag} or empty it")
+        raise OutputError(
+            f"{flag} {path}: folder exists and is not a previous result of this tool (no {MARKER}); "
+            f"choose another {flag} or empty it"
+        )
     parent = os.path.dirname(os.path.abspath(path))
     probe = parent
     while not os.path.lexists(probe):
@@ -95,8 +98,10 @@ def sigterm_as_exit():
     """Within the block SIGTERM raises SystemExit(143), so cleanup code runs (main thread only).  A handler
     already installed stays (``common.run_command``'s raises ``Terminated``, cleaned up the same way and then
     reported in one line)."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
         yield
         return
 

@@ -1,4 +1,5 @@
 """A dependency-free progress bar on stderr (redrawn in place on a terminal, sparse lines otherwise)."""
+
 from __future__ import annotations
 
 import sys

@@ -3,9 +3,9 @@
 Everything is first written into a temporary folder next to ``--out`` and moved into place
 at the end, so a failed run never leaves half-written results.
 """
+
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -28,19 +28,31 @@ def rounds_to(history, key="dist", target=DIST_TARGET):
 def contraction_ratios(history, last: int = 5):
     """The last ``last`` ratios ||theta_{t+1}-theta*|| / ||theta_t-theta*|| taken while
     both distances are above the round-off floor (superlinear: they decrease to 0)."""
-    ratios = [history[t + 1]["dist"] / history[t]["dist"] for t in range(len(history) - 1)
-              if min(history[t]["dist"], history[t + 1]["dist"]) > RATIO_NOISE_FLOOR]
+    ratios = [
+        history[t + 1]["dist"] / history[t]["dist"]
+        for t in range(len(history) - 1)
+        if min(history[t]["dist"], history[t + 1]["dist"]) > RATIO_NOISE_FLOOR
+    ]
     return ratios[-last:]
 
 
 def method_summary(label, params, history, trials, cached):
     final = history[-1]
-    return {"label": label, "params": params, "lr": params.get("lr"), "tuned_from_cache": cached,
-            "final_f_gap": final["f_gap"], "final_dist": final["dist"], "final_grad_norm": final["grad_norm"],
-            "rounds_to_dist_1e-10": rounds_to(history), "contraction_ratios": contraction_ratios(history),
-            "bytes_up_per_round": final["bytes_up"] / max(final["round"], 1),
-            "bytes_down_per_round": final["bytes_down"] / max(final["round"], 1),
-            "seconds": final["seconds"], "trials": trials}
+    return {
+        "label": label,
+        "params": params,
+        "lr": params.get("lr"),
+        "tuned_from_cache": cached,
+        "final_f_gap": final["f_gap"],
+        "final_dist": final["dist"],
+        "final_grad_norm": final["grad_norm"],
+        "rounds_to_dist_1e-10": rounds_to(history),
+        "contraction_ratios": contraction_ratios(history),
+        "bytes_up_per_round": final["bytes_up"] / max(final["round"], 1),
+        "bytes_down_per_round": final["bytes_down"] / max(final["round"], 1),
+        "seconds": final["seconds"],
+        "trials": trials,
+    }
 
 
 def format_table(summary: dict) -> str:
@@ -49,9 +61,11 @@ def format_table(summary: dict) -> str:
     for name, m in summary["methods"].items():
         r = m["rounds_to_dist_1e-10"]
         ratios = " ".join(f"{x:.0e}" if x < 0.01 else f"{x:.2f}" for x in m["contraction_ratios"][-4:])
-        lines.append(f"{m['label']:<14}{m['lr']:>9.3g}{m['f_gap_str']:>11}{m['dist_str']:>11}"
-                     f"{('-' if r is None else str(r)):>13}  {ratios:<34}{m['bytes_up_per_round'] / 1e3:>10.1f}"
-                     f"{m['seconds']:>7.2f}")
+        lines.append(
+            f"{m['label']:<14}{m['lr']:>9.3g}{m['f_gap_str']:>11}{m['dist_str']:>11}"
+            f"{('-' if r is None else str(r)):>13}  {ratios:<34}{m['bytes_up_per_round'] / 1e3:>10.1f}"
+            f"{m['seconds']:>7.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -131,7 +145,7 @@ def _save_each(fig, paths) -> None:
         for p in paths[1:] if pid else paths:
             fig.savefig(p, dpi=150)
     finally:
-        if pid:   # reaped whatever happens here, before the caller discards its folder
+        if pid:  # reaped whatever happens here, before the caller discards its folder
             status = os.waitpid(pid, 0)[1]
     if pid and status != 0:
         fig.savefig(paths[0], dpi=150)

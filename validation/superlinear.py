@@ -7,6 +7,7 @@ Writes history.csv, summary.json and convergence.{png,pdf} into --out (default
 results/superlinear-<dataset>) and prints the summary table.  Every method's learning rate
 is tuned over its log grid (cached; see validation/tuning.py) unless --lr fixes it.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,11 +24,19 @@ import numpy as np
 
 from fedconvex.algorithms import PAPER_TEST1, REGISTRY
 from fedconvex.data import paper_split_sizes
+from fedconvex.run import Diverged
 from validation import common, report
 from validation.progress import Progress
-from fedconvex.run import Diverged
-from validation.tuning import (DIVERGENCE_FACTOR, PARALLEL_SLACK, TuningCache, candidates, race_candidate,
-                               run_score, score_floor, tune)
+from validation.tuning import (
+    DIVERGENCE_FACTOR,
+    PARALLEL_SLACK,
+    TuningCache,
+    candidates,
+    race_candidate,
+    run_score,
+    score_floor,
+    tune,
+)
 
 PROG = "python -m validation.superlinear"
 
@@ -39,18 +48,32 @@ def parse_args(argv=None):
     p.add_argument("--methods", default=",".join(PAPER_TEST1), help="comma-separated; default the paper's eight")
     p.add_argument("--local-steps", type=common.positive_int, default=1, help="K local steps (paper Test 1: 1)")
     p.add_argument("--participants", type=common.positive_int, default=None, help="clients sampled per round")
-    p.add_argument("--max-ratio", type=common.nonneg_float, default=0.0,
-                   help="server magnitude guard: reject a reply whose preconditioner trace or parameter norm exceeds "
-                        "R x the round's median (default 0 = off, as in the paper's runs)")
+    p.add_argument(
+        "--max-ratio",
+        type=common.nonneg_float,
+        default=0.0,
+        help="server magnitude guard: reject a reply whose preconditioner trace or parameter norm exceeds "
+        "R x the round's median (default 0 = off, as in the paper's runs)",
+    )
     p.add_argument("--lr", type=common.positive_float, default=None, help="fix every method's learning rate")
-    p.add_argument("--precond-codec", type=common.precond_codec, default="none",
-                   help="how FedPM's preconditioners travel: none, sym, fp16, bf16, lowrank:R, delta:identity, "
-                        "delta:topk:K, delta:rankr:R (R, K: a count or a fraction); see fedconvex/codecs.py")
+    p.add_argument(
+        "--precond-codec",
+        type=common.precond_codec,
+        default="none",
+        help="how FedPM's preconditioners travel: none, sym, fp16, bf16, lowrank:R, delta:identity, "
+        "delta:topk:K, delta:rankr:R (R, K: a count or a fraction); see fedconvex/codecs.py",
+    )
     p.add_argument("--out", default=None, help="output folder (default results/superlinear-<dataset>)")
-    p.add_argument("--jobs", type=common.positive_int, default=min(2, os.cpu_count() or 1),
-                   help="worker processes; the methods' tuning runs are spread over them")
+    p.add_argument(
+        "--jobs",
+        type=common.positive_int,
+        default=min(2, os.cpu_count() or 1),
+        help="worker processes; the methods' tuning runs are spread over them",
+    )
     p.add_argument("--no-cache", action="store_true", help="re-tune even if the chosen lr is cached")
-    p.add_argument("--cache", default=os.environ.get("FEDPM_TUNING_CACHE", os.path.join("results", ".cache", "tuning.json")))
+    p.add_argument(
+        "--cache", default=os.environ.get("FEDPM_TUNING_CACHE", os.path.join("results", ".cache", "tuning.json"))
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -64,10 +87,12 @@ def parse_args(argv=None):
     common.check_problem_args(p, args)
     if args.participants is not None:
         paper = paper_split_sizes(args.dataset)
-        clients = args.clients or (paper[0] if paper else 10)   # as common.build_split chooses
+        clients = args.clients or (paper[0] if paper else 10)  # as common.build_split chooses
         if args.participants > clients:
-            p.error(f"--participants {args.participants} exceeds the {clients} clients"
-                    + (" (--clients)" if args.clients else ""))
+            p.error(
+                f"--participants {args.participants} exceeds the {clients} clients"
+                + (" (--clients)" if args.clients else "")
+            )
     if not args.no_cache:
         try:
             TuningCache.check(args.cache)
@@ -89,11 +114,21 @@ def _plan(method):
         fixed["lr"] = c["args"].lr
     if c["args"].precond_codec != "none" and method == "fedpm":
         fixed["precond_codec"] = c["args"].precond_codec
-    guard = {"max_ratio": c["args"].max_ratio} if c["args"].max_ratio else {}   # off: the cache keys stay as they were
-    key = TuningCache.key(data=c["fingerprint"], split=c["split_desc"], method=method, fixed=fixed,
-                          rounds=c["args"].rounds, participants=c["args"].participants, seed=c["args"].seed,
-                          init=c["args"].init, lam=c["args"].lam, weighting=c["args"].weighting,
-                          space={k: list(v) for k, v in REGISTRY[method].search_space.items()}, **guard)
+    guard = {"max_ratio": c["args"].max_ratio} if c["args"].max_ratio else {}  # off: the cache keys stay as they were
+    key = TuningCache.key(
+        data=c["fingerprint"],
+        split=c["split_desc"],
+        method=method,
+        fixed=fixed,
+        rounds=c["args"].rounds,
+        participants=c["args"].participants,
+        seed=c["args"].seed,
+        init=c["args"].init,
+        lam=c["args"].lam,
+        weighting=c["args"].weighting,
+        space={k: list(v) for k, v in REGISTRY[method].search_space.items()},
+        **guard,
+    )
     cached = None if c["args"].no_cache else c["cache"].get(key)
     if c["args"].lr is not None:  # a fixed lr is one run, no search
         cached = fixed
@@ -105,9 +140,20 @@ def _run_method(method, records=None, seconds=0.0):
     c = _CTX
     key, fixed, cached = _plan(method)
     start = time.perf_counter()
-    params, hist, trials = tune(c["problem"], method, fixed, c["theta0"], c["theta_star"], c["f_star"],
-                                c["args"].rounds, participants=c["args"].participants, seed=c["args"].seed,
-                                cached=cached, max_ratio=c["args"].max_ratio or None, records=records)
+    params, hist, trials = tune(
+        c["problem"],
+        method,
+        fixed,
+        c["theta0"],
+        c["theta_star"],
+        c["f_star"],
+        c["args"].rounds,
+        participants=c["args"].participants,
+        seed=c["args"].seed,
+        cached=cached,
+        max_ratio=c["args"].max_ratio or None,
+        records=records,
+    )
     if c["args"].lr is not None:
         check_not_diverging(method, c["args"].lr, hist, c["f_star"])
     return method, key, params, hist, trials, cached is not None, seconds + time.perf_counter() - start
@@ -123,9 +169,20 @@ def _run_candidate(method, i):
     def best():
         return min(scores[:i], default=math.inf) + PARALLEL_SLACK
 
-    rec = race_candidate(c["problem"], method, c["candidates"][method][i], c["theta0"], c["theta_star"],
-                         c["f_star"], c["args"].rounds, best, participants=c["args"].participants,
-                         seed=c["args"].seed, max_ratio=c["args"].max_ratio or None, initial_gap=c["initial_gap"])
+    rec = race_candidate(
+        c["problem"],
+        method,
+        c["candidates"][method][i],
+        c["theta0"],
+        c["theta_star"],
+        c["f_star"],
+        c["args"].rounds,
+        best,
+        participants=c["args"].participants,
+        seed=c["args"].seed,
+        max_ratio=c["args"].max_ratio or None,
+        initial_gap=c["initial_gap"],
+    )
     if rec["hist"] is not None:
         scores[i] = run_score(rec["hist"], score_floor(c["f_star"]))
     return method, i, rec, time.perf_counter() - start
@@ -147,8 +204,11 @@ def _race_in_pool(jobs, methods, bar):
     plans = {m: _plan(m) for m in methods}
     grid = {m: list(candidates(m, fixed)) for m, (_, fixed, cached) in plans.items() if cached is None}
     # shared before the workers fork: a candidate's score, +inf until its run has ended
-    c.update(candidates=grid, initial_gap=abs(c["problem"].value(c["theta0"]) - c["f_star"]),
-             scores={m: mp.get_context("fork").RawArray("d", [math.inf] * len(g)) for m, g in grid.items()})
+    c.update(
+        candidates=grid,
+        initial_gap=abs(c["problem"].value(c["theta0"]) - c["f_star"]),
+        scores={m: mp.get_context("fork").RawArray("d", [math.inf] * len(g)) for m, g in grid.items()},
+    )
     ranked = sorted(methods, key=lambda m: COST_RANK.index(m) if m in COST_RANK else len(COST_RANK))
     total = {m: len(grid[m]) if m in grid else 1 for m in methods}
     started, running = dict.fromkeys(methods, 0), dict.fromkeys(methods, 0)
@@ -169,7 +229,7 @@ def _race_in_pool(jobs, methods, bar):
                 running[m] += 1
             if not in_flight:
                 break
-            if not warm:   # the workers are busy: plotting's imports now cost this process half their time
+            if not warm:  # the workers are busy: plotting's imports now cost this process half their time
                 report.import_pyplot()
                 warm = True
             done, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
@@ -184,7 +244,7 @@ def _race_in_pool(jobs, methods, bar):
                     seconds[m] += res[3]
                     if len(records[m]) < total[m]:
                         continue
-                    results[m] = _run_method(m, records[m], seconds[m])   # settles the race, runs nothing new
+                    results[m] = _run_method(m, records[m], seconds[m])  # settles the race, runs nothing new
                 bar.update(1, f"{m} {results[m][6]:.1f}s")
     return results
 
@@ -194,8 +254,10 @@ def check_not_diverging(method, lr, hist, f_star):
     start = max(hist[0]["f_gap"], score_floor(f_star))
     worst = max(r["f_gap"] for r in hist)
     if not math.isfinite(worst) or worst > DIVERGENCE_FACTOR * start:
-        raise Diverged(f"{method} diverged with --lr {lr:g}: |f - f*| grew from {hist[0]['f_gap']:.3g} to "
-                       f"{worst:.3g}; choose a smaller --lr")
+        raise Diverged(
+            f"{method} diverged with --lr {lr:g}: |f - f*| grew from {hist[0]['f_gap']:.3g} to "
+            f"{worst:.3g}; choose a smaller --lr"
+        )
 
 
 def main(argv=None) -> int:
@@ -208,12 +270,22 @@ def main(argv=None) -> int:
     except common.USER_ERRORS as exc:
         common.fail(PROG, exc)
     desc = problem.describe()
-    split_desc = {"split": args.split, "clients": problem.n_clients,
-                  "per_client": int(problem.counts[0]) if args.split != "dirichlet" else None,
-                  "alpha": args.alpha if args.split == "dirichlet" else None}
-    _CTX.update(args=args, problem=problem, theta0=theta0, theta_star=theta_star, f_star=f_star,
-                fingerprint=common.dataset_fingerprint(args.dataset), split_desc=split_desc,
-                cache=TuningCache(None if args.no_cache else args.cache))
+    split_desc = {
+        "split": args.split,
+        "clients": problem.n_clients,
+        "per_client": int(problem.counts[0]) if args.split != "dirichlet" else None,
+        "alpha": args.alpha if args.split == "dirichlet" else None,
+    }
+    _CTX.update(
+        args=args,
+        problem=problem,
+        theta0=theta0,
+        theta_star=theta_star,
+        f_star=f_star,
+        fingerprint=common.dataset_fingerprint(args.dataset),
+        split_desc=split_desc,
+        cache=TuningCache(None if args.no_cache else args.cache),
+    )
     bar = Progress(len(args.methods), "methods", enabled=not args.quiet)
     results = {}
     try:
@@ -242,26 +314,51 @@ def main(argv=None) -> int:
         summ = report.method_summary(REGISTRY[m].label, params, hist, trials, was_cached)
         summ["f_gap_str"], summ["dist_str"] = f"{summ['final_f_gap']:.2e}", f"{summ['final_dist']:.2e}"
         methods[m] = summ
-    command = "python -m validation.superlinear " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    summary = {"dataset": args.dataset, "source": ds.source, **desc, "per_client": split_desc["per_client"],
-               "split": args.split, "f_star": f_star, "theta_star_grad_norm": gnorm, "init": args.init,
-               "seed": args.seed, "rounds": args.rounds, "local_steps": args.local_steps,
-               "participants": args.participants or problem.n_clients, "backend": args.backend,
-               "precond_codec": args.precond_codec,
-               "command": command.strip(), "wall_seconds": None,
-               "versions": {"python": platform.python_version(), "numpy": np.__version__},
-               "methods": methods}
-    title = (f"{args.dataset}: N={problem.n_clients}, d={problem.d}, lam={args.lam:g}, K={args.local_steps}, "
-             f"T={args.rounds}, init={args.init}")
+    command = "python -m validation.superlinear " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+    )
+    summary = {
+        "dataset": args.dataset,
+        "source": ds.source,
+        **desc,
+        "per_client": split_desc["per_client"],
+        "split": args.split,
+        "f_star": f_star,
+        "theta_star_grad_norm": gnorm,
+        "init": args.init,
+        "seed": args.seed,
+        "rounds": args.rounds,
+        "local_steps": args.local_steps,
+        "participants": args.participants or problem.n_clients,
+        "backend": args.backend,
+        "precond_codec": args.precond_codec,
+        "command": command.strip(),
+        "wall_seconds": None,
+        "versions": {"python": platform.python_version(), "numpy": np.__version__},
+        "methods": methods,
+    }
+    title = (
+        f"{args.dataset}: N={problem.n_clients}, d={problem.d}, lam={args.lam:g}, K={args.local_steps}, "
+        f"T={args.rounds}, init={args.init}"
+    )
     try:
         with report.AtomicDir(args.out) as tmp:
             report.write_history(os.path.join(tmp, "history.csv"), histories)
-            report.plot_convergence(histories, {m: REGISTRY[m].label for m in histories}, title,
-                                    os.path.join(tmp, "convergence"), f_star=f_star)
+            report.plot_convergence(
+                histories,
+                {m: REGISTRY[m].label for m in histories},
+                title,
+                os.path.join(tmp, "convergence"),
+                f_star=f_star,
+            )
             summary["wall_seconds"] = time.perf_counter() - t0
-            report.dump_json(os.path.join(tmp, "summary.json"),
-                             {**summary, "methods": {m: {k: v for k, v in s.items() if not k.endswith("_str")}
-                                                     for m, s in methods.items()}})
+            report.dump_json(
+                os.path.join(tmp, "summary.json"),
+                {
+                    **summary,
+                    "methods": {m: {k: v for k, v in s.items() if not k.endswith("_str")} for m, s in methods.items()},
+                },
+            )
     except OSError as exc:
         common.fail(PROG, exc)
     print(f"{title}   f* = {f_star:.12g}")
@@ -272,5 +369,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    common.keep_freed_memory()   # as a command only: the workers fork from here and inherit it
+    common.keep_freed_memory()  # as a command only: the workers fork from here and inherit it
     sys.exit(common.run_command(PROG, main))

@@ -1,4 +1,5 @@
 """The benchmark scripts' timer: the best of repeated calls after a warm-up call."""
+
 from __future__ import annotations
 
 import time

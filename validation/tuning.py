@@ -11,16 +11,16 @@ history is the tuning run itself (nothing is re-run).  Chosen values are cached 
 The runs may also be made in parallel, in any order (``race_candidate``), and settled afterwards by
 ``tune(records=...)``: the result, every trial included, is the sequential race's.
 """
+
 from __future__ import annotations
 
 import hashlib
 import itertools
 import json
+import logging
 import math
 import os
 import weakref
-
-import logging
 from contextlib import contextmanager
 
 import numpy as np
@@ -67,14 +67,14 @@ def candidates(method: str, fixed: dict):
         space["lr"] = tuple(sorted(space["lr"], reverse=True))
     keys = list(space)
     for combo in itertools.product(*(space[k] for k in keys)):
-        yield {**fixed, **dict(zip(keys, combo))}
+        yield {**fixed, **dict(zip(keys, combo, strict=False))}
 
 
 # Gaussian draws a process keeps for the candidates after the first (fedconvex.algorithms.normal_memo): every
 # candidate starts from the same seed, so FedNS's candidates draw the same sketches round by round, and the race
 # stops the losing ones within a few rounds (Test 1: 2 or 3).  The first 4 rounds' draws, at most 384 MiB
 # (w8a: 119 MB a round, so its first three; a9a: 32 MB a round), freed when a worker moves on to another method.
-NORMALS_KEPT, NORMALS_ROUNDS = 384 * 2 ** 20, 4
+NORMALS_KEPT, NORMALS_ROUNDS = 384 * 2**20, 4
 
 
 # per problem: (theta0, what a run's view knows at theta0): every candidate's round-0 metrics (and, for the
@@ -87,7 +87,7 @@ def _starting_view(problem, theta0):
     f and grad f of every client at ``theta0``."""
     try:
         start = _STARTS.get(problem)
-    except TypeError:         # not weakly referable / hashable: nothing to remember it by
+    except TypeError:  # not weakly referable / hashable: nothing to remember it by
         return problem
     theta0_host = np.array(to_numpy(theta0))
     if start is None or not np.array_equal(start[0], theta0_host) or start[0].shape != theta0_host.shape:
@@ -130,8 +130,21 @@ def _race_stop(rounds: int, floor: float, best, initial_gap: float, seen: list |
     return stop
 
 
-def race_candidate(problem, method: str, params: dict, theta0, theta_star, f_star, rounds: int, best, *,
-                   participants=None, seed: int = 0, max_ratio: float | None = None, initial_gap=None) -> dict:
+def race_candidate(
+    problem,
+    method: str,
+    params: dict,
+    theta0,
+    theta_star,
+    f_star,
+    rounds: int,
+    best,
+    *,
+    participants=None,
+    seed: int = 0,
+    max_ratio: float | None = None,
+    initial_gap=None,
+) -> dict:
     """One candidate's run under the race's stop rule against ``best`` (a score or a callable).
     Returns its record: the rows the rule saw, the full history if the run ended, and ``error`` if the
     run itself failed (an abort of the rule is re-derived from the rows by ``settle``)."""
@@ -142,9 +155,18 @@ def race_candidate(problem, method: str, params: dict, theta0, theta_star, f_sta
     alg = make_algorithm(method, **applicable(method, params))
     try:
         with _quiet_server(), remembering_normals(NORMALS_KEPT, NORMALS_ROUNDS, owner=method):
-            _, hist = run(_starting_view(problem, theta0), alg, theta0, rounds, stop=_race_stop(rounds, floor, best, initial_gap, seen),
-                          participants=participants, seed=seed, theta_star=theta_star, f_star=f_star,
-                          max_ratio=max_ratio)
+            _, hist = run(
+                _starting_view(problem, theta0),
+                alg,
+                theta0,
+                rounds,
+                stop=_race_stop(rounds, floor, best, initial_gap, seen),
+                participants=participants,
+                seed=seed,
+                theta_star=theta_star,
+                f_star=f_star,
+                max_ratio=max_ratio,
+            )
     except _Abort:
         return {"rows": seen, "hist": None, "error": None}
     except (Diverged, ArithmeticError) as why:
@@ -168,8 +190,21 @@ def _verdict(rec, best, rounds, floor, initial_gap):
     return {"score": run_score(rec["hist"], floor)}
 
 
-def tune(problem, method: str, fixed: dict, theta0, theta_star, f_star, rounds: int, *, participants=None,
-         seed: int = 0, cached: dict | None = None, max_ratio: float | None = None, records: dict | None = None):
+def tune(
+    problem,
+    method: str,
+    fixed: dict,
+    theta0,
+    theta_star,
+    f_star,
+    rounds: int,
+    *,
+    participants=None,
+    seed: int = 0,
+    cached: dict | None = None,
+    max_ratio: float | None = None,
+    records: dict | None = None,
+):
     """Return (params, history, trials) of the best run: the first candidate with the lowest score.
     ``cached`` skips the search; ``max_ratio`` turns on the server's magnitude guard (fedconvex.run).
 
@@ -180,8 +215,15 @@ def tune(problem, method: str, fixed: dict, theta0, theta_star, f_star, rounds: 
     the sequential race's, whatever order the runs were made in."""
     kw = dict(participants=participants, seed=seed, max_ratio=max_ratio)
     if cached is not None:
-        _, hist = run(problem, make_algorithm(method, **applicable(method, cached)), theta0, rounds,
-                      theta_star=theta_star, f_star=f_star, **kw)
+        _, hist = run(
+            problem,
+            make_algorithm(method, **applicable(method, cached)),
+            theta0,
+            rounds,
+            theta_star=theta_star,
+            f_star=f_star,
+            **kw,
+        )
         return cached, hist, []
     floor = score_floor(f_star)
     initial_gap = abs(problem.value(theta0) - f_star)
@@ -191,8 +233,9 @@ def tune(problem, method: str, fixed: dict, theta0, theta_star, f_star, rounds: 
         rec = records.get(i)
         verdict = _verdict(rec, best, rounds, floor, initial_gap) if rec is not None else None
         if verdict is None:
-            rec = race_candidate(problem, method, params, theta0, theta_star, f_star, rounds, best,
-                                 initial_gap=initial_gap, **kw)
+            rec = race_candidate(
+                problem, method, params, theta0, theta_star, f_star, rounds, best, initial_gap=initial_gap, **kw
+            )
             verdict = _verdict(rec, best, rounds, floor, initial_gap)
         trials.append({**params, **verdict})
         s = verdict["score"]
@@ -236,11 +279,13 @@ class TuningCache:
             data = json.loads(text)
         except ValueError:
             if text.lstrip()[:1] == b"{":
-                return                                  # a damaged cache of ours: re-tune
+                return  # a damaged cache of ours: re-tune
             data = None
         if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-            raise ValueError(f"--cache {path}: is not a tuning cache of this tool (not a JSON object of "
-                             f"hyper-parameters); choose another --cache, remove it, or pass --no-cache")
+            raise ValueError(
+                f"--cache {path}: is not a tuning cache of this tool (not a JSON object of "
+                f"hyper-parameters); choose another --cache, remove it, or pass --no-cache"
+            )
 
     @staticmethod
     def key(**parts) -> str:
@@ -254,5 +299,5 @@ class TuningCache:
             return
         self.data[key] = params
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        with replaced_atomically(self.path) as tmp, open(tmp, "w") as fh:   # per-process tmp: caches are shared
+        with replaced_atomically(self.path) as tmp, open(tmp, "w") as fh:  # per-process tmp: caches are shared
             json.dump(self.data, fh, indent=1, sort_keys=True)

@@ -12,6 +12,7 @@ Per-client persistent state (SCAFFOLD's control variates, FedNL's Hessian estima
 in ``State.clients`` with a leading client axis; the loop gathers and scatters the rows of
 the participants.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -22,17 +23,17 @@ import numpy as np
 
 @dataclass(frozen=True)
 class State:
-    theta: Any                                   # global parameters (d,)
-    server: dict = field(default_factory=dict)   # server-only state (optimizer moments, ...)
+    theta: Any  # global parameters (d,)
+    server: dict = field(default_factory=dict)  # server-only state (optimizer moments, ...)
     clients: dict = field(default_factory=dict)  # per-client state, arrays with leading axis N
     round: int = 0
 
 
 @dataclass(frozen=True)
 class RoundInfo:
-    sel: np.ndarray        # participating client ids (host)
-    weights: Any           # their mixing weights (backend), normalised to sum to one
-    n_clients: int         # N, for participation fractions
+    sel: np.ndarray  # participating client ids (host)
+    weights: Any  # their mixing weights (backend), normalised to sum to one
+    n_clients: int  # N, for participation fractions
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class Algorithm:
     def hyperparameters(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
 
-    def with_params(self, **kw) -> "Algorithm":
+    def with_params(self, **kw) -> Algorithm:
         return replace(self, **kw)
 
 

@@ -2,6 +2,7 @@
 
 Newton: theta <- theta - lr (grad^2 f)^{-1} grad f.   GD: theta <- theta - lr grad f.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

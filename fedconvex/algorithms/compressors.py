@@ -24,6 +24,7 @@ another support get other messages (from the same distribution); a matrix with a
 its support draws one uniform per upper entry of the whole matrix, as without a support, so no entry is
 ever dropped.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ def _scatter_upper(xp, vals, idx, d):
     flat = xp.zeros((n, d * d), dtype=np.float64)
     # each value written to (i, j) and (j, i) (once on the diagonal): no dense symmetrisation pass
     if isinstance(vals, (tuple, list)):
-        for c, (v, i) in enumerate(zip(vals, idx)):
+        for c, (v, i) in enumerate(zip(vals, idx, strict=False)):
             i = xp.asarray(i).astype(xp.int64)
             flat[c, up[i]] = v
             flat[c, lo[i]] = v
@@ -109,11 +110,11 @@ def _top_order(xp, U, k):
     A = xp.abs(U)
     P, n = A.shape
     if k < n:
-        t = xp.take_along_axis(A, xp.argpartition(-A, k - 1, axis=1)[:, k - 1:k], 1)
+        t = xp.take_along_axis(A, xp.argpartition(-A, k - 1, axis=1)[:, k - 1 : k], 1)
         above, tied = A > t, A == t
         room = k - above.sum(1, keepdims=True)
         keep = above | (tied & (xp.cumsum(tied, axis=1) <= room))
-        part = xp.nonzero(keep)[1].reshape(P, k)          # exactly k per row, in index order
+        part = xp.nonzero(keep)[1].reshape(P, k)  # exactly k per row, in index order
     else:
         part = xp.broadcast_to(xp.arange(n)[None], A.shape)
     order = xp.argsort(-xp.take_along_axis(A, part, 1), axis=1, kind="stable")
@@ -151,10 +152,10 @@ class TopLEK(_UpperEntries):
         # the error TopK's bound allows, in the norm of the vector of upper entries
         energy = (U * U).sum(1)
         kept = xp.cumsum(top * top, axis=1)
-        needed = energy - (1.0 - k / n) * energy          # energy the kept entries must carry
+        needed = energy - (1.0 - k / n) * energy  # energy the kept entries must carry
         counts = np.minimum(1 + (kept < needed[:, None]).sum(1), k)
-        values = tuple(top[c, :counts[c]] * 1.0 for c in range(len(U)))
-        index = tuple(idx[c, :counts[c]].astype(np.int32) for c in range(len(U)))
+        values = tuple(top[c, : counts[c]] * 1.0 for c in range(len(U)))
+        index = tuple(idx[c, : counts[c]].astype(np.int32) for c in range(len(U)))
         return {"values": values, "index": index}
 
 
@@ -201,14 +202,14 @@ _EXP_BIAS = 1075  # float64 exponents -1074..1023 (+1 after rounding up) -> 1..2
 def natural_formula(code):
     """The value of Natural's int16 codes by definition: sign(code) 2^(|code| - bias) (code 0 -> 0)."""
     code = np.asarray(code, dtype=np.int16)
-    mag = np.ldexp(1.0, np.abs(code).astype(np.int32) - _EXP_BIAS)   # code 0 -> 2^-1075 = 0.0
+    mag = np.ldexp(1.0, np.abs(code).astype(np.int32) - _EXP_BIAS)  # code 0 -> 2^-1075 = 0.0
     return np.copysign(mag, code)
 
 
 @lru_cache(maxsize=1)
 def _natural_table():
     """``natural_formula`` of every int16 code, indexed by the code's 16-bit pattern (512 KiB)."""
-    with np.errstate(over="ignore"):    # codes beyond any float64's (no encoder makes them) decode to +-inf
+    with np.errstate(over="ignore"):  # codes beyond any float64's (no encoder makes them) decode to +-inf
         table = natural_formula(np.arange(1 << 16, dtype=np.uint16).view(np.int16))
     table.flags.writeable = False
     return table
@@ -238,15 +239,15 @@ class Natural:
     def encode(self, xp, M, rng, support=None):
         d = M.shape[1]
         iu, ju = _upper(d)
-        U = to_numpy(M[:, iu, ju])                     # host: the randomness is NumPy's stream
-        mant, ex = np.frexp(np.abs(U))                 # |U| = mant 2^ex, mant in [0.5, 1)
+        U = to_numpy(M[:, iu, ju])  # host: the randomness is NumPy's stream
+        mant, ex = np.frexp(np.abs(U))  # |U| = mant 2^ex, mant in [0.5, 1)
         if support is None:
             draw = rng.random(U.shape)
         else:
             drawn = _natural_drawn(U, support, d)
-            draw = np.zeros(U.shape)                   # not drawn: zero entries, never rounded up
-            draw[drawn] = rng.random(np.count_nonzero(drawn))   # row-major: the drawing order
-        up = draw < (2.0 * mant - 1.0)                 # P(round up) = |U| / 2^(ex-1) - 1
+            draw = np.zeros(U.shape)  # not drawn: zero entries, never rounded up
+            draw[drawn] = rng.random(np.count_nonzero(drawn))  # row-major: the drawing order
+        up = draw < (2.0 * mant - 1.0)  # P(round up) = |U| / 2^(ex-1) - 1
         code = (ex - 1 + up + _EXP_BIAS).astype(np.int16) * np.sign(U).astype(np.int16)
         return {"code": xp.asarray(code)}
 
@@ -267,19 +268,19 @@ def _natural_drawn(U, support, d):
     P = U.shape[0]
     if len(support) != P:
         raise ValueError(f"support has {len(support)} entries for {P} matrices")
-    if any(np.asarray(a).dtype == bool for a in support):     # a mask would silently read as indices 0 and 1
+    if any(np.asarray(a).dtype == bool for a in support):  # a mask would silently read as indices 0 and 1
         raise ValueError("support must hold feature indices, not a boolean mask")
     feats = [np.asarray(a, dtype=np.int64).reshape(-1) for a in support]
     owner = np.repeat(np.arange(P), [len(a) for a in feats])
     feats = np.concatenate(feats) if P else np.zeros(0, dtype=np.int64)
-    if len(feats) and (feats.min() < 0 or feats.max() >= d):     # a negative index would wrap around
+    if len(feats) and (feats.min() < 0 or feats.max() >= d):  # a negative index would wrap around
         raise ValueError(f"support holds features outside 0..{d - 1}")
     member = np.zeros((P, d), dtype=bool)
     member[owner, feats] = True
     iu, ju = _upper(d)
     drawn = member[:, iu] & member[:, ju]
     spilled = (U != 0) & ~drawn
-    drawn[spilled.any(1)] = True                   # mass outside the support: every entry, nothing dropped
+    drawn[spilled.any(1)] = True  # mass outside the support: every entry, nothing dropped
     return drawn
 
 
@@ -338,7 +339,7 @@ def top_abs_eigh(A, r, symmetric=False):
     n = A.shape[0]
     r = min(r, n)
     amax = max(float(A.max()), -float(A.min())) if n else 0.0
-    if n <= max(8, 3 * r) or not (amax == 0.0 or 1e-140 < amax < 1e76):   # dsyevr rescales outside ~1e-146..8e76
+    if n <= max(8, 3 * r) or not (amax == 0.0 or 1e-140 < amax < 1e76):  # dsyevr rescales outside ~1e-146..8e76
         return _full_top_abs(A, r)
     # f2py copies the (read-only to us) input into the column-major array dsytrd overwrites
     a = A.T if symmetric and A.flags.c_contiguous else A
@@ -348,7 +349,7 @@ def top_abs_eigh(A, r, symmetric=False):
 
     def end(top):
         il, iu = (n - r + 1, n) if top else (1, r)
-        m, w, iblock, isplit, info = dstebz(dd, e, 2, 0.0, 0.0, il, iu, 0.0, b"B")   # range 'I', order 'B'
+        m, w, iblock, isplit, info = dstebz(dd, e, 2, 0.0, 0.0, il, iu, 0.0, b"B")  # range 'I', order 'B'
         return None if info or m != r else (w[:m].copy(), iblock, isplit)
 
     # the end that Gershgorin's discs of T reach further out is computed first; the other end only if a Sturm
@@ -368,11 +369,11 @@ def top_abs_eigh(A, r, symmetric=False):
     ends = {top_first: first}
     w = first[0]
     span = high - low + 1.0
-    if top_first and w.min() > 0:             # bottom end needed iff some eigenvalue < -t
+    if top_first and w.min() > 0:  # bottom end needed iff some eigenvalue < -t
         t = float(w.min())
-        m, *_, info = dstebz(dd, e, 1, low - span, np.nextafter(-t, -np.inf), 0, 0, 0.0, b"B")   # 'V': (vl, vu]
+        m, *_, info = dstebz(dd, e, 1, low - span, np.nextafter(-t, -np.inf), 0, 0, 0.0, b"B")  # 'V': (vl, vu]
         other = info != 0 or m > 0
-    elif not top_first and w.max() < 0:       # top end needed iff some eigenvalue >= t
+    elif not top_first and w.max() < 0:  # top end needed iff some eigenvalue >= t
         t = -float(w.max())
         m, *_, info = dstebz(dd, e, 1, np.nextafter(t, -np.inf), high + span, 0, 0, 0.0, b"B")
         other = info != 0 or m > 0
@@ -383,7 +384,7 @@ def top_abs_eigh(A, r, symmetric=False):
         # and picking bookkeeping (a few microseconds a call, 142 calls a round on w8a)
         w, iblock, isplit = first
         z, info = dstein(dd, e, w, iblock, isplit)
-        zq, _, info2 = dormqr(b"L", b"N", c[1:, :n - 1], tau, z[1:, :], lwork=n)   # dormtr("L", "L", "N"), unblocked
+        zq, _, info2 = dormqr(b"L", b"N", c[1:, : n - 1], tau, z[1:, :], lwork=n)  # dormtr("L", "L", "N"), unblocked
         if info or info2:  # pragma: no cover
             return _full_top_abs(A, r)
         z[1:, :] = zq
@@ -392,10 +393,13 @@ def top_abs_eigh(A, r, symmetric=False):
         ends[not top_first] = end(not top_first)
         if ends[not top_first] is None:  # pragma: no cover
             return _full_top_abs(A, r)
-    order = [k for k in (True, False) if k in ends]           # [top, bottom] as far as computed
+    order = [k for k in (True, False) if k in ends]  # [top, bottom] as far as computed
     # the eigenvalues in dsyevr's output order (ascending); dstein below takes them in dstebz's block order
-    lam = np.concatenate([_sorted_like_dsyevr(ends[k][0].copy(), None)[0] for k in order]) if len(order) > 1 \
+    lam = (
+        np.concatenate([_sorted_like_dsyevr(ends[k][0].copy(), None)[0] for k in order])
+        if len(order) > 1
         else _sorted_like_dsyevr(ends[order[0]][0].copy(), None)[0]
+    )
     pick = np.argsort(-np.abs(lam), kind="stable")[:r]
     vecs = []
     for at, k in enumerate(order):
@@ -404,7 +408,7 @@ def top_abs_eigh(A, r, symmetric=False):
             continue
         w, iblock, isplit = ends[k]
         z, info = dstein(dd, e, w, iblock, isplit)
-        zq, _, info2 = dormqr(b"L", b"N", c[1:, :n - 1], tau, z[1:, :], lwork=n)   # dormtr("L", "L", "N"), unblocked
+        zq, _, info2 = dormqr(b"L", b"N", c[1:, : n - 1], tau, z[1:, :], lwork=n)  # dormtr("L", "L", "N"), unblocked
         if info or info2:  # pragma: no cover
             return _full_top_abs(A, r)
         z[1:, :] = zq
@@ -414,7 +418,7 @@ def top_abs_eigh(A, r, symmetric=False):
     V = np.zeros((n, r * len(order)))
     for at, z in enumerate(vecs):
         if z is not None:
-            V[:, at * r:(at + 1) * r] = z
+            V[:, at * r : (at + 1) * r] = z
     return lam[pick], V[:, pick]
 
 
@@ -441,10 +445,10 @@ class RankR:
                     a = None  # mass outside the support: solve on the whole matrix
             if a is None or len(a) == d:
                 lam, V = top_abs_eigh(M[c], r)
-                vals[c, :len(lam)], vecs[c, :, :len(lam)] = lam, V
+                vals[c, : len(lam)], vecs[c, :, : len(lam)] = lam, V
             elif len(a):
                 lam, V = top_abs_eigh(sub, r)
-                vals[c, :len(lam)], vecs[c, a, :len(lam)] = lam, V   # beyond rank(sub): zero pairs
+                vals[c, : len(lam)], vecs[c, a, : len(lam)] = lam, V  # beyond rank(sub): zero pairs
         return {"eigvals": vals, "eigvecs": vecs}
 
     def decode(self, xp, msg, d):

@@ -4,6 +4,7 @@ NumPy releases the GIL while it fills an array, so a second core draws the next 
 first computes with the last ones; the numbers and the generator's final state are those of drawing them in
 the loop.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,11 @@ class DrawnAhead:
         self._shapes = list(shapes)
         self._q = queue.SimpleQueue()
         # kept for ``memo`` (a normal_memo.NormalMemo with room for them), keyed by the state they start from
-        self._memo = memo if memo is not None and memo.wants(8 * sum(math.prod(sh) for sh in self._shapes
-                                                                   if sh is not None)) else None
+        self._memo = (
+            memo
+            if memo is not None and memo.wants(8 * sum(math.prod(sh) for sh in self._shapes if sh is not None))
+            else None
+        )
         self._key = self._memo.key(rng, self._shapes) if self._memo is not None else None
         self._drawn = []
         self._rng = rng
@@ -50,6 +54,6 @@ class DrawnAhead:
 
     def join(self):
         self._thread.join()
-        if self._memo is not None:   # every draw made: the generator is in the state they leave it in
+        if self._memo is not None:  # every draw made: the generator is in the state they leave it in
             self._memo.keep(self._key, self._drawn, self._rng.bit_generator.state)
             self._memo = self._drawn = None

@@ -2,6 +2,7 @@
 
 beta1 = 0.9, beta2 = 0.99, tau = 1e-3 fixed and server_lr in {0.05, 0.03, 0.01} (paper appendix).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

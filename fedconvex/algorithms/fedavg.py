@@ -7,6 +7,7 @@ With K = 1 and SGD(lr=1) this is PSGD: theta <- theta - lr * mean_i grad f_i(the
 paper symbol -> field:  eta -> lr,  K -> local_steps.  Subclasses change only the server
 optimizer (FedAvgM, FedAdam) or the local gradient (FedProx).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ class FedAvg(Algorithm):
 @dataclass(frozen=True)
 class PSGD(FedAvg):
     """PSGD (paper eq. PSGD): FedAvg with exactly one local step, theta <- theta - lr mean_i grad f_i(theta)."""
+
     name: ClassVar[str] = "psgd"
     label: ClassVar[str] = "PSGD"
     fixed: ClassVar[dict] = {"local_steps": 1}
@@ -59,5 +61,6 @@ class PSGD(FedAvg):
 
     def __post_init__(self):
         if self.local_steps != 1:
-            raise ValueError(f"psgd takes exactly one local step (got local_steps={self.local_steps}); "
-                             "use fedavg for more")
+            raise ValueError(
+                f"psgd takes exactly one local step (got local_steps={self.local_steps}); use fedavg for more"
+            )

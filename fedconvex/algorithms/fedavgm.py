@@ -1,4 +1,5 @@
 """FedAvgM (Hsu et al. 2019): FedAvg with server momentum v <- beta v + Delta, theta <- theta - server_lr v."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -20,9 +20,10 @@ the difference on the active block (and its feature indices) instead of a d x d 
 
 paper symbol -> field: alpha (Hessian learning rate) -> alpha, mu -> mu (default lam), C -> compressor.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -62,14 +63,13 @@ def _initial_estimates(problem, theta0):
 def _differences(problem, thetas, sel, H):
     """grad^2 f_i(x) - H_i: packed on the blocks (the lam I parts cancel) or a dense stack."""
     if isinstance(H, BlockState):
-        diffs = problem.hessian_differences(thetas, sel, H.packed) if hasattr(problem, "hessian_differences") \
-            else None
-        if diffs is not None:       # the same numbers as below, without a separate array of Hessians
+        diffs = problem.hessian_differences(thetas, sel, H.packed) if hasattr(problem, "hessian_differences") else None
+        if diffs is not None:  # the same numbers as below, without a separate array of Hessians
             return diffs.packed, diffs
         hess = problem.hessians(thetas, sel)
         return hess.packed - H.packed, hess
     hess = problem.hessians(thetas, sel)
-    return hess.plus_dense(-H, inplace=True), None   # scattered straight into -H_i (no dense Hessian stack)
+    return hess.plus_dense(-H, inplace=True), None  # scattered straight into -H_i (no dense Hessian stack)
 
 
 def _compress(comp, problem, diff, hess, sel, rng):
@@ -118,7 +118,7 @@ def _at_least(H, mu):
     d = H.shape[0]
     tol = d * np.finfo(np.float64).eps * float(np.abs(np.diagonal(H)).max(initial=0.0))
     S = np.array(H, order="F")
-    S.flat[::d + 1] -= mu - tol
+    S.flat[:: d + 1] -= mu - tol
     return dpotrf(S, lower=1, clean=0, overwrite_a=1)[1] == 0
 
 
@@ -135,24 +135,24 @@ def _add_scaled(H, alpha, S):
 class FedNL(Algorithm):
     name: ClassVar[str] = "fednl"
     label: ClassVar[str] = "FedNL"
-    server_tracked_state: ClassVar[tuple] = ("H",)    # the server's H is sum_i w_i H_i
+    server_tracked_state: ClassVar[tuple] = ("H",)  # the server's H is sum_i w_i H_i
     search_space: ClassVar[dict] = {"lr": SECOND_ORDER_LR}
-    message_fields: ClassVar[dict] = {"grad": "update", **COMPRESSED}   # the gradient the server steps with
+    message_fields: ClassVar[dict] = {"grad": "update", **COMPRESSED}  # the gradient the server steps with
 
     lr: float = 1.0
     alpha: float = 1.0
     compressor: str = "identity"
-    k: int | None = None          # TopK / RandK entries
-    rank: int | None = None       # Rank-R
-    option: str = "none"          # 'none' | 'project' | 'shift'
-    mu: float | None = None       # projection floor; default the problem's lam
+    k: int | None = None  # TopK / RandK entries
+    rank: int | None = None  # Rank-R
+    option: str = "none"  # 'none' | 'project' | 'shift'
+    mu: float | None = None  # projection floor; default the problem's lam
 
     def __post_init__(self):
         if self.option not in ("none", "project", "shift"):
             raise ValueError(f"FedNL option must be none, project or shift, got {self.option!r}")
         make_compressor(self.compressor, self.k, self.rank)  # validate early
 
-    sends_values: ClassVar[bool] = False   # FedNL-LS: clients also send f_i(x^k)
+    sends_values: ClassVar[bool] = False  # FedNL-LS: clients also send f_i(x^k)
 
     def init(self, problem, theta0) -> State:
         H0, Hbar = _initial_estimates(problem, theta0)
@@ -161,13 +161,14 @@ class FedNL(Algorithm):
     def client_update(self, problem, down, cstate, sel, rng):
         thetas = start_stack(problem, down["theta"], len(sel))
         f, g = problem.values_and_gradients(thetas, sel)
-        diff, hess = _differences(problem, thetas, sel, cstate["H"])      # grad^2 f_i(x^k) - H_i^k
+        diff, hess = _differences(problem, thetas, sel, cstate["H"])  # grad^2 f_i(x^k) - H_i^k
         comp = make_compressor(self.compressor, self.k, self.rank)
         H = cstate["H"]
         if hess is not None and isinstance(comp, RankR):
             # Rank-R on the blocks forms H + alpha S block by block (the numbers of _add_scaled below)
-            msg, H_new = fednl_blocks.encode(comp, diff, hess.layout, hess.active, problem.d, rng,
-                                             base=H.packed, alpha=self.alpha)
+            msg, H_new = fednl_blocks.encode(
+                comp, diff, hess.layout, hess.active, problem.d, rng, base=H.packed, alpha=self.alpha
+            )
         else:
             msg, S = _compress(comp, problem, diff, hess, sel, rng)
             H_new = _add_scaled(H.packed if hess is not None else H, self.alpha, S)
@@ -186,8 +187,9 @@ class FedNL(Algorithm):
         # H^{k+1} = H^k + alpha sum_{i in S} w_i S_i with the problem's (unnormalised) weights
         w = problem.client_weights[xp.asarray(info.sel)]
         H_new = H + self.alpha * _update_sum(make_compressor(self.compressor, self.k, self.rank), problem, up, w)
-        return State(theta=theta, server={**server, "H": 0.5 * (H_new + H_new.T)}, clients=state.clients,
-                     round=state.round + 1)
+        return State(
+            theta=theta, server={**server, "H": 0.5 * (H_new + H_new.T)}, clients=state.clients, round=state.round + 1
+        )
 
     def step(self, problem, state, g, Hs, up, info):
         """x^{k+1} = x^k - lr Hs^{-1} grad f(x^k); returns it and extra server state."""
@@ -199,7 +201,7 @@ class FedNL(Algorithm):
         if self.option == "project":
             mu = problem.lam if self.mu is None else self.mu
             if _at_least(H, mu):
-                return H                        # [H]_mu = H: nothing to clip
+                return H  # [H]_mu = H: nothing to clip
             lam, V = xp.linalg.eigh(H)
             Hs = (V * xp.maximum(lam, mu)[None, :]) @ V.T
         elif self.option == "shift":
@@ -279,7 +281,7 @@ class FedNLPP(Algorithm):
 
     name: ClassVar[str] = "fednl-pp"
     label: ClassVar[str] = "FedNL-PP"
-    server_tracked_state: ClassVar[tuple] = ("H", "l", "g")     # the server's H, l, g are their weighted sums
+    server_tracked_state: ClassVar[tuple] = ("H", "l", "g")  # the server's H, l, g are their weighted sums
     search_space: ClassVar[dict] = {"lr": SECOND_ORDER_LR}
     message_fields: ClassVar[dict] = {"dg": "update", **COMPRESSED}
 
@@ -296,28 +298,31 @@ class FedNLPP(Algorithm):
         xp, n = problem.xp, problem.n_clients
         thetas = start_stack(problem, theta0, n)
         H0, Hbar = _initial_estimates(problem, theta0)
-        l0 = xp.zeros(n, dtype=thetas.dtype)             # H_i^0 = grad^2 f_i(x^0): no error
+        l0 = xp.zeros(n, dtype=thetas.dtype)  # H_i^0 = grad^2 f_i(x^0): no error
         g0 = _apply(H0, thetas) - problem.gradients(thetas)
         w = problem.client_weights
-        return State(theta=theta0, server={"H": Hbar, "l": float((w * l0).sum()), "g": w @ g0},
-                     clients={"H": H0, "l": l0, "g": g0})
+        return State(
+            theta=theta0,
+            server={"H": Hbar, "l": float((w * l0).sum()), "g": w @ g0},
+            clients={"H": H0, "l": l0, "g": g0},
+        )
 
     def client_update(self, problem, down, cstate, sel, rng):
         thetas = start_stack(problem, down["theta"], len(sel))
         grad = problem.gradients(thetas, sel)
-        diff, hess = _differences(problem, thetas, sel, cstate["H"])       # grad^2 f_i - H_i
+        diff, hess = _differences(problem, thetas, sel, cstate["H"])  # grad^2 f_i - H_i
         comp = make_compressor(self.compressor, self.k, self.rank)
         msg, S = _compress(comp, problem, diff, hess, sel, rng)
         old = cstate["H"]
         H = _with(old, _add_scaled(old.packed if hess is not None else old, self.alpha, S))
-        err = self.alpha * S - diff                      # H_i^{new} - grad^2 f_i(w_i)
+        err = self.alpha * S - diff  # H_i^{new} - grad^2 f_i(w_i)
         l = _norms(err, hess)
         g = _apply(H, thetas) + l[:, None] * thetas - grad
         return {**msg, "dl": l - cstate["l"], "dg": g - cstate["g"]}, {"H": H, "l": l, "g": g}
 
     def server_update(self, problem, state, up, info: RoundInfo) -> State:
         xp = problem.xp
-        w = problem.client_weights[xp.asarray(info.sel)]       # p_i, not renormalised: sums stay sum_i p_i (.)_i
+        w = problem.client_weights[xp.asarray(info.sel)]  # p_i, not renormalised: sums stay sum_i p_i (.)_i
         comp = make_compressor(self.compressor, self.k, self.rank)
         H = state.server["H"] + self.alpha * _update_sum(comp, problem, up, w)
         H = 0.5 * (H + H.T)

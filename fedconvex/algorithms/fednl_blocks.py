@@ -15,6 +15,7 @@ and the server decodes them into its dense sum directly.  Only the identity comp
 itself (and its feature indices), as FedPM does.  tests/test_fednl_family.py and tests/test_natural_support.py
 check this path against the dense one.
 """
+
 from __future__ import annotations
 
 import threading
@@ -23,8 +24,19 @@ from functools import lru_cache
 import numpy as np
 
 from ..blocks import ActiveBlocks, Layout
-from .compressors import (_EXP_BIAS, Identity, Natural, RandK, RandSeqK, RankR, TopK, TopLEK, natural_values,
-                          top_abs_eigh, upper_index)
+from .compressors import (
+    _EXP_BIAS,
+    Identity,
+    Natural,
+    RandK,
+    RandSeqK,
+    RankR,
+    TopK,
+    TopLEK,
+    natural_values,
+    top_abs_eigh,
+    upper_index,
+)
 
 
 class PackedBlocks(tuple):
@@ -63,10 +75,10 @@ class BlockState:
         packed = np.concatenate([self.packed[a:b] for a, b in self._segments(sel)]) if len(sel) else np.zeros(0)
         return BlockState(packed, self.layout.take(sel), [self.active[c] for c in sel], self.d, self.shift)
 
-    def __setitem__(self, sel, other: "BlockState"):
+    def __setitem__(self, sel, other: BlockState):
         at = 0
         for a, b in self._segments(sel):
-            self.packed[a:b] = other.packed[at:at + b - a]
+            self.packed[a:b] = other.packed[at : at + b - a]
             at += b - a
 
     def copy(self):
@@ -75,8 +87,15 @@ class BlockState:
     def blocks(self, shift=None) -> ActiveBlocks:
         """An ActiveBlocks view (same numbers) for products and sums."""
         flat = tuple(self.layout.flat)
-        return ActiveBlocks(self.layout.views(self.packed), self.active, self.d,
-                            self.shift if shift is None else shift, flat, self.packed, self.layout)
+        return ActiveBlocks(
+            self.layout.views(self.packed),
+            self.active,
+            self.d,
+            self.shift if shift is None else shift,
+            flat,
+            self.packed,
+            self.layout,
+        )
 
     def dense(self):
         return self.blocks().dense()
@@ -104,8 +123,10 @@ def _upper_map(layout: Layout, active):
     for c, a in enumerate(active):
         n = len(a)
         if n > 1 and not (np.diff(a) > 0).all():
-            raise ValueError(f"client {c}'s active features are not strictly increasing (its block's "
-                             "entries must come in global upper-index order)")
+            raise ValueError(
+                f"client {c}'s active features are not strictly increasing (its block's "
+                "entries must come in global upper-index order)"
+            )
         iu, ju = np.triu_indices(n)
         off = int(layout.offsets[c])
         pos.append(off + iu * n + ju)
@@ -113,20 +134,28 @@ def _upper_map(layout: Layout, active):
         glob.append(upper_index(a[iu], a[ju], d))
     sizes = np.array([len(a) for a in active], dtype=np.int64)
     counts = sizes * (sizes + 1) // 2
-    local = np.full((len(active), d), -1, dtype=np.int64)      # feature -> position in the block
+    local = np.full((len(active), d), -1, dtype=np.int64)  # feature -> position in the block
     for c, a in enumerate(active):
         local[c, a] = np.arange(len(a))
-    cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+    cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     owner_up = np.repeat(np.arange(len(active)), counts)
     pos, mir = cat(pos), cat(mir)
-    inv = np.empty(layout.total, dtype=np.intp)       # packed position -> its upper entry (both sides)
+    inv = np.empty(layout.total, dtype=np.intp)  # packed position -> its upper entry (both sides)
     inv[pos] = np.arange(len(pos))
     inv[mir] = np.arange(len(pos))
-    out = {"pos": pos, "mir": mir, "inv": inv, "glob": cat(glob), "owner_up": owner_up,
-           "flat_up": owner_up * (d * (d + 1) // 2) + cat(glob),       # into a (P, d(d+1)/2) stack
-           "off": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-           "owner": np.repeat(np.arange(len(active)), sizes * sizes), "local": local, "sizes": sizes,
-           "boff": np.asarray(layout.offsets[:-1], dtype=np.int64)}
+    out = {
+        "pos": pos,
+        "mir": mir,
+        "inv": inv,
+        "glob": cat(glob),
+        "owner_up": owner_up,
+        "flat_up": owner_up * (d * (d + 1) // 2) + cat(glob),  # into a (P, d(d+1)/2) stack
+        "off": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+        "owner": np.repeat(np.arange(len(active)), sizes * sizes),
+        "local": local,
+        "sizes": sizes,
+        "boff": np.asarray(layout.offsets[:-1], dtype=np.int64),
+    }
     layout._fednl_upper = out
     return out
 
@@ -172,17 +201,17 @@ def _top_entries(diff, m, k, d):
         t = A[np.argpartition(-A, k - 1)[k - 1]] if k < len(A) else 0.0
         if t > 0:
             above = np.flatnonzero(A > t)
-            take = np.concatenate([above, np.flatnonzero(A == t)[:k - len(above)]])
+            take = np.concatenate([above, np.flatnonzero(A == t)[: k - len(above)]])
             take.sort()
             zeros = np.zeros(0, dtype=np.int64)
-        else:   # every non-zero entry, then the lowest-index zeros of the whole matrix
+        else:  # every non-zero entry, then the lowest-index zeros of the whole matrix
             take = np.flatnonzero(A > 0)
             g = m["glob"][a:b][take]
-            zeros = np.setdiff1d(np.arange(min(n, k + len(take))), g)[:k - len(take)]
+            zeros = np.setdiff1d(np.arange(min(n, k + len(take))), g)[: k - len(take)]
         take = take[np.argsort(-A[take], kind="stable")]
         gl = np.concatenate([m["glob"][a:b][take], zeros])
         v = np.concatenate([U[take], np.zeros(len(zeros))])
-        if len(zeros):   # zeros sort after every non-zero, by global index
+        if len(zeros):  # zeros sort after every non-zero, by global index
             order = np.argsort(-np.abs(v), kind="stable")
             v, gl = v[order], gl[order]
         vals[c], glob[c] = v, gl
@@ -235,9 +264,9 @@ def encode(comp, diff, layout, active, d, rng, base=None, alpha=1.0):
         code_vals = (ex + (_EXP_BIAS - 1)).astype(np.int16)
         code_vals += up
         code_vals *= np.sign(U).astype(np.int16)
-        code = np.zeros((P, n), dtype=np.int16)   # entries off the block are zero: code 0
+        code = np.zeros((P, n), dtype=np.int16)  # entries off the block are zero: code 0
         code.reshape(-1)[m["flat_up"]] = code_vals
-        S = np.take(natural_values(code_vals), m["inv"])   # every block entry from its upper entry: symmetric
+        S = np.take(natural_values(code_vals), m["inv"])  # every block entry from its upper entry: symmetric
         return {"code": code}, S
     S = np.zeros_like(diff)
     if isinstance(comp, (TopK, TopLEK)):
@@ -245,7 +274,7 @@ def encode(comp, diff, layout, active, d, rng, base=None, alpha=1.0):
         vals, glob, loc = _top_entries(diff, m, k, d)
         if isinstance(comp, TopK):
             for c in range(P):
-                _put(S, m, loc[c], vals[c, :len(loc[c])])
+                _put(S, m, loc[c], vals[c, : len(loc[c])])
             return {"values": vals, "index": glob.astype(np.int32)}, S
         # TopLEK: the fewest entries carrying TopK's guaranteed share of the energy (dense path's rule)
         energy = np.bincount(m["owner_up"], weights=diff[m["pos"]] ** 2, minlength=P)
@@ -253,10 +282,12 @@ def encode(comp, diff, layout, active, d, rng, base=None, alpha=1.0):
         needed = energy - (1.0 - k / n) * energy
         counts = np.minimum(1 + (kept < needed[:, None]).sum(1), k)
         for c in range(P):
-            t = loc[c][:counts[c]]
-            _put(S, m, t, vals[c, :len(t)])
-        return {"values": tuple(vals[c, :counts[c]] * 1.0 for c in range(P)),
-                "index": tuple(glob[c, :counts[c]].astype(np.int32) for c in range(P))}, S
+            t = loc[c][: counts[c]]
+            _put(S, m, t, vals[c, : len(t)])
+        return {
+            "values": tuple(vals[c, : counts[c]] * 1.0 for c in range(P)),
+            "index": tuple(glob[c, : counts[c]].astype(np.int32) for c in range(P)),
+        }, S
     if isinstance(comp, (RandK, RandSeqK)):
         k = min(comp.k, n)
         if isinstance(comp, RandK):
@@ -278,14 +309,14 @@ def _encode_rank(comp, diff, layout, active, d, base, alpha):
     """Rank-R on each client's block (see ``encode``)."""
     P, r = len(active), min(comp.r, d)
     vals, vecs = np.zeros((P, r)), np.zeros((P, d, r))
-    S = np.empty_like(diff)                           # every entry is written below
+    S = np.empty_like(diff)  # every entry is written below
     views, out = layout.views(diff), layout.views(S)
     bases = layout.views(base) if base is not None else None
-    for c, (B, a) in enumerate(zip(views, active)):
+    for c, (B, a) in enumerate(zip(views, active, strict=False)):
         if not len(a):
             continue
-        lam, V = top_abs_eigh(B, r, symmetric=True)    # the differences are exactly symmetric
-        vals[c, :len(lam)], vecs[c][a, :len(lam)] = lam, V
+        lam, V = top_abs_eigh(B, r, symmetric=True)  # the differences are exactly symmetric
+        vals[c, : len(lam)], vecs[c][a, : len(lam)] = lam, V
         # sum of exactly symmetric outer products lam_j (v_j v_j^T), the first written in place (no zero
         # fill and add: the same numbers, except that an entry may now be -0.0 where 0 + -0.0 gave +0.0,
         # which leaves every estimate H + alpha S unchanged, as H never holds -0.0: it starts from sums
@@ -299,7 +330,7 @@ def _encode_rank(comp, diff, layout, active, d, base, alpha):
                 np.multiply(V[:, j, None], V[None, :, j], out=tmp)
                 tmp *= lam[j]
                 M += tmp
-        if bases is not None:       # H + alpha S as _add_scaled forms it: H + S, or (S alpha) + H
+        if bases is not None:  # H + alpha S as _add_scaled forms it: H + S, or (S alpha) + H
             if alpha != 1.0:
                 M *= alpha
             M += bases[c]
@@ -328,7 +359,7 @@ def _natural_sum(code, w, d):
     n = d * (d + 1) // 2
     acc, buf = np.zeros(n), np.empty(n)
     bits = np.ascontiguousarray(code, dtype=np.int16).view(np.uint16)
-    scaled = {}                  # few distinct weights (the paper's 1/N: one): w * table, the same products
+    scaled = {}  # few distinct weights (the paper's 1/N: one): w * table, the same products
     for c in range(code.shape[0]):
         if len(scaled) < 4 or w[c] in scaled:
             table = scaled.get(w[c])
@@ -342,7 +373,7 @@ def _natural_sum(code, w, d):
     rows, cols = _upper_rc(d)
     out = np.zeros(d * d)
     out[rows * d + cols] = acc
-    out[cols * d + rows] = acc          # the same number on both sides: exactly symmetric
+    out[cols * d + rows] = acc  # the same number on both sides: exactly symmetric
     return out.reshape(d, d)
 
 
@@ -353,13 +384,15 @@ def server_sum(comp, msg, w, d):
     if isinstance(comp, Identity):
         blocks, active = msg["blocks"], msg["active"]
         packed, layout = getattr(blocks, "packed", None), getattr(blocks, "layout", None)
-        if packed is None or len(layout.sizes) != len(active):   # re-stacked by screening
+        if packed is None or len(layout.sizes) != len(active):  # re-stacked by screening
             sizes = [len(a) for a in active]
-            packed = np.concatenate([np.asarray(b, dtype=np.float64).reshape(-1) for b in blocks]) if blocks \
-                else np.zeros(0)
+            packed = (
+                np.concatenate([np.asarray(b, dtype=np.float64).reshape(-1) for b in blocks]) if blocks else np.zeros(0)
+            )
             layout = Layout(sizes, [(a[:, None] * d + a[None, :]).reshape(-1) for a in active], d)
-        return ActiveBlocks(layout.views(packed), tuple(active), d, 0.0, tuple(layout.flat), packed,
-                            layout).weighted_sum(w)
+        return ActiveBlocks(
+            layout.views(packed), tuple(active), d, 0.0, tuple(layout.flat), packed, layout
+        ).weighted_sum(w)
     if isinstance(comp, RandSeqK):
         k = msg["values"].shape[1]
         idx = (np.asarray(msg["start"]).astype(np.int64)[:, None] + np.arange(k)[None, :]) % n
@@ -369,9 +402,9 @@ def server_sum(comp, msg, w, d):
     if isinstance(comp, Natural):
         return _natural_sum(np.asarray(msg["code"]), w, d)
     if isinstance(comp, RankR):
-        V = np.asarray(msg["eigvecs"])                        # (P, d, r)
+        V = np.asarray(msg["eigvecs"])  # (P, d, r)
         coef = (w[:, None] * np.asarray(msg["eigvals"])).reshape(-1)
-        Vs = V.transpose(1, 0, 2).reshape(d, -1)               # (d, P r)
+        Vs = V.transpose(1, 0, 2).reshape(d, -1)  # (d, P r)
         M = (Vs * coef[None, :]) @ Vs.T
         return 0.5 * (M + M.T)
     raise TypeError(f"no block path for {type(comp).__name__}")

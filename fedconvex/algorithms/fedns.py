@@ -26,6 +26,7 @@ Sketches (``sketch``), as in the FedNS paper's variants:
 paper symbol -> field: k -> sketch_size, eta -> lr.  S_i A_i is sent on the client's
 active features only (the other columns of A_i are zero) together with their indices.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,8 +39,8 @@ import scipy.sparse as sp
 from ..blocks import ActiveBlocks
 from ..mixing import simple_mix
 from .base import Algorithm, RoundInfo, State, start_stack
-from .grids import SECOND_ORDER_LR
 from .drawn_ahead import DrawnAhead as _DrawnAhead
+from .grids import SECOND_ORDER_LR
 from .normal_memo import NORMALS
 from .wishart import wishart_roots
 
@@ -71,8 +72,8 @@ class SRHTSketch:
     padded transform's (R H D)^T times scale).  ``problem.sketched_roots`` applies it through ``rows_product``
     (the transform's Kronecker structure), without building S^T."""
 
-    pick: np.ndarray     # (k,) sampled rows of the P-point transform
-    signs: np.ndarray    # (M,) the diagonal of D, +-1
+    pick: np.ndarray  # (k,) sampled rows of the P-point transform
+    signs: np.ndarray  # (M,) the diagonal of D, +-1
     P: int
     scale: float
 
@@ -101,12 +102,12 @@ class SRHTSketch:
         grouped differently from S^T's product, so the result equals it to round-off (tests compare)."""
         M, a = A.shape
         P = self.P
-        P2 = 1 << (P.bit_length() // 2)                  # 2^ceil(log2(P) / 2)
+        P2 = 1 << (P.bit_length() // 2)  # 2^ceil(log2(P) / 2)
         P1, L1 = P // P2, -(-M // P2)
         B = np.zeros((L1 * P2, a))
         np.multiply(A, ((w * self.signs) * self.scale)[:, None], out=B[:M])
-        G = np.matmul(_hadamard(P2), B.reshape(L1, P2, a))                   # (L1, P2, a): H_P2 on each group
-        W = (_hadamard(P1)[:, :L1] @ G.reshape(L1, P2 * a)).reshape(P, a)    # row q1 P2 + q2 of H_P B
+        G = np.matmul(_hadamard(P2), B.reshape(L1, P2, a))  # (L1, P2, a): H_P2 on each group
+        W = (_hadamard(P1)[:, :L1] @ G.reshape(L1, P2 * a)).reshape(P, a)  # row q1 P2 + q2 of H_P B
         return W[self.pick].T
 
 
@@ -117,8 +118,8 @@ class CountSketch:
     building S^T as a SciPy sparse matrix and multiplying by it (per client that costs more in SciPy's
     Python layers than the product itself)."""
 
-    bucket: np.ndarray   # (M,) the bucket of each row, in 0..k-1
-    sign: np.ndarray     # (M,) +-1.0
+    bucket: np.ndarray  # (M,) the bucket of each row, in 0..k-1
+    sign: np.ndarray  # (M,) +-1.0
     k: int
 
     @property
@@ -159,7 +160,7 @@ def _gram(R, out=None, scale=None):
     S = R @ R.T
     if out is None:
         return S if scale is None else S * scale
-    out[...] = S          # an empty R (no sketch columns) too: the caller's buffer must hold its zeros
+    out[...] = S  # an empty R (no sketch columns) too: the caller's buffer must hold its zeros
     if scale is not None:
         out *= scale
     return out
@@ -176,19 +177,27 @@ def _weighted_gram_sum(problem, Rs, active, sel, w):
     d, n = problem.d, problem.n_clients
     plan = getattr(problem, "_plan", None) if problem.xp is np else None
     sel = np.asarray(sel).reshape(-1)
-    if plan is not None and len(sel) == n and np.array_equal(sel, np.arange(n)) and all(
-            isinstance(R, np.ndarray) and R.dtype == np.float64 and R.shape[0] == len(problem.active[c])
+    if (
+        plan is not None
+        and len(sel) == n
+        and np.array_equal(sel, np.arange(n))
+        and all(
+            isinstance(R, np.ndarray)
+            and R.dtype == np.float64
+            and R.shape[0] == len(problem.active[c])
             and (a is problem.active[c] or np.array_equal(a, problem.active[c]))
-            for c, (R, a) in enumerate(zip(Rs, active))):
+            for c, (R, a) in enumerate(zip(Rs, active, strict=False))
+        )
+    ):
         layout = plan["layout"]
         buf = np.empty(layout.total)
         o = layout.offsets
         for c, R in enumerate(Rs):
             m = R.shape[0]
             if m:
-                _gram(R, out=buf[o[c]:o[c + 1]].reshape(m, m), scale=w[c])
+                _gram(R, out=buf[o[c] : o[c + 1]].reshape(m, m), scale=w[c])
         H = np.asarray(layout.G @ buf).reshape(d, d)
-        H.flat[::d + 1] += float(w.sum()) * problem.lam
+        H.flat[:: d + 1] += float(w.sum()) * problem.lam
         return H
     return ActiveBlocks(tuple(_gram(R) for R in Rs), active, d, problem.lam).weighted_sum(w)
 
@@ -203,16 +212,18 @@ class FedNS(Algorithm):
     lr: float = 1.0
     sketch_size: int | None = None
     sketch: str = "gaussian"
-    gaussian_draw: str = "dense"     # how a Gaussian sketch is drawn (module docstring)
+    gaussian_draw: str = "dense"  # how a Gaussian sketch is drawn (module docstring)
 
     def __post_init__(self):
         if self.sketch not in SKETCHES:
             raise ValueError(f"FedNS sketch must be one of {', '.join(SKETCHES)}, got {self.sketch!r}")
         if self.gaussian_draw not in GAUSSIAN_DRAWS:
-            raise ValueError(f"FedNS gaussian_draw must be one of {', '.join(GAUSSIAN_DRAWS)}, "
-                             f"got {self.gaussian_draw!r}")
-        if self.sketch_size is not None and (isinstance(self.sketch_size, bool) or int(self.sketch_size) != self.sketch_size
-                                             or self.sketch_size < 1):
+            raise ValueError(
+                f"FedNS gaussian_draw must be one of {', '.join(GAUSSIAN_DRAWS)}, got {self.gaussian_draw!r}"
+            )
+        if self.sketch_size is not None and (
+            isinstance(self.sketch_size, bool) or int(self.sketch_size) != self.sketch_size or self.sketch_size < 1
+        ):
             raise ValueError(f"FedNS sketch_size must be a positive integer (or None: k = d), got {self.sketch_size!r}")
 
     def sketches(self, problem, sel, k, rng):
@@ -223,15 +234,17 @@ class FedNS(Algorithm):
             # an (M x k) draw per sketched client, in order: the same numbers as one draw for all of them.  Drawing
             # them is most of a round, so on NumPy a helper thread draws them ahead while the caller computes
             # (``client_update`` joins it); other backends get them drawn here and copied over
-            shapes = [None if e else (m, k) for m, e in zip(sizes, exact)]
+            shapes = [None if e else (m, k) for m, e in zip(sizes, exact, strict=False)]
             if problem.xp is np:
                 # a learning-rate search's runs draw the same sketches from the same seed: kept ones are recalled
                 # (normal_memo: the same numbers and generator state, without drawing them again)
                 kept = NORMALS.recall(rng, shapes)
                 return (kept if kept is not None else _DrawnAhead(rng, shapes, NORMALS)), 1.0 / np.sqrt(k)
-            return [None if sh is None else problem.to_backend(rng.standard_normal(sh)) for sh in shapes], 1.0 / np.sqrt(k)
+            return [
+                None if sh is None else problem.to_backend(rng.standard_normal(sh)) for sh in shapes
+            ], 1.0 / np.sqrt(k)
         out = []
-        for m, e in zip(sizes, exact):
+        for m, e in zip(sizes, exact, strict=False):
             if e:
                 out.append(None)
             elif self.sketch == "countsketch":
@@ -250,9 +263,12 @@ class FedNS(Algorithm):
         thetas = start_stack(problem, down["theta"], len(sel))
         k = problem.d if self.sketch_size is None else self.sketch_size
         if self.sketch == "gaussian" and self.gaussian_draw == "bartlett":
-            return {"grad": problem.gradients(thetas, sel), "SAt": wishart_roots(problem, thetas, sel, k, rng),
-                    "active": tuple(problem.active[c] for c in sel)}, cstate
-        sketches, scale = self.sketches(problem, sel, k, rng)   # Gaussian on NumPy: being drawn in a thread
+            return {
+                "grad": problem.gradients(thetas, sel),
+                "SAt": wishart_roots(problem, thetas, sel, k, rng),
+                "active": tuple(problem.active[c] for c in sel),
+            }, cstate
+        sketches, scale = self.sketches(problem, sel, k, rng)  # Gaussian on NumPy: being drawn in a thread
         try:
             g = problem.gradients(thetas, sel)
             # (S_i A_i)^T on the client's active features: what the client sends (and its indices)

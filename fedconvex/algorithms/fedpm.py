@@ -10,6 +10,7 @@ With K = 1 this is exactly one global Newton step theta - eta P^{-1} g.
 paper symbol -> field: eta -> lr, K -> local_steps, w_i -> problem.client_weights.
 precond_codec (default 'none'): how the preconditioners travel (fedconvex.codecs, fedconvex.precond_wire).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,8 +39,9 @@ class FedPM(LocalNewton):
     def client_update(self, problem, down, cstate, sel, rng):
         if self.precond_codec == "none":
             return super().client_update(problem, down, cstate, sel, rng)
-        return precond_wire.client_update(self, problem, down, cstate, sel,
-                                          start_stack(problem, down["theta"], len(sel)))
+        return precond_wire.client_update(
+            self, problem, down, cstate, sel, start_stack(problem, down["theta"], len(sel))
+        )
 
     def receive(self, problem, state, up, info):
         """Server side, before screening: decode the preconditioner payloads (codec 'none': nothing to do)."""

@@ -1,4 +1,5 @@
 """FedProx (Li et al. 2020): local objective f_i(theta_i) + mu/2 ||theta_i - theta||^2."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

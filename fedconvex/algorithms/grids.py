@@ -1,4 +1,5 @@
 """Learning-rate grids the tuner searches (log grids, as the paper tunes every method)."""
+
 import numpy as np
 
 FIRST_ORDER_LR = tuple(float(x) for x in np.round(10.0 ** np.arange(-2.0, 3.01, 0.5), 6))  # 0.01 .. 1000

@@ -4,6 +4,7 @@ Client: theta_i <- theta_i - lr P_i^{-1} grad f_i(theta_i), P_i = grad^2 f_i(the
 Server: theta <- mix_i(theta_i) (simple mixing).  FedPM differs only in the mixing and in
 sending P_i (see fedpm.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,8 +26,7 @@ class LocalNewton(Algorithm):
     local_steps: int = 1
 
     def client_update(self, problem, down, cstate, sel, rng):
-        thetas, P = newton_steps(problem, start_stack(problem, down["theta"], len(sel)), sel, self.lr,
-                                 self.local_steps)
+        thetas, P = newton_steps(problem, start_stack(problem, down["theta"], len(sel)), sel, self.lr, self.local_steps)
         return self.message(thetas, P), cstate
 
     def message(self, thetas, P) -> dict:
@@ -36,5 +36,6 @@ class LocalNewton(Algorithm):
         return simple_mix(up["theta"], weights)
 
     def server_update(self, problem, state, up, info: RoundInfo) -> State:
-        return State(theta=self.mix(up, info.weights), server=state.server, clients=state.clients,
-                     round=state.round + 1)
+        return State(
+            theta=self.mix(up, info.weights), server=state.server, clients=state.clients, round=state.round + 1
+        )

@@ -8,6 +8,7 @@ keyed by (generator state, shapes); a later draw from the same state with the sa
 the kept arrays, and the generator is set to the state that draw left it in.  The numbers, and the generator
 afterwards, are those of drawing: only the drawing is skipped.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -18,10 +19,10 @@ class NormalMemo:
     """Kept ``rng.standard_normal(shape)`` draws (float64), read-only, keyed by the generator's full state."""
 
     def __init__(self):
-        self.budget = 0          # bytes that may be kept; 0: off (nothing is kept or recalled)
-        self.entries = 0         # and at most this many draws (a FedNS round's sketches are one draw)
+        self.budget = 0  # bytes that may be kept; 0: off (nothing is kept or recalled)
+        self.entries = 0  # and at most this many draws (a FedNS round's sketches are one draw)
         self.used = 0
-        self.owner = None        # what the kept draws serve (remembering_normals' ``owner``)
+        self.owner = None  # what the kept draws serve (remembering_normals' ``owner``)
         self._kept = {}
 
     @staticmethod
@@ -52,7 +53,7 @@ class NormalMemo:
             return
         for a in arrays:
             if a is not None:
-                a.flags.writeable = False    # shared with later runs: nobody may write into them
+                a.flags.writeable = False  # shared with later runs: nobody may write into them
         self._kept[key] = (tuple(arrays), after)
         self.used += nbytes
 

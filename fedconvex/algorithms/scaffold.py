@@ -5,13 +5,14 @@ c_i+ = c_i - c + (theta - theta_i) / (K lr); sends Delta theta_i and Delta c_i =
 Server: theta <- theta + global_lr mix(Delta theta_i); c <- c + (|S|/N) mean(Delta c_i).
 Controls start at zero.  With K = 1 and full participation this is gradient descent.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..mixing import simple_mix
 from ..local import gd_steps
+from ..mixing import simple_mix
 from .base import Algorithm, RoundInfo, State, start_stack
 from .grids import FIRST_ORDER_LR
 
@@ -22,7 +23,7 @@ class Scaffold(Algorithm):
     label: ClassVar[str] = "SCAFFOLD"
     search_space: ClassVar[dict] = {"lr": FIRST_ORDER_LR}
     message_fields: ClassVar[dict] = {"dtheta": "update", "dc": "data"}
-    server_tracked_state: ClassVar[tuple] = ("c",)    # the server's c is the mean of the c_i
+    server_tracked_state: ClassVar[tuple] = ("c",)  # the server's c is the mean of the c_i
 
     lr: float = 0.1
     local_steps: int = 1
@@ -38,8 +39,14 @@ class Scaffold(Algorithm):
     def client_update(self, problem, down, cstate, sel, rng):
         theta, c = down["theta"], down["c"]
         ci = cstate["c"]
-        thetas = gd_steps(problem, start_stack(problem, theta, len(sel)), sel, self.lr, self.local_steps,
-                          lambda g, _: g - ci + c[None, :])
+        thetas = gd_steps(
+            problem,
+            start_stack(problem, theta, len(sel)),
+            sel,
+            self.lr,
+            self.local_steps,
+            lambda g, _: g - ci + c[None, :],
+        )
         ci_new = ci - c[None, :] + (theta[None, :] - thetas) / (self.local_steps * self.lr)
         return {"dtheta": thetas - theta[None, :], "dc": ci_new - ci}, {"c": ci_new}
 

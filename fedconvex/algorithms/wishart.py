@@ -23,6 +23,7 @@ apart after one round, messages 4e-2 apart in the next) can follow different tra
 of the same random algorithm, where the dense draw (S A_i, Lipschitz in A_i) stays within round-off.  That
 is why 'dense' stays FedNS's default: Test 1's tables and the Flower equivalence are to round-off.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -46,7 +47,7 @@ def pivoted_root(B: np.ndarray):
     return C, piv - 1, int(rank)
 
 
-@lru_cache(maxsize=32)   # bounded: r^2 / 2 int32 each (d = 1000: 2 MB)
+@lru_cache(maxsize=32)  # bounded: r^2 / 2 int32 each (d = 1000: 2 MB)
 def _strict_lower(r: int) -> np.ndarray:
     """Flat positions of an r x r matrix's strictly lower triangle, row by row (read-only)."""
     rows, cols = np.tril_indices(r, -1)
@@ -63,7 +64,7 @@ def bartlett_factor(rng: np.random.Generator, r: int, k: int) -> np.ndarray:
     T = np.zeros(r * r)
     lower = _strict_lower(r)
     T[lower] = rng.standard_normal(lower.size)
-    T[::r + 1] = np.sqrt(rng.chisquare(k - np.arange(r)))
+    T[:: r + 1] = np.sqrt(rng.chisquare(k - np.arange(r)))
     return T.reshape(r, r)
 
 
@@ -88,10 +89,9 @@ def sketched_root(B: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray
     # triangle U1 as the triangular operand (trmm reads only its upper triangle: no triu copy of C's block;
     # measured on w8a, 14 against 27 ms a round for T as the operand on a cleaned U1), then on its rectangle
     # U2 = C[:r, r:] (clean: above the diagonal) with T as the operand
-    out[order[:r]] = dtrmm(s, np.asfortranarray(C[:r, :r]), np.array(T.T, order="F"), side=1, lower=0,
-                           overwrite_b=1).T
+    out[order[:r]] = dtrmm(s, np.asfortranarray(C[:r, :r]), np.array(T.T, order="F"), side=1, lower=0, overwrite_b=1).T
     if r < n:
-        out[order[r:]] = dtrmm(s, T.T, C[:r, r:], lower=0).T      # T^T: upper, column-major without a copy
+        out[order[r:]] = dtrmm(s, T.T, C[:r, r:], lower=0).T  # T^T: upper, column-major without a copy
     return out
 
 
@@ -105,11 +105,11 @@ def wishart_roots(problem, thetas, sel, k: int, rng: np.random.Generator) -> tup
     drawn = [i for i, c in enumerate(sel) if k < int(problem.counts[c])]
     out = [None] * len(sel)
     if exact:
-        for i, M in zip(exact, problem.sketched_roots(thetas[exact], [None] * len(exact), sel[exact])):
+        for i, M in zip(exact, problem.sketched_roots(thetas[exact], [None] * len(exact), sel[exact]), strict=False):
             out[i] = M
     if drawn:
         # all participants at once when none is exact: the Hessian plan's one product for every block
         blocks = problem.hessians(thetas if len(drawn) == len(sel) else thetas[drawn], sel[drawn]).blocks
-        for i, B in zip(drawn, blocks):
+        for i, B in zip(drawn, blocks, strict=False):
             out[i] = problem.to_backend(sketched_root(problem.to_host(B), k, rng))
     return tuple(out)

@@ -3,6 +3,7 @@
 The checksum is the SHA-256 of the *decompressed* file, i.e. of the original LibSVM
 file, so it can be compared with any public copy.
 """
+
 from __future__ import annotations
 
 import bz2
@@ -24,8 +25,10 @@ def load_bundled(name: str) -> Dataset:
     raw = bz2.decompress(resources.files(__package__).joinpath(fname).read_bytes())
     got = hashlib.sha256(raw).hexdigest()
     if got != sha:
-        raise DataError(f"bundled dataset {name}: checksum mismatch (got {got[:12]}…, expected {sha[:12]}…); reinstall the package")
-    ds = _parse_integer_file(raw, f"<bundled {name}>", d)     # the bundled files are integers throughout
+        raise DataError(
+            f"bundled dataset {name}: checksum mismatch (got {got[:12]}…, expected {sha[:12]}…); reinstall the package"
+        )
+    ds = _parse_integer_file(raw, f"<bundled {name}>", d)  # the bundled files are integers throughout
     return ds if ds is not None else parse_libsvm(raw.decode("ascii").splitlines(), f"<bundled {name}>", n_features=d)
 
 

@@ -3,6 +3,7 @@
 Every malformed input is reported as one ``DataError`` line naming the file and the line
 (1-based), so a user can open the file at the right place.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,7 +35,7 @@ class Dataset:
         return self.X.shape[1]
 
 
-_DIGITS_MAX = 15   # integers of up to 15 digits are exact in float64 (and what the line parser reads them as)
+_DIGITS_MAX = 15  # integers of up to 15 digits are exact in float64 (and what the line parser reads them as)
 _BYTE_KIND = np.zeros(256, dtype=np.uint8)
 _BYTE_KIND[48:58], _BYTE_KIND[[43, 45]], _BYTE_KIND[32], _BYTE_KIND[10], _BYTE_KIND[58] = 1, 2, 3, 4, 5
 
@@ -48,9 +49,9 @@ def _parse_integer_file(raw: bytes, source: str, n_features: int | None) -> Data
     b = np.frombuffer(raw, dtype=np.uint8)
     if b.size == 0:
         return None
-    kind = _BYTE_KIND[b]                 # 0 other, 1 digit, 2 sign, 3 space, 4 newline, 5 colon
+    kind = _BYTE_KIND[b]  # 0 other, 1 digit, 2 sign, 3 space, 4 newline, 5 colon
     if not kind.all():
-        return None                      # tabs, CR, decimals, exponents, ...: the line parser's business
+        return None  # tabs, CR, decimals, exponents, ...: the line parser's business
     # fields: maximal runs of digits and signs, split by spaces, newlines and colons; [start, end)
     edge = np.diff((kind <= 2).view(np.int8), prepend=np.int8(0), append=np.int8(0))
     starts, ends = np.flatnonzero(edge == 1), np.flatnonzero(edge == -1)
@@ -62,46 +63,48 @@ def _parse_integer_file(raw: bytes, source: str, n_features: int | None) -> Data
     is_index = (ends <= last) & (b[np.minimum(ends, last)] == 58)
     is_value = (starts > 0) & (b[np.maximum(starts - 1, 0)] == 58)
     # every ':' sits between an index and a value (no '::', ':' at a token's edge, or two in one token)
-    if np.count_nonzero(kind == 5) != np.count_nonzero(is_index) or np.any(is_index & is_value) or \
-            not np.array_equal(np.flatnonzero(is_index) + 1, np.flatnonzero(is_value)):
+    if (
+        np.count_nonzero(kind == 5) != np.count_nonzero(is_index)
+        or np.any(is_index & is_value)
+        or not np.array_equal(np.flatnonzero(is_index) + 1, np.flatnonzero(is_value))
+    ):
         return None
     is_label = ~(is_index | is_value)
-    line_of = np.searchsorted(np.flatnonzero(kind == 4), starts)    # line number (0-based) of each field
+    line_of = np.searchsorted(np.flatnonzero(kind == 4), starts)  # line number (0-based) of each field
     lab_line = line_of[is_label]
     if lab_line.size == 0 or np.any(np.diff(lab_line) <= 0):
         return None
     first = np.searchsorted(lab_line, line_of, side="right") - 1
-    if np.any(first < 0) or not np.array_equal(lab_line[first], line_of) \
-            or np.any(starts < starts[is_label][first]):
+    if np.any(first < 0) or not np.array_equal(lab_line[first], line_of) or np.any(starts < starts[is_label][first]):
         return None
     # signs: only a label's first character may be one
     first_char_sign = kind[starts] == 2
     if np.count_nonzero(kind == 2) != np.count_nonzero(first_char_sign) or np.any(first_char_sign & ~is_label):
         return None
-    body = starts + first_char_sign                 # digits [body, ends)
+    body = starts + first_char_sign  # digits [body, ends)
     ndig = ends - body
     if np.any(ndig < 1) or ndig.max() > _DIGITS_MAX:
         return None
     value = np.zeros(starts.size)
-    for j in range(int(ndig.max())):                # Horner over the j-th digit of every field that has one
+    for j in range(int(ndig.max())):  # Horner over the j-th digit of every field that has one
         has = ndig > j
         value[has] = value[has] * 10.0 + (b[body[has] + j] - 48)
     value[first_char_sign & (b[starts] == 45)] *= -1.0
     labels, idx, vals = value[is_label], value[is_index].astype(np.int64), value[is_value]
-    row = first[is_index]                           # row (label number) of each feature
-    if idx.size and (idx.min() < 1 or idx.max() > np.iinfo(np.int32).max
-                     or (n_features is not None and idx.max() > n_features)):
-        return None                                 # the line parser names these; 32-bit column indices below
+    row = first[is_index]  # row (label number) of each feature
+    if idx.size and (
+        idx.min() < 1 or idx.max() > np.iinfo(np.int32).max or (n_features is not None and idx.max() > n_features)
+    ):
+        return None  # the line parser names these; 32-bit column indices below
     if idx.size > 1 and np.any((np.diff(idx) <= 0) & (np.diff(row) == 0)):
-        return None                                 # indices must increase along a line
+        return None  # indices must increase along a line
     uniq = np.unique(labels)
     if uniq.size != 2:
         return None
-    keep = vals != 0.0                              # explicit zeros are not stored
+    keep = vals != 0.0  # explicit zeros are not stored
     d = n_features if n_features is not None else (int(idx[keep].max()) if keep.any() else 1)
     indptr = np.concatenate(([0], np.cumsum(np.bincount(row[keep], minlength=labels.size)))).astype(np.int64)
-    X = sp.csr_matrix((vals[keep].astype(np.float64), (idx[keep] - 1).astype(np.int32), indptr),
-                      shape=(labels.size, d))
+    X = sp.csr_matrix((vals[keep].astype(np.float64), (idx[keep] - 1).astype(np.int32), indptr), shape=(labels.size, d))
     lo, hi = float(uniq[0]), float(uniq[1])
     return Dataset(X=X, y=np.where(labels == hi, 1.0, -1.0), source=source, labels=(lo, hi))
 
@@ -110,6 +113,7 @@ def _foreign_characters(where: str, line: str) -> str:
     """The message for a line holding '_' or a non-ASCII character, which Python's int() and float() accept
     ('1_0' is 10, Arabic-Indic and full-width digits are digits, U+00A0 splits tokens) and a LibSVM file never
     holds."""
+
     def bad(c):
         return c == "_" or not c.isascii()
 
@@ -118,8 +122,10 @@ def _foreign_characters(where: str, line: str) -> str:
 
     for tok in line.split():
         if any(bad(c) for c in tok):
-            return (f"{where}: token {tok!r} holds {show(next(c for c in tok if bad(c)))}; numbers in a LibSVM file "
-                    "are plain ASCII")
+            return (
+                f"{where}: token {tok!r} holds {show(next(c for c in tok if bad(c)))}; numbers in a LibSVM file "
+                "are plain ASCII"
+            )
     return f"{where}: {show(next(c for c in line if bad(c)))} between tokens; separate tokens with ASCII spaces"
 
 
@@ -134,7 +140,7 @@ def parse_libsvm(lines, source: str, n_features: int | None = None) -> Dataset:
     indptr, indices, values, raw_labels = [0], [], [], []
     label_set: dict[float, int] = {}
     for lineno, line in enumerate(lines, 1):
-        if not line.isascii() or "_" in line:   # two C-speed scans a line; what int()/float() would wave through
+        if not line.isascii() or "_" in line:  # two C-speed scans a line; what int()/float() would wave through
             raise DataError(_foreign_characters(f"{source}:{lineno}", line))
         parts = line.split()
         if not parts:

@@ -2,6 +2,7 @@
 label skew (Vogels et al. 2021, RelaySum).  Each returns a list of row-index arrays, one
 per client; every returned row belongs to exactly one client.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -27,7 +28,9 @@ def _check_counts(n_rows: int, clients: int, per_client: int | None) -> int:
     if per_client < 1:
         raise DataError(f"{n_rows} rows cannot give {clients} clients at least one row each")
     if clients * per_client > n_rows:
-        raise DataError(f"{clients} clients x {per_client} rows = {clients * per_client} exceeds the {n_rows} rows available")
+        raise DataError(
+            f"{clients} clients x {per_client} rows = {clients * per_client} exceeds the {n_rows} rows available"
+        )
     return per_client
 
 
@@ -41,11 +44,12 @@ def shuffled_split(n_rows: int, clients: int, per_client: int | None = None, see
     """Equal-size clients from a seeded random permutation of the rows."""
     m = _check_counts(n_rows, clients, per_client)
     perm = np.random.default_rng(seed).permutation(n_rows)
-    return [np.sort(perm[i * m:(i + 1) * m]) for i in range(clients)]
+    return [np.sort(perm[i * m : (i + 1) * m]) for i in range(clients)]
 
 
-def dirichlet_split(labels, clients: int, alpha: float, seed: int = 0, min_size: int = 1,
-                    max_tries: int = 100) -> list[np.ndarray]:
+def dirichlet_split(
+    labels, clients: int, alpha: float, seed: int = 0, min_size: int = 1, max_tries: int = 100
+) -> list[np.ndarray]:
     """Label-skewed clients of unequal sizes (Vogels et al. 2021).
 
     For each class, proportions p ~ Dir(alpha * 1_N) over the clients split that class's
@@ -83,8 +87,9 @@ def dirichlet_split(labels, clients: int, alpha: float, seed: int = 0, min_size:
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in out]
 
 
-def relaysum_split(labels, clients: int, alpha: float, seed: int = 0, min_fraction: float = 0.5,
-                   max_tries: int = 10_000) -> list[np.ndarray]:
+def relaysum_split(
+    labels, clients: int, alpha: float, seed: int = 0, min_fraction: float = 0.5, max_tries: int = 10_000
+) -> list[np.ndarray]:
     """The Dirichlet split as the paper cites it (Vogels et al. 2021, RelaySum, whose code uses
     Tao Lin's partitioner): classes are dealt one after another, each by proportions
     p ~ Dir(alpha * 1_K) over the K clients, except that a client already holding >= n/K samples
@@ -117,7 +122,7 @@ def relaysum_split(labels, clients: int, alpha: float, seed: int = 0, min_fracti
             idx = rng.permutation(members)
             open_ = sizes < cap
             p = rng.dirichlet(np.full(clients, float(alpha))) * open_
-            if not p.sum() > 0:   # every open share underflowed (alpha << 1): deal evenly among them
+            if not p.sum() > 0:  # every open share underflowed (alpha << 1): deal evenly among them
                 p = open_.astype(float)
             cuts = (np.cumsum(p / p.sum())[:-1] * len(idx)).astype(int)
             for i, chunk in enumerate(np.split(idx, cuts)):
@@ -125,8 +130,10 @@ def relaysum_split(labels, clients: int, alpha: float, seed: int = 0, min_fracti
                 sizes[i] += len(chunk)
         if sizes.min() >= floor:
             return [np.sort(np.concatenate(p)) for p in parts]
-    raise DataError(f"no Dirichlet(alpha={alpha:g}) split of {n} samples over {clients} clients gave every client "
-                    f">= {min_fraction:g} of the mean size in {max_tries} draws; raise alpha or use fewer clients")
+    raise DataError(
+        f"no Dirichlet(alpha={alpha:g}) split of {n} samples over {clients} clients gave every client "
+        f">= {min_fraction:g} of the mean size in {max_tries} draws; raise alpha or use fewer clients"
+    )
 
 
 def client_class_counts(labels, parts) -> np.ndarray:

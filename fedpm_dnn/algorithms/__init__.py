@@ -3,6 +3,7 @@
 Each method follows fedconvex's algorithm protocol (``fedpm_dnn.algorithms.base``); adding one is a
 file here and a line below.
 """
+
 from fedconvex.registry import Registry
 
 from .base import DnnAlgorithm

@@ -17,6 +17,7 @@ engine (``fedpm_dnn.task``: sequential or vectorized); a method only says how it
 paper symbol / table column -> field: learning rate -> lr, grad. clip -> clip (None = no clipping),
 weight decay -> weight_decay, local epochs -> local_epochs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,8 +37,8 @@ class DnnAlgorithm(Algorithm):
     """Shared local-training settings of every DNN method (paper Test 2 and appendix)."""
 
     message_fields: ClassVar[dict] = {"params": "model"}
-    uses_foof: ClassVar[bool] = False        # the engines compute FOOF matrices for these methods
-    client_tensors: ClassVar[tuple] = ()     # per-client tensor dicts that ``grad_hook`` reads (stacked by the engine)
+    uses_foof: ClassVar[bool] = False  # the engines compute FOOF matrices for these methods
+    client_tensors: ClassVar[tuple] = ()  # per-client tensor dicts that ``grad_hook`` reads (stacked by the engine)
 
     lr: float = 0.1
     clip: float | None = None
@@ -52,7 +53,7 @@ class DnnAlgorithm(Algorithm):
     weight_decay_mode: str = "coupled"
     local_epochs: int = 5
     batch_size: int = 64
-    weighting: str = "uniform"               # mixing weights: uniform 1/N (paper) or 'samples'
+    weighting: str = "uniform"  # mixing weights: uniform 1/N (paper) or 'samples'
     # dtype the reply's model parameters travel in (float16 / bfloat16 halve their bytes); float32 sends
     # them as trained.  The server upcasts them to the model's dtype before screening and mixing.
     param_dtype: str = "float32"
@@ -65,8 +66,12 @@ class DnnAlgorithm(Algorithm):
             raise ValueError(f"clip must be > 0 or None, got {self.clip}")
         if self.weight_decay < 0:
             raise ValueError("weight_decay must be >= 0")
-        choices = {"weighting": ("uniform", "samples"), "clip_stage": ("gradient", "update"),
-                   "weight_decay_mode": ("coupled", "decoupled"), "param_dtype": tuple(PARAM_DTYPES)}
+        choices = {
+            "weighting": ("uniform", "samples"),
+            "clip_stage": ("gradient", "update"),
+            "weight_decay_mode": ("coupled", "decoupled"),
+            "param_dtype": tuple(PARAM_DTYPES),
+        }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be {' or '.join(allowed)}, got {getattr(self, name)!r}")
@@ -110,8 +115,13 @@ class DnnAlgorithm(Algorithm):
         reply = self.finish_reply(cs, local, steps, down, end_foof)
         dtype = PARAM_DTYPES[self.param_dtype]
         if dtype is not None and isinstance(reply, dict) and isinstance(reply.get("params"), dict):
-            reply = {**reply, "params": {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v
-                                         for k, v in reply["params"].items()}}
+            reply = {
+                **reply,
+                "params": {
+                    k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v
+                    for k, v in reply["params"].items()
+                },
+            }
         return reply
 
     def receive(self, task, state: State, up: dict, info):
@@ -121,8 +131,10 @@ class DnnAlgorithm(Algorithm):
         if PARAM_DTYPES[self.param_dtype] is None or not isinstance(params, dict):
             return up, state
         theta = state.theta
-        out = {k: v.to(theta[k].dtype) if k in theta and torch.is_tensor(v) and v.is_floating_point() else v
-               for k, v in params.items()}
+        out = {
+            k: v.to(theta[k].dtype) if k in theta and torch.is_tensor(v) and v.is_floating_point() else v
+            for k, v in params.items()
+        }
         return {**up, "params": out}, state
 
     def reply_shapes(self, params: dict, blocks: dict) -> dict:
@@ -169,6 +181,6 @@ def flatten_stack(stack: dict, names) -> torch.Tensor:
 def unflatten(vec: torch.Tensor, like: dict) -> dict:
     out, k = {}, 0
     for name, p in like.items():
-        out[name] = vec[k:k + p.numel()].view_as(p).clone()
+        out[name] = vec[k : k + p.numel()].view_as(p).clone()
         k += p.numel()
     return out

@@ -3,6 +3,7 @@
 beta1 = 0.9, beta2 = 0.99, tau = 1e-3 fixed and the server lr tuned in {0.05, 0.03, 0.01} (paper
 appendix); the defaults are ``fedconvex.server_opt.Adam``'s, the tables' values live in the presets.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -5,6 +5,7 @@ Server: Delta = theta - mix_i(theta_i) over the flattened parameters; theta <- S
 with a server optimizer of ``fedconvex.server_opt`` -- SGD(1) here; FedAvgM and FedAdam change only
 ``server_optimizer``, FedProx only the local gradient (``grad_hook``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,5 +34,6 @@ class FedAvg(DnnAlgorithm):
         mixed = simple_mix(flatten_stack(up["params"], params), mixing_weights(info, theta))
         t = state.round + 1
         theta, opt = self.server_optimizer().step(theta, theta - mixed, state.server["opt"], t)
-        return State(theta=unflatten(theta, params), server={**state.server, "opt": opt}, clients=state.clients,
-                     round=t)
+        return State(
+            theta=unflatten(theta, params), server={**state.server, "opt": opt}, clients=state.clients, round=t
+        )

@@ -7,6 +7,7 @@ in ``precond_dtype`` or through a codec of ``fedconvex.codecs`` (``fedpm_dnn.wir
 ``receive`` before screening.  With one Linear layer, squared loss and one full-batch local step this
 is a global Newton step on the pooled data.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ class FedPM(LocalNewton):
     label: ClassVar[str] = "FedPM"
     message_fields: ClassVar[dict] = {"params": "model", "foof": "psd"}
 
-    precond_dtype: str = "float32"   # dtype the matrices travel in (float16 halves the bytes)
+    precond_dtype: str = "float32"  # dtype the matrices travel in (float16 halves the bytes)
     # 'none' (as precond_dtype says) or a codec of fedconvex.codecs (sym, fp16, bf16, lowrank:R,
     # delta:identity|topk:K|rankr:R), see fedpm_dnn/wire.py
     precond_codec: str = "none"
@@ -56,7 +57,7 @@ class FedPM(LocalNewton):
 
     def reply_shapes(self, params, blocks):
         shapes = super().reply_shapes(params, blocks)
-        if self.precond_codec != "none":   # payloads: their structure is checked by decoding them
+        if self.precond_codec != "none":  # payloads: their structure is checked by decoding them
             return {**shapes, "foof": None}
         return {**shapes, "foof": {name: (d, d) for name, d in block_sizes(blocks).items()}}
 
@@ -78,8 +79,9 @@ class FedPM(LocalNewton):
         for bname, block in task.blocks.items():
             wname, bias_name = foof.param_name(bname, "weight"), foof.param_name(bname, "bias")
             W, b = up["params"][wname], up["params"].get(bias_name) if block.has_bias else None
-            thetas = torch.stack([foof.get_theta(block, W[k], None if b is None else b[k])
-                                  for k in range(W.shape[0])]).to(torch.float64)
+            thetas = torch.stack(
+                [foof.get_theta(block, W[k], None if b is None else b[k]) for k in range(W.shape[0])]
+            ).to(torch.float64)
             A = up["foof"][bname].to(torch.float64)
             wt, bs = foof.split_theta(block, precond_mix(A, thetas, w64, damping=self.damping).to(params[wname].dtype))
             out[wname] = wt

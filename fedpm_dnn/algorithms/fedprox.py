@@ -1,5 +1,6 @@
 """FedProx (Li et al. 2020): local objective f_i(theta_i) + mu/2 ||theta_i - theta||^2, i.e. the
 gradient hook g += mu (theta_i - theta); the server step is FedAvg's."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -7,6 +7,7 @@ the first), optionally every ``refresh_every`` local steps.  Server: theta = mix
 
 paper symbol -> field: lam (damping term) -> damping; FOOF samples -> foof_samples (None: all local data).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,9 +24,9 @@ class LocalNewton(DnnAlgorithm):
     label: ClassVar[str] = "LocalNewton"
     uses_foof: ClassVar[bool] = True
 
-    damping: float = 1.0                  # FOOF damping lambda, the same in local steps and mixing
-    foof_samples: int | None = None       # None = the client's whole local dataset (paper)
-    refresh_every: int | None = None      # recompute the matrices every s local steps (None: once per round)
+    damping: float = 1.0  # FOOF damping lambda, the same in local steps and mixing
+    foof_samples: int | None = None  # None = the client's whole local dataset (paper)
+    refresh_every: int | None = None  # recompute the matrices every s local steps (None: once per round)
 
     def __post_init__(self):
         super().__post_init__()
@@ -33,7 +34,7 @@ class LocalNewton(DnnAlgorithm):
             raise ValueError(f"damping must be >= 0, got {self.damping}")
 
     def finish_reply(self, cs, local, steps, down, end_foof):
-        cs["foof"] = end_foof   # matrices at the end of the round: mixing now, local steps next round
+        cs["foof"] = end_foof  # matrices at the end of the round: mixing now, local steps next round
         return {"params": local}
 
     def mix(self, task, params: dict, up: dict, w) -> dict:
@@ -41,5 +42,6 @@ class LocalNewton(DnnAlgorithm):
 
     def server_update(self, task, state: State, up, info) -> State:
         w = mixing_weights(info, next(iter(state.theta.values())))
-        return State(theta=self.mix(task, state.theta, up, w), server=state.server, clients=state.clients,
-                     round=state.round + 1)
+        return State(
+            theta=self.mix(task, state.theta, up, w), server=state.server, clients=state.clients, round=state.round + 1
+        )

@@ -4,6 +4,7 @@ Client i (control c_i, server control c): local steps with g += c - c_i;
 c_i+ = c_i - c + (theta - theta_i) / (steps lr); sends theta_i and Delta c_i = c_i+ - c_i.
 Server: theta <- theta + mix(theta_i - theta); c <- c + (|S|/N) mean(Delta c_i).  Controls start at zero.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ class Scaffold(DnnAlgorithm):
     label: ClassVar[str] = "SCAFFOLD"
     message_fields: ClassVar[dict] = {"params": "model", "dcontrol": "data"}
     client_tensors: ClassVar[tuple] = ("control",)
-    server_tracked_state: ClassVar[tuple] = ("control",)    # the server's control is the mean of the clients'
+    server_tracked_state: ClassVar[tuple] = ("control",)  # the server's control is the mean of the clients'
 
     def init_server(self, params):
         return {"control": {k: torch.zeros_like(v) for k, v in params.items()}}
@@ -55,5 +56,6 @@ class Scaffold(DnnAlgorithm):
         theta = {k: p + simple_mix(up["params"][k] - p, w) for k, p in params.items()}
         frac = len(info.sel) / info.n_clients
         control = {k: c + frac * up["dcontrol"][k].mean(0) for k, c in state.server["control"].items()}
-        return State(theta=theta, server={**state.server, "control": control}, clients=state.clients,
-                     round=state.round + 1)
+        return State(
+            theta=theta, server={**state.server, "control": control}, clients=state.clients, round=state.round + 1
+        )

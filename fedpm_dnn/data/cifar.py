@@ -6,6 +6,7 @@
   decoded once and cached as a .npz next to a cache directory.
 Images are returned as uint8 arrays (n, 3, 32, 32); labels as int64.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,15 +27,15 @@ class DatasetError(ValueError):
 
 @dataclass(frozen=True, eq=False)
 class ImageData:
-    x_train: np.ndarray   # (n, C, H, W) uint8
-    y_train: np.ndarray   # (n,) int64
+    x_train: np.ndarray  # (n, C, H, W) uint8
+    y_train: np.ndarray  # (n,) int64
     x_test: np.ndarray
     y_test: np.ndarray
     classes: tuple
     name: str
     mean: tuple = (0.5, 0.5, 0.5)
     std: tuple = (0.25, 0.25, 0.25)
-    source: str = ""          # "pickle", "jpeg" or "leaf"
+    source: str = ""  # "pickle", "jpeg" or "leaf"
 
     @property
     def num_classes(self):
@@ -50,10 +51,17 @@ CIFAR100_STATS = ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))
 # The only callables a CIFAR batch may name: numpy's array / dtype reconstruction (both module
 # names numpy has used) and the codec Python 3 uses for bytes in protocol-2 pickles.  Everything
 # else -- os.system, builtins.eval, any class -- is refused before it is looked up.
-_ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-            ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
-            ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
-            ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+_ALLOWED = {
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("_codecs", "encode"),
+}
 
 
 class _Refused(Exception):
@@ -80,8 +88,9 @@ def _unpickle(path):
         with open(path, "rb") as fh:
             d = safe_unpickle(fh)
     except _Refused as exc:
-        raise DatasetError(f"{path}: refused: the pickle names {exc}, which a CIFAR batch never does "
-                           "(loading it could run code)") from None
+        raise DatasetError(
+            f"{path}: refused: the pickle names {exc}, which a CIFAR batch never does (loading it could run code)"
+        ) from None
     except Exception as exc:  # truncated or foreign file
         raise DatasetError(f"{path}: not a CIFAR pickle batch ({type(exc).__name__}: {exc})") from None
     if not isinstance(d, dict):
@@ -120,8 +129,7 @@ def load_cifar_pickle(root: str, which: str = "cifar10") -> ImageData:
         parts = [_batch(os.path.join(root, "train"), b"fine_labels")]
         xt, yt = _batch(os.path.join(root, "test"), b"fine_labels")
         meta = os.path.join(root, "meta")
-        classes = _names(meta, b"fine_label_names", 100) if os.path.isfile(meta) \
-            else tuple(str(i) for i in range(100))
+        classes = _names(meta, b"fine_label_names", 100) if os.path.isfile(meta) else tuple(str(i) for i in range(100))
         stats = CIFAR100_STATS
     else:
         raise DatasetError(f"unknown CIFAR variant {which!r}")
@@ -143,8 +151,9 @@ class _Source:
     def __init__(self, path):
         self.path = path
         if os.path.isdir(path):
-            self.names = [os.path.relpath(os.path.join(d, f), path).replace(os.sep, "/")
-                          for d, _, fs in os.walk(path) for f in fs]
+            self.names = [
+                os.path.relpath(os.path.join(d, f), path).replace(os.sep, "/") for d, _, fs in os.walk(path) for f in fs
+            ]
             self.read = lambda n: open(os.path.join(path, n), "rb").read()
         elif zipfile.is_zipfile(path):
             self.zip = zipfile.ZipFile(path)
@@ -181,8 +190,12 @@ def _decode(src, items, classes):
 
 
 def _cache_path(sources, cache_dir):
-    key = hashlib.sha256("|".join(f"{os.path.abspath(s)}:{os.path.getsize(s) if os.path.isfile(s) else 0}:"
-                                  f"{int(os.path.getmtime(s))}" for s in sources).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        "|".join(
+            f"{os.path.abspath(s)}:{os.path.getsize(s) if os.path.isfile(s) else 0}:{int(os.path.getmtime(s))}"
+            for s in sources
+        ).encode()
+    ).hexdigest()[:16]
     return os.path.join(cache_dir, f"cifar_jpeg_{key}.npz")
 
 
@@ -201,8 +214,16 @@ def load_cifar_jpeg(train: str, test: str | None = None, cache_dir: str | None =
     cache = _cache_path(sources, cache_dir)
     if os.path.isfile(cache):
         with np.load(cache, allow_pickle=False) as z:
-            return ImageData(z["x_train"], z["y_train"], z["x_test"], z["y_test"], tuple(z["classes"].tolist()),
-                             "cifar10", *CIFAR10_STATS, source="jpeg")
+            return ImageData(
+                z["x_train"],
+                z["y_train"],
+                z["x_test"],
+                z["y_test"],
+                tuple(z["classes"].tolist()),
+                "cifar10",
+                *CIFAR10_STATS,
+                source="jpeg",
+            )
     src_train = _Source(train)
     src_test = _Source(test) if test and test != train else src_train
     tr, te = src_train.images("train"), src_test.images("test")

@@ -4,6 +4,7 @@ A LEAF data folder holds ``train/*.json`` and ``test/*.json``, each
 ``{"users": [...], "num_samples": [...], "user_data": {user: {"x": [[784 floats]], "y": [int]}}}``.
 Clients are the writers (the natural partition).  Images become uint8 (n, 1, 28, 28).
 """
+
 from __future__ import annotations
 
 import glob
@@ -28,7 +29,9 @@ def _read_split(folder):
                 x = np.asarray(d["user_data"][u]["x"], dtype=np.float32)
                 y = np.asarray(d["user_data"][u]["y"], dtype=np.int64)
                 if x.ndim != 2 or x.shape[1] != 784 or len(x) != len(y):
-                    raise DatasetError(f"{f}: user {u}: x has shape {x.shape}, y has {len(y)} labels; expected (n, 784)")
+                    raise DatasetError(
+                        f"{f}: user {u}: x has shape {x.shape}, y has {len(y)} labels; expected (n, 784)"
+                    )
                 users.append(u)
                 xs.append(x)
                 ys.append(y)

@@ -1,4 +1,5 @@
 """One entry point: a dataset name and a data directory -> ImageData (+ natural clients for FEMNIST)."""
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@
 cap on full clients and its 50 %-of-mean floor; ``dirichlet`` is the plain per-class Dir(alpha)
 split, whose clients can hold 17 images next to 12,790.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,5 +38,11 @@ def partition_table(labels, parts, num_classes: int) -> np.ndarray:
     return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
 
 
-__all__ = ["SPLITS", "client_class_counts", "dirichlet_partition", "make_partition", "partition_table",
-           "relaysum_partition"]
+__all__ = [
+    "SPLITS",
+    "client_class_counts",
+    "dirichlet_partition",
+    "make_partition",
+    "partition_table",
+    "relaysum_partition",
+]

@@ -1,6 +1,7 @@
 """A small synthetic image task, rebuilt identically from its seed in any process (tests, Flower
 SuperNodes): class c is a bright patch at a class-specific place on noise; clients see skewed
 label mixes."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +12,7 @@ def _images(rng, labels, size):
     step = max(2, size // 3)
     for k, c in enumerate(labels):
         r, col = divmod(int(c), 2)
-        x[k, :, 2 + step * r:2 + step * r + step, 2 + step * col:2 + step * col + step] += 180
+        x[k, :, 2 + step * r : 2 + step * r + step, 2 + step * col : 2 + step * col + step] += 180
     return x.clip(0, 255).astype(np.uint8)
 
 

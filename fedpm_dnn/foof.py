@@ -144,7 +144,7 @@ def row_pairings(kh: int, dh: int, sh: int, oh: int) -> tuple:
 
 
 # The row form's extra costs in multiply-adds of the patch form, measured on this project's 2-core CPU at 1 and
-# 2 threads (results/cpu-bench-2026-11-26/conv_gram_rule.py): one float64 element update of its sums, and one
+# 2 threads (benchmarks/foof_conv_gram_rule.py): one float64 element update of its sums, and one
 # more product (its call and its float64 sums' overhead).
 ROW_FORM_FLOAT64_COST = 250
 ROW_FORM_PRODUCT_COST = 1.5e6

@@ -4,8 +4,8 @@
     make figures PROFILE=paper         # the paper's sizes, for a GPU
     python -m figures --profile quick --data-dir DATA [--no-compute]
 
-Results come from results/<profile>/ (validation/experiments.py lists the runs); a missing run
-is computed first unless --no-compute.  A figure whose data is missing is skipped with a
+Results come from results/<profile>/ (validation/experiments.py lists the runs), where the runs shipped in
+reference/<profile>/ are copied first if missing; a run still missing is computed unless --no-compute.  A figure whose data is missing is skipped with a
 message.  Output: figures/out/<profile>/*.png|pdf, tables also as .md and .tex.
 """
 
@@ -15,7 +15,7 @@ import os
 import sys
 
 from validation.common import OneLineParser
-from validation.experiments import DNN_METHODS, PROFILES, check_results_arg, ensure, is_done, plan
+from validation.experiments import DNN_METHODS, PROFILES, check_results_arg, ensure, is_done, plan, seed_from_reference
 from validation.outputs import MARKER, mark
 
 from . import compression, draw
@@ -203,7 +203,9 @@ def main(argv=None) -> int:
             f"--out {args.out}: folder exists and holds files this command did not write (no {MARKER}); "
             "choose another --out or empty it"
         )
-    if not args.no_compute:
+    if args.no_compute:
+        seed_from_reference(args.profile, args.results)
+    else:
         ensure(args.profile, args.data_dir, args.results)
     out = args.out or os.path.join("figures", "out", args.profile)
     produced = build_all(os.path.join(args.results, args.profile), out, args.profile)

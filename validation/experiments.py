@@ -11,13 +11,16 @@ Profiles:
          CIFAR-10 training images, 10 clients, alpha = 0.1, 5 local epochs, 20 rounds, seed 0, FedAvg,
          SCAFFOLD, LocalNewton and FedPM with the paper's table (no ablations).
 Each run writes results/<profile>/<name>/{history.csv, summary.json} (summary.json holds the exact
-command and versions).  A run whose summary.json exists with all its rounds is not recomputed.
+command and versions).  A run whose summary.json exists with all its rounds is not recomputed.  The runs the
+repository ships (reference/<profile>/) are copied into results/<profile>/ where that lacks them, so a figure is
+drawn from them without recomputing; reference/ itself is only read.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 
@@ -316,10 +319,31 @@ def data_available(dataset: str, data_dir: str | None) -> bool:
         return False
 
 
+REFERENCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reference")
+
+
+def seed_from_reference(profile: str, results: str = "results", reference: str = REFERENCE) -> list[str]:
+    """Copy each shipped run of ``profile`` (reference/<profile>/<name>/ with a summary.json) to results/<profile>/
+    where no folder of that name exists; returns the names copied.  A folder already there -- a run of the
+    user's, finished or not -- is left as it is."""
+    src_root = os.path.join(reference, profile)
+    if not os.path.isdir(src_root):
+        return []
+    copied = []
+    for name in sorted(os.listdir(src_root)):
+        src, dst = os.path.join(src_root, name), os.path.join(results, profile, name)
+        if os.path.isfile(os.path.join(src, "summary.json")) and not os.path.lexists(dst):
+            shutil.copytree(src, dst)
+            copied.append(name)
+    return copied
+
+
 def ensure(profile: str, data_dir: str | None, results: str = "results", only=None, log=print) -> dict:
-    """Compute the missing runs of ``profile``; returns {run name: folder} of the runs that exist."""
+    """Compute the missing runs of ``profile`` (after copying the shipped ones, seed_from_reference); returns
+    {run name: folder} of the runs that exist."""
     from validation import dnn, superlinear
 
+    seed_from_reference(profile, results)
     root = os.path.join(results, profile)
     runs = [r for r in plan(profile) if only is None or only(r)]
     have_data = {}
@@ -383,7 +407,8 @@ def main(argv=None) -> int:
     if args.list:
         for r in plan(args.profile):
             done = is_done(r, os.path.join(args.results, args.profile, r.name))
-            print(f"{'done ' if done else 'todo '} {r.name}")
+            shipped = not done and is_done(r, os.path.join(REFERENCE, args.profile, r.name))
+            print(f"{'done ' if done else 'ref  ' if shipped else 'todo '} {r.name}")
         return 0
     ensure(args.profile, args.data_dir, args.results)
     return 0

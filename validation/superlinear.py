@@ -5,7 +5,8 @@
 
 Writes history.csv, summary.json and convergence.{png,pdf} into --out (default
 results/superlinear-<dataset>) and prints the summary table.  Every method's learning rate
-is tuned over its log grid (cached; see validation/tuning.py) unless --lr fixes it.
+is tuned over its log grid unless --lr fixes it; the chosen values are cached (validation/tuning.py): read from
+the shipped reference/tuning.json, new ones written to results/.cache/tuning.json.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from fedconvex.run import Diverged
 from validation import common, report
 from validation.progress import Progress
 from validation.tuning import (
+    DEFAULT_CACHE,
     DIVERGENCE_FACTOR,
     PARALLEL_SLACK,
+    SHIPPED_CACHE,
     TuningCache,
     candidates,
     race_candidate,
@@ -72,7 +75,10 @@ def parse_args(argv=None):
     )
     p.add_argument("--no-cache", action="store_true", help="re-tune even if the chosen lr is cached")
     p.add_argument(
-        "--cache", default=os.environ.get("FEDPM_TUNING_CACHE", os.path.join("results", ".cache", "tuning.json"))
+        "--cache",
+        default=None,
+        help=f"tuning cache written and read (default $FEDPM_TUNING_CACHE or {DEFAULT_CACHE}, read over the "
+        "shipped reference/tuning.json; a --cache given here is read alone)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
@@ -93,6 +99,10 @@ def parse_args(argv=None):
                 f"--participants {args.participants} exceeds the {clients} clients"
                 + (" (--clients)" if args.clients else "")
             )
+    # the shipped cache is read under the default one only: a --cache of one's own tunes afresh
+    args.shipped_cache = SHIPPED_CACHE if args.cache is None else None
+    if args.cache is None:
+        args.cache = os.environ.get("FEDPM_TUNING_CACHE", DEFAULT_CACHE)
     if not args.no_cache:
         try:
             TuningCache.check(args.cache)
@@ -284,7 +294,7 @@ def main(argv=None) -> int:
         f_star=f_star,
         fingerprint=common.dataset_fingerprint(args.dataset),
         split_desc=split_desc,
-        cache=TuningCache(None if args.no_cache else args.cache),
+        cache=TuningCache(None if args.no_cache else args.cache, args.shipped_cache),
     )
     bar = Progress(len(args.methods), "methods", enabled=not args.quiet)
     results = {}
@@ -301,7 +311,7 @@ def main(argv=None) -> int:
         common.fail(PROG, RuntimeError("a worker process ended abnormally (killed?); nothing was written"))
     except common.USER_ERRORS as exc:
         common.fail(PROG, exc)
-    cache = TuningCache(None if args.no_cache else args.cache)
+    cache = TuningCache(None if args.no_cache else args.cache, args.shipped_cache)
     histories, methods = {}, {}
     for m in args.methods:
         _, key, params, hist, trials, was_cached, _ = results[m]

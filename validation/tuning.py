@@ -246,20 +246,31 @@ def tune(
     return best_params, best_hist, trials
 
 
-class TuningCache:
-    """JSON file of chosen hyper-parameters keyed by everything that affects a run."""
+# The chosen hyper-parameters of the reference runs, shipped with the repository and only ever read: a run with the
+# default cache finds them here and writes what it tunes anew to its own cache under results/.
+SHIPPED_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reference", "tuning.json")
+DEFAULT_CACHE = os.path.join("results", ".cache", "tuning.json")
 
-    def __init__(self, path: str | None):
+
+def _read_cache(path: str | None) -> dict:
+    if not path or not os.path.exists(path):
+        return {}
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return {}  # a corrupt cache is only a cache: re-tune
+    return data if isinstance(data, dict) else {}
+
+
+class TuningCache:
+    """JSON file of chosen hyper-parameters keyed by everything that affects a run; ``shipped`` names a cache read
+    after it and never written (the repository's reference/tuning.json)."""
+
+    def __init__(self, path: str | None, shipped: str | None = None):
         self.path = path
-        self.data = {}
-        if path and os.path.exists(path):
-            try:
-                with open(path) as fh:
-                    self.data = json.load(fh)
-            except (OSError, ValueError):
-                self.data = {}  # a corrupt cache is only a cache: re-tune
-            if not isinstance(self.data, dict):
-                self.data = {}
+        self.data = _read_cache(path)
+        self.shipped = _read_cache(shipped) if path else {}
 
     @staticmethod
     def check(path: str) -> None:
@@ -292,7 +303,8 @@ class TuningCache:
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
     def get(self, key):
-        return self.data.get(key)
+        found = self.data.get(key)
+        return found if found is not None else self.shipped.get(key)
 
     def put(self, key, params) -> None:
         if not self.path:

@@ -1,5 +1,5 @@
 """Mean wall time of a w8a round of one method (6 rounds, their set-up included, BLAS on one thread), then a cProfile
-of 6 more.  python benchmarks/convex_round_time.py "{\"compressor\": \"natural\"}" fednl
+of 6 more.  python benchmarks/convex_round_time.py '{"compressor": "natural"}' fednl
 (run in two checkouts, before and after a change, to compare them)."""
 
 import sys, time, cProfile, pstats

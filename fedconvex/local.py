@@ -1,4 +1,4 @@
-"""Local solvers shared by the algorithms (DESIGN.md: shared pieces instead of copies)."""
+"""Local solvers shared by the algorithms (docs/architecture.md: shared pieces instead of copies)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Federated L2-regularised logistic regression (paper Test 1, DESIGN.md section 2).
+"""Federated L2-regularised logistic regression (paper Test 1; docs/architecture.md).
 
     f_c(theta) = 1/M_c sum_j log(1 + exp(-y_cj x_cj^T theta)) + lam/2 ||theta||^2
     f(theta)   = sum_c p_c f_c(theta),   p_c = 1/N (paper) or M_c / sum M (option)

@@ -175,7 +175,7 @@ def build_all(root, out, profile, log=print):
         )
     else:
         log("skipped the profiling table: no main-cifar10-a0.1 results")
-    # FedPM with compressed preconditioners (issue 13)
+    # FedPM with compressed preconditioners
     produced += compression.build(root, out, write_table, note, log)
     return produced
 

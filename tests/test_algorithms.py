@@ -1,4 +1,4 @@
-"""The paper's claims and the reductions between methods (DESIGN.md section 3)."""
+"""The paper's claims and the reductions between methods (docs/architecture.md)."""
 
 import numpy as np
 import pytest

@@ -124,7 +124,7 @@ def test_the_table_says_how_far_each_method_got(monkeypatch, capsys):
     ]
     fake = {
         "methods": rows,
-        "max_rounds_to_target": 40,
+        "max_rounds_to_1e-9": 40,
         "dataset": "w8a",
         "clients": 142,
         "per_client": 350,

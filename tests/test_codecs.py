@@ -1,4 +1,4 @@
-"""Preconditioner codecs (issue 13): sym is lossless, round trips, delta(identity) == FedPM, PSD of what is
+"""Preconditioner codecs: sym is lossless, round trips, delta(identity) == FedPM, PSD of what is
 mixed, K = 1 Newton under sym, byte formulas, malformed payloads rejected (not crashes)."""
 
 import logging

@@ -1,4 +1,4 @@
-"""The delta codec after a rejected or altered reply (issue 13): client and server estimates A_hat advance
+"""The delta codec after a rejected or altered reply: client and server estimates A_hat advance
 on acknowledged rounds only, agree again after the round, and delta:identity still equals FedPM."""
 
 from collections.abc import Callable

@@ -1,4 +1,4 @@
-"""One table runs every registered method on every problem shape (DESIGN.md, optax-style)."""
+"""One table runs every registered method on every problem shape (docs/architecture.md, optax-style)."""
 
 import numpy as np
 import pytest

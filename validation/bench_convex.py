@@ -165,7 +165,7 @@ def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False, backend=
     zero = problem.to_backend(np.zeros(problem.d))
     _, hist0 = run(problem, alg, zero, 30, stop=lambda row: row["grad_norm"] <= 1e-9)
     reached = hist0[-1]["grad_norm"] <= 1e-9
-    to_target = hist0[-1]["seconds"] if reached else float("nan")
+    to_tolerance = hist0[-1]["seconds"] if reached else float("nan")
 
     # the straightforward loop, same start, same algorithm
     Xs = [ds.X[p].toarray() for p in parts]
@@ -184,7 +184,7 @@ def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False, backend=
     extra = {}
     if all_methods:
         extra["methods"] = measure_all(problem, theta0)
-        extra["max_rounds_to_target"] = MAX_ROUNDS
+        extra["max_rounds_to_1e-9"] = MAX_ROUNDS
     return {
         **extra,
         "dataset": dataset,
@@ -193,7 +193,7 @@ def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False, backend=
         "d": problem.d,
         "seconds_per_round": per_round,
         "seconds_per_round_without_screening": per_round_unscreened,
-        "seconds_to_1e-9": to_target,
+        "seconds_to_1e-9": to_tolerance,
         "rounds_to_1e-9": hist0[-1]["round"],
         "naive_seconds_per_round": best_naive,
         "loop_ratio": best_naive / per_round,
@@ -245,12 +245,10 @@ def main(argv=None) -> int:
         f"float64, {r['backend']} on {r['device']}"
     )
     print(
-        f"  seconds per round (median)        {r['seconds_per_round']:.4f} s   (target <= 0.040 s on w8a; "
+        f"  seconds per round (median)        {r['seconds_per_round']:.4f} s   ("
         f"{r['seconds_per_round_without_screening']:.4f} s without screening the replies)"
     )
-    print(
-        f"  theta=0 -> ||grad f|| <= 1e-9      {r['seconds_to_1e-9']:.3f} s in {r['rounds_to_1e-9']} rounds (target <= 0.35 s on w8a)"
-    )
+    print(f"  theta=0 -> ||grad f|| <= 1e-9      {r['seconds_to_1e-9']:.3f} s in {r['rounds_to_1e-9']} rounds")
     print(f"  naive per-client loop per round   {r['naive_seconds_per_round']:.4f} s")
     print(
         f"  loop_ratio (naive / ours)         {r['loop_ratio']:.1f}x   (same iterates: rel. diff "
@@ -259,7 +257,7 @@ def main(argv=None) -> int:
     if "methods" in r:
         print(
             f"\n  {'method':34s} {'s/round':>9s} {'x FedPM':>8s} {'s to 1e-9':>10s} {'rounds':>6s} {'last |grad|':>11s}"
-            f"   (from theta=0, <= {r['max_rounds_to_target']} rounds)"
+            f"   (from theta=0, <= {r['max_rounds_to_1e-9']} rounds)"
         )
         for m in r["methods"]:
 

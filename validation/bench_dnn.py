@@ -180,7 +180,7 @@ ENGINES = ("sequential", "vectorized")
 
 def measure(model, device, sizes=None, repeats=None, chunk=None, engines=ENGINES):
     """The benchmark's numbers for one model; an engine left out of ``engines`` gets null numbers (a GPU
-    session short of time measures the vectorized engine's FedPM/FedAvg over more rounds instead)."""
+    run short of time measures the vectorized engine's FedPM/FedAvg over more rounds instead)."""
     if repeats is None:  # ResNet rounds on a CPU take minutes: one repeat there
         repeats = 1 if (model == "resnet18gn" and not device.startswith("cuda")) else 2
     size = sizes or SIZES[(model, "cuda" if device.startswith("cuda") else "cpu")]

@@ -28,7 +28,7 @@ from fedpm_dnn.algorithms import METHODS
 from validation.progress import Progress
 
 # FedPM preconditioner codecs measured on the CNN (fedconvex/codecs.py).  lowrank:0.02, lowrank:1 and the
-# 2 % delta codecs are the ones whose bytes can meet issue 13's <= 25 % of the total upload (the parameters
+# 2 % delta codecs are the ones whose bytes can stay within 25 % of uncompressed FedPM's upload (the parameters
 # alone are 22.7 % of uncompressed FedPM's upload on the SimpleCNN)
 CNN_CODECS = (
     "sym",
@@ -54,7 +54,7 @@ CONVEX_CODECS = (
 )
 
 
-# (codec, --param-dtype) runs of FedPM with its parameters on the wire in 16 bits (issue 13: the float32
+# (codec, --param-dtype) runs of FedPM with its parameters on the wire in 16 bits (the float32
 # parameters alone are 22.7 % of uncompressed FedPM's CNN upload, 10.8 % of ResNet18-GN's)
 CNN_PARAM_DTYPE_RUNS = (("lowrank:0.02", "float16"), ("none", "float16"))
 
@@ -234,7 +234,7 @@ def plan(profile: str) -> list[Run]:
                     p["rounds"],
                 )
             )
-    # preconditioner codecs (issue 13): FedPM on CIFAR-10 alpha = 0.1 per codec, beside the main runs'
+    # preconditioner codecs: FedPM on CIFAR-10 alpha = 0.1 per codec, beside the main runs'
     # FedAvg and uncompressed FedPM (main-cifar10-a0.1-*)
     for codec in CNN_CODECS:
         for s in p["seeds"]:

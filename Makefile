@@ -1,12 +1,16 @@
 PYTHON ?= python
 PROFILE ?= quick
-# image data for the DNN figures: a folder with the CIFAR files (see README); Test 1 needs none
+# image data for the DNN figures: a folder with the CIFAR files (see docs/dnn.md); Test 1 needs none
 DATA ?= $(FEDPM_DATA)
 
-.PHONY: install test figures superlinear bench
+.PHONY: install lint test figures superlinear bench
 
 install:
 	$(PYTHON) -m pip install -e ".[dev,dnn,flower]"
+
+lint:
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
 
 test:
 	$(PYTHON) -m pytest -q

@@ -2,13 +2,17 @@
 of 6 more.  python benchmarks/convex_round_time.py '{"compressor": "natural"}' fednl
 (run in two checkouts, before and after a change, to compare them)."""
 
-import sys, time, cProfile, pstats
-import numpy as np
+import cProfile
+import pstats
+import sys
+import time
+
 from threadpoolctl import threadpool_limits
+
 from fedconvex.algorithms import make_algorithm
 from fedconvex.data import load_dataset, paper_split_sizes, sequential_split
 from fedconvex.problem import FederatedLogReg
-from fedconvex.reference import solve_optimum, initial_point
+from fedconvex.reference import initial_point, solve_optimum
 from fedconvex.run import run
 
 ds = load_dataset("w8a")

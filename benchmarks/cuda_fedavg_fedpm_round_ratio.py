@@ -1,6 +1,11 @@
 """Vectorized FedAvg vs FedPM (graphed solves, and eager) round times, alternated (CNN, paper's 10 x 5000 x 5)."""
 
-import os, sys, json, numpy as np
+import json
+import os
+import sys
+
+import numpy as np
+
 from validation.bench_dnn import _rounds
 
 reps = int(sys.argv[1]) if len(sys.argv) > 1 else 2

@@ -1,10 +1,14 @@
 """Profile one vectorized FedAvg and one FedPM round (after a warm-up round) on CUDA."""
 
-import sys, time, torch
-from torch.profiler import profile, ProfilerActivity
-from validation.bench_dnn import _experiment, FoofTimer
-from fedpm_dnn.simulation import run_experiment
 import os
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from fedpm_dnn.simulation import run_experiment
+from validation.bench_dnn import FoofTimer, _experiment
 
 dev = os.environ.get("DEV", "cuda")
 per = int(sys.argv[1]) if len(sys.argv) > 1 else 5000

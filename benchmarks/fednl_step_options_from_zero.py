@@ -4,12 +4,15 @@ or ||grad f|| <= 1e-9, BLAS at one thread:
     python benchmarks/fednl_step_options_from_zero.py
 """
 
-import numpy as np, time
+import time
+
+import numpy as np
 from threadpoolctl import threadpool_limits
+
 from fedconvex.algorithms import make_algorithm
 from fedconvex.data import load_dataset, paper_split_sizes, sequential_split
 from fedconvex.problem import FederatedLogReg
-from fedconvex.run import run, Diverged
+from fedconvex.run import Diverged, run
 
 ds = load_dataset("w8a")
 n, m = paper_split_sizes("w8a")
@@ -33,7 +36,8 @@ with threadpool_limits(1):
                     p, make_algorithm("fednl", option=opt, **kw), zero, 40, stop=lambda r: r["grad_norm"] <= 1e-9
                 )
                 print(
-                    f"{name:8s} {opt:8s} rounds {h[-1]['round']:3d} grad {h[-1]['grad_norm']:.2e} {time.perf_counter() - t:.2f}s"
+                    f"{name:8s} {opt:8s} rounds {h[-1]['round']:3d} grad {h[-1]['grad_norm']:.2e} "
+                    f"{time.perf_counter() - t:.2f}s"
                 )
             except Diverged as e:
                 print(name, opt, "diverged", e)

@@ -25,7 +25,7 @@ runs = [
     ("FedNS dense", "fedns", {"gaussian_draw": "dense"}),
 ]
 with threadpool_limits(1):
-    for rep in range(3):
+    for _rep in range(3):
         row = []
         for label, name, kw in runs:
             _, h = run(p, make_algorithm(name, **kw), theta0, 7)

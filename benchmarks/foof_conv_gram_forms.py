@@ -40,7 +40,8 @@ def main():
             old, cast, new = (min(t) * 1e3 for t in runs.values())
             form = "row" if foof.row_form_pays(m, shape) else "patch"
             print(
-                f"{name:42s} {threads:3d} {old:9.2f} {cast:9.2f} {new:7.2f} {old / new:7.2f}x ({cast / new:.2f}x)    {form}",
+                f"{name:42s} {threads:3d} {old:9.2f} {cast:9.2f} {new:7.2f} {old / new:7.2f}x "
+                f"({cast / new:.2f}x)    {form}",
                 flush=True,
             )
 

@@ -94,7 +94,8 @@ def main():
     scores.sort(key=lambda s: (s[0], s[1]), reverse=True)
     best = sum(max(0.0, math.log(r["old"] / r["new"])) for rs in runs.values() for r in rs)
     print(
-        f"\nbest possible sum of log speed-ups {best:.1f}; top pairs (ok, score, float64 cost, product cost, picks, worst):"
+        f"\nbest possible sum of log speed-ups {best:.1f}; top pairs (ok, score, float64 cost, product cost, "
+        f"picks, worst):"
     )
     for s in scores[:6]:
         print("  ", s[0], round(s[1], 1), s[2], s[3], s[4], round(s[5], 2))

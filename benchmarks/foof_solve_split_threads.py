@@ -5,8 +5,11 @@
 
 rows: None = one client (120 rows, halved by rows); 10 = ten stacked clients (halved by clients)."""
 
-import torch, time
+import time
 from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
 from fedpm_dnn.foof import solve_rows
 
 torch.set_num_threads(1)
@@ -42,6 +45,6 @@ for B in (None, 10):
     half = (lambda: solve_rows(T[:60], L, U, out[:60])) if not B else (lambda: solve_rows(T[:5], L[:5], U[:5], out[:5]))
     print(
         B,
-        "whole %.3f  half alone %.3f  split 2 threads %.3f  noop submit %.3f"
-        % (ms(lambda: solve_rows(T, L, U, out)), ms(half), ms(split), ms(lambda: ex.submit(int).result())),
+        f"whole {ms(lambda: solve_rows(T, L, U, out)):.3f}  half alone {ms(half):.3f}  split 2 threads "
+        f"{ms(split):.3f}  noop submit {ms(lambda: ex.submit(int).result()):.3f}",
     )

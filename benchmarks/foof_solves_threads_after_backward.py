@@ -1,11 +1,14 @@
 # python benchmarks/foof_solves_threads_after_backward.py
 """Per-step FOOF solves right after a two-thread forward/backward: at one OpenMP thread (one_cpu_thread) vs at two."""
 
-import time, statistics, torch
+import statistics
+import time
+
+import torch
 
 torch.set_num_threads(2)
-from fedpm_dnn import foof
-from fedpm_dnn.models import SimpleCNN
+from fedpm_dnn import foof  # noqa: E402 (after the thread count is set)
+from fedpm_dnn.models import SimpleCNN  # noqa: E402 (after the thread count is set)
 
 torch.manual_seed(0)
 for K, batch in ((1, 64), (10, 640)):
@@ -32,10 +35,11 @@ for K, batch in ((1, 64), (10, 640)):
         return time.perf_counter() - t
 
     res = {True: [], False: []}
-    for i in range(40):
+    for _i in range(40):
         for s in (True, False):
             res[s].append(step(s))
     for s in (True, False):
         print(
-            f"K={K} {'one thread' if s else 'two threads'}: median {1e3 * statistics.median(res[s]):.3f} ms, min {1e3 * min(res[s]):.3f}"
+            f"K={K} {'one thread' if s else 'two threads'}: median {1e3 * statistics.median(res[s]):.3f} ms, "
+            f"min {1e3 * min(res[s]):.3f}"
         )

@@ -1,9 +1,12 @@
 """Stacked SimpleCNN convolutions, per-client loop vs grouped: forward + weight, bias and input gradients
 (10 clients x 64 images), best of 3 x 10 at 1 and 2 torch threads.  python benchmarks/stacked_conv_forms.py"""
 
-import time, torch, sys
+import time
+
+import torch
 import torch.nn as nn
-from fedpm_dnn.stacked import _conv_loop, _conv_grouped
+
+from fedpm_dnn.stacked import _conv_grouped, _conv_loop
 
 torch.manual_seed(0)
 K, B = 10, 64
@@ -15,7 +18,7 @@ for th in (1, 2):
         b = torch.randn(K, cout, requires_grad=True)
         x = torch.randn(K * B, cin, hw, hw, requires_grad=True)
         res = {}
-        for rep in range(3):
+        for _rep in range(3):
             for fn in (_conv_loop, _conv_grouped):
                 t = time.perf_counter()
                 for _ in range(10):

@@ -3,8 +3,10 @@ halved over two Python threads (and the same for a plain product), torch at one 
 
     python benchmarks/trsm_split_threads.py"""
 
-import torch, time
+import time
 from concurrent.futures import ThreadPoolExecutor
+
+import torch
 
 torch.set_num_threads(1)
 ex = ThreadPoolExecutor(1)
@@ -26,14 +28,17 @@ def ms(f, reps=200):
 for rows in (120, 600, 2400):
     T = torch.randn(rows, 401)
     h = rows // 2
-    one = lambda X: torch.linalg.solve_triangular(U, X, upper=True, left=False)
+
+    def one(X):
+        return torch.linalg.solve_triangular(U, X, upper=True, left=False)
 
     def split():
         f = ex.submit(one, T[h:])
         one(T[:h])
         f.result()
 
-    mm = lambda X: X @ U
+    def mm(X):
+        return X @ U
 
     def splitmm():
         f = ex.submit(mm, T[h:])
@@ -42,6 +47,6 @@ for rows in (120, 600, 2400):
 
     print(
         rows,
-        "trsm whole %.3f half %.3f split %.3f | mm whole %.3f split %.3f"
-        % (ms(lambda: one(T)), ms(lambda: one(T[:h])), ms(split), ms(lambda: mm(T)), ms(splitmm)),
+        f"trsm whole {ms(lambda: one(T)):.3f} half {ms(lambda: one(T[:h])):.3f} split {ms(split):.3f} | mm "
+        f"whole {ms(lambda: mm(T)):.3f} split {ms(splitmm):.3f}",
     )

@@ -29,7 +29,7 @@ def vectorized_step(forward):
         Pk = {n: P[n].detach().requires_grad_(True) for n in names}
         loss = F.cross_entropy(forward(Pk, x).reshape(K * B, -1), y, reduction="none").view(K, B).mean(1).sum()
         with torch.no_grad():
-            for n, g in zip(names, torch.autograd.grad(loss, [Pk[n] for n in names])):
+            for n, g in zip(names, torch.autograd.grad(loss, [Pk[n] for n in names]), strict=False):
                 P[n].sub_(g, alpha=1e-3)
 
     return step

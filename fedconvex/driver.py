@@ -12,7 +12,8 @@ the model and which hold PSD preconditioners, and screening follows from it.
 A transport is ``transport(algorithm, down, cstate, sel, rng, round) -> Delivery``; the in-process one
 is ``InProcess(problem)``.  A transport whose clients keep their own state may define
 ``acknowledge(used, unused)``: after screening it learns whose replies the server used, so that those
-clients commit the state the server tracks and the others roll it back (as the driver does here).  Replies travel as one *stacked* message: every field has a leading axis
+clients commit the state the server tracks and the others roll it back (as the driver does here).  Replies travel as
+one *stacked* message: every field has a leading axis
 over the clients that replied (``Delivery.sel``), which may be fewer than were asked (dropped
 nodes, replies rejected for their structure before they could be stacked).
 """

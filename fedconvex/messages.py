@@ -44,7 +44,7 @@ def all_usable(up: dict, n: int, d: int | None, psd_keys=()) -> bool:
     """True only if ``client_problem`` is None for every one of the n participants, checked a whole stack at a
     time (NumPy arrays stacked over the clients, certified ``ActiveBlocks``, decode reports); False whenever
     that cannot be decided so cheaply -- the caller then looks at each client (the reasons come from there)."""
-    for field, key, v in _items(up):
+    for field, _key, v in _items(up):
         if isinstance(v, DecodeProblems):
             if any(p is not None for p in v):
                 return False
@@ -52,7 +52,9 @@ def all_usable(up: dict, n: int, d: int | None, psd_keys=()) -> bool:
             if len(v) != n or v.packed is None or not _certified_psd(v):
                 return False
             active = [a for a in v.active if isinstance(a, np.ndarray) and a.ndim == 1]
-            if len(active) != n or any(tuple(B.shape) != (a.shape[0], a.shape[0]) for B, a in zip(v.blocks, active, strict=False)):
+            if len(active) != n or any(
+                tuple(B.shape) != (a.shape[0], a.shape[0]) for B, a in zip(v.blocks, active, strict=False)
+            ):
                 return False
             if d is not None:
                 nonempty = [a for a in active if a.shape[0]]

@@ -468,7 +468,8 @@ class FederatedLogReg:
 
     def sketched_roots(self, thetas, sketches, sel=None, scale: float = 1.0):
         """Per client (S_c A_c)^T = A_c^T S_c^T (a_c x k), given S_c^T (M_c x k) (dense, SciPy sparse,
-        or a CountSketch or SRHT sketch given by its random choices: fedns.CountSketch / fedns.SRHTSketch); ``None`` means S_c = I.  ``scale`` multiplies every sketch (e.g. 1/sqrt(k)).
+        or a CountSketch or SRHT sketch given by its random choices: fedns.CountSketch / fedns.SRHTSketch); ``None``
+        means S_c = I.  ``scale`` multiplies every sketch (e.g. 1/sqrt(k)).
 
         On NumPy the product goes through the sparse client design with the row weights and the scale
         folded into its non-zeros (nnz x k flops, no scaled copy of the M_c x k sketch), except for SRHT,

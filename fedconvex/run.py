@@ -140,10 +140,12 @@ def _run(
 
     ``screen`` (default on) rejects unusable client replies before the server step (see
     fedconvex.screening); ``tamper(round, up) -> up`` injects faults for tests; ``max_ratio`` R turns
-    on the magnitude guard (off by default, as in the paper's runs).  ``stop(row) -> bool`` ends the run early (the tuner uses it); ``on_round(t)`` is called
+    on the magnitude guard (off by default, as in the paper's runs).  ``stop(row) -> bool`` ends the run early (the
+    tuner uses it); ``on_round(t)`` is called
     after each round (progress bars).  ``client_streams``: every client
     draws from its own stream ``fedconvex.driver.client_rng(seed, round, client)``, as on Flower (off by default:
-    the paper's runs share one stream, and their histories depend on it).  Raises ``Diverged`` when the iterate is not finite.
+    the paper's runs share one stream, and their histories depend on it).  Raises ``Diverged`` when the iterate is not
+    finite.
     bytes_up / bytes_down are per participating client and cumulative; ``seconds`` is the
     cumulative wall time of the rounds themselves (metric evaluation excluded).
     """

@@ -5,7 +5,8 @@ floating-point array, has the wrong shape, contains NaN/Inf, or a preconditioner
 positive semidefinite within a tolerance; when its client id is not an integer in range, is
 claimed twice in the round, or is not the sender's; and, with the optional magnitude guard
 (``max_ratio`` R), when its preconditioner trace or parameter norm exceeds R times the round's
-(lower) median -- a valid but enormous preconditioner would otherwise let one client set the model.  The round then completes with the remaining clients (their weights renormalised);
+(lower) median -- a valid but enormous preconditioner would otherwise let one client set the model.  The round then
+completes with the remaining clients (their weights renormalised);
 with none left the caller skips the round and keeps the model.
 
 PSD test: a Cholesky factorisation of M + tol * max(1, max|M|) I must succeed, i.e. no
@@ -245,7 +246,9 @@ def screen(
         log.warning("%sclient %s rejected: %s", where, client, problem)
 
     clients = list(clients)
-    for k, (reply, client, bad_id) in enumerate(zip(replies, clients, id_problems(clients, n_clients, senders), strict=False)):
+    for k, (reply, client, bad_id) in enumerate(
+        zip(replies, clients, id_problems(clients, n_clients, senders), strict=False)
+    ):
         problem = bad_id or (
             reply_problem(reply, shapes, psd_keys)
             if isinstance(reply, dict)

@@ -200,7 +200,7 @@ def row_form_gram(m: nn.Conv2d, x: torch.Tensor):
     K, B, C, H, W = x.shape
     (kh, kw), (sh, sw), (dh, dw), (ph, pw) = conv_geometry(m)
     oh, ow = _out_size(H, kh, sh, dh, ph), _out_size(W, kw, sw, dw, pw)
-    E, D = C * kw, C * kh * kw
+    D = C * kh * kw
     step = _chunk(K, oh * ow, D)
     S = torch.zeros(K, C, kh, kw, C, kh, kw, dtype=torch.float64)
     for i in range(0, B, step):

@@ -153,7 +153,6 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
                 f"{checkpoint}: damaged checkpoint (random generator state: {exc}); remove it or choose another --out"
             ) from None
     wall0 = time.perf_counter() - (history[-1]["wall_seconds"] if history else 0.0)
-    round_start = [0.0]
     _reset_peak_memory(exp.device)
 
     def after_round(state, history, rng):

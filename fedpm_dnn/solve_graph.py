@@ -68,5 +68,6 @@ def capture(factors: dict, shapes: dict, dtype, device):
                 f"CUDA graph capture of the FOOF solves failed ({type(exc).__name__}: {exc}); "
                 f"using eager solves (set {ENV}=0 to skip the attempt)",
                 RuntimeWarning,
+                stacklevel=2,
             )
         return None

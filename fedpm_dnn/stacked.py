@@ -93,7 +93,8 @@ def supported(model) -> bool:
 
 
 class StackedModel:
-    """``self(P, x)``: the model's outputs (K, B, ...) for stacked parameters P[name] (K, ...) and inputs x (K, B, ...)."""
+    """``self(P, x)``: the model's outputs (K, B, ...) for stacked parameters P[name] (K, ...) and inputs x (K, B,
+    ...)."""
 
     def __init__(self, model):
         self.model = model

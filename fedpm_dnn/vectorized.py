@@ -3,7 +3,8 @@
 The participants' parameters are stacked on a leading client axis and every local step is one
 forward (``stacked.StackedModel``: grouped convolutions, batched matrix products; other layer types
 through ``vmap`` over ``functional_call``; on the CPU the model client by client inside the one graph,
-``StackedModel.per_client``) and one backward for all of them -- FedJAX's ``ClientBlock`` recipe in PyTorch.  The result is the
+``StackedModel.per_client``) and one backward for all of them -- FedJAX's ``ClientBlock`` recipe in PyTorch.  The
+result is the
 sequential engine's (``client.local_train`` / ``simulation.client_round``), client by client:
 
 * random streams: each client's generator is consumed on the CPU in exactly the sequential order
@@ -198,7 +199,8 @@ class VectorizedEngine:
     def foof_for(self, sel, params, subsets, statics):
         """client.foof_matrices for the clients ``sel`` at their stacked ``params``; updates the statics."""
         counts = torch.tensor(
-            [len(self.clients[i]) if sub is None else len(sub) for i, sub in zip(sel, subsets, strict=False)], device=self.device
+            [len(self.clients[i]) if sub is None else len(sub) for i, sub in zip(sel, subsets, strict=False)],
+            device=self.device,
         )
         cached = [sub is None and st is not None and len(st) > 0 for sub, st in zip(subsets, statics, strict=False)]
         skip = set(self.input_blocks) if all(cached) else set()
@@ -302,7 +304,10 @@ class VectorizedEngine:
             c_t = (counts[t] if full else counts[t].index_select(0, ids)).to(dtype)
             kk, C, H, W = g_t.shape[0], *self.x_all.shape[1:]
             x = self.x_all[g_t.reshape(-1)].float().div_(255.0)
-            sel_o = lambda v: v[t] if full else v[t].index_select(0, ids)
+
+            def sel_o(v, t=t, full=full, ids=ids):
+                return v[t] if full else v[t].index_select(0, ids)
+
             x = crop_flip(x, sel_o(oy).reshape(-1), sel_o(ox).reshape(-1), sel_o(flip).reshape(-1))
             x = self._norm(sub_sel, x.view(kk, B, C, H, W))
             y = self.y_all[g_t.reshape(-1)]

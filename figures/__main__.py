@@ -5,7 +5,8 @@
     python -m figures --profile quick --data-dir DATA [--no-compute]
 
 Results come from results/<profile>/ (validation/experiments.py lists the runs), where the runs shipped in
-reference/<profile>/ are copied first if missing; a run still missing is computed unless --no-compute.  A figure whose data is missing is skipped with a
+reference/<profile>/ are copied first if missing; a run still missing is computed unless --no-compute.  A figure whose
+data is missing is skipped with a
 message.  Output: figures/out/<profile>/*.png|pdf, tables also as .md and .tex.
 """
 

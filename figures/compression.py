@@ -135,7 +135,7 @@ def cnn_table(points):
     ref = next((p for p in points if p[0] == "FedPM none"), None)
     ref_acc = _best_until(ref[5], R) if ref else None
     rows = []
-    for label, acc, accs, up, done, curves, steady in points:
+    for label, _acc, accs, up, done, curves, steady in points:
         a = _best_until(curves, R)
         rows.append(
             [

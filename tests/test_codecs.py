@@ -189,7 +189,7 @@ def test_what_the_server_mixes_is_psd_and_lossy_codecs_still_converge(logreg, sp
     alg = make_algorithm("fedpm", lr=1.0, precond_codec=spec)
     state = alg.init(pb, theta0)
     sel = np.arange(pb.n_clients)
-    for t in range(3):
+    for _ in range(3):
         up, cs = alg.client_update(pb, alg.broadcast(state), state.clients, sel, None)
         state = state.__class__(theta=state.theta, server=state.server, clients=cs, round=state.round)
         info = RoundInfo(sel=sel, weights=pb.client_weights / pb.client_weights.sum(), n_clients=pb.n_clients)

@@ -71,7 +71,8 @@ def test_compressed_files(tmp_path):
         ("\n\n", "no samples"),
         ("1 1:1\n1 2:1\n", "only one label"),
         ("nan 1:1\n", ":1: label 'nan' is not finite"),
-        # Python's int()/float() read these as numbers (1_0 as 10, Arabic-Indic digits as digits); a LibSVM file does not
+        # Python's int()/float() read these as numbers (1_0 as 10, Arabic-Indic digits as digits); a LibSVM file does
+        # not
         ("-1 1:1\n1 1_0:1\n", ":2: token '1_0:1' holds '_'"),
         ("-1 1:1\n1 2:0_5\n", ":2: token '2:0_5' holds '_'"),
         ("1_0 1:1\n-1 2:1\n", ":1: token '1_0' holds '_'"),

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from fedpm_dnn.augment import random_crop_flip  # noqa: E402
-from fedpm_dnn.data import (
+from fedpm_dnn.data import (  # noqa: E402
     DatasetError,
     dirichlet_partition,
     load_cifar_jpeg,

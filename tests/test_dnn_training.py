@@ -273,8 +273,11 @@ def test_bad_replies_are_rejected_and_the_round_goes_on(caplog, tmp_path):
     assert "client 1 rejected: preconditioner foof[conv1] is not positive semidefinite" in caplog.text
     assert "client 2 rejected: params[fc3.bias] has shape (4,), expected (3,)" in caplog.text
     assert [r["rejected"] for r in hist] == [2, 2] and np.isfinite(hist[-1]["train_loss"])
+
     # everybody unusable: the round is skipped and the global model stays the initial one
-    everyone_bad = lambda r, c, reply: {**reply, "foof": {k: -torch.eye(v.shape[0]) for k, v in reply["foof"].items()}}
+    def everyone_bad(r, c, reply):
+        return {**reply, "foof": {k: -torch.eye(v.shape[0]) for k, v in reply["foof"].items()}}
+
     ck = str(tmp_path / "ck.pt")
     skipped = run_experiment(experiment(cfg, rounds=1), checkpoint=ck, tamper=everyone_bad)
     assert "round skipped, model unchanged" in caplog.text and skipped[0]["rejected"] == 3

@@ -265,8 +265,8 @@ def test_fednl_pp_server_sums_are_the_client_states_and_absent_clients_keep_thei
     changed = [i for i in range(5) if not np.array_equal(dense(before.clients["H"])[i], dense(after.clients["H"])[i])]
     assert len(changed) <= (participants or 5)
     # the model is (H + l I)^{-1} g of the server's sums
-    H, l, g = after.server["H"], after.server["l"], after.server["g"]
-    np.testing.assert_allclose(after.theta, np.linalg.solve(H + l * np.eye(pb.d), g), rtol=1e-10)
+    H, shift, g = after.server["H"], after.server["l"], after.server["g"]
+    np.testing.assert_allclose(after.theta, np.linalg.solve(H + shift * np.eye(pb.d), g), rtol=1e-10)
 
 
 # ------------------------------------------------------------------------------- FedNS
@@ -562,20 +562,21 @@ def _paper_fednl_pp(ref, x0, rounds, compress, alpha):
     """Safaryan et al. 2022, Algorithm 3 with every client taking part, written from the paper:
     init H_i^0 = grad^2 f_i(x^0), l_i^0 = ||H_i^0 - grad^2 f_i(x^0)||_F, g_i^0 = (H_i^0 + l_i^0 I) x^0 - grad f_i(x^0);
     x^{k+1} = (H^k + l^k I)^{-1} g^k with H, l, g the averages; then every client sets w_i = x^{k+1},
-    H_i += alpha C(grad^2 f_i(w_i) - H_i), l_i = ||H_i - grad^2 f_i(w_i)||_F, g_i = (H_i + l_i I) w_i - grad f_i(w_i)."""
+    H_i += alpha C(grad^2 f_i(w_i) - H_i), l_i = ||H_i - grad^2 f_i(w_i)||_F, g_i = (H_i + l_i I) w_i - grad
+    f_i(w_i)."""
     n, d = len(ref.Xs), ref.d
     H = [ref.H_i(i, x0) for i in range(n)]
-    l = [0.0] * n
+    shift = [0.0] * n
     g = [H[i] @ x0 - ref.g_i(i, x0) for i in range(n)]
     xs = []
     for _ in range(rounds):
-        x = np.linalg.solve(sum(H) / n + sum(l) / n * np.eye(d), sum(g) / n)
+        x = np.linalg.solve(sum(H) / n + sum(shift) / n * np.eye(d), sum(g) / n)
         xs.append(x)
         for i in range(n):
             Hi = ref.H_i(i, x)
             H[i] = H[i] + alpha * compress(Hi - H[i])
-            l[i] = np.linalg.norm(H[i] - Hi)
-            g[i] = (H[i] + l[i] * np.eye(d)) @ x - ref.g_i(i, x)
+            shift[i] = np.linalg.norm(H[i] - Hi)
+            g[i] = (H[i] + shift[i] * np.eye(d)) @ x - ref.g_i(i, x)
     return xs
 
 

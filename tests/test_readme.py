@@ -2,6 +2,10 @@
 
 import os
 import re
+import subprocess
+import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,3 +35,39 @@ def test_ci_runs_the_readme_commands():
 
 def test_readme_names_the_main_job():
     assert "python -m validation.superlinear --dataset w8a" in read("README.md")
+
+
+# ---------------------------------------------------------------------------------------- the docs' Python snippets
+
+SNIPPET = re.compile(r"^```python([^\n]*)\n(.*?)^```", re.S | re.M)
+
+
+def snippets():
+    """(id, info string, code) of every ```python block in README.md and docs/*.md."""
+    files = ["README.md"] + sorted(
+        os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md")
+    )
+    for rel in files:
+        text = read(rel)
+        for m in SNIPPET.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            yield pytest.param(m.group(1).strip(), m.group(2), id=f"{rel}:{line}")
+
+
+@pytest.mark.parametrize("info,code", list(snippets()))
+def test_the_python_snippets_of_the_docs_run(info, code, tmp_path):
+    """Each snippet runs as written in a fresh interpreter (from an empty folder, this checkout's packages); one
+    that needs data or a long run says so in its info string (```python no-run) and is skipped here."""
+    if "no-run" in info.split():
+        pytest.skip("marked no-run in its info string")
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_the_snippet_finder_sees_marked_blocks():
+    found = {p.id: p.values[0] for p in snippets()}
+    assert any(info == "no-run" for info in found.values())
+    assert any(info == "" for info in found.values())

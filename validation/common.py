@@ -223,7 +223,7 @@ def keep_freed_memory(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 2*
 
     try:
         libc = ctypes.CDLL(None)
-        mallopt, version = libc.mallopt, libc.gnu_get_libc_version  # glibc only (musl has no version call)
+        mallopt, _glibc = libc.mallopt, libc.gnu_get_libc_version  # glibc only (musl has no version call)
     except (OSError, AttributeError):
         return False
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3

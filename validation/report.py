@@ -56,9 +56,12 @@ def method_summary(label, params, history, trials, cached):
 
 
 def format_table(summary: dict) -> str:
-    head = f"{'method':<14}{'lr':>9}{'f_gap':>11}{'dist':>11}{'rounds<1e-10':>13}  {'last ratios':<34}{'KB up/rnd':>10}{'sec':>7}"
+    head = (
+        f"{'method':<14}{'lr':>9}{'f_gap':>11}{'dist':>11}{'rounds<1e-10':>13}  "
+        f"{'last ratios':<34}{'KB up/rnd':>10}{'sec':>7}"
+    )
     lines = [head, "-" * len(head)]
-    for name, m in summary["methods"].items():
+    for m in summary["methods"].values():
         r = m["rounds_to_dist_1e-10"]
         ratios = " ".join(f"{x:.0e}" if x < 0.01 else f"{x:.2f}" for x in m["contraction_ratios"][-4:])
         lines.append(

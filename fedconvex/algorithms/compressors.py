@@ -17,7 +17,8 @@ symmetric) and are symmetrised on decoding.
 
 (n = d(d+1)/2.)  ``support`` (optional, per matrix the indices of the rows/columns that may be
 non-zero, e.g. a client's active features; host integer indices) is read by Rank-R (on NumPy only) and
-Natural, which both check it against the matrix; the other compressors ignore it.  Rank-R solves on that sub-block (on the whole matrix if
+Natural, which both check it against the matrix; the other compressors ignore it.  Rank-R solves on that sub-block (on
+the whole matrix if
 not all of the Frobenius norm lies inside), so for it a wrong support only costs time.  For Natural it
 decides which uniforms are drawn: one per upper entry inside the support, so the same matrices with
 another support get other messages (from the same distribution); a matrix with a non-zero entry outside

@@ -316,9 +316,9 @@ class FedNLPP(Algorithm):
         old = cstate["H"]
         H = _with(old, _add_scaled(old.packed if hess is not None else old, self.alpha, S))
         err = self.alpha * S - diff  # H_i^{new} - grad^2 f_i(w_i)
-        l = _norms(err, hess)
-        g = _apply(H, thetas) + l[:, None] * thetas - grad
-        return {**msg, "dl": l - cstate["l"], "dg": g - cstate["g"]}, {"H": H, "l": l, "g": g}
+        shift = _norms(err, hess)  # l_i = ||H_i - grad^2 f_i(w_i)||
+        g = _apply(H, thetas) + shift[:, None] * thetas - grad
+        return {**msg, "dl": shift - cstate["l"], "dg": g - cstate["g"]}, {"H": H, "l": shift, "g": g}
 
     def server_update(self, problem, state, up, info: RoundInfo) -> State:
         xp = problem.xp
@@ -326,8 +326,8 @@ class FedNLPP(Algorithm):
         comp = make_compressor(self.compressor, self.k, self.rank)
         H = state.server["H"] + self.alpha * _update_sum(comp, problem, up, w)
         H = 0.5 * (H + H.T)
-        l = state.server["l"] + float((w * up["dl"]).sum())
+        shift = state.server["l"] + float((w * up["dl"]).sum())
         g = state.server["g"] + w @ up["dg"]
-        x = xp.linalg.solve(H + l * xp.eye(problem.d, dtype=H.dtype), g[:, None])[:, 0]
+        x = xp.linalg.solve(H + shift * xp.eye(problem.d, dtype=H.dtype), g[:, None])[:, 0]
         theta = x if self.lr == 1.0 else state.theta + self.lr * (x - state.theta)
-        return State(theta=theta, server={"H": H, "l": l, "g": g}, clients=state.clients, round=state.round + 1)
+        return State(theta=theta, server={"H": H, "l": shift, "g": g}, clients=state.clients, round=state.round + 1)

@@ -137,7 +137,10 @@ def _upper_map(layout: Layout, active):
     local = np.full((len(active), d), -1, dtype=np.int64)  # feature -> position in the block
     for c, a in enumerate(active):
         local[c, a] = np.arange(len(a))
-    cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def cat(parts):
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
     owner_up = np.repeat(np.arange(len(active)), counts)
     pos, mir = cat(pos), cat(mir)
     inv = np.empty(layout.total, dtype=np.intp)  # packed position -> its upper entry (both sides)

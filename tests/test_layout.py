@@ -75,7 +75,10 @@ def test_the_main_job_on_a_clean_checkout_changes_no_tracked_file(clean_checkout
     assert r.returncode == 0, r.stderr
     assert _git("status", "--porcelain", cwd=clean_checkout) == ""
     out = clean_checkout / "results" / "superlinear-a9a"
-    assert (out / "summary.json").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    head = _git("rev-parse", "--short", "HEAD", cwd=clean_checkout).strip()
+    assert summary["commit"] == head and re.fullmatch(r"\d{4}-\d\d-\d\d", summary["date"]), summary["commit"]
+    assert summary["cpu"] and summary["gpu"] == "none"
     assert not (clean_checkout / "results" / ".cache").exists()  # every lr was found in the shipped cache
     reference = os.path.join(ROOT, "reference", "superlinear-a9a", "history.csv")
     for method in ("fedavg", "fedpm"):
@@ -183,3 +186,24 @@ def test_tracked_files_speak_of_the_project_alone():
 def test_results_is_ignored_and_untracked():
     assert not _git("ls-files", "results")
     assert _git("check-ignore", "results/anything").strip() == "results/anything"
+
+
+def test_shipped_runs_are_copied_only_where_results_lacks_them(tmp_path):
+    """validation.experiments copies reference/<profile>/<run> into results/<profile>/ for the runs that are not
+    there; a folder already in results/ (a run of the user's, finished or not) is left as it is."""
+    from validation.experiments import seed_from_reference
+
+    ref = tmp_path / "reference" / "quick"
+    for name in ("a", "b"):
+        (ref / name).mkdir(parents=True)
+        (ref / name / "summary.json").write_text(json.dumps({"run": name}))
+    (ref / "unfinished").mkdir()  # no summary.json: not a run
+    mine = tmp_path / "results" / "quick" / "b"
+    mine.mkdir(parents=True)
+    (mine / "history.csv").write_text("round\n")
+    copied = seed_from_reference("quick", str(tmp_path / "results"), str(tmp_path / "reference"))
+    assert copied == ["a"]
+    assert json.loads((tmp_path / "results" / "quick" / "a" / "summary.json").read_text()) == {"run": "a"}
+    assert sorted(os.listdir(mine)) == ["history.csv"]
+    assert not (tmp_path / "results" / "quick" / "unfinished").exists()
+    assert seed_from_reference("quick", str(tmp_path / "results"), str(tmp_path / "reference")) == []

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import math
 import os
 import signal
+import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from fedconvex.backend import BackendError, get_backend
@@ -206,6 +209,48 @@ def build_problem(args):
         problem.set_hessian_plan(plan.result())
     theta0 = initial_point(problem, theta_star, args.init, seed=args.seed)
     return problem, ds, theta_star, f_star, gnorm, theta0
+
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _git(*args) -> str | None:
+    try:
+        r = subprocess.run(["git", "-C", REPOSITORY, *args], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown"
+
+
+@functools.cache
+def provenance(gpu: str = "none") -> dict:
+    """Where a result comes from, for its summary.json: the commit of this checkout ("+modified" when tracked
+    files differ from it; "unknown" outside a git checkout of the repository), the UTC date, the CPU and the GPU
+    (its name, or "none")."""
+    commit = "unknown"
+    if _git("rev-parse", "--show-toplevel") == REPOSITORY:
+        commit = _git("rev-parse", "--short", "HEAD") or "unknown"
+        if commit != "unknown" and _git("status", "--porcelain", "--untracked-files=no"):
+            commit += "+modified"
+    return {
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "cpu": f"{cpu_model()}, {os.cpu_count()} cores",
+        "gpu": gpu,
+    }
 
 
 def keep_freed_memory(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 2**30) -> bool:

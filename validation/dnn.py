@@ -362,6 +362,9 @@ def summarize(desc, history, command):
         "command": command,
         "torch_threads": torch.get_num_threads(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
+        **common.provenance(
+            torch.cuda.get_device_name(desc["device"]) if str(desc["device"]).startswith("cuda") else "none"
+        ),
     }
 
 

@@ -112,6 +112,17 @@ def parse_args(argv=None):
     return args
 
 
+def _gpu_name(backend: str) -> str:
+    if backend != "cupy":
+        return "none"
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    except Exception:  # the name is only a record: a failure to read it must not fail the run
+        return "unknown"
+
+
 # The problem is built once in the parent; forked workers inherit it instead of rebuilding.
 _CTX: dict = {}
 
@@ -345,6 +356,7 @@ def main(argv=None) -> int:
         "command": command.strip(),
         "wall_seconds": None,
         "versions": {"python": platform.python_version(), "numpy": np.__version__},
+        **common.provenance(_gpu_name(args.backend)),
         "methods": methods,
     }
     title = (

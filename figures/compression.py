@@ -20,7 +20,7 @@ from validation.experiments import CNN_CODECS, CNN_PARAM_DTYPE_RUNS, CONVEX_CODE
 
 from .results import read_history, read_summary, runs_matching
 
-TARGET = 1e-10
+DIST_TOLERANCE = 1e-10
 MiB = 2**20
 
 
@@ -32,7 +32,7 @@ def _convex_rows(folder, method):
 
 def _to_target(rows):
     for t, dist, b in rows:
-        if dist < TARGET:
+        if dist < DIST_TOLERANCE:
             return t, b
     return None, None
 
@@ -41,7 +41,7 @@ def convex_table(root):
     header = [
         "dataset",
         "method / codec",
-        f"rounds to dist < {TARGET:g}",
+        f"rounds to dist < {DIST_TOLERANCE:g}",
         "uplink MiB per client until then",
         "uplink KiB per client per round",
         "vs FedPM none",

@@ -98,7 +98,9 @@ class FedPM(FedAvg):
         if not kept:
             log(INFO, "aggregate_train: no usable reply, model kept")
             return None, None
-        info = RoundInfo(sel=np.asarray(nodes), weights=normalised(np.asarray(weights)), n_clients=len(valid))
+        # node ids are unsigned 64-bit: as Python ints (an int64 or float64 array would lose or round them)
+        sel = np.array(nodes, dtype=object)
+        info = RoundInfo(sel=sel, weights=normalised(np.asarray(weights, dtype=np.float64)), n_clients=len(valid))
         up, info, more = screen_message(
             stack_replies(kept),
             info,

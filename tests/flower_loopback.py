@@ -10,14 +10,18 @@ from fedpm_flower import apps
 
 
 class AppGrid:
-    """Node 100 + i runs ``handlers[message type](msg, context)`` (``handlers["*"]`` for the other types) with
-    ``node_configs[i]`` and ``run_config``."""
+    """Node ``first_node`` + i runs ``handlers[message type](msg, context)`` (``handlers["*"]`` for the other
+    types) with ``node_configs[i]`` and ``run_config``."""
 
-    def __init__(self, handlers: dict, node_configs: list, run_config: dict | None = None, tamper=None):
+    def __init__(
+        self, handlers: dict, node_configs: list, run_config: dict | None = None, tamper=None, first_node: int = 100
+    ):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
         self.handlers, self.tamper = handlers, tamper
         self.contexts = {
-            100 + i: Context(run_id=1, node_id=100 + i, node_config=nc, state=RecordDict(), run_config=run_config or {})
+            first_node + i: Context(
+                run_id=1, node_id=first_node + i, node_config=nc, state=RecordDict(), run_config=run_config or {}
+            )
             for i, nc in enumerate(node_configs)
         }
 

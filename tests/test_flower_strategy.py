@@ -110,8 +110,9 @@ def _handler(data, loss_fn=torch.nn.functional.cross_entropy):
     return train
 
 
-def _one_round(data, tamper=None, **strategy_kw):
-    grid = AppGrid({"train": _handler(data)}, [{"partition-id": i} for i in range(len(data))], tamper=tamper)
+def _one_round(data, tamper=None, first_node=100, **strategy_kw):
+    nodes = [{"partition-id": i} for i in range(len(data))]
+    grid = AppGrid({"train": _handler(data)}, nodes, tamper=tamper, first_node=first_node)
     strategy = FedPM(damping=0.1, fraction_evaluate=0.0, **strategy_kw)
     result = strategy.start(
         grid=grid,
@@ -119,24 +120,29 @@ def _one_round(data, tamper=None, **strategy_kw):
         num_rounds=1,
         train_config=ConfigRecord({"lr": 0.1, "local-epochs": 2}),
     )
-    return result.arrays.to_torch_state_dict(), strategy
+    return result.arrays.to_torch_state_dict(), strategy, result.train_metrics_clientapp[1]
 
 
-def test_the_strategy_mixes_as_fedpm_dnn_mix_does():
+@pytest.mark.parametrize("first_node", [100, 2**63 + 1])  # node ids are unsigned 64-bit: these straddle 2**63
+def test_the_strategy_mixes_as_fedpm_dnn_mix_does(first_node):
     data = _clients()
-    got, _ = _one_round(data, weighting="samples")
-    states, mats = [], []
+    got, strategy, metrics = _one_round(data, first_node=first_node - len(data), weighting="samples")
+    assert strategy.rejected == {1: []} and metrics["rejected"] == 0
+    states, mats, losses = [], [], []
     for x, y in data:  # the same clients, by hand: FOOF steps, then mix
         model = _net()
         opt = FOOF(model, lr=0.1, damping=0.1)
         opt.update_statistics([x])
         for _ in range(2):
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
             opt.step()
+            losses.append(float(loss))
         states.append(model.state_dict())
         mats.append({k: v.float() for k, v in opt.update_statistics([x]).items()})
     expect = mix(states, mats, weights=[20, 20, 20], damping=0.1)
+    assert metrics["train_loss"] == pytest.approx(np.mean(losses))  # every node's reply counted
     assert list(got) == list(expect)
     for k in expect:
         torch.testing.assert_close(got[k], expect[k], rtol=1e-6, atol=1e-6)
@@ -145,7 +151,7 @@ def test_the_strategy_mixes_as_fedpm_dnn_mix_does():
 def test_identical_clients_give_back_their_model():
     x, y = _clients(1)[0]
     data = [(x, y)] * 3
-    got, _ = _one_round(data)
+    got, _, _ = _one_round(data)
     model = _net()
     ref = fedpm_fit(model, [(x, y)], {"lr": 0.1, "local-epochs": 2, "damping": 0.1})
     for k, v in ref["arrays"].to_torch_state_dict().items():
@@ -166,9 +172,9 @@ def _screened(edit):
         seen["done"] = True
         return reply
 
-    got, strategy = _one_round(data, tamper=tamper)
+    got, strategy, _ = _one_round(data, tamper=tamper)
     assert seen
-    honest, _ = _one_round(data[::2])  # the round without node 101's client
+    honest, _, _ = _one_round(data[::2])  # the round without node 101's client
     return got, honest, strategy.rejected[1]
 
 

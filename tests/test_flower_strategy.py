@@ -138,7 +138,7 @@ def test_the_strategy_mixes_as_fedpm_dnn_mix_does(first_node):
             loss = torch.nn.functional.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         states.append(model.state_dict())
         mats.append({k: v.float() for k, v in opt.update_statistics([x]).items()})
     expect = mix(states, mats, weights=[20, 20, 20], damping=0.1)

@@ -93,6 +93,20 @@ def test_a_custom_model_with_an_embedding_and_a_layernorm_learns_with_foof():
     assert after < 0.5 * before
 
 
+def test_a_grouped_convolution_is_no_block_and_steps_as_a_plain_parameter():
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Conv2d(2, 4, 3, groups=2), nn.Conv2d(4, 2, 1), nn.Flatten(), nn.Linear(2 * 9, 3))
+    opt = FOOF(model, lr=0.1, damping=0.1)
+    assert sorted(opt.blocks) == ["1", "3"]
+    x, y = torch.randn(8, 2, 5, 5), torch.randint(0, 3, (8,))
+    opt.update_statistics([x])
+    w = model[0].weight.detach().clone()
+    F.cross_entropy(model(x), y).backward()
+    g = model[0].weight.grad.clone()
+    opt.step()
+    torch.testing.assert_close(model[0].weight.detach(), w - 0.1 * g)
+
+
 def test_step_before_statistics_and_foreign_matrices_are_clear_errors():
     model = TokenNet()
     opt = FOOF(model, lr=0.1, damping=0.1)

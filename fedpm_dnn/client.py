@@ -45,22 +45,87 @@ class ClientData:
         for s in range(0, len(idx), batch_size):
             yield normalize(self.x[idx[s : s + batch_size]], self.mean, self.std)
 
+    def train_batches(self, batch_size: int, generator):
+        """One epoch of (inputs, labels) minibatches in a random order drawn from ``generator``."""
+        n = len(self)
+        order = torch.randperm(n, generator=generator).to(self.x.device)
+        for s in range(0, n, batch_size):
+            yield self.batch(order[s : s + batch_size], generator)
 
-def foof_matrices(model, blocks, data: ClientData, samples, generator, static: dict | None = None):
+    def stats_batches(self, samples, generator):
+        """(the inputs FOOF statistics are taken over, whether they are the same every call): all the data
+        un-augmented, or ``samples`` random samples of it."""
+        n = len(self)
+        if samples is None or samples >= n:
+            return self.plain_batches(torch.arange(n, device=self.x.device)), True
+        return self.plain_batches(torch.randperm(n, generator=generator)[:samples].to(self.x.device)), False
+
+
+class LoaderData:
+    """A client whose data is any iterable of (inputs, targets, ...) batches, e.g. a ``torch.utils.data.DataLoader``
+    over any dataset: training takes its batches as it makes them (its batch size, order and transforms; the
+    method's ``batch_size`` does not apply), FOOF statistics its inputs (the first ``samples`` of an epoch with a
+    sample limit).  Before each pass the global torch generator is seeded from the client's stream (seed, round,
+    client), so that a shuffling loader, dropout and random transforms repeat in a resumed run."""
+
+    def __init__(self, loader, device="cpu"):
+        self.loader, self.device = loader, device
+        try:
+            self.n = len(loader.dataset)
+        except (AttributeError, TypeError):  # no sized dataset: count one pass
+            self.n = sum(batch_length(_targets(b)) for b in loader)
+        if self.n < 1:
+            raise ValueError("a client's DataLoader holds no samples")
+
+    def __len__(self):
+        return self.n
+
+    def _batches(self, generator):
+        torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
+        for batch in self.loader:
+            yield _to(batch[0], self.device), _to(_targets(batch), self.device)
+
+    def train_batches(self, batch_size: int, generator):
+        return self._batches(generator)
+
+    def stats_batches(self, samples, generator):
+        def inputs():
+            left = self.n if samples is None else samples
+            for x, _ in self._batches(generator):
+                if left <= 0:
+                    return
+                yield x[:left]
+                left -= batch_length(x)
+
+        return inputs(), False
+
+
+def _targets(batch):
+    if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+        raise ValueError("a client's DataLoader must yield (inputs, targets) batches")
+    return batch[1]
+
+
+def _to(x, device):
+    return x.to(device) if torch.is_tensor(x) else x
+
+
+def batch_length(y) -> int:
+    """Samples in a batch's targets (or inputs)."""
+    return int(y.shape[0]) if hasattr(y, "shape") else len(y)
+
+
+def foof_matrices(model, blocks, data, samples, generator, static: dict | None = None):
     """FOOF matrices on the client's data (all of it, or ``samples`` random samples).
 
     With all the data, ``static`` (kept per client) caches the first layer's matrix, which
-    depends on the data alone; random subsets change every call, so nothing is cached then."""
-    n = len(data)
-    if samples is None or samples >= n:
-        idx = torch.arange(n, device=data.x.device)
-    else:
-        idx = torch.randperm(n, generator=generator)[:samples].to(data.x.device)
-        static = None
-    return foof.compute_foof(model, blocks, data.plain_batches(idx), static)
+    depends on the data alone; data that change between calls (random subsets, a loader's
+    transforms) cache nothing."""
+    batches, fixed = data.stats_batches(samples, generator)
+    return foof.compute_foof(model, blocks, batches, static if fixed else None)
 
 
-def client_round(alg, model, blocks, data, cs: dict, down: dict, gen):
+def client_round(alg, model, blocks, data, cs: dict, down: dict, gen, loss_fn=F.cross_entropy):
     """One client's round on the sequential engine, shared by the in-process simulator and the Flower
     ClientApp: load the global model, train locally, and build the reply.  ``cs`` is the client's
     persistent state (FOOF matrices and first-layer cache, the method's own entries), updated in place."""
@@ -76,6 +141,7 @@ def client_round(alg, model, blocks, data, cs: dict, down: dict, gen):
         foof_A=cs.get("foof"),
         blocks=blocks,
         foof_static=cs.get("foof_static"),
+        loss_fn=loss_fn,
     )
     local = {k: v.detach().clone() for k, v in model.named_parameters()}
     end = (
@@ -92,23 +158,31 @@ def _load(model, params):
             p.copy_(params[name])
 
 
-def local_train(model, cfg, data: ClientData, generator, *, hook=None, foof_A=None, blocks=None, foof_static=None):
-    """Train ``model`` in place with the method ``cfg``'s settings; returns (mean training loss, number
-    of steps, seconds).  ``hook(name, p, g)``: the method's gradient correction (``grad_hook``)."""
+def local_train(
+    model,
+    cfg,
+    data,
+    generator,
+    *,
+    hook=None,
+    foof_A=None,
+    blocks=None,
+    foof_static=None,
+    loss_fn=F.cross_entropy,
+):
+    """Train ``model`` in place with the method ``cfg``'s settings on ``data`` (a ``ClientData`` or
+    ``LoaderData``); returns (mean training loss, number of steps, seconds).  ``hook(name, p, g)``: the
+    method's gradient correction (``grad_hook``); ``loss_fn(outputs, targets)``: the loss."""
     start = time.perf_counter()
     params = [p for p in model.parameters()]
     named = dict(model.named_parameters())
     dtype = params[0].dtype
     factors = foof.with_uppers(foof.factorize(foof_A, cfg.damping, dtype)) if cfg.uses_foof else None
     total_loss, steps, seen = 0.0, 0, 0
-    n = len(data)
     for _ in range(cfg.local_epochs):
-        order = torch.randperm(n, generator=generator).to(data.x.device)
-        for s in range(0, n, cfg.batch_size):
-            idx = order[s : s + cfg.batch_size]
-            x, y = data.batch(idx, generator)
+        for x, y in data.train_batches(cfg.batch_size, generator):
             model.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x), y)
+            loss = loss_fn(model(x), y)
             loss.backward()
             with torch.no_grad():
                 for name, p in named.items():
@@ -131,11 +205,11 @@ def local_train(model, cfg, data: ClientData, generator, *, hook=None, foof_A=No
                         if decay:
                             p.mul_(1.0 - decay)
             steps += 1
-            total_loss += float(loss.detach()) * len(idx)
-            seen += len(idx)
+            total_loss += float(loss.detach()) * batch_length(y)
+            seen += batch_length(y)
             if cfg.uses_foof and cfg.refresh_every and steps % cfg.refresh_every == 0:
                 foof_A = foof_matrices(model, blocks, data, cfg.foof_samples, generator, foof_static)
                 factors = foof.with_uppers(foof.factorize(foof_A, cfg.damping, dtype))
-    if model.training and data.x.is_cuda:
+    if model.training and params[0].is_cuda:
         torch.cuda.synchronize()
     return total_loss / max(seen, 1), steps, time.perf_counter() - start

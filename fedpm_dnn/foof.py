@@ -249,12 +249,27 @@ class Conv2dBlock(LinearBlock):
         return W.reshape(self.module.weight.shape)
 
 
+DEFAULT_DAMPING = 1.0  # lambda of (A + lambda I): one default for the local steps and the mixing
+
 REGISTRY = {nn.Linear: LinearBlock, nn.Conv2d: Conv2dBlock}
 
 
+def coverable(m: nn.Module) -> bool:
+    """Whether a FOOF block can take ``m``: a Linear, or a Conv2d whose geometry ``conv_geometry`` accepts
+    (grouped or non-zero-padded convolutions stay plain parameters, trained and mixed without a matrix)."""
+    if type(m) not in REGISTRY:
+        return False
+    if isinstance(m, nn.Conv2d):
+        try:
+            conv_geometry(m)
+        except ValueError:
+            return False
+    return True
+
+
 def foof_blocks(model: nn.Module) -> dict:
-    """name -> block adapter for every supported layer, in module order."""
-    return {name: REGISTRY[type(m)](m) for name, m in model.named_modules() if type(m) in REGISTRY}
+    """name -> block adapter for every layer a FOOF block covers (``coverable``), in module order."""
+    return {name: REGISTRY[type(m)](m) for name, m in model.named_modules() if coverable(m)}
 
 
 def param_name(block_name: str, attr: str) -> str:
@@ -378,6 +393,17 @@ def factorize(A: dict, damping: float, dtype=None) -> dict:
     return out
 
 
+def damped_inverses(A: dict, damping: float, dtype=None) -> dict:
+    """(A + damping I)^{-1} per block, from the float64 Cholesky factor of ``factorize`` (same repair, same
+    errors), symmetrised, then cast to ``dtype``: formed once per matrix refresh and applied as one product
+    per step, as K-FAC/FOOF libraries and the paper's cost table do."""
+    out = {}
+    for name, L in factorize(A, damping, torch.float64).items():
+        inv = torch.cholesky_inverse(L)
+        out[name] = (0.5 * (inv + inv.mT)).to(dtype or A[name].dtype)
+    return out
+
+
 def solve_rows(T, L, U=None):
     """T (A + lam I)^{-1} for row blocks T (..., d_out, d) and the Cholesky factor L of A + lam I
     (U = L^T, contiguous; formed here when not given).
@@ -422,16 +448,17 @@ def precondition_grads(model: nn.Module, blocks: dict, factors: dict) -> None:
     (L, L^T), as ``with_uppers`` makes them); on a CPU with the solves on one thread (``one_cpu_thread``)."""
     device = next(iter(factors.values()))[0].device if factors else "cpu"
     with one_cpu_thread(device):
-        _precondition(blocks, factors)
+        apply_to_grads(blocks, lambda name, T: solve_rows(T, *factors[name]))
 
 
-def _precondition(blocks: dict, factors: dict) -> None:
+@torch.no_grad()
+def apply_to_grads(blocks: dict, apply) -> None:
+    """Replace each block's gradient G_Theta by ``apply(name, G_Theta^T)``^T (rows (d_out, d) in, same out)."""
     for name, block in blocks.items():
         m = block.module
         if m.weight.grad is None:
             continue
-        L, U = factors[name]
-        D = solve_rows(get_theta(block, m.weight.grad, m.bias.grad if block.has_bias else None).T, L, U)
+        D = apply(name, get_theta(block, m.weight.grad, m.bias.grad if block.has_bias else None).T)
         gw, gb = split_theta(block, D.T)
         m.weight.grad.copy_(gw)
         if gb is not None:

@@ -102,28 +102,42 @@ def from_server_view(server: dict, clients: list) -> State:
     return State(theta=server["params"], server=rest, clients=clients, round=server["round"])
 
 
+def make_driver(alg, task, evaluate, participants=None, max_ratio=None, tamper=None) -> Driver:
+    """The round driver of a DNN task: its transport, the method's weights, divergence and device checks.
+    ``evaluate(state) -> dict``: the metric columns of a history row."""
+    dev = task.device
+
+    def finite(state):
+        return all(bool(torch.isfinite(p).all()) for p in state.theta.values())
+
+    return Driver(
+        alg,
+        task,
+        DnnTransport(task, tamper),
+        lambda sel: alg.client_weights(task.sizes, sel),
+        evaluate=evaluate,
+        n_clients=task.n_clients,
+        participants=participants,
+        max_ratio=max_ratio,
+        label=f"{alg.name} (lr={alg.lr:g})",
+        finite=finite,
+        synchronize=(lambda: torch.cuda.synchronize(dev)) if str(dev).startswith("cuda") else None,
+    )
+
+
 def build(exp: Experiment, tamper=None):
     """(task, driver, initial state) of the experiment."""
     alg, dev = exp.cfg, exp.device
     torch.manual_seed(exp.seed)
     model = make_model(exp.model, exp.num_classes, exp.in_channels, exp.image_size).to(dev)
     task = DnnTask(model, exp.clients, dev, exp.seed, exp.engine, exp.client_chunk)
-
-    def finite(state):
-        return all(bool(torch.isfinite(p).all()) for p in state.theta.values())
-
-    driver = Driver(
+    driver = make_driver(
         alg,
         task,
-        DnnTransport(task, tamper),
-        lambda sel: alg.client_weights(task.sizes, sel),
-        evaluate=lambda state: {"test_acc": task.accuracy(state.theta, exp.x_test, exp.y_test, exp.mean, exp.std)},
-        n_clients=task.n_clients,
-        participants=exp.participants,
-        max_ratio=exp.max_ratio,
-        label=f"{alg.name} (lr={alg.lr:g})",
-        finite=finite,
-        synchronize=(lambda: torch.cuda.synchronize(dev)) if str(dev).startswith("cuda") else None,
+        lambda state: {"test_acc": task.accuracy(state.theta, exp.x_test, exp.y_test, exp.mean, exp.std)},
+        exp.participants,
+        exp.max_ratio,
+        tamper,
     )
     return task, driver, alg.init(task, task.initial_params())
 
@@ -135,13 +149,23 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
     rejected with a logged reason, the others' weights renormalised; with none left the round is
     skipped and the model kept).  ``tamper(round, client, reply) -> reply`` injects faults for tests."""
     task, driver, state = build(exp, tamper)
-    n = task.n_clients
-    rng = np.random.default_rng(exp.seed)
-    history = []
     fp = _ck.fingerprint(exp) if checkpoint else None
+    _, history = drive(task, driver, state, exp.rounds, exp.seed, fp, checkpoint, resume, on_round)
+    if task.last_chunk is not None:
+        exp.meta["client_chunk"] = task.last_chunk
+    return history
+
+
+def drive(task, driver, state, rounds, seed, fingerprint, checkpoint=None, resume=False, on_round=None):
+    """Rounds up to ``rounds`` of a built task (``build`` or ``fedpm_dnn.federated``): the history's DNN
+    columns, a checkpoint after every round, and resuming from one written with the same ``fingerprint``.
+    Returns (final state, history)."""
+    alg, device, n = driver.algorithm, task.device, task.n_clients
+    rng = np.random.default_rng(seed)
+    history = []
     if resume and checkpoint and os.path.isfile(checkpoint):
-        ck = _ck.load(checkpoint, map_location=exp.device)  # weights_only: a checkpoint never runs code
-        diff = _ck.first_difference(ck["fingerprint"], fp)
+        ck = _ck.load(checkpoint, map_location=device)  # weights_only: a checkpoint never runs code
+        diff = _ck.first_difference(ck["fingerprint"], fingerprint)
         if diff:
             raise ValueError(f"{checkpoint}: written by a different configuration ({diff}); remove it or drop --resume")
         _ck.check_structure(checkpoint, ck, server_view(state), n)
@@ -153,23 +177,23 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
                 f"{checkpoint}: damaged checkpoint (random generator state: {exc}); remove it or choose another --out"
             ) from None
     wall0 = time.perf_counter() - (history[-1]["wall_seconds"] if history else 0.0)
-    _reset_peak_memory(exp.device)
+    _reset_peak_memory(device)
 
     def after_round(state, history, rng):
         # the driver's row, completed with the DNN columns, then the checkpoint
         row, prev = history[-1], history[-2] if len(history) > 1 else {"seconds": 0.0}
         row["server_seconds"] = max(row["seconds"] - prev["seconds"] - row["client_seconds"], 0.0)
-        row["peak_memory_mb"] = _peak_memory_mb(exp.device)
+        row["peak_memory_mb"] = _peak_memory_mb(device)
         row["wall_seconds"] = time.perf_counter() - wall0
         if checkpoint:
             _ck.save(
                 checkpoint,
                 {
                     "format": _ck.FORMAT,
-                    "fingerprint": fp,
-                    "config": exp.cfg.hyperparameters(),
-                    "method": exp.cfg.name,
-                    "seed": exp.seed,
+                    "fingerprint": fingerprint,
+                    "config": alg.hyperparameters(),
+                    "method": alg.name,
+                    "seed": seed,
                     "n_clients": n,
                     "server": server_view(state),
                     "clients": state.clients,
@@ -177,9 +201,6 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
                     "np_rng": rng.bit_generator.state,
                 },
             )
-        _reset_peak_memory(exp.device)
+        _reset_peak_memory(device)
 
-    _, history = driver.run(state, exp.rounds, rng, history=history, on_round=on_round, checkpoint=after_round)
-    if task.last_chunk is not None:
-        exp.meta["client_chunk"] = task.last_chunk
-    return history
+    return driver.run(state, rounds, rng, history=history, on_round=on_round, checkpoint=after_round)

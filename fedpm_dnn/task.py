@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from . import foof
 from .augment import normalize
@@ -28,7 +29,14 @@ def client_generator(seed: int, round_: int, client: int) -> torch.Generator:
 def _sequential(task, alg, down, states, sel):
     return [
         client_round(
-            alg, task.model, task.blocks, task.clients[i], cs, down, client_generator(task.seed, task.round, int(i))
+            alg,
+            task.model,
+            task.blocks,
+            task.clients[i],
+            cs,
+            down,
+            client_generator(task.seed, task.round, int(i)),
+            task.loss_fn,
         )
         for i, cs in zip(sel, states, strict=False)
     ]
@@ -60,9 +68,11 @@ class DnnTask:
         seed: int = 0,
         engine: str = "sequential",
         client_chunk: int | None = None,
+        loss_fn=F.cross_entropy,
     ):
         if engine not in ENGINES:
             raise ValueError(f"engine must be {' or '.join(ENGINES)}, got {engine!r}")
+        self.loss_fn = loss_fn  # loss_fn(outputs, targets); the vectorized engine trains with cross-entropy
         self.model, self.blocks, self.clients = model, foof.foof_blocks(model), clients
         self.device, self.seed, self.engine, self.client_chunk = device, seed, engine, client_chunk
         self.n_clients = len(clients)

@@ -16,9 +16,9 @@ from typing import ClassVar
 import torch
 
 from fedconvex.codecs import parse, validate
-from fedconvex.mixing import precond_mix, simple_mix
 
-from .. import foof, wire
+from .. import wire
+from ..mixing import mix_blocks
 from .localnewton import LocalNewton
 
 
@@ -74,25 +74,8 @@ class FedPM(LocalNewton):
         return super().server_update(task, wire.commit(self, state, info), up, info)
 
     def mix(self, task, params, up, w):
-        out, done = {}, set()
-        w64 = w.to(torch.float64)
-        for bname, block in task.blocks.items():
-            wname, bias_name = foof.param_name(bname, "weight"), foof.param_name(bname, "bias")
-            W, b = up["params"][wname], up["params"].get(bias_name) if block.has_bias else None
-            thetas = torch.stack(
-                [foof.get_theta(block, W[k], None if b is None else b[k]) for k in range(W.shape[0])]
-            ).to(torch.float64)
-            A = up["foof"][bname].to(torch.float64)
-            wt, bs = foof.split_theta(block, precond_mix(A, thetas, w64, damping=self.damping).to(params[wname].dtype))
-            out[wname] = wt
-            done.add(wname)
-            if bs is not None:
-                out[bias_name] = bs
-                done.add(bias_name)
-        for k in params:
-            if k not in done:
-                out[k] = simple_mix(up["params"][k], w)
-        return {k: out[k] for k in params}
+        # the matrices name the blocks; every other parameter is simply averaged (fedpm_dnn.mixing)
+        return mix_blocks(up["params"], up["foof"], w, self.damping)
 
 
 def block_sizes(blocks: dict) -> dict:

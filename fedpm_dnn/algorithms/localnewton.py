@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from fedconvex.mixing import simple_mix
 
+from ..foof import DEFAULT_DAMPING
 from .base import DnnAlgorithm, State, mixing_weights
 
 
@@ -24,7 +25,7 @@ class LocalNewton(DnnAlgorithm):
     label: ClassVar[str] = "LocalNewton"
     uses_foof: ClassVar[bool] = True
 
-    damping: float = 1.0  # FOOF damping lambda, the same in local steps and mixing
+    damping: float = DEFAULT_DAMPING  # FOOF damping lambda, the same in local steps and mixing
     foof_samples: int | None = None  # None = the client's whole local dataset (paper)
     refresh_every: int | None = None  # recompute the matrices every s local steps (None: once per round)
 

@@ -1,0 +1,1 @@
+"""fedpmexample: FedPM on FEMNIST writers with a LayerNorm MLP (a Flower app)."""

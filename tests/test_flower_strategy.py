@@ -1,0 +1,253 @@
+"""The Flower strategy ``fedpm_flower.strategy.FedPM``, the client helper ``fedpm_fit`` and the example app
+examples/flower-fedpm (a LayerNorm MLP on FEMNIST writers) in-process and under ``flwr run``."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+flwr = pytest.importorskip("flwr")
+
+from flower_loopback import AppGrid  # noqa: E402
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict  # noqa: E402
+
+from fedpm_dnn import FOOF, mix  # noqa: E402
+from fedpm_flower.client import fedpm_fit  # noqa: E402
+from fedpm_flower.strategy import FedPM  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "flower-fedpm")
+
+
+def leaf_femnist(root, writers=6, per_writer=14, seed=0):
+    """Small generated LEAF FEMNIST files: train/ and test/ JSON, ``writers`` users, digits-like random images."""
+    g = np.random.default_rng(seed)
+    for split, n in (("train", per_writer), ("test", 4)):
+        os.makedirs(os.path.join(root, split))
+        users = [f"f{i:04d}" for i in range(writers)]
+        data = {
+            "users": users,
+            "num_samples": [n] * writers,
+            "user_data": {
+                u: {"x": g.random((n, 784)).round(3).tolist(), "y": g.integers(0, 62, n).tolist()} for u in users
+            },
+        }
+        with open(os.path.join(root, split, "all_data_0.json"), "w") as fh:
+            json.dump(data, fh)
+    return root
+
+
+def example_modules():
+    if EXAMPLE not in sys.path:
+        sys.path.insert(0, EXAMPLE)
+    from fedpmexample import client_app, server_app, task
+
+    return client_app, server_app, task
+
+
+def example_config(data_dir, **overrides):
+    import tomllib
+
+    with open(os.path.join(EXAMPLE, "pyproject.toml"), "rb") as fh:
+        cfg = tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
+    return {**cfg, "data-dir": str(data_dir), **overrides}
+
+
+def in_process(data_dir, nodes=3, rounds=2, **overrides):
+    """The example's ServerApp logic with its ClientApp in this process (one Context per node)."""
+    client_app, server_app, task = example_modules()
+    cfg = example_config(data_dir, **overrides)
+    grid = AppGrid(
+        {"train": client_app.train},
+        [{"partition-id": i, "num-partitions": nodes} for i in range(nodes)],
+        run_config=cfg,
+    )
+    torch.manual_seed(int(cfg["seed"]))
+    model = task.Net()
+    strategy = server_app.make_strategy(cfg)
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(model.state_dict()),
+        num_rounds=rounds,
+        train_config=server_app.train_config(cfg),
+    )
+    return result, strategy, grid
+
+
+def test_the_example_trains_through_the_strategy_and_keeps_the_matrices_per_node(tmp_path):
+    data = leaf_femnist(str(tmp_path / "leaf"))
+    result, strategy, grid = in_process(data, rounds=2, lr=0.05)
+    losses = [float(result.train_metrics_clientapp[r]["train_loss"]) for r in (1, 2)]
+    assert all(np.isfinite(losses)) and losses[1] < losses[0]
+    assert strategy.rejected == {1: [], 2: []}
+    for ctx in grid.contexts.values():  # the end-of-round matrices, for the next round's steps
+        kept = ctx.state["fedpm.foof"].to_torch_state_dict()
+        assert sorted(kept) == ["fc1", "fc2"] and kept["fc1"].shape == (785, 785)
+
+
+def _clients(n=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(20, 5, generator=g) + i, torch.randint(0, 3, (20,), generator=g)) for i in range(n)]
+
+
+def _net():
+    torch.manual_seed(7)
+    return torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.LayerNorm(8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+
+
+def _handler(data, loss_fn=torch.nn.functional.cross_entropy):
+    def train(msg, context):
+        model = _net()
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        x, y = data[context.node_config["partition-id"]]
+        return Message(fedpm_fit(model, [(x, y)], msg.content["config"], context.state, loss_fn), reply_to=msg)
+
+    return train
+
+
+def _one_round(data, tamper=None, first_node=100, **strategy_kw):
+    nodes = [{"partition-id": i} for i in range(len(data))]
+    grid = AppGrid({"train": _handler(data)}, nodes, tamper=tamper, first_node=first_node)
+    strategy = FedPM(damping=0.1, fraction_evaluate=0.0, **strategy_kw)
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(_net().state_dict()),
+        num_rounds=1,
+        train_config=ConfigRecord({"lr": 0.1, "local-epochs": 2}),
+    )
+    return result.arrays.to_torch_state_dict(), strategy, result.train_metrics_clientapp[1]
+
+
+@pytest.mark.parametrize("first_node", [100, 2**63 + 1])  # node ids are unsigned 64-bit: these straddle 2**63
+def test_the_strategy_mixes_as_fedpm_dnn_mix_does(first_node):
+    data = _clients()
+    got, strategy, metrics = _one_round(data, first_node=first_node - len(data), weighting="samples")
+    assert strategy.rejected == {1: []} and metrics["rejected"] == 0
+    states, mats, losses = [], [], []
+    for x, y in data:  # the same clients, by hand: FOOF steps, then mix
+        model = _net()
+        opt = FOOF(model, lr=0.1, damping=0.1)
+        opt.update_statistics([x])
+        for _ in range(2):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+        states.append(model.state_dict())
+        mats.append({k: v.float() for k, v in opt.update_statistics([x]).items()})
+    expect = mix(states, mats, weights=[20, 20, 20], damping=0.1)
+    assert metrics["train_loss"] == pytest.approx(np.mean(losses))  # every node's reply counted
+    assert list(got) == list(expect)
+    for k in expect:
+        torch.testing.assert_close(got[k], expect[k], rtol=1e-6, atol=1e-6)
+
+
+def test_identical_clients_give_back_their_model():
+    x, y = _clients(1)[0]
+    data = [(x, y)] * 3
+    got, _, _ = _one_round(data)
+    model = _net()
+    ref = fedpm_fit(model, [(x, y)], {"lr": 0.1, "local-epochs": 2, "damping": 0.1})
+    for k, v in ref["arrays"].to_torch_state_dict().items():
+        torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6)
+
+
+def _screened(edit):
+    data = _clients()
+    seen = {}
+
+    def tamper(dst, reply):
+        if dst != 101:
+            return reply
+        c = reply.content
+        arrays, foof = edit(c["arrays"].to_torch_state_dict(), c["foof"].to_torch_state_dict())
+        content = RecordDict({"arrays": ArrayRecord(arrays), "foof": ArrayRecord(foof), "metrics": c["metrics"]})
+        reply.content = content
+        seen["done"] = True
+        return reply
+
+    got, strategy, _ = _one_round(data, tamper=tamper)
+    assert seen
+    honest, _, _ = _one_round(data[::2])  # the round without node 101's client
+    return got, honest, strategy.rejected[1]
+
+
+@pytest.mark.parametrize(
+    "edit, reason",
+    [
+        (lambda a, f: ({**a, "3.weight": a["3.weight"] * float("nan")}, f), "NaN or Inf"),
+        (lambda a, f: (a, {**f, "0": -f["0"]}), "positive semidefinite"),
+        (lambda a, f: ({**a, "1.weight": torch.ones(9)}, f), "shape"),
+        (lambda a, f: (a, {**f, "2": torch.eye(4)}), "names no layer"),
+    ],
+)
+def test_bad_replies_are_screened_out_and_the_others_mixed(edit, reason, caplog):
+    got, honest, rejected = _screened(edit)
+    assert [n for n, _ in rejected] == [101], rejected
+    assert reason in rejected[0][1] or "client 101 rejected: " in caplog.text and reason in caplog.text
+    for k in honest:
+        torch.testing.assert_close(got[k], honest[k], rtol=1e-5, atol=1e-6)
+
+
+def _flwr_run(app, data_dir, out, rounds, nodes, home):
+    """``flwr run`` of ``app`` in simulation on a SuperLink of our own (free port, own FLWR_HOME); waits for ``out``."""
+    from fedpm_flower.deploy import executable, free_port
+
+    port = free_port()
+    os.makedirs(home)
+    with open(os.path.join(home, "config.toml"), "w") as fh:
+        fh.write(f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+    env = {
+        **os.environ,
+        "FLWR_HOME": home,
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "PYTHONPATH": os.pathsep.join([ROOT, app, os.environ.get("PYTHONPATH", "")]),
+        "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+        "OMP_NUM_THREADS": "1",
+    }
+    link = subprocess.Popen(
+        [executable("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1", "--port", str(port)]
+        + ["--database", ":flwr-in-memory-state:", "--disable-runtime-dependency-installation"],
+        env=env,
+        cwd=home,
+        stdout=open(os.path.join(home, "superlink.log"), "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        run_config = f"num-server-rounds={rounds} data-dir={json.dumps(data_dir)} out-file={json.dumps(out)}"
+        cmd = [executable("flwr"), "run", app, "sim", "--run-config", run_config]
+        cmd += ["--federation-config", f"num-supernodes={nodes}"]
+        deadline = time.time() + 60
+        while True:  # the SuperLink needs a moment before it accepts the run
+            sub = subprocess.run(cmd, env=env, cwd=home, capture_output=True, text=True, timeout=120)
+            if sub.returncode == 0 or time.time() > deadline:
+                break
+            time.sleep(1)
+        assert sub.returncode == 0, sub.stdout + sub.stderr
+        deadline = time.time() + 400
+        while not os.path.exists(out) and time.time() < deadline and link.poll() is None:
+            time.sleep(1)
+        time.sleep(0.5)
+        assert os.path.exists(out), open(os.path.join(home, "superlink.log")).read()[-2000:]
+        return torch.load(out, weights_only=True)
+    finally:
+        os.killpg(link.pid, 15)
+        link.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_flwr_run_of_the_example_gives_the_in_process_model(tmp_path):
+    data = leaf_femnist(str(tmp_path / "leaf"))
+    flwr_model = _flwr_run(EXAMPLE, data, str(tmp_path / "final.pt"), 2, 3, str(tmp_path / "flwr-home"))
+    result, _, _ = in_process(data, nodes=3, rounds=2)
+    ours = result.arrays.to_torch_state_dict()
+    assert list(flwr_model) == list(ours)
+    for k in ours:
+        torch.testing.assert_close(flwr_model[k], ours[k], rtol=1e-5, atol=1e-6)

@@ -128,12 +128,15 @@ def build(exp: Experiment, tamper=None):
     return task, driver, alg.init(task, task.initial_params())
 
 
-def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool = False, on_round=None, tamper=None):
+def run_experiment(
+    exp: Experiment, checkpoint: str | None = None, resume: bool = False, on_round=None, tamper=None, stop=None
+):
     """Run (or resume) the experiment; returns the list of per-round history rows (round 1 first).
 
     Replies are screened before aggregation (wrong shape, NaN/Inf, non-PSD FOOF matrix: the client is
     rejected with a logged reason, the others' weights renormalised; with none left the round is
-    skipped and the model kept).  ``tamper(round, client, reply) -> reply`` injects faults for tests."""
+    skipped and the model kept).  ``tamper(round, client, reply) -> reply`` injects faults for tests;
+    ``stop(row) -> bool`` ends the run after a round (checkpointed first), e.g. at a time budget."""
     task, driver, state = build(exp, tamper)
     n = task.n_clients
     rng = np.random.default_rng(exp.seed)
@@ -153,7 +156,6 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
                 f"{checkpoint}: damaged checkpoint (random generator state: {exc}); remove it or choose another --out"
             ) from None
     wall0 = time.perf_counter() - (history[-1]["wall_seconds"] if history else 0.0)
-    round_start = [0.0]
     _reset_peak_memory(exp.device)
 
     def after_round(state, history, rng):
@@ -180,7 +182,9 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
             )
         _reset_peak_memory(exp.device)
 
-    _, history = driver.run(state, exp.rounds, rng, history=history, on_round=on_round, checkpoint=after_round)
+    _, history = driver.run(
+        state, exp.rounds, rng, history=history, on_round=on_round, stop=stop, checkpoint=after_round
+    )
     if task.last_chunk is not None:
         exp.meta["client_chunk"] = task.last_chunk
     return history

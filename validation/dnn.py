@@ -5,6 +5,8 @@
 
 Writes DIR/history.csv, DIR/summary.json (with the per-client class-count table) and
 DIR/checkpoint.pt every round; ``--resume`` continues a killed run to the identical result.
+``--deadline T`` (seconds since the epoch) ends the run after the round in which T passes, checkpointed, with
+exit status 75 (EXIT_PARTIAL): the sweep's budget clock (validation/sweep.py) stops runs this way.
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ DEFAULT_ENGINE = "auto"
 # runs' noise -- not enough to change what a default CPU run computes (float32 round-off differs between the
 # engines) or to stop older checkpoints from resuming under the default.
 AUTO_ENGINE = {"cuda": "vectorized", "cpu": "sequential"}
+EXIT_PARTIAL = 75  # sysexits' EX_TEMPFAIL: stopped at --deadline with rounds left; --resume continues
 
 
-def parse_args(argv=None):
+def build_parser():
+    """The argument parser alone (no defaults filled in, no checks of --out): see parse_args."""
     from fedpm_dnn.algorithms import METHODS
     from fedpm_dnn.presets import PRESETS
 
@@ -116,6 +120,13 @@ def parse_args(argv=None):
     )
     p.add_argument("--out", default=None, help="output folder (default results/dnn-<dataset>-<method>-s<seed>)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument(
+        "--deadline",
+        type=common.positive_float,
+        default=None,
+        help="seconds since the epoch: stop after the round in which this time passes (checkpointed; exit 75 "
+        "when rounds are left)",
+    )
     p.add_argument("--quiet", action="store_true")
     g = p.add_argument_group("hyper-parameters (override the preset)")
     g.add_argument("--lr", type=common.positive_float)
@@ -154,6 +165,11 @@ def parse_args(argv=None):
         help="coupled (default): wd*theta joins the gradient before preconditioning and clipping; "
         "decoupled: theta shrinks by lr*wd after the step",
     )
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     if args.out is None:
         args.out = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")
@@ -190,12 +206,18 @@ def check_args(p, args):
 # flags that do not change what a run computes (where it writes, how it reports, how many rounds)
 # engine: the checkpoint records the resolved engine (fedpm_dnn.checkpoint.fingerprint), not the flag, so that
 # "auto" and the engine it stands for resume each other
-NOT_IN_FINGERPRINT = {"out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine"}
+NOT_IN_FINGERPRINT = {"out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "deadline"}
 
 
 def run_fingerprint(args) -> dict:
     """The flags that shape the run, for the checkpoint's fingerprint (fedpm_dnn.checkpoint)."""
     return {k: v for k, v in sorted(vars(args).items()) if k not in NOT_IN_FINGERPRINT}
+
+
+def command_fingerprint(argv) -> dict:
+    """run_fingerprint of a command line's arguments, parsed only (no data, no --out checks): what the sweep
+    compares between a profile's run and the command a result folder's summary.json records."""
+    return run_fingerprint(build_parser().parse_args(list(argv)))
 
 
 def balanced_subset(labels, n, num_classes, seed):
@@ -431,9 +453,10 @@ def main(argv=None) -> int:
         write_outputs(args.out, history, summarize(desc, history, command))
 
     start = time.perf_counter()
+    past_deadline = (lambda row: time.time() >= args.deadline) if args.deadline else None  # noqa: E731
     try:
         with sigterm_as_exit():  # SIGTERM unwinds like Ctrl-C, so the cleanup below runs
-            history = run_experiment(exp, checkpoint=ckpt, resume=args.resume, on_round=on_round)
+            history = run_experiment(exp, checkpoint=ckpt, resume=args.resume, on_round=on_round, stop=past_deadline)
     except BaseException as exc:
         # no round completed: leave --out as it was found, as if never started
         if not os.path.exists(ckpt):
@@ -454,6 +477,9 @@ def main(argv=None) -> int:
     )
     print(f"wrote {args.out}/history.csv, summary.json, checkpoint.pt")
     print(f"reproduce: {command}")
+    if len(history) < args.rounds:  # only --deadline ends a run early
+        print(f"stopped at --deadline after {len(history)} of {args.rounds} rounds; --resume continues")
+        return EXIT_PARTIAL
     return 0
 
 

@@ -16,7 +16,6 @@ command and versions).  A run whose summary.json exists with all its rounds is n
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -105,6 +104,18 @@ PROFILES = {
         ablations=False,
         label="cpu-full profile: all 50k CIFAR-10 images, alpha=0.1, 20 rounds, seed 0",
     ),
+    "smoke": dict(
+        seeds=(0, 1),
+        rounds=3,
+        subset=["--train-subset", "120", "--test-subset", "40", "--clients", "3", "--local-epochs", "1"]
+        + ["--threads", "1"],
+        datasets=("cifar10",),
+        alphas=("0.1",),
+        methods=("fedpm", "fedavg"),
+        ablations=False,
+        convex=False,
+        label="smoke profile: 120 CIFAR-10 images, 3 clients, 3 rounds, 2 seeds (checks the pipeline, not the paper)",
+    ),
 }
 
 
@@ -121,6 +132,8 @@ def plan(profile: str) -> list[Run]:
         for d in ("w8a", "a9a")
         for c in CONVEX_CODECS
     ]
+    if not p.get("convex", True):
+        runs = []  # a profile of DNN runs only
     model = {"cifar10": "cnn", "cifar100": "resnet18gn"}
     for ds in p["datasets"]:
         for alpha in p.get("alphas", ("1.0", "0.1")):
@@ -295,15 +308,10 @@ def plan(profile: str) -> list[Run]:
 
 
 def is_done(run: Run, folder: str) -> bool:
-    path = os.path.join(folder, "summary.json")
-    if not os.path.isfile(path):
-        return False
-    if run.kind == "superlinear":
-        return True
-    with open(path) as fh:
-        summary = json.load(fh)
-    # a run that diverged has recorded why; re-running it would diverge at the same round
-    return summary.get("rounds_done", 0) >= run.rounds or "failed" in summary
+    """Whether ``folder`` holds ``run`` complete (or diverged) with the profile's configuration."""
+    from validation.sweep import DONE, status
+
+    return status(run, folder).state == DONE
 
 
 def data_available(dataset: str, data_dir: str | None) -> bool:
@@ -316,17 +324,32 @@ def data_available(dataset: str, data_dir: str | None) -> bool:
         return False
 
 
-def ensure(profile: str, data_dir: str | None, results: str = "results", only=None, log=print) -> dict:
-    """Compute the missing runs of ``profile``; returns {run name: folder} of the runs that exist."""
-    from validation import dnn, superlinear
+def ensure(
+    profile: str,
+    data_dir: str | None,
+    results: str = "results",
+    only=None,
+    log=print,
+    budget_minutes: float | None = None,
+    executor=None,
+) -> dict:
+    """Compute the missing and partial runs of ``profile`` in the sweep's priority order (validation/sweep.py),
+    within ``budget_minutes`` if given, on ``executor`` (default: here, one after another); returns {run name:
+    folder} of the runs that exist."""
+    from validation import sweep
+    from validation.executors import NOT_STARTED, Job, LocalExecutor
 
     root = os.path.join(results, profile)
+    budget = sweep.Budget(budget_minutes)
     runs = [r for r in plan(profile) if only is None or only(r)]
+    states = sweep.statuses(runs, root)
     have_data = {}
     todo = []
     for r in runs:
-        folder = os.path.join(root, r.name)
-        if is_done(r, folder):
+        st = states[r.name]
+        if st.state == sweep.STALE:
+            log(f"keeping {os.path.join(root, r.name)}: {sweep.describe(r, st)}")
+        if st.state not in (sweep.MISSING, sweep.PARTIAL):
             continue
         if r.kind == "dnn":
             if r.dataset not in have_data:
@@ -336,27 +359,22 @@ def ensure(profile: str, data_dir: str | None, results: str = "results", only=No
             if not have_data[r.dataset]:
                 continue
         todo.append(r)
+    estimates = sweep.round_seconds(runs, states, sweep.this_device())
+    job = Job(root, data_dir or os.environ.get("FEDPM_DATA", ""), budget.end)
     bar = Progress(len(todo), f"{profile} runs")
-    for r in todo:
-        folder = os.path.join(root, r.name)
-        try:
-            if r.kind == "superlinear":
-                superlinear.main(list(r.argv) + ["--out", folder])
-            else:
-                argv = list(r.argv) + [
-                    "--data-dir",
-                    data_dir or os.environ.get("FEDPM_DATA", ""),
-                    "--out",
-                    folder,
-                    "--quiet",
-                ]
-                if os.path.exists(os.path.join(folder, "checkpoint.pt")):
-                    argv.append("--resume")
-                dnn.main(argv)
-        except SystemExit as exc:  # a run that fails (e.g. diverges) has printed its one-line reason
-            if exc.code not in (0, None):
-                log(f"run {r.name} failed (exit {exc.code}); its figures will lack it")
-        bar.update(1, r.name)
+    not_started = []
+    for _, outcomes in (executor or LocalExecutor()).map(sweep.units(todo), job, estimates):
+        for name, outcome in outcomes:
+            if outcome == NOT_STARTED:
+                not_started.append(name)
+            elif outcome.startswith("failed"):
+                log(f"run {name} {outcome}; its figures will lack it")
+            bar.update(1, f"{name}: {outcome}")
+    if not_started:
+        log(
+            f"budget spent: {len(not_started)} runs not started (next: {not_started[0]}); the same command "
+            "continues them"
+        )
     return {
         r.name: os.path.join(root, r.name) for r in runs if os.path.isfile(os.path.join(root, r.name, "summary.json"))
     }
@@ -370,6 +388,52 @@ def check_results_arg(parser, path: str) -> None:
         parser.error(f"--results {path}: is not a folder")
 
 
+def add_sweep_args(p) -> None:
+    """The flags of how a profile is computed (also those of python -m figures)."""
+    from validation.common import nonneg_float, positive_float, positive_int
+
+    p.add_argument(
+        "--budget-minutes",
+        type=positive_float,
+        default=None,
+        help="stop cleanly within M minutes (runs cut short are checkpointed; the same command continues them)",
+    )
+    p.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="local: the runs one after another here; ray: each run a Ray task on a GPU of this machine or a cluster",
+    )
+    p.add_argument("--ray-address", default=None, help="--executor ray: an existing cluster (default $RAY_ADDRESS)")
+    p.add_argument(
+        "--gpus-per-task",
+        type=nonneg_float,
+        default=None,
+        help="--executor ray: GPUs each run holds (default 1 where there are GPUs; a fraction shares a GPU, "
+        "without limiting its memory)",
+    )
+    p.add_argument(
+        "--max-retries",
+        type=positive_int,
+        default=3,
+        help="--executor ray: retries of a run whose worker died",
+    )
+
+
+def executor(p, args):
+    """The executor the flags name (None: local); --ray-* flags without --executor ray are refused."""
+    if args.executor == "ray":
+        from validation.executors import RayExecutor
+
+        return RayExecutor(args.ray_address, args.gpus_per_task, args.max_retries)
+    given = [
+        f for f, v in (("--ray-address", args.ray_address), ("--gpus-per-task", args.gpus_per_task)) if v is not None
+    ]
+    if given:
+        p.error(f"{given[0]} applies to --executor ray")
+    return None
+
+
 def main(argv=None) -> int:
     from validation.common import OneLineParser
 
@@ -377,15 +441,21 @@ def main(argv=None) -> int:
     p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--results", default="results")
-    p.add_argument("--list", action="store_true", help="list the runs and whether they exist")
+    p.add_argument(
+        "--list",
+        action="store_true",
+        help="list the runs in the order they are computed: done, partial (rounds done) or missing, and the "
+        "estimated time left on this device",
+    )
+    add_sweep_args(p)
     args = p.parse_args(argv)
     check_results_arg(p, args.results)
     if args.list:
-        for r in plan(args.profile):
-            done = is_done(r, os.path.join(args.results, args.profile, r.name))
-            print(f"{'done ' if done else 'todo '} {r.name}")
+        from validation.sweep import listing
+
+        print("\n".join(listing(plan(args.profile), os.path.join(args.results, args.profile))))
         return 0
-    ensure(args.profile, args.data_dir, args.results)
+    ensure(args.profile, args.data_dir, args.results, budget_minutes=args.budget_minutes, executor=executor(p, args))
     return 0
 
 

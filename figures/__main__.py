@@ -20,7 +20,7 @@ from validation.outputs import MARKER, mark
 
 from . import compression, draw
 from .results import best_by_seed, read_summary, runs_matching
-from .tables import LABELS, accuracy_table, max_pvalue, to_latex, to_markdown
+from .tables import LABELS, PAPER, accuracy_table, max_pvalue, to_latex, to_markdown, versus_paper
 
 BANDWIDTH = 1e9 / 8  # bytes/s of the 1 Gbit/s link used to turn bytes into communication time
 
@@ -48,6 +48,20 @@ def incomplete(root, profile, prefix, log=print) -> str:
         f" — INCOMPLETE: {len(missing)} of the profile's {len(runs)} runs missing (e.g. {missing[0]}; "
         "python -m validation.experiments --list)"
     )
+
+
+def versus_paper_table(root, out, note="") -> list:
+    """Table 3 and FEMNIST's table from whatever runs exist, beside the paper's values (figures.tables.versus_paper);
+    [] when there are no main-* runs."""
+    columns = {key: best_by_seed(root, f"main-{key}", DNN_METHODS) for key in PAPER}
+    if not any(columns.values()):
+        return []
+    header, rows = versus_paper(columns, DNN_METHODS)
+    caption = (
+        "Best test accuracy [%], ours (mean ± std over the seeds present) beside the paper's Table 3 and FEMNIST "
+        "table; gap = (ours − paper) / paper's σ" + (f" ({note})" if note else "")
+    )
+    return write_table(out, "table3_vs_paper", header, rows, caption, "tab:versus_paper")
 
 
 def build_all(root, out, profile, log=print):
@@ -132,6 +146,7 @@ def build_all(root, out, profile, log=print):
         )
     else:
         log(f"skipped Table 3 and the p-value table: no main-* results under {root}")
+    produced += versus_paper_table(root, out, note)
     add(draw.local_epochs(root, out, note)[0], "the local-epochs figure")
     add(draw.client_sampling(root, out, note)[0], "the client-sampling figure")
     add(draw.foof_samples(root, out, note)[0], "the FOOF sample-count figure")

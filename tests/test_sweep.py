@@ -239,3 +239,27 @@ def test_ray_worker_killed_mid_run_is_retried_to_the_local_histories(data, refer
     killer.join(timeout=1)
     assert killed, "no worker was running a unit to kill"
     assert histories(tmp_path) == ref
+
+
+def test_tables_beside_the_paper_say_seeds_gaps_and_verdicts():
+    """Ours equal to the paper's means give zero gaps and the paper's ordering (Kendall τ 1); FedAvg one paper σ
+    higher with two seeds is +1.0σ and INCOMPLETE; a column without runs is all dashes."""
+    from figures.tables import PAPER, versus_paper
+
+    key = "cifar10-a0.1"
+    ours = {m: [mu / 100] * 3 for m, (mu, sd) in PAPER[key].items()}
+    exact = {"cifar10-a1.0": {m: [mu / 100] * 3 for m, (mu, sd) in PAPER["cifar10-a1.0"].items()}}
+    mu, sd = PAPER[key]["fedavg"]
+    ours["fedavg"] = [(mu + sd) / 100] * 2
+    header, rows = versus_paper({key: ours, **exact}, experiments.DNN_METHODS)
+    col = {r[1]: r[2:] for r in rows if r[0] == "CIFAR-10 α=0.1"}
+    assert col["FedPM"] == ["68.6 ± 0.0", "3 of 3 seeds", "68.6 ± 2.0", "+0.0"]
+    assert col["FedAvg"] == ["65.2 ± 0.0", "2 of 3 seeds (INCOMPLETE)", "63.1 ± 2.1", "+1.0"]
+    assert col["verdict"][0].startswith("best FedPM (paper FedPM)") and "max |gap| 1.0σ (FedAvg)" in col["verdict"][0]
+    assert col["verdict"][1] == "1 cells incomplete"
+    same = {r[1]: r[2:] for r in rows if r[0] == "CIFAR-10 α=1.0"}
+    assert "Kendall τ 1.00 over 7 methods" in same["verdict"][0] and same["verdict"][1] == "complete"
+    empty = {r[1]: r[2:] for r in rows if r[0] == "FEMNIST"}
+    assert empty["FedPM"] == ["–", "0 of 3 seeds (INCOMPLETE)", "79.2 ± 1.7", "–"]
+    assert empty["verdict"][0] == "no results"
+    assert header[:2] == ["Column", "Method"] and len(rows) == 5 * 8

@@ -2,6 +2,7 @@
 
     make figures                       # quick profile (CPU, ~15 min the first time, seconds afterwards)
     make figures PROFILE=paper         # the paper's sizes, for a GPU
+    make figures PROFILE=paper BUDGET=9  # at most 9 minutes of computing, then the figures of what exists
     python -m figures --profile quick --data-dir DATA [--no-compute]
 
 Results come from results/<profile>/ (validation/experiments.py lists the runs); a missing run
@@ -13,9 +14,20 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from validation.common import OneLineParser
-from validation.experiments import DNN_METHODS, PROFILES, check_results_arg, ensure, is_done, plan
+from validation.experiments import (
+    DNN_METHODS,
+    PROFILES,
+    add_sweep_args,
+    budget,
+    check_results_arg,
+    ensure,
+    executor,
+    is_done,
+    plan,
+)
 from validation.outputs import MARKER, mark
 
 from . import compression, draw
@@ -196,12 +208,14 @@ def build_all(root, out, profile, log=print):
 
 
 def main(argv=None) -> int:
+    started = time.time()  # the budget counts from here
     p = OneLineParser(prog="python -m figures", description=__doc__.split("\n")[0])
     p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
     p.add_argument("--data-dir", default=None, help="image data (default $FEDPM_DATA); Test 1 needs none")
     p.add_argument("--results", default="results")
     p.add_argument("--out", default=None, help="default figures/out/<profile>")
     p.add_argument("--no-compute", action="store_true", help="only draw what exists")
+    add_sweep_args(p)
     args = p.parse_args(argv)
     check_results_arg(p, args.results)
     if args.out is not None and os.path.lexists(args.out) and not os.path.isdir(args.out):
@@ -219,7 +233,7 @@ def main(argv=None) -> int:
             "choose another --out or empty it"
         )
     if not args.no_compute:
-        ensure(args.profile, args.data_dir, args.results)
+        ensure(args.profile, args.data_dir, args.results, budget=budget(args, started), executor=executor(p, args))
     out = args.out or os.path.join("figures", "out", args.profile)
     produced = build_all(os.path.join(args.results, args.profile), out, args.profile)
     mark(out)  # ours: a later run may write into it again

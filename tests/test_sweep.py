@@ -175,7 +175,7 @@ def test_listing_says_done_partial_missing_and_stale(data, reference, tmp_path):
     states = sweep.statuses(RUNS, str(root))
     assert [states[r.name].state for r in RUNS] == [sweep.DONE, sweep.PARTIAL, sweep.MISSING, sweep.STALE]
     assert states[partial.name].rounds_done == partial.rounds - 1
-    assert "--lr is 0.3, the profile's None" in states[stale.name].why
+    assert "lr is 0.3, the profile's " in states[stale.name].why
     lines = sweep.listing(RUNS, str(root), "cpu")
     assert lines[-2] == "1 done, 1 partial, 1 missing, 1 stale of 4 runs"
     # time left: the partial run's round and the missing run's three, from the runs measured here
@@ -263,3 +263,17 @@ def test_tables_beside_the_paper_say_seeds_gaps_and_verdicts():
     assert empty["FedPM"] == ["–", "0 of 3 seeds (INCOMPLETE)", "79.2 ± 1.7", "–"]
     assert empty["verdict"][0] == "no results"
     assert header[:2] == ["Column", "Method"] and len(rows) == 5 * 8
+
+
+def test_fingerprint_resolves_defaults_and_preset_values():
+    """A recorded command that spells out the default client count or a preset's own value computes the same run
+    (done, not stale); another value does not."""
+    from fedpm_dnn.presets import PRESETS
+
+    base = ["--dataset", "cifar10", "--method", "fedpm", "--preset", "cifar10-a0.1", "--seed", "0"]
+    lr = PRESETS["cifar10-a0.1"]["methods"]["fedpm"]["lr"]
+    same = dnn.command_fingerprint(base + ["--clients", "10", "--lr", str(lr), "--out", "x", "--rounds", "7"])
+    assert dnn.command_fingerprint(base) == same
+    assert dnn.command_fingerprint(base + ["--lr", str(lr / 2)]) != same
+    assert dnn.command_fingerprint(base + ["--clients", "9"]) != same
+    assert dnn.command_fingerprint(base + ["--participants", "5"]) != same

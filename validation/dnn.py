@@ -214,10 +214,47 @@ def run_fingerprint(args) -> dict:
     return {k: v for k, v in sorted(vars(args).items()) if k not in NOT_IN_FINGERPRINT}
 
 
+# flags whose effect is the method's configuration: compared through the method they give (method_of)
+METHOD_FLAGS = {
+    "lr",
+    "clip",
+    "weight_decay",
+    "mu",
+    "momentum",
+    "server_lr",
+    "damping",
+    "batch_size",
+    "refresh_every",
+    "weighting",
+    "precond_dtype",
+    "param_dtype",
+    "precond_codec",
+    "clip_stage",
+    "weight_decay_mode",
+    "local_epochs",
+    "foof_samples",
+}
+
+
 def command_fingerprint(argv) -> dict:
-    """run_fingerprint of a command line's arguments, parsed only (no data, no --out checks): what the sweep
-    compares between a profile's run and the command a result folder's summary.json records."""
-    return run_fingerprint(build_parser().parse_args(list(argv)))
+    """What a command line computes, resolved without reading data: its flags, with the defaults build() fills
+    in (10 clients, the preset's participants) and the hyper-parameters replaced by the method's configuration
+    they give, so that a flag repeating a default or a preset's value changes nothing.  The sweep compares a
+    profile's run with the command a result folder's summary.json records this way (validation/sweep.py)."""
+    from fedpm_dnn.presets import PRESETS
+
+    args = build_parser().parse_args(list(argv))
+    fp = {k: v for k, v in run_fingerprint(args).items() if k not in METHOD_FLAGS}
+    if args.clients is None and args.dataset != "femnist":
+        fp["clients"] = 10
+    setting = PRESETS[args.preset]["setting"] if args.preset else {}
+    participants = args.participants or setting.get("participants")
+    if participants and fp["clients"] and participants >= fp["clients"] and not args.participants:
+        participants = None  # as build(): everyone takes part
+    fp["participants"] = participants
+    cfg = method_of(args)
+    fp.update({f"config.{k}": v for k, v in {"name": cfg.name, **cfg.hyperparameters()}.items()})
+    return fp
 
 
 def balanced_subset(labels, n, num_classes, seed):
@@ -230,24 +267,10 @@ def balanced_subset(labels, n, num_classes, seed):
     return np.sort(np.concatenate(idx))
 
 
-def build(args):
-    """(Experiment, description dict) for the parsed arguments; raises on any user error."""
-    import torch
+def method_of(args):
+    """The method object the flags give: the preset's row, then the explicit hyper-parameters."""
+    from fedpm_dnn.presets import method_config
 
-    from fedpm_dnn.client import ClientData
-    from fedpm_dnn.data import load_image_dataset, partition_table
-    from fedpm_dnn.data.partition import make_partition
-    from fedpm_dnn.presets import PRESETS, method_config
-    from fedpm_dnn.simulation import Experiment
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is visible to torch")
-    device = (
-        "cuda"
-        if args.device == "auto" and torch.cuda.is_available()
-        else ("cpu" if args.device == "auto" else args.device)
-    )
-    engine = AUTO_ENGINE[device] if args.engine == "auto" else args.engine
     clip = None if args.clip == 0 else args.clip
     cfg = method_config(
         args.preset,
@@ -272,6 +295,28 @@ def build(args):
     )
     if args.clip == 0:  # explicit "no clipping" overrides a preset's clip
         cfg = dataclasses.replace(cfg, clip=None)
+    return cfg
+
+
+def build(args):
+    """(Experiment, description dict) for the parsed arguments; raises on any user error."""
+    import torch
+
+    from fedpm_dnn.client import ClientData
+    from fedpm_dnn.data import load_image_dataset, partition_table
+    from fedpm_dnn.data.partition import make_partition
+    from fedpm_dnn.presets import PRESETS
+    from fedpm_dnn.simulation import Experiment
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible to torch")
+    device = (
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
+    engine = AUTO_ENGINE[device] if args.engine == "auto" else args.engine
+    cfg = method_of(args)
     data, natural = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
     x, y = data.x_train, data.y_train
     setting = PRESETS[args.preset]["setting"] if args.preset else {}

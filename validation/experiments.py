@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 from fedpm_dnn.algorithms import METHODS
@@ -330,17 +331,17 @@ def ensure(
     results: str = "results",
     only=None,
     log=print,
-    budget_minutes: float | None = None,
+    budget=None,
     executor=None,
 ) -> dict:
     """Compute the missing and partial runs of ``profile`` in the sweep's priority order (validation/sweep.py),
-    within ``budget_minutes`` if given, on ``executor`` (default: here, one after another); returns {run name:
-    folder} of the runs that exist."""
+    within ``budget`` (a sweep.Budget; None: no limit), on ``executor`` (default: here, one after another);
+    returns {run name: folder} of the runs that exist."""
     from validation import sweep
     from validation.executors import NOT_STARTED, Job, LocalExecutor
 
     root = os.path.join(results, profile)
-    budget = sweep.Budget(budget_minutes)
+    budget = budget or sweep.Budget(None)
     runs = [r for r in plan(profile) if only is None or only(r)]
     states = sweep.statuses(runs, root)
     have_data = {}
@@ -420,6 +421,16 @@ def add_sweep_args(p) -> None:
     )
 
 
+def budget(args, started: float):
+    """The budget clock of --budget-minutes, started at ``started`` (seconds since the epoch)."""
+    from validation.sweep import Budget
+
+    clock = Budget(args.budget_minutes)
+    if clock.end is not None:
+        clock.end = started + 60.0 * args.budget_minutes
+    return clock
+
+
 def executor(p, args):
     """The executor the flags name (None: local); --ray-* flags without --executor ray are refused."""
     if args.executor == "ray":
@@ -436,6 +447,8 @@ def executor(p, args):
 
 def main(argv=None) -> int:
     from validation.common import OneLineParser
+
+    started = time.time()  # the budget counts from here: loading torch and the data is part of it
 
     p = OneLineParser(prog="python -m validation.experiments", description=__doc__.split("\n")[0])
     p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
@@ -455,7 +468,7 @@ def main(argv=None) -> int:
 
         print("\n".join(listing(plan(args.profile), os.path.join(args.results, args.profile))))
         return 0
-    ensure(args.profile, args.data_dir, args.results, budget_minutes=args.budget_minutes, executor=executor(p, args))
+    ensure(args.profile, args.data_dir, args.results, budget=budget(args, started), executor=executor(p, args))
     return 0
 
 

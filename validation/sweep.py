@@ -83,7 +83,7 @@ def _fingerprint(argv: tuple) -> dict | None:
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # the parser's one-line complaint: we say "stale"
             return dnn.command_fingerprint(argv)
-    except SystemExit:  # a recorded command this version no longer parses: another configuration
+    except (SystemExit, ValueError):  # a recorded command this version no longer takes: another configuration
         return None
 
 
@@ -98,7 +98,8 @@ def first_difference(want: dict, have: dict | None) -> str:
         return "its recorded command does not parse"
     for k in sorted(set(want) | set(have)):
         if want.get(k) != have.get(k):
-            return f"--{k.replace('_', '-')} is {have.get(k)!r}, the profile's {want.get(k)!r}"
+            flag = k[len("config.") :].replace("_", " ") if k.startswith("config.") else "--" + k.replace("_", "-")
+            return f"{flag} is {have.get(k)!r}, the profile's {want.get(k)!r}"
     return ""
 
 
@@ -214,6 +215,8 @@ def describe(run, st: Status) -> str:
 
 
 def hours(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
 
 

@@ -157,7 +157,7 @@ def column_verdict(ours: dict, paper: dict) -> str:
         tau = kendalltau([means[m] for m in have], [paper[m][0] for m in have])[0]
         parts.append(f"Kendall τ {tau:.2f} over {len(have)} methods")
     worst = max(have, key=lambda m: abs(gaps[m]))
-    parts.append(f"max |gap| {abs(gaps[worst]):.1f}σ ({LABELS.get(worst, worst)})")
+    parts.append(f"largest gap {gaps[worst]:+.1f}σ ({LABELS.get(worst, worst)})")  # no "|": a Markdown cell
     return "; ".join(parts)
 
 
@@ -178,7 +178,8 @@ def versus_paper(columns: dict, methods, paper=PAPER, seeds: int = PAPER_SEEDS):
             cell, gap = "–", "–"
             if n:
                 mu, sd = mean_std(vals)
-                cell, gap = f"{mu:.1f} ± {sd:.1f}", f"{round((mu - mu_p) / sd_p, 1) + 0.0:+.1f}"  # no "-0.0"
+                cell = f"{mu:.1f} ± {sd:.1f}" if n > 1 else f"{mu:.1f}"  # one seed has no spread to show
+                gap = f"{round((mu - mu_p) / sd_p, 1) + 0.0:+.1f}"  # no "-0.0"
             note = f"{n} of {seeds} seeds" + (" (INCOMPLETE)" if n < seeds else "")
             rows.append([label, LABELS.get(m, m), cell, note, f"{mu_p:.1f} ± {sd_p:.1f}", gap])
         verdict = column_verdict(ours, ref)

@@ -255,7 +255,9 @@ def test_tables_beside_the_paper_say_seeds_gaps_and_verdicts():
     col = {r[1]: r[2:] for r in rows if r[0] == "CIFAR-10 α=0.1"}
     assert col["FedPM"] == ["68.6 ± 0.0", "3 of 3 seeds", "68.6 ± 2.0", "+0.0"]
     assert col["FedAvg"] == ["65.2 ± 0.0", "2 of 3 seeds (INCOMPLETE)", "63.1 ± 2.1", "+1.0"]
-    assert col["verdict"][0].startswith("best FedPM (paper FedPM)") and "max |gap| 1.0σ (FedAvg)" in col["verdict"][0]
+    assert (
+        col["verdict"][0].startswith("best FedPM (paper FedPM)") and "largest gap +1.0σ (FedAvg)" in col["verdict"][0]
+    )
     assert col["verdict"][1] == "1 cells incomplete"
     same = {r[1]: r[2:] for r in rows if r[0] == "CIFAR-10 α=1.0"}
     assert "Kendall τ 1.00 over 7 methods" in same["verdict"][0] and same["verdict"][1] == "complete"

@@ -188,7 +188,11 @@ def test_listing_says_done_partial_missing_and_stale(data, reference, tmp_path):
 def local_ray():
     ray = pytest.importorskip("ray")
     os.environ.setdefault("PYTHONPATH", ROOT)  # the workers import this tree's validation package
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    except Exception as exc:  # Ray's node start times out on an overloaded machine: nothing of ours ran
+        ray.shutdown()
+        pytest.skip(f"a local Ray did not start here: {str(exc).splitlines()[0]}")
     yield ray
     ray.shutdown()
 

@@ -283,3 +283,20 @@ def test_fingerprint_resolves_defaults_and_preset_values():
     assert dnn.command_fingerprint(base + ["--lr", str(lr / 2)]) != same
     assert dnn.command_fingerprint(base + ["--clients", "9"]) != same
     assert dnn.command_fingerprint(base + ["--participants", "5"]) != same
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gpus-per-task", "1"], "--gpus-per-task applies to --executor ray"),
+        (["--ray-address", "auto"], "--ray-address applies to --executor ray"),
+        (["--budget-minutes", "0"], "--budget-minutes: must be a number > 0, got 0"),
+        (["--executor", "dask"], "argument --executor: invalid choice: 'dask'"),
+    ],
+)
+def test_sweep_flags_are_checked_in_one_line(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        experiments.main(["--profile", PROFILE, "--results", str(tmp_path)] + argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not os.listdir(tmp_path)

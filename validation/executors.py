@@ -93,7 +93,12 @@ class RayExecutor:
             raise ValueError("--executor ray: ray is not installed: pip install -e '.[flower]'") from None
         started = not ray.is_initialized()
         if started:
-            ray.init(address=self.address or os.environ.get("RAY_ADDRESS") or None)
+            address = self.address or os.environ.get("RAY_ADDRESS") or None
+            try:
+                ray.init(address=address)
+            except Exception as exc:  # Ray raises ConnectionError, RuntimeError, Exception... with long messages
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise ValueError(f"--executor ray: no Ray cluster at {address or 'this machine'}: {first}") from None
         try:
             gpus = self.gpus_per_task
             if gpus is None:

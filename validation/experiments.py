@@ -446,6 +446,7 @@ def executor(p, args):
 
 
 def main(argv=None) -> int:
+    from validation import common
     from validation.common import OneLineParser
 
     started = time.time()  # the budget counts from here: loading torch and the data is part of it
@@ -468,7 +469,10 @@ def main(argv=None) -> int:
 
         print("\n".join(listing(plan(args.profile), os.path.join(args.results, args.profile))))
         return 0
-    ensure(args.profile, args.data_dir, args.results, budget=budget(args, started), executor=executor(p, args))
+    try:
+        ensure(args.profile, args.data_dir, args.results, budget=budget(args, started), executor=executor(p, args))
+    except ValueError as exc:  # --executor ray without a cluster to reach
+        common.fail("python -m validation.experiments", exc)
     return 0
 
 

@@ -300,3 +300,25 @@ def test_sweep_flags_are_checked_in_one_line(argv, message, tmp_path, capsys):
     err = capsys.readouterr().err
     assert exc.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not os.listdir(tmp_path)
+
+
+def test_a_budget_ending_mid_run_leaves_it_partial_and_the_next_call_finishes_it(
+    data, reference, tmp_path, monkeypatch
+):
+    """The budget's end passes during the first run's first round: that run stops after it, checkpointed (exit 75
+    inside, partial), nothing after it starts; a call without a budget then completes the sweep to the
+    uninterrupted histories."""
+    _, ref = reference
+    monkeypatch.setattr(sweep, "START_SECONDS", 0.0)  # no start-up allowance: the first run starts at once
+    clock = sweep.Budget(None)
+    clock.end = time.time() + 0.2
+    messages = []
+    in_process(experiments.ensure, PROFILE, str(data), str(tmp_path), log=messages.append, budget=clock)
+    states = sweep.statuses(RUNS, str(tmp_path / PROFILE))
+    first = RUNS[0]  # main-cifar10-a0.1-fedpm-s0: first in the priority order too
+    assert sweep.priority(RUNS)[0] == first
+    assert (states[first.name].state, states[first.name].rounds_done) == (sweep.PARTIAL, 1)
+    assert all(states[r.name].state == sweep.MISSING for r in RUNS[1:])
+    assert any(m.startswith(f"budget spent: {len(RUNS) - 1} runs not started") for m in messages), messages
+    in_process(experiments.ensure, PROFILE, str(data), str(tmp_path), log=messages.append)
+    assert histories(tmp_path) == ref

@@ -35,6 +35,7 @@ DEFAULT_ENGINE = "auto"
 # runs' noise -- not enough to change what a default CPU run computes (float32 round-off differs between the
 # engines) or to stop older checkpoints from resuming under the default.
 AUTO_ENGINE = {"cuda": "vectorized", "cpu": "sequential"}
+DEFAULT_CLIENTS = 10  # --clients of a Dirichlet split (FEMNIST: every writer)
 EXIT_PARTIAL = 75  # sysexits' EX_TEMPFAIL: stopped at --deadline with rounds left; --resume continues
 
 
@@ -188,8 +189,8 @@ def check_args(p, args):
     if args.participants is not None and args.dataset != "femnist":  # FEMNIST's writers are counted at load
         if args.clients is not None and args.participants > args.clients:
             p.error(f"--participants {args.participants} exceeds --clients {args.clients}")
-        if args.clients is None and args.participants > 10:  # build()'s default
-            p.error(f"--participants {args.participants} exceeds the 10 clients (default --clients)")
+        if args.clients is None and args.participants > DEFAULT_CLIENTS:
+            p.error(f"--participants {args.participants} exceeds the {DEFAULT_CLIENTS} clients (default --clients)")
     if args.client_chunk is not None and args.engine == "sequential":
         p.error("--client-chunk applies to --engine vectorized (or auto on a GPU), not to --engine sequential")
     common.check_out_arg(p, args.out)
@@ -238,7 +239,7 @@ METHOD_FLAGS = {
 
 def command_fingerprint(argv) -> dict:
     """What a command line computes, resolved without reading data: its flags, with the defaults build() fills
-    in (10 clients, the preset's participants) and the hyper-parameters replaced by the method's configuration
+    in (DEFAULT_CLIENTS, the preset's participants) and the hyper-parameters replaced by the method's configuration
     they give, so that a flag repeating a default or a preset's value changes nothing.  The sweep compares a
     profile's run with the command a result folder's summary.json records this way (validation/sweep.py)."""
     from fedpm_dnn.presets import PRESETS
@@ -246,7 +247,7 @@ def command_fingerprint(argv) -> dict:
     args = build_parser().parse_args(list(argv))
     fp = {k: v for k, v in run_fingerprint(args).items() if k not in METHOD_FLAGS}
     if args.clients is None and args.dataset != "femnist":
-        fp["clients"] = 10
+        fp["clients"] = DEFAULT_CLIENTS
     setting = PRESETS[args.preset]["setting"] if args.preset else {}
     participants = args.participants or setting.get("participants")
     if participants and fp["clients"] and participants >= fp["clients"] and not args.participants:
@@ -336,7 +337,7 @@ def build(args):
                 )
             keep = balanced_subset(y, args.train_subset, data.num_classes, args.seed)
             x, y = x[keep], y[keep]
-        parts = make_partition(args.split, y, args.clients or 10, args.alpha, seed=args.seed)
+        parts = make_partition(args.split, y, args.clients or DEFAULT_CLIENTS, args.alpha, seed=args.seed)
     participants = args.participants or setting.get("participants")
     if participants and participants >= len(parts) and not args.participants:
         participants = None  # the preset samples more clients than this run has: everyone takes part

@@ -35,7 +35,7 @@ COLUMNS = ("cifar10-a0.1", "cifar10-a1.0", "femnist", "cifar100-a0.1", "cifar100
 FIRST_METHODS = ("fedpm", "fedavg")
 MAIN_RUN = re.compile(r"main-(?P<column>.+)-(?P<method>[a-z0-9]+)-s(?P<seed>\d+)")
 SEED_SUFFIX = re.compile(r"-s\d+$")
-# what a run costs besides its rounds (process start, data loading, the last writes): kept free of the budget
+# what a run costs besides its rounds (process start, data loading, the last writes): reserved from the budget
 START_SECONDS = 20.0
 
 

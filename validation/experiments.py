@@ -10,8 +10,14 @@ Profiles:
   cpu-full  the full-data check that fits a 2-core CPU in about an hour per method pair: all 50,000
          CIFAR-10 training images, 10 clients, alpha = 0.1, 5 local epochs, 20 rounds, seed 0, FedAvg,
          SCAFFOLD, LocalNewton and FedPM with the paper's table (no ablations).
+  smoke  4 tiny CIFAR-10 runs (120 images, 3 clients, 3 rounds): checks the machinery in about a minute.
 Each run writes results/<profile>/<name>/{history.csv, summary.json} (summary.json holds the exact
-command and versions).  A run whose summary.json exists with all its rounds is not recomputed.
+command and versions).  The results folder is the only state (validation/sweep.py): a done run is not
+recomputed, a partial one continues from its checkpoint, in a fixed priority order;
+
+    python -m validation.experiments --profile paper --budget-minutes 9     # stop cleanly within 9 minutes
+    python -m validation.experiments --profile paper --executor ray         # one run per GPU (Ray)
+    python -m validation.experiments --profile paper --list                 # done / partial / missing, time left
 """
 
 from __future__ import annotations

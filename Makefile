@@ -2,6 +2,9 @@ PYTHON ?= python
 PROFILE ?= quick
 # image data for the DNN figures: a folder with the CIFAR files (see docs/dnn.md); Test 1 needs none
 DATA ?= $(FEDPM_DATA)
+# minutes of computing for the missing runs (empty: all of them); EXECUTOR=ray spreads them over the GPUs
+BUDGET ?=
+EXECUTOR ?= local
 
 .PHONY: install lint test figures superlinear bench
 
@@ -16,7 +19,8 @@ test:
 	$(PYTHON) -m pytest -q
 
 figures:
-	$(PYTHON) -m figures --profile $(PROFILE) $(if $(DATA),--data-dir $(DATA),)
+	$(PYTHON) -m figures --profile $(PROFILE) $(if $(DATA),--data-dir $(DATA),) $(if $(BUDGET),--budget-minutes $(BUDGET),) \
+		--executor $(EXECUTOR)
 
 superlinear:
 	$(PYTHON) -m validation.superlinear --dataset w8a

@@ -68,3 +68,22 @@ timeout $(( $(left) - 10 )) $PY -m validation.dnn --dataset cifar10 --data-dir "
 cp "$RUN/history.csv" "$RUN/summary.json" "$OUT/" 2>/dev/null
 tail -n 3 "$OUT/history.csv" 2>/dev/null
 step "done"
+
+# ==================================================================================================================
+# Last step: the paper sweep, budgeted (python -m validation.experiments --profile paper --budget-minutes M).
+# It spends what the steps above leave on the paper's runs in their priority order (Table 3's CIFAR-10 alpha=0.1
+# column first) and stops cleanly: a run cut short keeps its checkpointed rounds.  SWEEP_RESULTS (default
+# results) is the results folder the sweep continues; the paper profile's folder is copied to OUT/paper
+# (history.csv, summary.json, and checkpoint.pt of the partial runs, which the next call needs to continue them).
+SWEEP=${SWEEP_RESULTS:-results}
+MINUTES=$(( ($(left) - 40) / 60 ))
+step "paper sweep, budgeted: python -m validation.experiments --profile paper --budget-minutes $MINUTES"
+if [ "$MINUTES" -ge 2 ]; then
+    timeout $(( $(left) - 5 )) $PY -m validation.experiments --profile paper --data-dir "$DATA" --results "$SWEEP" \
+        --budget-minutes "$MINUTES" || echo "sweep stopped rc=$?"
+    $PY -m validation.experiments --profile paper --results "$SWEEP" --list | grep -v "^missing" | tail -n 40
+    mkdir -p "$OUT/paper" && cp -r "$SWEEP/paper/." "$OUT/paper/" 2>/dev/null
+else
+    echo "skipped: under 2 minutes left"
+fi
+step "sweep done"

@@ -142,21 +142,24 @@ def build(exp: Experiment, tamper=None):
     return task, driver, alg.init(task, task.initial_params())
 
 
-def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool = False, on_round=None, tamper=None):
+def run_experiment(
+    exp: Experiment, checkpoint: str | None = None, resume: bool = False, on_round=None, tamper=None, stop=None
+):
     """Run (or resume) the experiment; returns the list of per-round history rows (round 1 first).
 
     Replies are screened before aggregation (wrong shape, NaN/Inf, non-PSD FOOF matrix: the client is
     rejected with a logged reason, the others' weights renormalised; with none left the round is
-    skipped and the model kept).  ``tamper(round, client, reply) -> reply`` injects faults for tests."""
+    skipped and the model kept).  ``tamper(round, client, reply) -> reply`` injects faults for tests;
+    ``stop(row) -> bool`` ends the run after a round (checkpointed first), e.g. at a time budget."""
     task, driver, state = build(exp, tamper)
     fp = _ck.fingerprint(exp) if checkpoint else None
-    _, history = drive(task, driver, state, exp.rounds, exp.seed, fp, checkpoint, resume, on_round)
+    _, history = drive(task, driver, state, exp.rounds, exp.seed, fp, checkpoint, resume, on_round, stop)
     if task.last_chunk is not None:
         exp.meta["client_chunk"] = task.last_chunk
     return history
 
 
-def drive(task, driver, state, rounds, seed, fingerprint, checkpoint=None, resume=False, on_round=None):
+def drive(task, driver, state, rounds, seed, fingerprint, checkpoint=None, resume=False, on_round=None, stop=None):
     """Rounds up to ``rounds`` of a built task (``build`` or ``fedpm_dnn.federated``): the history's DNN
     columns, a checkpoint after every round, and resuming from one written with the same ``fingerprint``.
     Returns (final state, history)."""
@@ -203,4 +206,4 @@ def drive(task, driver, state, rounds, seed, fingerprint, checkpoint=None, resum
             )
         _reset_peak_memory(device)
 
-    return driver.run(state, rounds, rng, history=history, on_round=on_round, checkpoint=after_round)
+    return driver.run(state, rounds, rng, history=history, on_round=on_round, stop=stop, checkpoint=after_round)

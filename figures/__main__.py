@@ -2,6 +2,7 @@
 
     make figures                       # quick profile (CPU, ~15 min the first time, seconds afterwards)
     make figures PROFILE=paper         # the paper's sizes, for a GPU
+    make figures PROFILE=paper BUDGET=9  # at most 9 minutes of computing, then the figures of what exists
     python -m figures --profile quick --data-dir DATA [--no-compute]
 
 Results come from results/<profile>/ (validation/experiments.py lists the runs), where the runs shipped in
@@ -14,14 +15,26 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from validation.common import OneLineParser
-from validation.experiments import DNN_METHODS, PROFILES, check_results_arg, ensure, is_done, plan, seed_from_reference
+from validation.experiments import (
+    DNN_METHODS,
+    PROFILES,
+    add_sweep_args,
+    budget,
+    check_results_arg,
+    ensure,
+    executor,
+    is_done,
+    plan,
+    seed_from_reference,
+)
 from validation.outputs import MARKER, mark
 
 from . import compression, draw
 from .results import best_by_seed, read_summary, runs_matching
-from .tables import LABELS, accuracy_table, max_pvalue, to_latex, to_markdown
+from .tables import LABELS, PAPER, accuracy_table, max_pvalue, to_latex, to_markdown, versus_paper
 
 BANDWIDTH = 1e9 / 8  # bytes/s of the 1 Gbit/s link used to turn bytes into communication time
 
@@ -49,6 +62,20 @@ def incomplete(root, profile, prefix, log=print) -> str:
         f" — INCOMPLETE: {len(missing)} of the profile's {len(runs)} runs missing (e.g. {missing[0]}; "
         "python -m validation.experiments --list)"
     )
+
+
+def versus_paper_table(root, out, note="") -> list:
+    """Table 3 and FEMNIST's table from whatever runs exist, beside the paper's values (figures.tables.versus_paper);
+    [] when there are no main-* runs."""
+    columns = {key: best_by_seed(root, f"main-{key}", DNN_METHODS) for key in PAPER}
+    if not any(columns.values()):
+        return []
+    header, rows = versus_paper(columns, DNN_METHODS)
+    caption = (
+        "Best test accuracy [%], ours (mean ± std over the seeds present) beside the paper's Table 3 and FEMNIST "
+        "table; gap = (ours − paper) / paper's σ" + (f" ({note})" if note else "")
+    )
+    return write_table(out, "table3_vs_paper", header, rows, caption, "tab:versus_paper")
 
 
 def build_all(root, out, profile, log=print):
@@ -133,6 +160,7 @@ def build_all(root, out, profile, log=print):
         )
     else:
         log(f"skipped Table 3 and the p-value table: no main-* results under {root}")
+    produced += versus_paper_table(root, out, note)
     add(draw.local_epochs(root, out, note)[0], "the local-epochs figure")
     add(draw.client_sampling(root, out, note)[0], "the client-sampling figure")
     add(draw.foof_samples(root, out, note)[0], "the FOOF sample-count figure")
@@ -182,12 +210,14 @@ def build_all(root, out, profile, log=print):
 
 
 def main(argv=None) -> int:
+    started = time.time()  # the budget counts from here
     p = OneLineParser(prog="python -m figures", description=__doc__.split("\n")[0])
     p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
     p.add_argument("--data-dir", default=None, help="image data (default $FEDPM_DATA); Test 1 needs none")
     p.add_argument("--results", default="results")
     p.add_argument("--out", default=None, help="default figures/out/<profile>")
     p.add_argument("--no-compute", action="store_true", help="only draw what exists")
+    add_sweep_args(p)
     args = p.parse_args(argv)
     check_results_arg(p, args.results)
     if args.out is not None and os.path.lexists(args.out) and not os.path.isdir(args.out):
@@ -207,7 +237,7 @@ def main(argv=None) -> int:
     if args.no_compute:
         seed_from_reference(args.profile, args.results)
     else:
-        ensure(args.profile, args.data_dir, args.results)
+        ensure(args.profile, args.data_dir, args.results, budget=budget(args, started), executor=executor(p, args))
     out = args.out or os.path.join("figures", "out", args.profile)
     produced = build_all(os.path.join(args.results, args.profile), out, args.profile)
     mark(out)  # ours: a later run may write into it again

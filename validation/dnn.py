@@ -5,6 +5,8 @@
 
 Writes DIR/history.csv, DIR/summary.json (with the per-client class-count table) and
 DIR/checkpoint.pt every round; ``--resume`` continues a killed run to the identical result.
+``--deadline T`` (seconds since the epoch) ends the run after the round in which T passes, checkpointed, with
+exit status 75 (EXIT_PARTIAL): the sweep's budget clock (validation/sweep.py) stops runs this way.
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ DEFAULT_ENGINE = "auto"
 # runs' noise -- not enough to change what a default CPU run computes (float32 round-off differs between the
 # engines) or to stop older checkpoints from resuming under the default.
 AUTO_ENGINE = {"cuda": "vectorized", "cpu": "sequential"}
+DEFAULT_CLIENTS = 10  # --clients of a Dirichlet split (FEMNIST: every writer)
+EXIT_PARTIAL = 75  # sysexits' EX_TEMPFAIL: stopped at --deadline with rounds left; --resume continues
 
 
-def parse_args(argv=None):
+def build_parser():
+    """The argument parser alone (no defaults filled in, no checks of --out): see parse_args."""
     from fedpm_dnn.algorithms import METHODS
     from fedpm_dnn.presets import PRESETS
 
@@ -116,6 +121,13 @@ def parse_args(argv=None):
     )
     p.add_argument("--out", default=None, help="output folder (default results/dnn-<dataset>-<method>-s<seed>)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument(
+        "--deadline",
+        type=common.positive_float,
+        default=None,
+        help="seconds since the epoch: stop after the round in which this time passes (checkpointed; exit 75 "
+        "when rounds are left)",
+    )
     p.add_argument("--quiet", action="store_true")
     g = p.add_argument_group("hyper-parameters (override the preset)")
     g.add_argument("--lr", type=common.positive_float)
@@ -154,6 +166,11 @@ def parse_args(argv=None):
         help="coupled (default): wd*theta joins the gradient before preconditioning and clipping; "
         "decoupled: theta shrinks by lr*wd after the step",
     )
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     if args.out is None:
         args.out = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")
@@ -172,8 +189,8 @@ def check_args(p, args):
     if args.participants is not None and args.dataset != "femnist":  # FEMNIST's writers are counted at load
         if args.clients is not None and args.participants > args.clients:
             p.error(f"--participants {args.participants} exceeds --clients {args.clients}")
-        if args.clients is None and args.participants > 10:  # build()'s default
-            p.error(f"--participants {args.participants} exceeds the 10 clients (default --clients)")
+        if args.clients is None and args.participants > DEFAULT_CLIENTS:
+            p.error(f"--participants {args.participants} exceeds the {DEFAULT_CLIENTS} clients (default --clients)")
     if args.client_chunk is not None and args.engine == "sequential":
         p.error("--client-chunk applies to --engine vectorized (or auto on a GPU), not to --engine sequential")
     common.check_out_arg(p, args.out)
@@ -190,12 +207,55 @@ def check_args(p, args):
 # flags that do not change what a run computes (where it writes, how it reports, how many rounds)
 # engine: the checkpoint records the resolved engine (fedpm_dnn.checkpoint.fingerprint), not the flag, so that
 # "auto" and the engine it stands for resume each other
-NOT_IN_FINGERPRINT = {"out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine"}
+NOT_IN_FINGERPRINT = {"out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "deadline"}
 
 
 def run_fingerprint(args) -> dict:
     """The flags that shape the run, for the checkpoint's fingerprint (fedpm_dnn.checkpoint)."""
     return {k: v for k, v in sorted(vars(args).items()) if k not in NOT_IN_FINGERPRINT}
+
+
+# flags whose effect is the method's configuration: compared through the method they give (method_of)
+METHOD_FLAGS = {
+    "lr",
+    "clip",
+    "weight_decay",
+    "mu",
+    "momentum",
+    "server_lr",
+    "damping",
+    "batch_size",
+    "refresh_every",
+    "weighting",
+    "precond_dtype",
+    "param_dtype",
+    "precond_codec",
+    "clip_stage",
+    "weight_decay_mode",
+    "local_epochs",
+    "foof_samples",
+}
+
+
+def command_fingerprint(argv) -> dict:
+    """What a command line computes, resolved without reading data: its flags, with the defaults build() fills
+    in (DEFAULT_CLIENTS, the preset's participants) and the hyper-parameters replaced by the method's configuration
+    they give, so that a flag repeating a default or a preset's value changes nothing.  The sweep compares a
+    profile's run with the command a result folder's summary.json records this way (validation/sweep.py)."""
+    from fedpm_dnn.presets import PRESETS
+
+    args = build_parser().parse_args(list(argv))
+    fp = {k: v for k, v in run_fingerprint(args).items() if k not in METHOD_FLAGS}
+    if args.clients is None and args.dataset != "femnist":
+        fp["clients"] = DEFAULT_CLIENTS
+    setting = PRESETS[args.preset]["setting"] if args.preset else {}
+    participants = args.participants or setting.get("participants")
+    if participants and fp["clients"] and participants >= fp["clients"] and not args.participants:
+        participants = None  # as build(): everyone takes part
+    fp["participants"] = participants
+    cfg = method_of(args)
+    fp.update({f"config.{k}": v for k, v in {"name": cfg.name, **cfg.hyperparameters()}.items()})
+    return fp
 
 
 def balanced_subset(labels, n, num_classes, seed):
@@ -208,24 +268,10 @@ def balanced_subset(labels, n, num_classes, seed):
     return np.sort(np.concatenate(idx))
 
 
-def build(args):
-    """(Experiment, description dict) for the parsed arguments; raises on any user error."""
-    import torch
+def method_of(args):
+    """The method object the flags give: the preset's row, then the explicit hyper-parameters."""
+    from fedpm_dnn.presets import method_config
 
-    from fedpm_dnn.client import ClientData
-    from fedpm_dnn.data import load_image_dataset, partition_table
-    from fedpm_dnn.data.partition import make_partition
-    from fedpm_dnn.presets import PRESETS, method_config
-    from fedpm_dnn.simulation import Experiment
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is visible to torch")
-    device = (
-        "cuda"
-        if args.device == "auto" and torch.cuda.is_available()
-        else ("cpu" if args.device == "auto" else args.device)
-    )
-    engine = AUTO_ENGINE[device] if args.engine == "auto" else args.engine
     clip = None if args.clip == 0 else args.clip
     cfg = method_config(
         args.preset,
@@ -250,6 +296,28 @@ def build(args):
     )
     if args.clip == 0:  # explicit "no clipping" overrides a preset's clip
         cfg = dataclasses.replace(cfg, clip=None)
+    return cfg
+
+
+def build(args):
+    """(Experiment, description dict) for the parsed arguments; raises on any user error."""
+    import torch
+
+    from fedpm_dnn.client import ClientData
+    from fedpm_dnn.data import load_image_dataset, partition_table
+    from fedpm_dnn.data.partition import make_partition
+    from fedpm_dnn.presets import PRESETS
+    from fedpm_dnn.simulation import Experiment
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible to torch")
+    device = (
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
+    engine = AUTO_ENGINE[device] if args.engine == "auto" else args.engine
+    cfg = method_of(args)
     data, natural = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
     x, y = data.x_train, data.y_train
     setting = PRESETS[args.preset]["setting"] if args.preset else {}
@@ -269,7 +337,7 @@ def build(args):
                 )
             keep = balanced_subset(y, args.train_subset, data.num_classes, args.seed)
             x, y = x[keep], y[keep]
-        parts = make_partition(args.split, y, args.clients or 10, args.alpha, seed=args.seed)
+        parts = make_partition(args.split, y, args.clients or DEFAULT_CLIENTS, args.alpha, seed=args.seed)
     participants = args.participants or setting.get("participants")
     if participants and participants >= len(parts) and not args.participants:
         participants = None  # the preset samples more clients than this run has: everyone takes part
@@ -434,9 +502,10 @@ def main(argv=None) -> int:
         write_outputs(args.out, history, summarize(desc, history, command))
 
     start = time.perf_counter()
+    past_deadline = (lambda row: time.time() >= args.deadline) if args.deadline else None  # noqa: E731
     try:
         with sigterm_as_exit():  # SIGTERM unwinds like Ctrl-C, so the cleanup below runs
-            history = run_experiment(exp, checkpoint=ckpt, resume=args.resume, on_round=on_round)
+            history = run_experiment(exp, checkpoint=ckpt, resume=args.resume, on_round=on_round, stop=past_deadline)
     except BaseException as exc:
         # no round completed: leave --out as it was found, as if never started
         if not os.path.exists(ckpt):
@@ -457,6 +526,9 @@ def main(argv=None) -> int:
     )
     print(f"wrote {args.out}/history.csv, summary.json, checkpoint.pt")
     print(f"reproduce: {command}")
+    if len(history) < args.rounds:  # only --deadline ends a run early
+        print(f"stopped at --deadline after {len(history)} of {args.rounds} rounds; --resume continues")
+        return EXIT_PARTIAL
     return 0
 
 

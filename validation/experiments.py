@@ -10,18 +10,24 @@ Profiles:
   cpu-full  the full-data check that fits a 2-core CPU in about an hour per method pair: all 50,000
          CIFAR-10 training images, 10 clients, alpha = 0.1, 5 local epochs, 20 rounds, seed 0, FedAvg,
          SCAFFOLD, LocalNewton and FedPM with the paper's table (no ablations).
+  smoke  4 tiny CIFAR-10 runs (120 images, 3 clients, 3 rounds): checks the machinery in about a minute.
 Each run writes results/<profile>/<name>/{history.csv, summary.json} (summary.json holds the exact
-command and versions).  A run whose summary.json exists with all its rounds is not recomputed.  The runs the
-repository ships (reference/<profile>/) are copied into results/<profile>/ where that lacks them, so a figure is
-drawn from them without recomputing; reference/ itself is only read.
+command and versions).  The results folder is the only state (validation/sweep.py): a done run is not
+recomputed, a partial one continues from its checkpoint, in a fixed priority order.  The runs the repository
+ships (reference/<profile>/) are copied into results/<profile>/ where that lacks them, so a figure is drawn from
+them without recomputing; reference/ itself is only read.
+
+    python -m validation.experiments --profile paper --budget-minutes 9     # stop cleanly within 9 minutes
+    python -m validation.experiments --profile paper --executor ray         # one run per GPU (Ray)
+    python -m validation.experiments --profile paper --list                 # done / partial / missing, time left
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 
 from fedpm_dnn.algorithms import METHODS
@@ -108,6 +114,18 @@ PROFILES = {
         ablations=False,
         label="cpu-full profile: all 50k CIFAR-10 images, alpha=0.1, 20 rounds, seed 0",
     ),
+    "smoke": dict(
+        seeds=(0, 1),
+        rounds=3,
+        subset=["--train-subset", "120", "--test-subset", "40", "--clients", "3", "--local-epochs", "1"]
+        + ["--threads", "1"],
+        datasets=("cifar10",),
+        alphas=("0.1",),
+        methods=("fedpm", "fedavg"),
+        ablations=False,
+        convex=False,
+        label="smoke profile: 120 CIFAR-10 images, 3 clients, 3 rounds, 2 seeds (checks the pipeline, not the paper)",
+    ),
 }
 
 
@@ -124,6 +142,8 @@ def plan(profile: str) -> list[Run]:
         for d in ("w8a", "a9a")
         for c in CONVEX_CODECS
     ]
+    if not p.get("convex", True):
+        runs = []  # a profile of DNN runs only
     model = {"cifar10": "cnn", "cifar100": "resnet18gn"}
     for ds in p["datasets"]:
         for alpha in p.get("alphas", ("1.0", "0.1")):
@@ -298,15 +318,10 @@ def plan(profile: str) -> list[Run]:
 
 
 def is_done(run: Run, folder: str) -> bool:
-    path = os.path.join(folder, "summary.json")
-    if not os.path.isfile(path):
-        return False
-    if run.kind == "superlinear":
-        return True
-    with open(path) as fh:
-        summary = json.load(fh)
-    # a run that diverged has recorded why; re-running it would diverge at the same round
-    return summary.get("rounds_done", 0) >= run.rounds or "failed" in summary
+    """Whether ``folder`` holds ``run`` complete (or diverged) with the profile's configuration."""
+    from validation.sweep import DONE, status
+
+    return status(run, folder).state == DONE
 
 
 def data_available(dataset: str, data_dir: str | None) -> bool:
@@ -338,19 +353,33 @@ def seed_from_reference(profile: str, results: str = "results", reference: str =
     return copied
 
 
-def ensure(profile: str, data_dir: str | None, results: str = "results", only=None, log=print) -> dict:
-    """Compute the missing runs of ``profile`` (after copying the shipped ones, seed_from_reference); returns
-    {run name: folder} of the runs that exist."""
-    from validation import dnn, superlinear
+def ensure(
+    profile: str,
+    data_dir: str | None,
+    results: str = "results",
+    only=None,
+    log=print,
+    budget=None,
+    executor=None,
+) -> dict:
+    """Compute the missing and partial runs of ``profile`` in the sweep's priority order (validation/sweep.py),
+    within ``budget`` (a sweep.Budget; None: no limit), on ``executor`` (default: here, one after another);
+    returns {run name: folder} of the runs that exist."""
+    from validation import sweep
+    from validation.executors import NOT_STARTED, Job, LocalExecutor
 
     seed_from_reference(profile, results)
     root = os.path.join(results, profile)
+    budget = budget or sweep.Budget(None)
     runs = [r for r in plan(profile) if only is None or only(r)]
+    states = sweep.statuses(runs, root)
     have_data = {}
     todo = []
     for r in runs:
-        folder = os.path.join(root, r.name)
-        if is_done(r, folder):
+        st = states[r.name]
+        if st.state == sweep.STALE:
+            log(f"keeping {os.path.join(root, r.name)}: {sweep.describe(r, st)}")
+        if st.state not in (sweep.MISSING, sweep.PARTIAL):
             continue
         if r.kind == "dnn":
             if r.dataset not in have_data:
@@ -360,27 +389,22 @@ def ensure(profile: str, data_dir: str | None, results: str = "results", only=No
             if not have_data[r.dataset]:
                 continue
         todo.append(r)
+    estimates = sweep.round_seconds(runs, states, sweep.this_device())
+    job = Job(root, data_dir or os.environ.get("FEDPM_DATA", ""), budget.end)
     bar = Progress(len(todo), f"{profile} runs")
-    for r in todo:
-        folder = os.path.join(root, r.name)
-        try:
-            if r.kind == "superlinear":
-                superlinear.main(list(r.argv) + ["--out", folder])
-            else:
-                argv = list(r.argv) + [
-                    "--data-dir",
-                    data_dir or os.environ.get("FEDPM_DATA", ""),
-                    "--out",
-                    folder,
-                    "--quiet",
-                ]
-                if os.path.exists(os.path.join(folder, "checkpoint.pt")):
-                    argv.append("--resume")
-                dnn.main(argv)
-        except SystemExit as exc:  # a run that fails (e.g. diverges) has printed its one-line reason
-            if exc.code not in (0, None):
-                log(f"run {r.name} failed (exit {exc.code}); its figures will lack it")
-        bar.update(1, r.name)
+    not_started = []
+    for _, outcomes in (executor or LocalExecutor()).map(sweep.units(todo), job, estimates):
+        for name, outcome in outcomes:
+            if outcome == NOT_STARTED:
+                not_started.append(name)
+            elif outcome.startswith("failed"):
+                log(f"run {name} {outcome}; its figures will lack it")
+            bar.update(1, f"{name}: {outcome}")
+    if not_started:
+        log(
+            f"budget spent: {len(not_started)} runs not started (next: {not_started[0]}); the same command "
+            "continues them"
+        )
     return {
         r.name: os.path.join(root, r.name) for r in runs if os.path.isfile(os.path.join(root, r.name, "summary.json"))
     }
@@ -394,23 +418,91 @@ def check_results_arg(parser, path: str) -> None:
         parser.error(f"--results {path}: is not a folder")
 
 
+def add_sweep_args(p) -> None:
+    """The flags of how a profile is computed (also those of python -m figures)."""
+    from validation.common import nonneg_float, positive_float, positive_int
+
+    p.add_argument(
+        "--budget-minutes",
+        type=positive_float,
+        default=None,
+        help="stop cleanly within M minutes (runs cut short are checkpointed; the same command continues them)",
+    )
+    p.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="local: the runs one after another here; ray: each run a Ray task on a GPU of this machine or a cluster",
+    )
+    p.add_argument("--ray-address", default=None, help="--executor ray: an existing cluster (default $RAY_ADDRESS)")
+    p.add_argument(
+        "--gpus-per-task",
+        type=nonneg_float,
+        default=None,
+        help="--executor ray: GPUs each run holds (default 1 where there are GPUs; a fraction shares a GPU, "
+        "without limiting its memory)",
+    )
+    p.add_argument(
+        "--max-retries",
+        type=positive_int,
+        default=3,
+        help="--executor ray: retries of a run whose worker died",
+    )
+
+
+def budget(args, started: float):
+    """The budget clock of --budget-minutes, started at ``started`` (seconds since the epoch)."""
+    from validation.sweep import Budget
+
+    clock = Budget(args.budget_minutes)
+    if clock.end is not None:
+        clock.end = started + 60.0 * args.budget_minutes
+    return clock
+
+
+def executor(p, args):
+    """The executor the flags name (None: local); --ray-* flags without --executor ray are refused."""
+    if args.executor == "ray":
+        from validation.executors import RayExecutor
+
+        return RayExecutor(args.ray_address, args.gpus_per_task, args.max_retries)
+    given = [
+        f for f, v in (("--ray-address", args.ray_address), ("--gpus-per-task", args.gpus_per_task)) if v is not None
+    ]
+    if given:
+        p.error(f"{given[0]} applies to --executor ray")
+    return None
+
+
 def main(argv=None) -> int:
+    from validation import common
     from validation.common import OneLineParser
+
+    started = time.time()  # the budget counts from here: loading torch and the data is part of it
 
     p = OneLineParser(prog="python -m validation.experiments", description=__doc__.split("\n")[0])
     p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--results", default="results")
-    p.add_argument("--list", action="store_true", help="list the runs and whether they exist")
+    p.add_argument(
+        "--list",
+        action="store_true",
+        help="list the runs in the order they are computed: done, partial (rounds done) or missing, and the "
+        "estimated time left on this device",
+    )
+    add_sweep_args(p)
     args = p.parse_args(argv)
     check_results_arg(p, args.results)
     if args.list:
-        for r in plan(args.profile):
-            done = is_done(r, os.path.join(args.results, args.profile, r.name))
-            shipped = not done and is_done(r, os.path.join(REFERENCE, args.profile, r.name))
-            print(f"{'done ' if done else 'ref  ' if shipped else 'todo '} {r.name}")
+        from validation.sweep import listing
+
+        seed_from_reference(args.profile, args.results)  # the shipped runs count as done
+        print("\n".join(listing(plan(args.profile), os.path.join(args.results, args.profile))))
         return 0
-    ensure(args.profile, args.data_dir, args.results)
+    try:
+        ensure(args.profile, args.data_dir, args.results, budget=budget(args, started), executor=executor(p, args))
+    except ValueError as exc:  # --executor ray without a cluster to reach
+        common.fail("python -m validation.experiments", exc)
     return 0
 
 

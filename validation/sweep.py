@@ -1,0 +1,243 @@
+"""The sweep's planner: which runs of a profile exist, in which order the rest are computed, and a budget clock.
+
+The results folder is the sweep's only state.  A run's folder is read, never trusted blindly:
+
+* done     summary.json and history.csv parse, history.csv holds the rounds the profile asks for (or the run
+           diverged and said so), and the command summary.json records has the profile's configuration
+           fingerprint (validation.dnn.command_fingerprint: every flag that shapes the run; the data itself is
+           checked by the checkpoint's fingerprint when a run resumes);
+* partial  fewer rounds, with a checkpoint.pt to continue from (validation.dnn --resume);
+* missing  nothing usable (a folder without a checkpoint is recomputed from round 1);
+* stale    the folder holds a different configuration: it is never overwritten, the sweep names the flag.
+
+Any number of calls, on any machines that see the folder, therefore fill a profile in the same priority order
+(``priority``): Table 3's CIFAR-10 alpha = 0.1 column first (FedPM and FedAvg, seed by seed, then the other
+methods), then alpha = 1.0, FEMNIST, CIFAR-100, the ablations, and the convex runs last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import math
+import os
+import re
+import shlex
+import time
+from dataclasses import dataclass
+
+DONE, PARTIAL, MISSING, STALE = "done", "partial", "missing", "stale"
+
+# Table 3's columns (and FEMNIST's table) in the order they are filled; within each, FedPM and FedAvg first
+COLUMNS = ("cifar10-a0.1", "cifar10-a1.0", "femnist", "cifar100-a0.1", "cifar100-a1.0")
+FIRST_METHODS = ("fedpm", "fedavg")
+MAIN_RUN = re.compile(r"main-(?P<column>.+)-(?P<method>[a-z0-9]+)-s(?P<seed>\d+)")
+SEED_SUFFIX = re.compile(r"-s\d+$")
+# what a run costs besides its rounds (process start, data loading, the last writes): reserved from the budget
+START_SECONDS = 20.0
+
+
+@dataclass(frozen=True)
+class Status:
+    state: str  # DONE, PARTIAL, MISSING or STALE
+    rounds_done: int = 0
+    round_seconds: float | None = None  # measured wall seconds per round (history.csv), on ``device``
+    device: str | None = None
+    why: str = ""  # STALE: what differs; DONE: "diverged" when the run stopped on a divergence
+
+
+def priority(runs) -> list:
+    """``runs`` in the order a sweep computes them (stable: the plan's order within a group)."""
+    from validation.experiments import DNN_METHODS
+
+    def key(item):
+        index, run = item
+        m = MAIN_RUN.fullmatch(run.name)
+        column = m and next((i for i, c in enumerate(COLUMNS) if m["column"].startswith(c)), None)
+        if column is not None:
+            method = m["method"]
+            order = DNN_METHODS.index(method) if method in DNN_METHODS else len(DNN_METHODS)
+            tier = 0 if method in FIRST_METHODS else 1
+            first = FIRST_METHODS.index(method) if tier == 0 else order
+            return (column, tier, int(m["seed"]), first, index)
+        return (len(COLUMNS) + (run.kind != "dnn"), 0, 0, 0, index)
+
+    return [r for _, r in sorted(enumerate(runs), key=key)]
+
+
+def units(runs, group=None) -> list[tuple]:
+    """The units of work: tuples of runs computed together (``group(runs) -> [[run, ...], ...]``, e.g. seeds
+    stacked on a batch axis), else one run each; in the priority order of each unit's first run."""
+    ordered = priority(runs)
+    rank = {r.name: i for i, r in enumerate(ordered)}
+    groups = [tuple(g) for g in group(ordered)] if group else [(r,) for r in ordered]
+    return sorted(groups, key=lambda u: min(rank[r.name] for r in u))
+
+
+@functools.lru_cache(maxsize=4096)
+def _fingerprint(argv: tuple) -> dict | None:
+    from validation import dnn
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # the parser's one-line complaint: we say "stale"
+            return dnn.command_fingerprint(argv)
+    except (SystemExit, ValueError):  # a recorded command this version no longer takes: another configuration
+        return None
+
+
+def recorded_argv(summary: dict) -> list | None:
+    """The runner's arguments in summary.json's ``command`` ("python -m validation.dnn ARGS")."""
+    words = shlex.split(summary.get("command", ""))
+    return words[3:] if words[:3] == ["python", "-m", "validation.dnn"] else None
+
+
+def first_difference(want: dict, have: dict | None) -> str:
+    if have is None:
+        return "its recorded command does not parse"
+    for k in sorted(set(want) | set(have)):
+        if want.get(k) != have.get(k):
+            flag = k[len("config.") :].replace("_", " ") if k.startswith("config.") else "--" + k.replace("_", "-")
+            return f"{flag} is {have.get(k)!r}, the profile's {want.get(k)!r}"
+    return ""
+
+
+def status(run, folder: str) -> Status:
+    """What ``folder`` holds of ``run`` (see the module's docstring)."""
+    summary_path = os.path.join(folder, "summary.json")
+    resumable = os.path.isfile(os.path.join(folder, "checkpoint.pt"))
+    try:
+        with open(summary_path) as fh:
+            summary = json.load(fh)
+        if not isinstance(summary, dict):
+            raise ValueError("not an object")
+    except FileNotFoundError:
+        return Status(PARTIAL if resumable else MISSING)
+    except (OSError, ValueError) as exc:
+        return Status(STALE, why=f"summary.json does not parse ({exc})")
+    if run.kind != "dnn":
+        return Status(DONE)
+    # a summary without a command (written by hand, or before summaries recorded one) cannot be checked
+    want = _fingerprint(tuple(run.argv))
+    if "command" in summary and want is not None:
+        argv = recorded_argv(summary)
+        diff = first_difference(want, None if argv is None else _fingerprint(tuple(argv)))
+        if diff:
+            return Status(STALE, why=diff)
+    try:
+        from fedconvex.history import read_run
+
+        rows = read_run(os.path.join(folder, "history.csv"))
+    except (OSError, ValueError, KeyError) as exc:
+        return Status(PARTIAL if resumable else MISSING, why=f"history.csv does not parse ({exc})")
+    done = len(rows)
+    seconds = float(rows[-1]["wall_seconds"]) / done if done else None
+    measured = dict(rounds_done=done, round_seconds=seconds, device=summary.get("device"))
+    if "failed" in summary:  # diverged: a re-run would diverge at the same round
+        return Status(DONE, why="diverged", **measured)
+    if done >= run.rounds:
+        return Status(DONE, **measured)
+    return Status(PARTIAL if resumable else MISSING, **measured)
+
+
+def statuses(runs, root: str) -> dict:
+    return {r.name: status(r, os.path.join(root, r.name)) for r in runs}
+
+
+def this_device() -> str:
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+def round_seconds(runs, states: dict, device: str) -> dict:
+    """{run name: estimated seconds per round on ``device``}: the run's own measurement, else its other seeds',
+    else the mean of its column's (name without method and seed); runs with nothing measured are left out."""
+
+    def measured(st):
+        return st.round_seconds if st.round_seconds and st.device == device else None
+
+    by_seedless, by_column = {}, {}
+    for r in runs:
+        s = measured(states[r.name])
+        if s is not None:
+            by_seedless.setdefault(SEED_SUFFIX.sub("", r.name), []).append(s)
+            by_column.setdefault(SEED_SUFFIX.sub("", r.name).rsplit("-", 1)[0], []).append(s)
+    out = {}
+    for r in runs:
+        own = measured(states[r.name])
+        seedless = SEED_SUFFIX.sub("", r.name)
+        pool = by_seedless.get(seedless) or by_column.get(seedless.rsplit("-", 1)[0])
+        if own is not None:
+            out[r.name] = own
+        elif pool:
+            out[r.name] = sum(pool) / len(pool)
+    return out
+
+
+class Budget:
+    """A wall clock that ends ``minutes`` after it starts (None: never)."""
+
+    def __init__(self, minutes: float | None, clock=time.time):
+        self.clock = clock
+        self.end = None if minutes is None else clock() + 60.0 * minutes
+
+    def left(self) -> float:
+        return math.inf if self.end is None else self.end - self.clock()
+
+
+def time_left(runs, states: dict, estimates: dict) -> tuple[float, int]:
+    """(estimated seconds to finish the runs not done, how many of them have no estimate)."""
+    total, unknown = 0.0, 0
+    for r in runs:
+        st = states[r.name]
+        if st.state == DONE or r.kind != "dnn":
+            continue
+        if r.name in estimates:
+            total += estimates[r.name] * max(r.rounds - st.rounds_done, 0) + START_SECONDS
+        else:
+            unknown += 1
+    return total, unknown
+
+
+def describe(run, st: Status) -> str:
+    if st.state == PARTIAL:
+        return f"partial ({st.rounds_done} of {run.rounds} rounds)"
+    if st.state == STALE:
+        return f"stale: {st.why}; move it away to recompute"
+    if st.state == DONE and st.why:
+        return f"done ({st.why})"
+    return st.state
+
+
+def hours(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+
+
+def listing(runs, root: str, device: str | None = None) -> list[str]:
+    """--list: every run in priority order with its state, then the counts and the estimated time left."""
+    device = device or this_device()
+    ordered = priority(runs)
+    states = statuses(ordered, root)
+    est = round_seconds(ordered, states, device)
+    lines = []
+    for r in ordered:
+        st = states[r.name]
+        left = ""
+        if st.state != DONE and r.name in est:
+            left = f"  ~{hours(est[r.name] * max(r.rounds - st.rounds_done, 0))} left"
+        lines.append(f"{describe(r, st):<34} {r.name}{left}")
+    counts = {s: sum(st.state == s for st in states.values()) for s in (DONE, PARTIAL, MISSING, STALE)}
+    total, unknown = time_left(ordered, states, est)
+    lines.append(", ".join(f"{n} {s}" for s, n in counts.items()) + f" of {len(ordered)} runs")
+    lines.append(
+        f"estimated time left on this device ({device}): {hours(total)} from the runs measured on it"
+        + (f"; {unknown} runs not estimated (no run like them measured on {device})" if unknown else "")
+    )
+    return lines

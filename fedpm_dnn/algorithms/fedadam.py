@@ -2,6 +2,7 @@
 
 beta1 = 0.9, beta2 = 0.99, tau = 1e-3 fixed and the server lr tuned in {0.05, 0.03, 0.01} (paper
 appendix); the defaults are ``fedconvex.server_opt.Adam``'s, the tables' values live in the presets.
+``bias_correction``: Adam's 1 - beta^t corrections of the step (Reddi et al.'s Algorithm 2 has none).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class FedAdam(FedAvg):
     beta1: float = Adam.b1
     beta2: float = Adam.b2
     tau: float = Adam.tau
+    bias_correction: bool = Adam.bias_correction
 
     def server_optimizer(self):
-        return Adam(self.server_lr, self.beta1, self.beta2, self.tau)
+        return Adam(self.server_lr, self.beta1, self.beta2, self.tau, self.bias_correction)

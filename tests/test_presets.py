@@ -151,3 +151,15 @@ def test_split_seed_seeds_the_split_and_seed_the_model(tmp_path, data_dir):
     for d in (desc0, desc1, desc2):
         assert 1 <= d["effective_classes_per_client"] <= 10
         assert d["effective_classes_per_client"] == pytest.approx(effective_classes(d["class_counts"]).mean())
+
+
+def test_the_seed_table_gives_the_runs_own_effective_classes(tmp_path, data_dir, capsys):
+    from validation import splits
+
+    assert splits.main(["--data-dir", data_dir, "--clients", "3", "--alpha", "0.3", "--seeds", "4-6"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {int(ln.split()[0]): float(ln.split()[1]) for ln in lines[2:5]}
+    assert sorted(rows) == [4, 5, 6] and lines[-1].startswith("mean +- std over 3 seeds")
+    for seed, value in rows.items():
+        desc, _ = built(tmp_path, data_dir, "--split-seed", str(seed))
+        assert round(desc["effective_classes_per_client"], 2) == value

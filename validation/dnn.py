@@ -157,13 +157,15 @@ def parse_args(argv=None):
     g.add_argument(
         "--momentum-form",
         choices=("heavy-ball", "ema"),
-        help="FedAvgM's server momentum: heavy-ball v <- beta v + Delta, or ema v <- beta v + (1 - beta) Delta",
+        help="FedAvgM's server momentum: ema v <- beta v + (1 - beta) Delta (default), or heavy-ball "
+        "v <- beta v + Delta (Hsu et al.; its step is up to 1/(1 - beta) times larger); see docs/presets.md",
     )
     g.add_argument(
         "--bias-correction",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="FedAvgM (momentum) and FedAdam (both moments): divide by 1 - beta^t, as Adam does",
+        help="FedAvgM (momentum; default on) and FedAdam (both moments; default off, as Reddi et al.): divide "
+        "by 1 - beta^t, as Adam does",
     )
     g.add_argument("--damping", type=common.nonneg_float, help="FOOF damping (LocalNewton, FedPM)")
     g.add_argument("--batch-size", type=common.positive_int)

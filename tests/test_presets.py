@@ -163,3 +163,12 @@ def test_the_seed_table_gives_the_runs_own_effective_classes(tmp_path, data_dir,
     for seed, value in rows.items():
         desc, _ = built(tmp_path, data_dir, "--split-seed", str(seed))
         assert round(desc["effective_classes_per_client"], 2) == value
+
+
+def test_a_checkpoint_from_before_a_new_flag_resumes_while_the_flag_is_not_given():
+    from fedpm_dnn.checkpoint import first_difference
+
+    old = {"run.alpha": 0.1, "run.seed": 0, "model": "cnn"}
+    assert first_difference(old, {"run.alpha": 0.1, "run.seed": 0, "run.split_seed": None, "model": "cnn"}) is None
+    msg = first_difference(old, {"run.alpha": 0.1, "run.seed": 0, "run.split_seed": 3, "model": "cnn"})
+    assert msg == "--split-seed: checkpoint has '(absent)', this run 3"

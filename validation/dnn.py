@@ -286,11 +286,12 @@ NOT_IN_FINGERPRINT = {"out", "resume", "quiet", "device", "rounds", "data_dir", 
 
 
 def run_fingerprint(args) -> dict:
-    """The flags that shape the run, for the checkpoint's fingerprint (fedpm_dnn.checkpoint), with the settings
-    as the run uses them: a setting given by its flag or by the preset is the same run (the method's own
-    hyper-parameters are in the fingerprint as its config)."""
+    """The flags that shape the run, for the checkpoint's fingerprint (fedpm_dnn.checkpoint).  The data set and
+    alpha as the run uses them (their flags once defaulted to cifar10 and 0.1, a preset now supplies them); the
+    other settings as given (None: from the preset or the default), as checkpoints have always recorded them,
+    and the method's hyper-parameters as they are, in its config."""
     flags = {k: v for k, v in vars(args).items() if k not in NOT_IN_FINGERPRINT}
-    return dict(sorted({**flags, **args.resolved.settings}.items()))
+    return dict(sorted({**flags, "alpha": args.resolved.settings["alpha"]}.items()))
 
 
 def balanced_subset(labels, n, num_classes, seed):

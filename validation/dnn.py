@@ -164,8 +164,8 @@ def parse_args(argv=None):
         "--bias-correction",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="FedAvgM (momentum; default on) and FedAdam (both moments; default off, as Reddi et al.): divide "
-        "by 1 - beta^t, as Adam does",
+        help="FedAvgM (momentum) and FedAdam (both moments): divide by 1 - beta^t, as Adam does (default on; "
+        "Reddi et al.'s FedAdam has none: --no-bias-correction)",
     )
     g.add_argument("--damping", type=common.nonneg_float, help="FOOF damping (LocalNewton, FedPM)")
     g.add_argument("--batch-size", type=common.positive_int)

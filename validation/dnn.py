@@ -251,7 +251,10 @@ def preset_warning(args) -> str | None:
     conflicts = args.resolved.conflicts
     if not conflicts:
         return None
-    show = lambda k, v: f"{k.replace('_', '-')} {'all' if v is None and k in ('foof_samples', 'participants') else v}"  # noqa: E731
+
+    def show(key, value):  # None: every client / every sample
+        return f"{key.replace('_', '-')} {'all' if value is None else value}"
+
     flags = ", ".join("--" + show(k, c["flag"]) for k, c in conflicts.items())
     table = ", ".join(show(k, c["preset"]) for k, c in conflicts.items())
     return f"{PROG}: warning: {flags} override{'s' if len(conflicts) == 1 else ''} preset {args.preset}'s {table}"
@@ -281,7 +284,7 @@ def check_args(p, args):
 # flags that do not change what a run computes (where it writes, how it reports, how many rounds)
 # engine: the checkpoint records the resolved engine (fedpm_dnn.checkpoint.fingerprint), not the flag, so that
 # "auto" and the engine it stands for resume each other
-# resolved: the run's settings from its flags and preset, recorded as the settings themselves (below)
+# resolved: derived from the flags and the preset (run_fingerprint adds the alpha it resolved to)
 NOT_IN_FINGERPRINT = {"out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "resolved"}
 
 

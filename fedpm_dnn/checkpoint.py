@@ -88,6 +88,8 @@ def first_difference(saved: dict, now: dict) -> str | None:
         saved = {**{k: v for k, v in saved.items() if k != "run.engine"}, "engine": saved["run.engine"]}
     order = list(now) + [k for k in saved if k not in now]
     for key in order:
+        if key.startswith("run.") and key not in saved and now[key] is None:
+            continue  # a flag added since the checkpoint was written, not given now: the run it wrote
         a, b = saved.get(key, "(absent)"), now.get(key, "(absent)")
         if a != b:
             if key == "data_hash":

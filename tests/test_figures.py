@@ -182,3 +182,18 @@ def test_a_table_drawn_from_part_of_its_runs_says_so(tmp_path):
     assert f"INCOMPLETE: 1 of the profile's {len(main_runs)} runs missing (e.g. {main_runs[-1].name}" in md
     assert "INCOMPLETE" in open(os.path.join(out, "table_pvalues.md")).read()
     assert any("missing" in m for m in messages)
+
+
+def test_data_distribution_shows_the_effective_classes_per_client(tmp_path):
+    root = str(tmp_path / "r")
+    _dnn_run(root, "main-cifar10-a0.1-fedavg-s0", 0.3, clients=3)
+    path = os.path.join(root, "main-cifar10-a0.1-fedavg-s0", "summary.json")
+    summary = json.load(open(path))
+    summary["class_counts"] = [[5, 5, 0, 0, 0, 0, 0, 0, 0, 0], [9, 0, 0, 0, 0, 0, 0, 0, 0, 0], [2, 1, 1] + [0] * 7]
+    summary["split_seed"] = 7
+    json.dump(summary, open(path, "w"))
+    _, fig = draw.data_distribution({"0.1": os.path.join(root, "main-cifar10-a0.1-fedavg-s0")}, str(tmp_path / "o"))
+    title = fig.axes[0].get_title()
+    # per client 2, 1 and 2^1.5 effective classes (exp of the entropy of its class shares): mean 1.94
+    assert "1.94 effective classes per client" in title and "split seed 7" in title
+    assert [t.get_text().split("\n")[2] for t in fig.axes[0].get_xticklabels()] == ["2.0", "1.0", "2.8"]

@@ -3,6 +3,7 @@ drawing from its own random stream, ``client_streams``), on a loopback grid (fas
 Flower's simulation engine and in a real local deployment; bad, spoofed or missing replies are
 rejected with a reason and the round completes with the others."""
 
+import json
 import logging
 import os
 import subprocess
@@ -495,7 +496,7 @@ def fake_cifar(root, n=40, seed=0):
 def test_prepare_writes_each_clients_partition_and_a_node_reads_only_its_folder(tmp_path, capsys):
     import torch
 
-    from fedpm_dnn.data import load_image_dataset
+    from fedpm_dnn.data import effective_classes, load_image_dataset
     from fedpm_dnn.data.partition import make_partition
     from fedpm_flower import cnn, prepared
     from validation import flower
@@ -510,6 +511,8 @@ def test_prepare_writes_each_clients_partition_and_a_node_reads_only_its_folder(
         np.testing.assert_array_equal(x, data.x_train[part])
         np.testing.assert_array_equal(y, data.y_train[part])
     assert sorted(os.listdir(out)) == ["client-0", "client-1", "client-2", "meta.json", "server"]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["effective_classes_per_client"] == pytest.approx(effective_classes(meta["class_counts"]).mean())
     cfg = FlowerRunConfig(problem="cnn", method="fedpm", clients=3, rounds=1, lr=0.1, data_dir="")
     # a node is handed its folder in its node config: that folder is its data, whatever its partition id
     mine = cnn.client_data(cfg, 0, prepared.client_folder(str(out), 2))

@@ -52,7 +52,7 @@ def main(argv=None) -> int:
 def prepare(args) -> None:
     import json
 
-    from fedpm_dnn.data import load_image_dataset, partition_table
+    from fedpm_dnn.data import effective_classes, load_image_dataset, partition_table
     from fedpm_dnn.data.partition import make_partition
     from fedpm_flower import prepared
     from validation.dnn import balanced_subset
@@ -92,7 +92,12 @@ def prepare(args) -> None:
             prepared.write(prepared.client_folder(tmp, i), "train.npz", x[part], y[part], {**meta, "client": i})
         prepared.write(prepared.server_folder(tmp), "test.npz", xt, yt, meta)
         with open(os.path.join(tmp, "meta.json"), "w") as fh:
-            json.dump({**meta, "class_counts": partition_table(y, parts, data.num_classes).tolist()}, fh, indent=1)
+            counts = partition_table(y, parts, data.num_classes)
+            split = {
+                "class_counts": counts.tolist(),
+                "effective_classes_per_client": float(effective_classes(counts).mean()),
+            }
+            json.dump({**meta, **split}, fh, indent=1)
     print(
         f"wrote {len(parts)} client folders ({', '.join(str(len(p)) for p in parts)} images) and server/ "
         f"({len(yt)} test images) to {args.out}"

@@ -145,6 +145,11 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
         if diff:
             raise ValueError(f"{checkpoint}: written by a different configuration ({diff}); remove it or drop --resume")
         _ck.check_structure(checkpoint, ck, server_view(state), n)
+        if len(ck["history"]) > exp.rounds:  # a run is extended, never cut: its later rounds would be lost
+            raise ValueError(
+                f"--rounds {exp.rounds}: {checkpoint} already holds {len(ck['history'])} rounds; ask for "
+                f"{len(ck['history'])} or more to continue it (nothing was changed)"
+            )
         state, history = from_server_view(ck["server"], ck["clients"]), ck["history"]
         try:
             rng.bit_generator.state = ck["np_rng"]
@@ -153,7 +158,6 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
                 f"{checkpoint}: damaged checkpoint (random generator state: {exc}); remove it or choose another --out"
             ) from None
     wall0 = time.perf_counter() - (history[-1]["wall_seconds"] if history else 0.0)
-    round_start = [0.0]
     _reset_peak_memory(exp.device)
 
     def after_round(state, history, rng):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import math
 import os
@@ -78,14 +79,30 @@ def positive_float(text):
     return v
 
 
-def check_out_arg(parser, path, flag="--out"):
-    """Refuse, as one parser error, an output path that cannot receive results without loss."""
+def check_out_arg(parser, path, flag="--out", kind=None):
+    """Refuse, as one parser error, an output path that cannot receive ``kind``'s results without loss."""
     from validation.outputs import OutputError, check_out
 
     try:
-        check_out(path, flag)
+        check_out(path, flag, kind)
     except OutputError as exc:
         parser.error(str(exc))
+
+
+@contextlib.contextmanager
+def holding_out(prog: str, path: str, kind=None):
+    """For the block this process alone writes the output folder ``path`` (validation.outputs.exclusive): a run
+    into a folder another run is writing is refused in one line, and the folder is checked again now that no
+    other run can change it."""
+    from validation.outputs import OutputError, check_out, exclusive
+
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(exclusive(path))
+            check_out(path, kind=kind)
+        except OutputError as exc:
+            fail(prog, exc)
+        yield
 
 
 def precond_codec(spec):
@@ -223,7 +240,7 @@ def keep_freed_memory(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 2*
 
     try:
         libc = ctypes.CDLL(None)
-        mallopt, version = libc.mallopt, libc.gnu_get_libc_version  # glibc only (musl has no version call)
+        mallopt, _ = libc.mallopt, libc.gnu_get_libc_version  # glibc only (musl has no version call)
     except (OSError, AttributeError):
         return False
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3

@@ -16,11 +16,11 @@ command and versions).  A run whose summary.json exists with all its rounds is n
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass
 
+from fedconvex.files import DamagedFile, read_json_object
 from fedpm_dnn.algorithms import METHODS
 from validation.progress import Progress
 
@@ -294,16 +294,26 @@ def plan(profile: str) -> list[Run]:
     return runs
 
 
-def is_done(run: Run, folder: str) -> bool:
+def status(run: Run, folder: str) -> tuple[bool, str]:
+    """(done, why not where its summary is damaged): a damaged summary.json is a run to compute again."""
     path = os.path.join(folder, "summary.json")
-    if not os.path.isfile(path):
-        return False
+    if not os.path.lexists(path):
+        return False, ""
+    try:
+        summary = read_json_object(path)
+    except DamagedFile as exc:
+        return False, str(exc)
     if run.kind == "superlinear":
-        return True
-    with open(path) as fh:
-        summary = json.load(fh)
+        return True, ""
+    rounds = summary.get("rounds_done", 0)
+    if not isinstance(rounds, int) or isinstance(rounds, bool):
+        return False, f"{path}: damaged (rounds_done is {rounds!r}, not a count)"
     # a run that diverged has recorded why; re-running it would diverge at the same round
-    return summary.get("rounds_done", 0) >= run.rounds or "failed" in summary
+    return rounds >= run.rounds or "failed" in summary, ""
+
+
+def is_done(run: Run, folder: str) -> bool:
+    return status(run, folder)[0]
 
 
 def data_available(dataset: str, data_dir: str | None) -> bool:
@@ -382,8 +392,8 @@ def main(argv=None) -> int:
     check_results_arg(p, args.results)
     if args.list:
         for r in plan(args.profile):
-            done = is_done(r, os.path.join(args.results, args.profile, r.name))
-            print(f"{'done ' if done else 'todo '} {r.name}")
+            done, damaged = status(r, os.path.join(args.results, args.profile, r.name))
+            print(f"{'done ' if done else 'todo '} {r.name}" + (f"  ({damaged})" if damaged else ""))
         return 0
     ensure(args.profile, args.data_dir, args.results)
     return 0

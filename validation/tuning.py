@@ -291,8 +291,14 @@ class TuningCache:
     def key(**parts) -> str:
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
-    def get(self, key):
-        return self.data.get(key)
+    def get(self, key, choices=None):
+        """The entry under ``key``; with ``choices`` (the candidates it was chosen from) only when it is one of
+        them: a damaged entry (edited, truncated, of another grid) is None, so the method is tuned again and the
+        entry rewritten."""
+        entry = self.data.get(key)
+        if choices is not None and not any(entry == c for c in choices):
+            return None
+        return entry
 
     def put(self, key, params) -> None:
         if not self.path:

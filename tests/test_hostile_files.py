@@ -119,6 +119,17 @@ def test_a_fifo_device_or_link_loop_named_as_data_is_refused_at_once(tmp_path, m
     assert str(exc.value).startswith(str(bad)) and ("not a regular file" in str(exc.value) or "loop" in str(exc.value))
 
 
+@pytest.mark.parametrize("name", ["train.npz", "meta.json"])
+def test_a_fifo_in_a_prepared_flower_folder_is_refused_at_once(tmp_path, name):
+    from fedpm_flower import prepared
+
+    prepared.write(str(tmp_path), "train.npz", np.zeros((2, 3, 4, 4)), [0, 1], {"classes": 2})
+    os.remove(tmp_path / name)
+    os.mkfifo(tmp_path / name)
+    with at_most(20), pytest.raises(ValueError, match=f"{tmp_path / name}: is a FIFO, not a regular file"):
+        prepared.load(str(tmp_path), "train.npz")
+
+
 def test_a_fifo_in_the_data_folder_is_one_line_from_the_command(tmp_path, capsys, one_thread):
     cifar_images(str(tmp_path / "d"), n_train=2, n_test=1)
     os.mkfifo(tmp_path / "d" / "test" / "dog" / "x.jpg")

@@ -279,6 +279,11 @@ def test_the_lock_of_a_killed_run_is_taken_and_removed(base, tmp_path):
     with outputs.ResultDir(str(out)) as tmp:
         open(os.path.join(tmp, "summary.json"), "w").write("{}")
     assert sorted(os.listdir(tmp_path)) == ["run"]
+    p = _holder(out)  # killed again; a dnn run into another folder beside it removes what it left
+    p.kill()
+    p.wait()
+    assert dnn.main(dnn_args(base, "--rounds", "1", "--out", str(tmp_path / "other"))) == 0
+    assert sorted(os.listdir(tmp_path)) == ["other", "run"]
 
 
 # ------------------------------------------------------------------ 4, 15. the decoded-CIFAR cache

@@ -93,12 +93,13 @@ def check_out_arg(parser, path, flag="--out", kind=None):
 def holding_out(prog: str, path: str, kind=None):
     """For the block this process alone writes the output folder ``path`` (validation.outputs.exclusive): a run
     into a folder another run is writing is refused in one line, and the folder is checked again now that no
-    other run can change it."""
-    from validation.outputs import OutputError, check_out, exclusive
+    other run can change it.  What killed runs left beside it (temporary folders, lock files) is removed."""
+    from validation.outputs import OutputError, check_out, clean_stale, exclusive
 
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(exclusive(path))
+            clean_stale(os.path.dirname(os.path.abspath(path)))
             check_out(path, kind=kind)
         except OutputError as exc:
             fail(prog, exc)

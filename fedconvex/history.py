@@ -69,10 +69,16 @@ def _value(column: str, text: str):
 def read_history(path) -> dict:
     """{method: [row dicts]} of a history file (method None for a single run without a method column)."""
     out: dict = {}
-    with open(path, newline="") as fh:
-        for row in csv.DictReader(fh):
-            rec = {c: _value(c, v) for c, v in row.items() if c != "method"}
-            out.setdefault(row.get("method"), []).append(rec)
+    try:
+        with open(path, newline="") as fh:
+            reader = csv.DictReader(fh)
+            for row in reader:
+                if None in row or None in row.values():  # more or fewer cells than the header names
+                    raise ValueError(f"line {reader.line_num}: not one cell per column of the header")
+                rec = {c: _value(c, v) for c, v in row.items() if c != "method"}
+                out.setdefault(row.get("method"), []).append(rec)
+    except (ValueError, csv.Error) as exc:  # UnicodeDecodeError included
+        raise ValueError(f"{path}: not a history file ({exc})") from None
     return out
 
 

@@ -101,16 +101,12 @@ def first_difference(saved: dict, now: dict) -> str | None:
 
 
 def save(path: str, payload: dict) -> None:
-    """Write atomically (a kill leaves the previous checkpoint or the new one, never half of one)."""
-    try:
-        with replaced_atomically(path, path + ".tmp") as tmp, open(tmp, "wb") as fh:
-            torch.save(payload, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except RuntimeError as exc:
-        if isinstance(exc.__context__, KeyboardInterrupt):
-            raise KeyboardInterrupt from None  # torch's zip writer reports a Ctrl-C inside torch.save as this
-        raise
+    """Write atomically (a kill leaves the previous checkpoint or the new one, never half of one; a full disk or a
+    Ctrl-C, which torch's zip writer reports as its own RuntimeError, is raised as itself: replaced_atomically)."""
+    with replaced_atomically(path) as tmp, open(tmp, "wb") as fh:
+        torch.save(payload, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def load(path: str, map_location=None) -> dict:

@@ -172,6 +172,11 @@ def drive(task, driver, state, rounds, seed, fingerprint, checkpoint=None, resum
         if diff:
             raise ValueError(f"{checkpoint}: written by a different configuration ({diff}); remove it or drop --resume")
         _ck.check_structure(checkpoint, ck, server_view(state), n)
+        if len(ck["history"]) > rounds:  # a run is extended, never cut: its later rounds would be lost
+            raise ValueError(
+                f"--rounds {rounds}: {checkpoint} already holds {len(ck['history'])} rounds; ask for "
+                f"{len(ck['history'])} or more to continue it (nothing was changed)"
+            )
         state, history = from_server_view(ck["server"], ck["clients"]), ck["history"]
         try:
             rng.bit_generator.state = ck["np_rng"]

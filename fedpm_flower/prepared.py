@@ -15,6 +15,8 @@ import os
 
 import numpy as np
 
+from fedconvex.files import open_regular, read_json_object
+
 
 def write(folder: str, name: str, x, y, meta: dict) -> None:
     os.makedirs(folder, exist_ok=True)
@@ -24,13 +26,12 @@ def write(folder: str, name: str, x, y, meta: dict) -> None:
 
 
 def meta(folder: str) -> dict:
-    with open(os.path.join(folder, "meta.json")) as fh:
-        return json.load(fh)
+    return read_json_object(os.path.join(folder, "meta.json"))  # a regular file holding a JSON object
 
 
 def load(folder: str, name: str):
-    """(x uint8, y int64, meta) of a prepared folder; no pickled objects are read."""
-    with np.load(os.path.join(folder, name), allow_pickle=False) as z:
+    """(x uint8, y int64, meta) of a prepared folder; no pickled objects are read, no FIFO or device."""
+    with open_regular(os.path.join(folder, name), error=ValueError) as fh, np.load(fh, allow_pickle=False) as z:
         x, y = z["x"], z["y"]
     if x.dtype != np.uint8 or x.ndim != 4 or y.shape != (len(x),):
         raise ValueError(f"{folder}/{name}: expected uint8 images (N, C, H, W) and N labels")

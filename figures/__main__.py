@@ -17,7 +17,8 @@ import os
 import sys
 import time
 
-from validation.common import OneLineParser
+from fedconvex.files import DamagedFile, hidden_cause
+from validation.common import OneLineParser, check_out_arg, fail
 from validation.experiments import (
     DNN_METHODS,
     PROFILES,
@@ -30,12 +31,14 @@ from validation.experiments import (
     plan,
     seed_from_reference,
 )
-from validation.outputs import MARKER, mark
+from validation.outputs import Kind, OutputError, check_out, exclusive, mark
 
 from . import compression, draw
 from .results import best_by_seed, read_summary, runs_matching
 from .tables import LABELS, PAPER, accuracy_table, max_pvalue, to_latex, to_markdown, versus_paper
 
+PROG = "python -m figures"
+OUTPUT = Kind(PROG, ("*.png", "*.pdf", "*.md", "*.tex"))  # what a run writes into --out
 BANDWIDTH = 1e9 / 8  # bytes/s of the 1 Gbit/s link used to turn bytes into communication time
 
 
@@ -220,27 +223,25 @@ def main(argv=None) -> int:
     add_sweep_args(p)
     args = p.parse_args(argv)
     check_results_arg(p, args.results)
-    if args.out is not None and os.path.lexists(args.out) and not os.path.isdir(args.out):
-        p.error(f"--out {args.out}: exists and is not a folder")
-    if (
-        args.out is not None
-        and os.path.isdir(args.out)
-        and os.listdir(args.out)
-        and not os.path.exists(os.path.join(args.out, MARKER))
-    ):
-        # figures are written file by file into --out: a folder of someone's own (a paper's table3_accuracy.md)
-        # would be overwritten in place
-        p.error(
-            f"--out {args.out}: folder exists and holds files this command did not write (no {MARKER}); "
-            "choose another --out or empty it"
-        )
+    out = args.out or os.path.join("figures", "out", args.profile)
+    check_out_arg(p, out, kind=OUTPUT)  # figures are written file by file into it: only ever into a folder of ours
     if args.no_compute:
         seed_from_reference(args.profile, args.results)
     else:
         ensure(args.profile, args.data_dir, args.results, budget=budget(args, started), executor=executor(p, args))
-    out = args.out or os.path.join("figures", "out", args.profile)
-    produced = build_all(os.path.join(args.results, args.profile), out, args.profile)
-    mark(out)  # ours: a later run may write into it again
+    try:
+        with exclusive(out):
+            check_out(out, kind=OUTPUT)
+            os.makedirs(out, exist_ok=True)
+            mark(out, PROG)  # before the first figure: a run that stops half-way leaves a folder a rerun may take
+            produced = build_all(os.path.join(args.results, args.profile), out, args.profile)
+    except (DamagedFile, OutputError) as exc:
+        fail(PROG, exc)
+    except Exception as exc:  # a full disk, a read-only folder, also as a writer's own error (matplotlib's PDF)
+        cause = hidden_cause(exc)
+        if not isinstance(cause, OSError):
+            raise
+        fail(PROG, cause if cause.filename else OSError(f"--out {out}: cannot be written ({cause.strerror or cause})"))
     print(f"wrote {len(produced)} files under {out}:")
     for f in produced:
         print("  " + f)
@@ -250,4 +251,4 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     from validation.common import run_command
 
-    sys.exit(run_command("python -m figures", main, "the results already computed are kept"))
+    sys.exit(run_command(PROG, main, "the results already computed are kept"))

@@ -11,12 +11,13 @@ Three tables and one figure:
 
 from __future__ import annotations
 
-import csv
 import os
 
 import numpy as np
 
+from fedconvex.files import DamagedFile
 from validation.experiments import CNN_CODECS, CNN_PARAM_DTYPE_RUNS, CONVEX_CODECS, codec_slug, param_slug
+from validation.report import read_history as read_convex
 
 from .results import read_history, read_summary, runs_matching
 
@@ -25,9 +26,12 @@ MiB = 2**20
 
 
 def _convex_rows(folder, method):
-    with open(os.path.join(folder, "history.csv"), newline="") as fh:
-        rows = [r for r in csv.DictReader(fh) if r["method"] == method]
-    return [(int(r["round"]), float(r["dist"]), float(r["bytes_up"])) for r in rows]
+    path = os.path.join(folder, "history.csv")
+    try:
+        rows = read_convex(path).get(method, [])
+    except ValueError as exc:
+        raise DamagedFile(f"damaged result: {exc}") from None
+    return [(r["round"], r["dist"], r["bytes_up"]) for r in rows]
 
 
 def _to_target(rows):

@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 from fedconvex.algorithms import PAPER_TEST1 as TEST1  # noqa: E402
 from fedconvex.algorithms import REGISTRY as CONVEX_REGISTRY  # noqa: E402
 from fedconvex.data.splits import effective_classes  # noqa: E402
+from fedconvex.files import DamagedFile  # noqa: E402
 from fedpm_dnn.algorithms import METHODS as ORDER  # noqa: E402  (the paper's order of Test 2)
 
 from .results import best_by_seed, curves_by_seed, read_summary  # noqa: E402
@@ -45,7 +46,10 @@ def test1(folders: dict, out_dir, note=""):
     fig, axes = plt.subplots(len(names), 2, figsize=(10, 3.6 * len(names)), squeeze=False)
     styles = ["-", "--", "-.", ":"]
     for row, ds in enumerate(names):
-        hist = read_convex(os.path.join(folders[ds], "history.csv"))
+        try:
+            hist = read_convex(os.path.join(folders[ds], "history.csv"))
+        except ValueError as exc:
+            raise DamagedFile(f"damaged result: {exc}") from None
         f_star = read_summary(folders[ds])["f_star"]
         floor = 2.2e-16 * max(1.0, abs(f_star))
         for k, m in enumerate(x for x in TEST1 if x in hist):

@@ -1,25 +1,81 @@
-"""Reading saved runs: histories, summaries, and best accuracies grouped over seeds."""
+"""Reading saved runs: histories, summaries, and best accuracies grouped over seeds.
+
+A damaged file (not JSON, a missing or non-numeric entry, a history whose cells are not numbers) is one
+``DamagedFile`` naming it, whichever figure reads it first."""
 
 from __future__ import annotations
 
-import json
+import numbers
 import os
 import re
 
 import numpy as np
 
+from fedconvex.files import DamagedFile, read_json_object
 from fedconvex.history import read_run
+
+# the summary entries the figures and tables read as numbers (None where a run recorded none)
+NUMBERS = (
+    "best_test_acc",
+    "final_test_acc",
+    "mean_client_seconds_per_round",
+    "mean_server_seconds_per_round",
+    "bytes_up_per_round",
+    "bytes_down_per_round",
+    "peak_memory_mb",
+    "clients",
+    "rounds_done",
+    "f_star",
+)
+
+
+class Entries(dict):
+    """A file's entries; asking for one it lacks is a DamagedFile naming the file (not a bare KeyError)."""
+
+    def __init__(self, path, entries):
+        super().__init__(entries)
+        self.path = path
+
+    def __missing__(self, key):
+        raise DamagedFile(f"{self.path}: damaged (no {key!r} entry)")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
 def read_history(folder):
     """{column: array} of a run folder's single-run history (fedconvex.history's format)."""
-    rows = read_run(os.path.join(folder, "history.csv"))
-    return {k: np.array([float(r[k]) for r in rows]) for k in rows[0]} if rows else {}
+    path = os.path.join(folder, "history.csv")
+    try:
+        rows = read_run(path)
+    except ValueError as exc:
+        raise DamagedFile(f"damaged result: {exc}") from None
+    out = {}
+    for k in rows[0] if rows else ():
+        if not all(_is_number(r[k]) for r in rows):
+            raise DamagedFile(f"{path}: damaged (column {k!r} holds a cell that is not a number)")
+        out[k] = np.array([float(r[k]) for r in rows])
+    return Entries(path, out)
 
 
 def read_summary(folder):
-    with open(os.path.join(folder, "summary.json")) as fh:
-        return json.load(fh)
+    path = os.path.join(folder, "summary.json")
+    summary = read_json_object(path)
+    for k in NUMBERS:
+        v = summary.get(k)
+        if v is not None and not _is_number(v):
+            raise DamagedFile(f"{path}: damaged ({k} is {v!r}, not a number)")
+    counts = summary.get("class_counts")
+    if counts is not None:
+        try:
+            a = np.asarray(counts)
+            ok = a.ndim == 2 and a.size > 0 and a.dtype.kind in "iu" and a.min() >= 0
+        except (ValueError, TypeError):
+            ok = False
+        if not ok:
+            raise DamagedFile(f"{path}: damaged (class_counts is not a table of counts)")
+    return Entries(path, summary)
 
 
 def runs_matching(root, pattern):

@@ -20,3 +20,18 @@ def cifar_pickle(root, n=30, seed=0, balanced=False):
                 },
                 fh,
             )
+
+
+def cifar_images(root, classes=("cat", "dog", "frog", "ship"), n_train=12, n_test=4, seed=0):
+    """``root``/train/<class>/<i>.png and test/<class>/<i>.png: random 32x32 RGB images (the JPEG copy's layout).
+    Stored uncompressed, so an image's size depends only on its dimensions: new pixels keep every size."""
+    from PIL import Image
+
+    g = np.random.default_rng(seed)
+    for split, n in (("train", n_train), ("test", n_test)):
+        for c in classes:
+            folder = os.path.join(root, split, c)
+            os.makedirs(folder, exist_ok=True)
+            for i in range(n):
+                img = Image.fromarray(g.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+                img.save(os.path.join(folder, f"{i}.png"), compress_level=0)

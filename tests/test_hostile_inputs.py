@@ -447,7 +447,7 @@ CASES = [
         "fig-out-foreign",
         figures_main,
         ["--no-compute", "--results", "{W}/foreign", "--out", "{W}/foreign"],
-        "--out {W}/foreign: folder exists and holds files this command did not write",
+        "--out {W}/foreign: is not a previous result of this tool: it holds notes.txt",
     ),
 ]
 
@@ -747,12 +747,13 @@ def test_a_previous_result_is_replaced_only_when_the_new_one_is_complete(tmp_pat
     assert sorted(os.listdir(tmp_path)) == ["res"]
 
 
-def test_a_legacy_result_folder_is_ours_and_a_stale_partial_of_a_dead_process_is_removed(tmp_path):
-    legacy = tmp_path / "superlinear-a9a"
-    legacy.mkdir()
+def test_a_folder_without_the_marker_is_not_ours_and_a_stale_partial_of_a_dead_process_is_removed(tmp_path):
+    unmarked = tmp_path / "superlinear-a9a"  # our file names, but nothing says we wrote them
+    unmarked.mkdir()
     for f in ("history.csv", "summary.json", "convergence.png"):
-        (legacy / f).write_text("x")
-    outputs.check_out(str(legacy))
+        (unmarked / f).write_text("x")
+    with pytest.raises(outputs.OutputError, match="is not a previous result of this tool: it holds convergence.png"):
+        outputs.check_out(str(unmarked))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stale = tmp_path / f".partial-{dead.pid}-abc"

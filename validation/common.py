@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import math
@@ -81,14 +82,31 @@ def positive_float(text):
     return v
 
 
-def check_out_arg(parser, path, flag="--out"):
-    """Refuse, as one parser error, an output path that cannot receive results without loss."""
+def check_out_arg(parser, path, flag="--out", kind=None):
+    """Refuse, as one parser error, an output path that cannot receive ``kind``'s results without loss."""
     from validation.outputs import OutputError, check_out
 
     try:
-        check_out(path, flag)
+        check_out(path, flag, kind)
     except OutputError as exc:
         parser.error(str(exc))
+
+
+@contextlib.contextmanager
+def holding_out(prog: str, path: str, kind=None):
+    """For the block this process alone writes the output folder ``path`` (validation.outputs.exclusive): a run
+    into a folder another run is writing is refused in one line, and the folder is checked again now that no
+    other run can change it.  What killed runs left beside it (temporary folders, lock files) is removed."""
+    from validation.outputs import OutputError, check_out, clean_stale, exclusive
+
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(exclusive(path))
+            clean_stale(os.path.dirname(os.path.abspath(path)))
+            check_out(path, kind=kind)
+        except OutputError as exc:
+            fail(prog, exc)
+        yield
 
 
 def precond_codec(spec):

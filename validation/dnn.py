@@ -24,10 +24,11 @@ import numpy as np
 
 from fedconvex.files import replaced_atomically
 from validation import common
-from validation.outputs import sigterm_as_exit
+from validation.outputs import Kind, mark, sigterm_as_exit, written_by
 from validation.progress import Progress
 
 PROG = "python -m validation.dnn"
+OUTPUT = Kind(PROG, ("history.csv", "summary.json", "checkpoint.pt"))  # what a run writes into --out
 DEFAULT_ENGINE = "auto"
 # auto: on a GPU the vectorized engine (5-6x the sequential one for SimpleCNN on an H100/H200); on a CPU the
 # sequential one.  With per-client convolutions the vectorized engine is level there (SimpleCNN, 10 clients:
@@ -287,15 +288,23 @@ def check_args(p, args):
             p.error(f"--participants {args.participants} exceeds the {DEFAULT_CLIENTS} clients (default --clients)")
     if args.client_chunk is not None and args.engine == "sequential":
         p.error("--client-chunk applies to --engine vectorized (or auto on a GPU), not to --engine sequential")
-    common.check_out_arg(p, args.out)
+    common.check_out_arg(p, args.out, kind=OUTPUT)
+    why = checkpoint_conflict(args)
+    if why:
+        p.error(why)
+
+
+def checkpoint_conflict(args) -> str | None:
+    """Why --out's checkpoint and --resume do not go together, or None."""
     ckpt = os.path.join(args.out, "checkpoint.pt")
     if os.path.lexists(ckpt) and not os.path.isfile(ckpt):  # a folder (or a dangling link) by that name
         what = "is a folder" if os.path.isdir(ckpt) else "is not a regular file"
-        p.error(f"{ckpt}: {what}, not a checkpoint file; move it away or choose another --out")
+        return f"{ckpt}: {what}, not a checkpoint file; move it away or choose another --out"
     if args.resume and not os.path.isfile(ckpt):
-        p.error(f"--resume: {ckpt} does not exist; drop --resume to start a new run")
+        return f"--resume: {ckpt} does not exist; drop --resume to start a new run"
     if not args.resume and os.path.exists(ckpt):
-        p.error(f"{ckpt} exists: pass --resume to continue it, or choose another --out")
+        return f"{ckpt} exists: pass --resume to continue it, or choose another --out"
+    return None
 
 
 # flags that do not change what a run computes (where it writes, how it reports, how many rounds)
@@ -493,7 +502,7 @@ def build(args):
 
 
 def write_atomic(path, text):
-    with replaced_atomically(path, path + ".tmp") as tmp, open(tmp, "w") as fh:
+    with replaced_atomically(path) as tmp, open(tmp, "w") as fh:
         fh.write(text)
 
 
@@ -532,12 +541,10 @@ def summarize(desc, history, command):
 def open_out(out) -> str:
     """Create ``out`` (marked as ours) if needed: 'created' (this run made it), 'marked' (it was an empty folder,
     now marked as ours) or 'ours' (a previous result)."""
-    from validation.outputs import is_ours, mark
-
     created = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
-    if created or not is_ours(out):  # new, or empty (check_args refused anything else)
-        mark(out)
+    if created or written_by(out) is None:  # new, or empty (check_args refused anything else)
+        mark(out, PROG)
         return "created" if created else "marked"
     return "ours"
 
@@ -555,6 +562,15 @@ def undo_open_out(out, state: str) -> None:
 
 def fail_run(args, exc):
     # keep what the run reached, and say why it stopped (a re-run would stop the same way)
+    if isinstance(exc, OSError):  # a full disk, a folder made read-only: each file is replaced whole
+        kept = os.path.isfile(os.path.join(args.out, "checkpoint.pt"))
+        common.fail(
+            PROG,
+            OSError(
+                f"{exc}; "
+                + (f"{args.out} keeps the rounds done so far (--resume continues)" if kept else "nothing was written")
+            ),
+        )
     summary_path = os.path.join(args.out, "summary.json")
     if isinstance(exc, ArithmeticError) and os.path.isfile(summary_path):
         with open(summary_path) as fh:
@@ -566,6 +582,14 @@ def fail_run(args, exc):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    with common.holding_out(PROG, args.out, OUTPUT):
+        why = checkpoint_conflict(args)  # again, now that no other run can change it
+        if why:
+            common.fail(PROG, ValueError(why))
+        return run(args, argv)
+
+
+def run(args, argv) -> int:
     try:
         import torch
     except ImportError:
@@ -608,7 +632,7 @@ def main(argv=None) -> int:
             undo_open_out(args.out, opened)
         if isinstance(exc, KeyboardInterrupt) and os.path.exists(ckpt):  # said in one line (run_command)
             raise type(exc)(f"{args.out} keeps the rounds done so far; --resume continues") from None
-        if not isinstance(exc, (ArithmeticError, ValueError)):
+        if not isinstance(exc, (ArithmeticError, ValueError, OSError)):
             raise
         fail_run(args, exc)
     summary = summarize(desc, history, command)
@@ -616,6 +640,8 @@ def main(argv=None) -> int:
         write_outputs(args.out, history, summary)
     except KeyboardInterrupt as exc:  # each file is replaced whole: the last round's files stand
         raise type(exc)(f"{args.out} keeps the rounds done so far; --resume continues") from None
+    except OSError as exc:
+        fail_run(args, exc)
     print(
         f"{args.method}: best test accuracy {summary['best_test_acc']:.4f}, final {summary['final_test_acc']:.4f} "
         f"after {len(history)} rounds ({time.perf_counter() - start:.1f}s)"

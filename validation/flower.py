@@ -24,8 +24,10 @@ import time
 import numpy as np
 
 from validation import common
+from validation.outputs import Kind
 
 PROG = "python -m validation.flower"
+OUTPUT = Kind(PROG, ("result.json", "history.csv"))  # what a run writes into --out
 
 
 def _codec(spec):
@@ -152,7 +154,7 @@ def parse_args(argv=None):
         if args.check:
             p.error("--check compares with the in-process run on the synthetic task; drop --data-dir")
         args.data_dir = os.path.abspath(args.data_dir)
-    common.check_out_arg(p, args.out)
+    common.check_out_arg(p, args.out, kind=OUTPUT)
     return args
 
 
@@ -301,7 +303,7 @@ def main(argv=None) -> int:
                     "check with 'dense'"
                 )
         check_split(cfg)
-        with ResultDir(args.out) as tmp:
+        with ResultDir(args.out, kind=OUTPUT) as tmp:
             final = os.path.abspath(os.path.join(args.out, "result.json"))
             cfg = dataclasses.replace(cfg, out=os.path.join(tmp, "result.json"))
             finish(args, cfg, tmp, final)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from contextlib import contextmanager
 
+from fedconvex.files import write_error
 from fedconvex.history import histories_csv
 from fedconvex.history import read_history as _read
 from fedconvex.run import COLUMNS
@@ -79,8 +81,22 @@ def write_history(path, histories: dict) -> None:
 
 
 def read_history(path) -> dict:
-    """{method: rows}; columns added later (e.g. 'rejected') are optional, so older files still read."""
-    return {m: [{c: r[c] for c in COLUMNS if c in r} for r in rows] for m, rows in _read(path).items()}
+    """{method: rows}; columns added later (e.g. 'rejected') are optional, so older files still read.  A cell that
+    is not a number, or a row without a method, is a ValueError naming the file."""
+    out = {m: [{c: r[c] for c in COLUMNS if c in r} for r in rows] for m, rows in _read(path).items()}
+    for m, rows in out.items():
+        bad = [c for r in rows for c, v in r.items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
+        lacks = [c for c in ("round", "f_gap", "dist") if rows and c not in rows[0]]
+        if m is None or bad or lacks:
+            why = (
+                f"column {bad[0]!r} holds a cell that is not a number"
+                if bad
+                else f"no {lacks[0]!r} column"
+                if lacks
+                else "no method column"
+            )
+            raise ValueError(f"{path}: not a history of this tool ({why})")
+    return out
 
 
 def plot_convergence(histories: dict, labels: dict, title: str, path_stem: str, f_star: float = 1.0) -> list[str]:
@@ -154,12 +170,25 @@ def _save_each(fig, paths) -> None:
         fig.savefig(paths[0], dpi=150)
 
 
-def AtomicDir(path: str):
+def AtomicDir(path: str, kind=None):
     """Write into a temporary sibling folder; replace ``path`` only when everything succeeded
     and only when it is a previous result of ours (see validation.outputs)."""
     from validation.outputs import ResultDir
 
-    return ResultDir(path)
+    return ResultDir(path, kind=kind)
+
+
+@contextmanager
+def writing(where: str):
+    """Within the block, a failed write (a full disk, a read-only folder), also one that a writer reports as its
+    own error (matplotlib's PDF writer on a full disk), is raised as one OSError naming ``where`` and the cause."""
+    try:
+        yield
+    except Exception as exc:
+        raised = write_error(where, exc)
+        if raised is exc:
+            raise
+        raise raised from None
 
 
 def dump_json(path, obj) -> None:

@@ -27,6 +27,7 @@ from fedconvex.algorithms import PAPER_TEST1, REGISTRY
 from fedconvex.data import paper_split_sizes
 from fedconvex.run import Diverged
 from validation import common, report
+from validation.outputs import Kind, OutputError
 from validation.progress import Progress
 from validation.tuning import (
     DEFAULT_CACHE,
@@ -42,6 +43,7 @@ from validation.tuning import (
 )
 
 PROG = "python -m validation.superlinear"
+OUTPUT = Kind(PROG, ("history.csv", "summary.json", "convergence.png", "convergence.pdf"))
 
 
 def parse_args(argv=None):
@@ -108,7 +110,7 @@ def parse_args(argv=None):
             TuningCache.check(args.cache)
         except ValueError as exc:
             p.error(str(exc))
-    common.check_out_arg(p, args.out)
+    common.check_out_arg(p, args.out, kind=OUTPUT)
     return args
 
 
@@ -150,7 +152,7 @@ def _plan(method):
         space={k: list(v) for k, v in REGISTRY[method].search_space.items()},
         **guard,
     )
-    cached = None if c["args"].no_cache else c["cache"].get(key)
+    cached = None if c["args"].no_cache else c["cache"].get(key, choices=list(candidates(method, fixed)))
     if c["args"].lr is not None:  # a fixed lr is one run, no search
         cached = fixed
     return key, fixed, cached
@@ -283,6 +285,11 @@ def check_not_diverging(method, lr, hist, f_star):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    with common.holding_out(PROG, args.out, OUTPUT):  # two runs never write one --out
+        return run(args, argv)
+
+
+def run(args, argv) -> int:
     t0 = time.perf_counter()
     try:
         problem, ds, theta_star, f_star, gnorm, theta0 = common.build_problem(args)
@@ -364,7 +371,7 @@ def main(argv=None) -> int:
         f"T={args.rounds}, init={args.init}"
     )
     try:
-        with report.AtomicDir(args.out) as tmp:
+        with report.AtomicDir(args.out, OUTPUT) as tmp, report.writing(f"--out {args.out}"):
             report.write_history(os.path.join(tmp, "history.csv"), histories)
             report.plot_convergence(
                 histories,
@@ -381,7 +388,7 @@ def main(argv=None) -> int:
                     "methods": {m: {k: v for k, v in s.items() if not k.endswith("_str")} for m, s in methods.items()},
                 },
             )
-    except OSError as exc:
+    except (OSError, OutputError) as exc:
         common.fail(PROG, exc)
     print(f"{title}   f* = {f_star:.12g}")
     print(report.format_table(summary))

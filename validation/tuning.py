@@ -302,9 +302,16 @@ class TuningCache:
     def key(**parts) -> str:
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
-    def get(self, key):
-        found = self.data.get(key)
-        return found if found is not None else self.shipped.get(key)
+    def get(self, key, choices=None):
+        """The entry under ``key``; with ``choices`` (the candidates it was chosen from) only when it is one of
+        them: a damaged entry (edited, truncated, of another grid) is None, so the method is tuned again and the
+        entry rewritten."""
+        entry = self.data.get(key)
+        if entry is None:
+            entry = self.shipped.get(key)
+        if choices is not None and not any(entry == c for c in choices):
+            return None
+        return entry
 
     def put(self, key, params) -> None:
         if not self.path:

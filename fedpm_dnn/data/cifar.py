@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedconvex.files import replaced_atomically
+from fedconvex.files import open_regular, read_regular, replaced_atomically
 
 
 class DatasetError(ValueError):
@@ -82,10 +82,11 @@ def safe_unpickle(fh):
 
 
 def _unpickle(path):
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise DatasetError(f"{path}: missing (expected the python-pickle CIFAR release)")
+    fh = open_regular(path, error=DatasetError)  # never a FIFO or a device
     try:
-        with open(path, "rb") as fh:
+        with fh:
             d = safe_unpickle(fh)
     except _Refused as exc:
         raise DatasetError(
@@ -145,22 +146,61 @@ def _check_labels(where, y, yt, k):
             raise DatasetError(f"{where}: labels outside 0..{k - 1}")
 
 
+# a 32x32 image takes a few kB in any format; a member beyond this is not one (and is never inflated in full)
+MAX_IMAGE_BYTES = 2**20
+
+
 class _Source:
-    """Uniform access to a folder or a zip of <split>/<class>/<file>.jpg."""
+    """Uniform access to a folder or a zip of <split>/<class>/<file>.jpg; every file is read as what it claims to
+    be (a regular file, at most MAX_IMAGE_BYTES: never a FIFO, a device or a zip bomb)."""
 
     def __init__(self, path):
         self.path = path
         if os.path.isdir(path):
-            self.names = [
+            self.names = sorted(
                 os.path.relpath(os.path.join(d, f), path).replace(os.sep, "/") for d, _, fs in os.walk(path) for f in fs
-            ]
-            self.read = lambda n: open(os.path.join(path, n), "rb").read()
-        elif zipfile.is_zipfile(path):
-            self.zip = zipfile.ZipFile(path)
+            )
+            self.read = self._read_file
+        elif os.path.isfile(path) and zipfile.is_zipfile(path):
+            try:
+                self.zip = zipfile.ZipFile(path)
+            except (zipfile.BadZipFile, OSError, ValueError) as exc:
+                raise DatasetError(f"{path}: damaged zip file ({exc})") from None
             self.names = [n for n in self.zip.namelist() if not n.endswith("/")]
-            self.read = self.zip.read
+            self.read = self._read_member
         else:
             raise DatasetError(f"{path}: neither a folder nor a zip file")
+
+    def _read_file(self, name):
+        return read_regular(os.path.join(self.path, name), MAX_IMAGE_BYTES, DatasetError)
+
+    def _read_member(self, name):
+        where = f"{self.path}:{name}"
+        info = self.zip.getinfo(name)
+        if info.file_size > MAX_IMAGE_BYTES:
+            raise DatasetError(f"{where}: {info.file_size} bytes, more than an image of 32x32 takes; not an image")
+        try:
+            with self.zip.open(info) as fh:
+                data = fh.read(MAX_IMAGE_BYTES + 1)  # whatever its header says, never more than this
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
+            raise DatasetError(f"{where}: damaged zip member ({exc})") from None
+        if len(data) > MAX_IMAGE_BYTES:
+            raise DatasetError(f"{where}: more bytes than an image of 32x32 takes; not an image")
+        return data
+
+    def content_key(self) -> list:
+        """What the decoded images depend on, without reading them: every member's (name, size, CRC) from the zip's
+        central directory, or every file's (name, size, mtime_ns) in a folder."""
+        if hasattr(self, "zip"):
+            return sorted((i.filename, i.file_size, i.CRC) for i in self.zip.infolist())
+        key = []
+        for n in self.names:
+            try:
+                st = os.stat(os.path.join(self.path, n))
+                key.append((n, st.st_size, st.st_mtime_ns))
+            except OSError:
+                key.append((n, -1, -1))  # read (and reported) when the images are decoded
+        return key
 
     def images(self, split):
         out = []
@@ -178,10 +218,13 @@ def _decode(src, items, classes):
     y = np.empty(len(items), dtype=np.int64)
     index = {c: i for i, c in enumerate(classes)}
     for k, (cls, name) in enumerate(items):
+        data = src.read(name)
         try:
-            img = Image.open(io.BytesIO(src.read(name))).convert("RGB")
+            img = Image.open(io.BytesIO(data)).convert("RGB")
         except Exception as exc:
-            raise DatasetError(f"{src.path}:{name}: cannot decode image ({exc})") from None
+            raise DatasetError(
+                f"{src.path}:{name}: cannot decode image ({type(exc).__name__}: {str(exc) or 'no detail'})"
+            ) from None
         if img.size != (32, 32):
             raise DatasetError(f"{src.path}:{name}: image is {img.size[0]}x{img.size[1]}, expected 32x32")
         x[k] = np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)
@@ -190,13 +233,37 @@ def _decode(src, items, classes):
 
 
 def _cache_path(sources, cache_dir):
-    key = hashlib.sha256(
-        "|".join(
-            f"{os.path.abspath(s)}:{os.path.getsize(s) if os.path.isfile(s) else 0}:{int(os.path.getmtime(s))}"
-            for s in sources
-        ).encode()
-    ).hexdigest()[:16]
+    """The cache file of these sources' current contents: deleting a class, replacing an image or rewriting a zip
+    gives another file (the folder's own mtime is not enough: it misses changes inside its class folders)."""
+    key = hashlib.sha256(repr([(os.path.abspath(s.path), s.content_key()) for s in sources]).encode()).hexdigest()[:16]
     return os.path.join(cache_dir, f"cifar_jpeg_{key}.npz")
+
+
+_CACHE_ENTRIES = {"x_train": 4, "y_train": 1, "x_test": 4, "y_test": 1, "classes": 1}
+
+
+def _read_cache(cache):
+    """The cached arrays, or None when the cache is absent or damaged (then it is decoded again and rewritten)."""
+    if not os.path.lexists(cache):
+        return None
+    try:
+        with open_regular(cache, error=DatasetError) as fh, np.load(fh, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in _CACHE_ENTRIES}
+    except (DatasetError, OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    ok = all(arrays[k].ndim == d for k, d in _CACHE_ENTRIES.items()) and all(
+        arrays[x].dtype == np.uint8
+        and arrays[x].shape[1:] == (3, 32, 32)
+        and arrays[y].dtype == np.int64
+        and len(arrays[y]) == len(arrays[x])
+        for x, y in (("x_train", "y_train"), ("x_test", "y_test"))
+    )
+    if ok:
+        k = len(arrays["classes"])
+        ok = arrays["classes"].dtype.kind == "U" and all(
+            len(arrays[y]) and arrays[y].min() >= 0 and arrays[y].max() < k for y in ("y_train", "y_test")
+        )
+    return arrays if ok else None
 
 
 def default_cache_dir():
@@ -210,22 +277,22 @@ def load_cifar_jpeg(train: str, test: str | None = None, cache_dir: str | None =
     for s in sources:
         if not os.path.exists(s):
             raise DatasetError(f"{s}: no such file or folder")
-    cache_dir = cache_dir or default_cache_dir()
-    cache = _cache_path(sources, cache_dir)
-    if os.path.isfile(cache):
-        with np.load(cache, allow_pickle=False) as z:
-            return ImageData(
-                z["x_train"],
-                z["y_train"],
-                z["x_test"],
-                z["y_test"],
-                tuple(z["classes"].tolist()),
-                "cifar10",
-                *CIFAR10_STATS,
-                source="jpeg",
-            )
     src_train = _Source(train)
     src_test = _Source(test) if test and test != train else src_train
+    cache_dir = cache_dir or default_cache_dir()
+    cache = _cache_path([src_train] + ([src_test] if src_test is not src_train else []), cache_dir)
+    z = _read_cache(cache)
+    if z is not None:
+        return ImageData(
+            z["x_train"],
+            z["y_train"],
+            z["x_test"],
+            z["y_test"],
+            tuple(z["classes"].tolist()),
+            "cifar10",
+            *CIFAR10_STATS,
+            source="jpeg",
+        )
     tr, te = src_train.images("train"), src_test.images("test")
     if not tr:
         raise DatasetError(f"{train}: no train/<class>/*.jpg images")
@@ -237,8 +304,13 @@ def load_cifar_jpeg(train: str, test: str | None = None, cache_dir: str | None =
         raise DatasetError(f"{test or train}: test classes {sorted(unknown)} have no training images")
     x, y = _decode(src_train, tr, classes)
     xt, yt = _decode(src_test, te, classes)
-    os.makedirs(cache_dir, exist_ok=True)
-    # per process (two runs decoding at once never share a file); np.savez wants the .npz suffix
-    with replaced_atomically(cache, f"{cache}.{os.getpid()}.tmp.npz") as tmp:
-        np.savez(tmp, x_train=x, y_train=y, x_test=xt, y_test=yt, classes=np.array(classes))
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        if os.path.lexists(cache) and not os.path.isfile(cache):
+            raise OSError(f"{cache}: is not a regular file; remove it or choose another --cache-dir")
+        # per process (two runs decoding at once never share a file); np.savez wants the .npz suffix
+        with replaced_atomically(cache, f"{cache}.{os.getpid()}.tmp.npz") as tmp:
+            np.savez(tmp, x_train=x, y_train=y, x_test=xt, y_test=yt, classes=np.array(classes))
+    except OSError as exc:
+        raise DatasetError(f"decoded-image cache: {exc}; choose another --cache-dir (or $FEDPM_CACHE)") from None
     return ImageData(x, y, xt, yt, classes, "cifar10", *CIFAR10_STATS, source="jpeg")

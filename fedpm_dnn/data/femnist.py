@@ -13,6 +13,8 @@ import os
 
 import numpy as np
 
+from fedconvex.files import read_regular
+
 from .cifar import DatasetError, ImageData
 
 
@@ -23,8 +25,7 @@ def _read_split(folder):
     users, xs, ys = [], [], []
     for f in files:
         try:
-            with open(f) as fh:
-                d = json.load(fh)
+            d = json.loads(read_regular(f, error=DatasetError))  # never a FIFO or a device
             for u in d["users"]:
                 x = np.asarray(d["user_data"][u]["x"], dtype=np.float32)
                 y = np.asarray(d["user_data"][u]["y"], dtype=np.int64)

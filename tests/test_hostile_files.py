@@ -458,13 +458,15 @@ def test_figures_name_a_damaged_result_and_a_rerun_after_the_repair_works(base, 
     assert figures_main.main(args) == 0 and (out / "table3_accuracy.md").exists()
 
 
-def test_experiments_list_shows_a_damaged_summary_as_to_do(base, tmp_path, capsys):
+def test_experiments_list_names_a_damaged_summary_and_keeps_it(base, tmp_path, capsys):
+    """--list names the damaged file and its cause; the sweep never overwrites it (validation/sweep.py: stale)."""
     run = _results(base, tmp_path / "results", "summary-not-json")
     capsys.readouterr()
     assert experiments.main(["--list", "--results", str(tmp_path / "results")]) == 0
     out = capsys.readouterr()
     (row,) = [ln for ln in out.out.splitlines() if run.name in ln]
-    assert row.startswith("todo ") and f"{run / 'summary.json'}: damaged (not JSON" in row and not out.err
+    assert row.startswith("stale: summary.json does not parse") and "move it away to recompute" in row
+    assert not out.err and (run / "summary.json").read_text() == '{"best_test_acc": 0.3,'
 
 
 def _hidden_enospc(*a, **k):

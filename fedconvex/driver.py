@@ -12,7 +12,8 @@ the model and which hold PSD preconditioners, and screening follows from it.
 A transport is ``transport(algorithm, down, cstate, sel, rng, round) -> Delivery``; the in-process one
 is ``InProcess(problem)``.  A transport whose clients keep their own state may define
 ``acknowledge(used, unused)``: after screening it learns whose replies the server used, so that those
-clients commit the state the server tracks and the others roll it back (as the driver does here).  Replies travel as one *stacked* message: every field has a leading axis
+clients commit the state the server tracks and the others roll it back (as the driver does here).
+Replies travel as one *stacked* message: every field has a leading axis
 over the clients that replied (``Delivery.sel``), which may be fewer than were asked (dropped
 nodes, replies rejected for their structure before they could be stacked).
 """
@@ -31,7 +32,7 @@ from .algorithms.base import RoundInfo
 from .backend import namespace, nbytes
 from .messages import all_usable, client_problem, concat, keep, model_norm, preconditioner_trace
 from .screening import log as server_log
-from .screening import magnitude_rejections
+from .screening import magnitude_rejections, max_ratio_problem
 
 
 class Diverged(ArithmeticError):
@@ -263,6 +264,11 @@ class Driver:
     finite: Callable | None = None
     label: str = ""
     own_clients: bool = True  # False (Flower): all replies non-finite skips the round instead of Diverged
+
+    def __post_init__(self):
+        problem = max_ratio_problem(self.max_ratio)
+        if problem:
+            raise ValueError(f"max_ratio {self.max_ratio!r}: {problem}")
 
     def first_row(self, state) -> dict:
         return {"round": 0, **self.evaluate(state), "bytes_up": 0, "bytes_down": 0, "seconds": 0.0, "rejected": 0}

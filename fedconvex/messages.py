@@ -11,7 +11,7 @@ import numpy as np
 from .backend import namespace, to_numpy
 from .blocks import ActiveBlocks
 from .codecs import DecodeProblems
-from .screening import psd_problem
+from .screening import index_problem, psd_problem
 
 
 def _certified_psd(v: ActiveBlocks) -> bool:
@@ -44,7 +44,7 @@ def all_usable(up: dict, n: int, d: int | None, psd_keys=()) -> bool:
     """True only if ``client_problem`` is None for every one of the n participants, checked a whole stack at a
     time (NumPy arrays stacked over the clients, certified ``ActiveBlocks``, decode reports); False whenever
     that cannot be decided so cheaply -- the caller then looks at each client (the reasons come from there)."""
-    for field, key, v in _items(up):
+    for field, _key, v in _items(up):
         if isinstance(v, DecodeProblems):
             if any(p is not None for p in v):
                 return False
@@ -52,7 +52,8 @@ def all_usable(up: dict, n: int, d: int | None, psd_keys=()) -> bool:
             if len(v) != n or v.packed is None or not _certified_psd(v):
                 return False
             active = [a for a in v.active if isinstance(a, np.ndarray) and a.ndim == 1]
-            if len(active) != n or any(tuple(B.shape) != (a.shape[0], a.shape[0]) for B, a in zip(v.blocks, active, strict=False)):
+            shapes = zip(v.blocks, active, strict=False)
+            if len(active) != n or any(tuple(B.shape) != (a.shape[0], a.shape[0]) for B, a in shapes):
                 return False
             if d is not None:
                 nonempty = [a for a in active if a.shape[0]]
@@ -60,6 +61,8 @@ def all_usable(up: dict, n: int, d: int | None, psd_keys=()) -> bool:
                     cat = np.concatenate(nonempty)
                     if int(cat.min()) < 0 or int(cat.max()) >= d:
                         return False
+            if not all(a.shape[0] < 2 or bool((np.diff(a) > 0).all()) for a in active):
+                return False  # not increasing: perhaps a repeated feature, which client_problem names
         elif field not in psd_keys and isinstance(v, (tuple, list)) and len(v) == n:
             # per-client arrays of different shapes (e.g. FedNS's sketched roots and feature indices): the
             # per-client test below is their finiteness, checked here array by array
@@ -82,9 +85,9 @@ def client_problem(up: dict, k: int, d: int | None, psd_keys=()) -> str | None:
             continue
         if isinstance(v, ActiveBlocks):
             B, a = v.blocks[k], v.active[k]
-            xp = namespace(B)
-            if a.ndim != 1 or (a.shape[0] and d is not None and (int(xp.min(a)) < 0 or int(xp.max(a)) >= d)):
-                return f"{key}: feature indices outside 0..{d - 1}"
+            bad = index_problem(a, f"{key}: feature indices", d, distinct=True)  # as Flower's wire checks
+            if bad:
+                return bad
             if tuple(B.shape) != (a.shape[0], a.shape[0]):
                 return f"{key}: block of shape {tuple(B.shape)} for {a.shape[0]} features"
             if _certified_psd(v):

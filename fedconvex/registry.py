@@ -34,6 +34,12 @@ class Registry(dict):
             )
         return self.cls(name)(**params)  # types and ranges: fedconvex.hyperparams, when the method is made
 
+    def foreign(self, names, given) -> list:
+        """The keys of ``given`` (hyper-parameters a caller set explicitly) that none of the methods ``names``
+        has: a setting that would apply to nothing, which a command line refuses rather than ignores."""
+        taken = set().union(*(self.hyperparameters(n) for n in names))
+        return [k for k in given if k not in taken]
+
     def applicable(self, name: str, shared: dict) -> dict:
         """The entries of ``shared`` -- settings given to every method alike, such as a command line's number
         of local steps -- that the method takes; fixed ones (PSGD's single step) do not apply."""

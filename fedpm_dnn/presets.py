@@ -7,7 +7,9 @@ row into a method object (``fedpm_dnn.algorithms``); explicit command-line flags
 
 from __future__ import annotations
 
-from .algorithms import hyperparameters_of, make_method
+from .algorithms import REGISTRY, hyperparameters_of, make_method
+
+RUN_SETTINGS = ("foof_samples",)  # given to every method of a run alike; only the FOOF methods read it
 
 N = None  # "No" clipping
 
@@ -268,7 +270,12 @@ def method_config(preset: str | None, method: str, **overrides):
         setting = PRESETS[preset]["setting"]
         takes = hyperparameters_of(method)
         base.update({k: setting[k] for k in ("local_epochs", "foof_samples") if k in setting and k in takes})
-    # a command-line setting the method does not take (--mu for FedAvg) does not apply to it, as before;
-    # the preset rows themselves must fit (make_method rejects an unknown key)
-    given = {k: v for k, v in overrides.items() if v is not None and k in hyperparameters_of(method)}
-    return make_method(method, **{**base, **given})
+    # a setting the method does not have (--mu for FedAvg) is refused, not ignored; --foof-samples is a setting
+    # of the run (as in the presets' setting rows), which the methods without FOOF matrices do not read
+    given = {k: v for k, v in overrides.items() if v is not None}
+    foreign = [k for k in REGISTRY.foreign([method], given) if k not in RUN_SETTINGS]
+    if foreign:
+        flags = ", ".join("--" + k.replace("_", "-") for k in foreign)
+        verb = "does" if len(foreign) == 1 else "do"
+        raise ValueError(f"{flags} {verb} not apply: {method} has no hyper-parameter {', '.join(foreign)}")
+    return make_method(method, **{**base, **{k: v for k, v in given.items() if k in hyperparameters_of(method)}})

@@ -4,6 +4,7 @@ A bad value is refused where it enters (the method's constructor, the command li
 line naming the argument; a legal but unusual input (a client without features) gives the same result on every
 path.  The command-line cases follow ``test_hostile_inputs``: exit code 2, one stderr line, nothing written."""
 
+import json
 import math
 from fractions import Fraction
 
@@ -87,3 +88,220 @@ def test_zero_d_arrays_are_the_numbers_they_hold_and_every_default_passes():
     for registry in (REGISTRY, DNN):
         for name in registry:
             registry.make(name)  # every registered default lies in its range
+
+
+# ------------------------------------------------------------------ flags: refused, not ignored
+def _one_line_error(module, argv, cwd):
+    """(exit code, the stderr lines) of ``module.main(argv)`` run in ``cwd``; the folder must not change."""
+    from test_hostile_inputs import snapshot
+
+    before = snapshot(cwd)
+    try:
+        rc = module.main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    assert snapshot(cwd) == before
+    return rc
+
+
+FLAG_CASES = [
+    (
+        "sl-max-ratio-half",
+        "superlinear",
+        ["--dataset", "{W}/tiny.svm", "--max-ratio", "0.5"],
+        "--max-ratio 0.5: must be >= 1",
+    ),
+    ("dnn-max-ratio-half", "dnn", ["--data-dir", "{W}/none", "--max-ratio", "0.5"], "--max-ratio 0.5: must be >= 1"),
+    (
+        "sl-codec-no-fedpm",
+        "superlinear",
+        ["--dataset", "{W}/tiny.svm", "--methods", "fedavg,newton", "--precond-codec", "sym"],
+        "--precond-codec does not apply: none of fedavg, newton has the hyper-parameter precond_codec",
+    ),
+    (
+        "sl-local-steps-no-taker",
+        "superlinear",
+        ["--dataset", "{W}/tiny.svm", "--methods", "fednl", "--local-steps", "3"],
+        "--local-steps does not apply: fednl has no hyper-parameter local_steps",
+    ),
+    (
+        "dnn-mu-fedavg",
+        "dnn",
+        ["--data-dir", "{W}/none", "--method", "fedavg", "--mu", "0.1"],
+        "--mu does not apply: fedavg has no hyper-parameter mu",
+    ),
+    (
+        "dnn-damping-codec-fedavgm",
+        "dnn",
+        ["--data-dir", "{W}/none", "--method", "fedavgm", "--damping", "0.1", "--precond-codec", "sym"],
+        "--damping, --precond-codec do not apply: fedavgm has no hyper-parameter damping, precond_codec",
+    ),
+    (
+        "fl-codec-scaffold",
+        "flower",
+        ["--method", "scaffold", "--precond-codec", "sym"],
+        "--precond-codec does not apply: scaffold has no hyper-parameter precond_codec",
+    ),
+    (
+        "fl-cnn-codec-fedavg",
+        "flower",
+        ["--problem", "cnn", "--method", "fedavg", "--precond-codec", "sym"],
+        "--precond-codec does not apply: fedavg has no",
+    ),
+]
+
+
+@pytest.mark.parametrize("name,module,argv,fragment", FLAG_CASES, ids=[c[0] for c in FLAG_CASES])
+def test_a_flag_that_cannot_apply_is_one_clear_line(tmp_path, capsys, name, module, argv, fragment):
+    import importlib
+
+    from test_hostile_inputs import PROGS
+
+    mod = importlib.import_module(f"validation.{module}")
+    (tmp_path / "tiny.svm").write_text(
+        "".join(f"{1 if i % 3 else 0} {1 + i % 4}:1 {5 + i % 3}:0.5\n" for i in range(60))
+    )
+    argv = [a.replace("{W}", str(tmp_path)) for a in argv] + ["--out", str(tmp_path / "out")]
+    capsys.readouterr()
+    rc = _one_line_error(mod, argv, tmp_path)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"{PROGS[mod]}: error: ") and fragment in lines[0], lines[0]
+
+
+def test_the_driver_refuses_a_guard_below_one():
+    """The library's boundary too: a guard R < 1 would reject even the median reply every round."""
+    from fedconvex.driver import Driver
+
+    with pytest.raises(ValueError, match="max_ratio 0.5: must be >= 1"):
+        Driver(None, None, None, None, None, n_clients=2, max_ratio=0.5)
+    Driver(None, None, None, None, None, n_clients=2, max_ratio=0.0)  # 0: off
+
+
+# ------------------------------------------------------------------ mixing and screening inputs
+def test_simple_mix_of_integers_averages_them_and_keeps_their_dtype():
+    """BatchNorm's num_batches_tracked is an integer buffer: its average, not zeros (the weights were cast
+    to the integers' dtype)."""
+    torch = pytest.importorskip("torch")
+    from fedconvex.mixing import simple_mix
+
+    counts = np.array([[10, 3], [20, 4], [30, 8]], dtype=np.int64)
+    got = simple_mix(counts, [1.0, 1.0, 2.0])
+    assert got.dtype == np.int64 and got.tolist() == np.round(counts.T @ [0.25, 0.25, 0.5]).tolist()
+    t = simple_mix(torch.as_tensor(counts))
+    assert t.dtype == torch.int64 and t.tolist() == [20, 5]
+    with pytest.raises(ValueError, match="X has dtype bool"):
+        simple_mix(np.array([True, False]))
+
+
+@pytest.mark.parametrize(
+    "weights,P,message",
+    [
+        ([1.0, -0.5], None, "weights must be >= 0, got -0.5"),
+        ([1.0, math.nan], None, "weights must sum to a finite positive number"),
+        ([1.0, 1j], None, "weights must be real numbers"),
+        (None, "complex", "P has dtype complex128, expected a real floating-point array"),
+        (None, "nan", "the preconditioners or parameters contain NaN or Inf"),
+        (None, "inf", "the preconditioners or parameters contain NaN or Inf"),
+    ],
+    ids=["negative-weight", "nan-weight", "complex-weight", "complex-P", "nan-P", "inf-P"],
+)
+def test_precond_mix_refuses_what_is_not_a_weighted_average(weights, P, message):
+    from fedconvex.mixing import precond_mix
+
+    stack = np.stack([2 * np.eye(3), np.eye(3)])
+    if P == "complex":
+        stack = stack.astype(complex)
+    elif P in ("nan", "inf"):
+        stack[1, 0, 0] = math.nan if P == "nan" else math.inf
+    with pytest.raises(ValueError) as exc:
+        precond_mix(stack, np.ones((2, 3)), weights)
+    assert message in str(exc.value)
+
+
+def test_in_process_screening_refuses_repeated_features_as_the_wire_does():
+    """A block on active features [0, 0] counts feature 0's entries twice; Flower's wire refused it, the
+    in-process screening took it.  Both now give the same reason, from one check."""
+    from fedconvex.algorithms.base import RoundInfo
+    from fedconvex.blocks import ActiveBlocks
+    from fedconvex.driver import screen_message
+    from fedpm_flower.wire import unflatten
+
+    d, B = 4, np.eye(2)
+    good, bad = np.array([0, 2]), np.array([1, 1])
+    up = {"theta": np.zeros((2, d)), "P": ActiveBlocks((B, B), (good, bad), d, 0.0)}
+    info = RoundInfo(sel=np.array([0, 1]), weights=np.array([0.5, 0.5]), n_clients=2)
+    kept, kept_info, rejected = screen_message(up, info, d, 1, fields={"theta": "model", "P": "psd"})
+    assert rejected == [1] and kept_info.sel.tolist() == [0]
+    template = {"theta": ("array", "f", (d,)), "P": ("blocks", "f", None)}
+    _, wire_reason = unflatten({"theta": np.zeros(d), "P/block": B, "P/active": bad}, template, d, 0.0)
+    from fedconvex.messages import client_problem
+
+    assert client_problem(up, 1, d, ("P",)) == wire_reason == "P: feature indices has repeated entries"
+
+
+# ------------------------------------------------------------------ Flower's command line
+def _prepared(root, clients=2, test_label=0):
+    """A tiny prepared data set as ``validation.flower prepare`` writes it (2 classes, 4x4 images)."""
+    from fedpm_flower import prepared
+
+    meta = {"num_classes": 2, "channels": 3, "image_size": 4, "mean": [0.5] * 3, "std": [0.25] * 3, "clients": clients}
+    x = np.zeros((4, 3, 4, 4), dtype=np.uint8)
+    for i in range(clients):
+        prepared.write(prepared.client_folder(str(root), i), "train.npz", x, [0, 1, 0, 1], {**meta, "client": i})
+    prepared.write(prepared.server_folder(str(root)), "test.npz", x, [0, 1, 1, test_label], meta)
+    (root / "meta.json").write_text(json.dumps({"clients": clients}))
+    return str(root)
+
+
+PARAM_FLAG_CASES = [
+    ("lr-twice", ["--lr", "0.5", "--params", '{"lr": 0.1}'], "--params sets 'lr' and so does --lr: give it once"),
+    (
+        "steps-twice",
+        ["--local-steps", "1", "--params", '{"local_steps": 2}'],
+        "--params sets 'local_steps' and so does --local-steps",
+    ),
+    (
+        "codec-twice",
+        ["--precond-codec", "sym", "--params", '{"precond_codec": "fp16"}'],
+        "--params sets 'precond_codec' and so does --precond-codec",
+    ),
+    (
+        "cnn-epochs-twice",
+        ["--problem", "cnn", "--method", "fedavg", "--local-steps", "2", "--params", '{"local_epochs": 1}'],
+        "--params sets 'local_epochs' and so does --local-steps",
+    ),
+    ("codec-bad", ["--params", '{"precond_codec": 3}'], "--params 'precond_codec': "),
+    ("prepared-too-few", ["--problem", "cnn", "--data-dir", "{P}", "--clients", "3"], "--clients 3 exceeds the 2"),
+    ("prepared-label-99", ["--problem", "cnn", "--data-dir", "{Q}"], "server/test.npz: labels outside 0..1"),
+]
+
+
+@pytest.mark.parametrize("name,argv,fragment", PARAM_FLAG_CASES, ids=[c[0] for c in PARAM_FLAG_CASES])
+def test_flower_refuses_a_setting_given_twice_or_data_that_cannot_serve(tmp_path, capsys, name, argv, fragment):
+    from validation import flower
+
+    prepared_ok = _prepared(tmp_path / "parts", clients=2)
+    prepared_99 = _prepared(tmp_path / "parts99", clients=2, test_label=99)
+    argv = [a.replace("{P}", prepared_ok).replace("{Q}", prepared_99) for a in argv]
+    capsys.readouterr()
+    rc = _one_line_error(
+        flower, argv + ["--clients", "2"] * ("--clients" not in argv) + ["--out", str(tmp_path / "o")], tmp_path
+    )
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("python -m validation.flower: error: ") and fragment in lines[0], lines[0]
+
+
+def test_a_params_key_with_its_own_flag_is_the_setting_that_runs_and_is_recorded():
+    """--params '{"lr": 0.5}' without --lr: the run's (and result.json's) lr is 0.5, not the default beside an
+    unused 0.5."""
+    from fedpm_flower.logreg import algorithm
+    from validation import flower
+
+    args = flower.parse_args(["--method", "fedavg", "--params", '{"lr": 0.5, "local_steps": 3}', "--out", "x"])
+    assert (args.lr, args.local_steps, args.params) == (0.5, 3, "")
+    from fedpm_flower.config import FlowerRunConfig
+
+    cfg = FlowerRunConfig(method="fedavg", lr=args.lr, local_steps=args.local_steps, params=args.params)
+    assert (algorithm(cfg).lr, algorithm(cfg).local_steps) == (0.5, 3)

@@ -31,6 +31,20 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+    def given(self, argv) -> set:
+        """The dests that ``argv`` sets explicitly (a flag equal to its default is still a choice); argparse's
+        own parse, so abbreviations and ``--flag=value`` count as they do there."""
+        unset = object()
+        saved = [(a, a.default) for a in self._actions]
+        try:
+            for a, _ in saved:
+                a.default = unset
+            ns, _ = self.parse_known_args(argv)
+        finally:
+            for a, default in saved:
+                a.default = default
+        return {k for k, v in vars(ns).items() if v is not unset}
+
 
 MAX_INT = 2**31 - 1  # counts (rounds, clients, rows, ...) far beyond any run that fits in memory
 
@@ -96,6 +110,27 @@ def precond_codec(spec):
         return validate(spec)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def check_max_ratio(parser, args) -> None:
+    """--max-ratio R: 0 (off) or >= 1 (fedconvex.screening.max_ratio_problem), one parser error otherwise."""
+    from fedconvex.screening import max_ratio_problem
+
+    problem = max_ratio_problem(args.max_ratio)
+    if problem:
+        parser.error(f"--max-ratio {args.max_ratio:g}: {problem}")
+
+
+def refuse_foreign(parser, registry, methods, args, dests) -> None:
+    """One parser error for a hyper-parameter flag (dest = the field's name) set away from its default when
+    none of ``methods`` has that hyper-parameter: it would apply to nothing."""
+    given = {d: getattr(args, d) for d in dests if getattr(args, d) != parser.get_default(d)}
+    foreign = registry.foreign(methods, given)
+    if foreign:
+        flags = ", ".join("--" + k.replace("_", "-") for k in foreign)
+        who = f"{methods[0]} has no" if len(methods) == 1 else f"none of {', '.join(methods)} has the"
+        verb = "does" if len(foreign) == 1 else "do"
+        parser.error(f"{flags} {verb} not apply: {who} hyper-parameter {', '.join(foreign)}")
 
 
 DEFAULT_ALPHA = 0.5
@@ -223,7 +258,7 @@ def keep_freed_memory(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 2*
 
     try:
         libc = ctypes.CDLL(None)
-        mallopt, version = libc.mallopt, libc.gnu_get_libc_version  # glibc only (musl has no version call)
+        mallopt, _ = libc.mallopt, libc.gnu_get_libc_version  # glibc only (musl has no version call)
     except (OSError, AttributeError):
         return False
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3

@@ -174,6 +174,7 @@ def check_args(p, args):
             p.error(f"--participants {args.participants} exceeds --clients {args.clients}")
         if args.clients is None and args.participants > 10:  # build()'s default
             p.error(f"--participants {args.participants} exceeds the 10 clients (default --clients)")
+    common.check_max_ratio(p, args)
     if args.client_chunk is not None and args.engine == "sequential":
         p.error("--client-chunk applies to --engine vectorized (or auto on a GPU), not to --engine sequential")
     common.check_out_arg(p, args.out)

@@ -15,6 +15,7 @@ configuration, wall time) and OUT/history.csv (the history in the one format of 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -109,8 +110,6 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.out is None:
         args.out = os.path.join("results", f"flower-{args.problem}-{args.method}-{args.mode}")
-    if args.max_ratio and args.max_ratio < 1:
-        p.error(f"--max-ratio {args.max_ratio:g}: must be >= 1 (or 0 = off): below 1 even the median reply is rejected")
     if args.params:
         try:
             extra = json.loads(args.params)
@@ -118,6 +117,15 @@ def parse_args(argv=None):
             p.error(f"--params {args.params!r}: not JSON ({exc})")
         if not isinstance(extra, dict):
             p.error(f"--params {args.params!r}: expected a JSON object of hyper-parameters")
+        _fold_params(p, args, extra, argv)
+    common.check_max_ratio(p, args)
+    # on the cnn every method takes --local-steps (as local_epochs); --precond-codec only FedPM
+    if args.problem == "logreg" and args.method in REGISTRY:
+        common.refuse_foreign(p, REGISTRY, [args.method], args, ("precond_codec", "local_steps"))
+    elif args.method in DNN_METHODS:
+        from fedpm_dnn.algorithms import REGISTRY as DNN_REGISTRY
+
+        common.refuse_foreign(p, DNN_REGISTRY, [args.method], args, ("precond_codec",))
     if args.participants is not None and args.participants > args.clients:
         p.error(f"--participants {args.participants} exceeds --clients {args.clients}")
     if args.write_app is not None and not args.write_app.strip():
@@ -151,9 +159,42 @@ def parse_args(argv=None):
             p.error(f"--data-dir {args.data_dir}: not a folder written by `python -m validation.flower prepare`")
         if args.check:
             p.error("--check compares with the in-process run on the synthetic task; drop --data-dir")
+        from fedpm_flower import prepared
+
+        try:
+            prepared.check(args.data_dir, args.clients)
+        except (ValueError, OSError) as exc:
+            p.error(f"--data-dir {args.data_dir}: {exc}")
         args.data_dir = os.path.abspath(args.data_dir)
     common.check_out_arg(p, args.out)
     return args
+
+
+# --params keys that have a flag of their own (problem -> hyper-parameter -> the flag's dest)
+FLAG_PARAMS = {
+    "logreg": {"lr": "lr", "local_steps": "local_steps", "precond_codec": "precond_codec"},
+    "cnn": {"lr": "lr", "local_epochs": "local_steps", "precond_codec": "precond_codec", "weighting": "weighting"},
+}
+
+
+def _fold_params(p, args, extra: dict, argv) -> None:
+    """A --params key that a flag also sets: refused when the flag is given too (which would win is a guess),
+    else moved to the flag's setting, so that the run and result.json's configuration say the value used."""
+    given = p.given(argv if argv is not None else sys.argv[1:])
+    for key, dest in FLAG_PARAMS[args.problem].items():
+        if key not in extra:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        if dest in given:
+            p.error(f"--params sets {key!r} and so does {flag}: give it once")
+        value = extra.pop(key)
+        if dest == "precond_codec":
+            try:
+                value = _codec(value if isinstance(value, str) else repr(value))
+            except argparse.ArgumentTypeError as exc:
+                p.error(f"--params {key!r}: {exc}")
+        setattr(args, dest, value)
+    args.params = json.dumps(extra) if extra else ""
 
 
 def _our_app(toml: str) -> bool:

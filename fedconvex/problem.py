@@ -95,6 +95,25 @@ def _check_lam(lam):
     return lam
 
 
+# a bound on |x_ip x_iq| summed over the rows (n max|x|^2) that leaves float64 room for the products after it
+_MAX_GRAM = 1e300
+
+
+def _check_lam_resolves(lam: float, X) -> None:
+    """A positive lam is there to regularise: one below float64's resolution next to the data Hessian's scale
+    (its largest diagonal entry is at most max_j mean_i x_ij^2 / 4) adds nothing to H + lam I, and a singular
+    H stays singular.  lam = 0 (no regularisation) is what it says."""
+    if lam == 0 or not X.nnz:
+        return
+    scale = 0.25 * float(np.asarray(X.multiply(X).sum(axis=0)).max()) / X.shape[0]
+    floor = np.finfo(np.float64).eps * scale
+    if lam < floor:
+        raise ValueError(
+            f"lam {lam:g} is below float64's resolution next to the Hessian's scale {scale:.3g}: it regularises "
+            f"nothing; use lam >= {floor:.1e} (or 0 for none)"
+        )
+
+
 def _checked_data(X, y):
     """X as CSR float64 and y as float64 labels, or one clear error: X 2-D, finite, with a column; y 1-D, one
     label a row, every label -1 or +1 (the loss is log(1 + exp(-y x^T theta)); ``parse_libsvm`` maps a file's
@@ -117,6 +136,13 @@ def _checked_data(X, y):
     if not np.isfinite(X.data).all():
         row = int(np.searchsorted(X.indptr, np.flatnonzero(~np.isfinite(X.data))[0], side="right") - 1)
         raise DataError(f"X holds NaN or Inf (row {row}); remove or impute those entries")
+    if X.nnz and float(np.abs(X.data).max()) > math.sqrt(_MAX_GRAM / X.shape[0]):
+        big = int(np.argmax(np.abs(X.data)))
+        row = int(np.searchsorted(X.indptr, big, side="right") - 1)
+        raise DataError(
+            f"X holds a value of {X.data[big]:.3g} (row {row}): sums of squares over its {X.shape[0]} rows "
+            "overflow float64 in the gradients and Hessians; rescale the features"
+        )
     try:
         y = np.asarray(y, dtype=np.float64)
     except (TypeError, ValueError):
@@ -184,6 +210,7 @@ class FederatedLogReg:
         if weighting not in ("uniform", "samples"):
             raise ValueError(f"weighting must be 'uniform' or 'samples', got {weighting!r}")
         X, y = _checked_data(X, y)
+        _check_lam_resolves(lam, X)
         parts = _checked_parts(parts, X.shape[0])
         self.xp, self.lam, self.weighting = xp, float(lam), weighting
         self.d = X.shape[1]
@@ -468,7 +495,8 @@ class FederatedLogReg:
 
     def sketched_roots(self, thetas, sketches, sel=None, scale: float = 1.0):
         """Per client (S_c A_c)^T = A_c^T S_c^T (a_c x k), given S_c^T (M_c x k) (dense, SciPy sparse,
-        or a CountSketch or SRHT sketch given by its random choices: fedns.CountSketch / fedns.SRHTSketch); ``None`` means S_c = I.  ``scale`` multiplies every sketch (e.g. 1/sqrt(k)).
+        or a CountSketch or SRHT sketch given by its random choices: fedns.CountSketch / fedns.SRHTSketch);
+        ``None`` means S_c = I.  ``scale`` multiplies every sketch (e.g. 1/sqrt(k)).
 
         On NumPy the product goes through the sparse client design with the row weights and the scale
         folded into its non-zeros (nnz x k flops, no scaled copy of the M_c x k sketch), except for SRHT,

@@ -14,6 +14,7 @@ import numpy as np
 from .backend import to_numpy
 from .driver import Diverged, Driver, InProcess, message_bytes, sample_clients, screen_message  # noqa: F401
 from .problem import FederatedLogReg
+from .screening import dtype_problem
 
 COLUMNS = ("round", "f_gap", "dist", "grad_norm", "bytes_up", "bytes_down", "seconds", "rejected")
 
@@ -102,6 +103,8 @@ def _check_run_args(problem, theta0, rounds) -> None:
         raise TypeError(f"theta0 must be an array of shape ({d},), got {type(theta0).__name__}")
     if tuple(theta0.shape) != (d,):
         raise ValueError(f"theta0 must have shape ({d},) (the problem's {d} features), got {tuple(theta0.shape)}")
+    if dtype_problem(theta0, "fiu"):  # complex, bool or object: not a point of R^d
+        raise TypeError(f"theta0 must be a real array, got dtype {str(theta0.dtype).replace('torch.', '')}")
     if not np.isfinite(to_numpy(theta0)).all():
         raise ValueError("theta0 holds NaN or Inf")
 
@@ -140,10 +143,11 @@ def _run(
 
     ``screen`` (default on) rejects unusable client replies before the server step (see
     fedconvex.screening); ``tamper(round, up) -> up`` injects faults for tests; ``max_ratio`` R turns
-    on the magnitude guard (off by default, as in the paper's runs).  ``stop(row) -> bool`` ends the run early (the tuner uses it); ``on_round(t)`` is called
-    after each round (progress bars).  ``client_streams``: every client
-    draws from its own stream ``fedconvex.driver.client_rng(seed, round, client)``, as on Flower (off by default:
-    the paper's runs share one stream, and their histories depend on it).  Raises ``Diverged`` when the iterate is not finite.
+    on the magnitude guard (off by default, as in the paper's runs).  ``stop(row) -> bool`` ends the run early
+    (the tuner uses it); ``on_round(t)`` is called after each round (progress bars).  ``client_streams``: every
+    client draws from its own stream ``fedconvex.driver.client_rng(seed, round, client)``, as on Flower (off by
+    default: the paper's runs share one stream, and their histories depend on it).  Raises ``Diverged`` when the
+    iterate is not finite.
     bytes_up / bytes_down are per participating client and cumulative; ``seconds`` is the
     cumulative wall time of the rounds themselves (metric evaluation excluded).
     """

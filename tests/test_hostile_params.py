@@ -305,3 +305,72 @@ def test_a_params_key_with_its_own_flag_is_the_setting_that_runs_and_is_recorded
 
     cfg = FlowerRunConfig(method="fedavg", lr=args.lr, local_steps=args.local_steps, params=args.params)
     assert (algorithm(cfg).lr, algorithm(cfg).local_steps) == (0.5, 3)
+
+
+# ------------------------------------------------------------------ numbers out of float64's reach
+def _tiny_problem_data(n=40, big=None):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, 3))
+    if big is not None:
+        X[7, 1] = big
+    return X, np.where(rng.random(n) < 0.5, -1.0, 1.0)
+
+
+def test_values_whose_squares_overflow_are_named_as_such_not_as_a_large_learning_rate():
+    from fedconvex.data import DataError
+    from fedconvex.problem import FederatedLogReg
+
+    X, y = _tiny_problem_data(big=1e300)
+    with pytest.raises(DataError, match=r"X holds a value of 1e\+300 \(row 7\): sums of squares .* rescale"):
+        FederatedLogReg(X, y, [np.arange(20), np.arange(20, 40)])
+    X[7, 1] = 1e140  # large, but its squares summed over 40 rows stay finite: accepted (a lam of 1e-3 next to
+    FederatedLogReg(X, y, [np.arange(20), np.arange(20, 40)], lam=0.0)  # a 1e277 Hessian would be refused)
+
+
+def test_a_lam_below_float64_resolution_is_refused_and_zero_is_no_regularisation():
+    from fedconvex.problem import FederatedLogReg
+
+    X, y = _tiny_problem_data()
+    parts = [np.arange(20), np.arange(20, 40)]
+    with pytest.raises(ValueError, match="lam 1e-300 is below float64's resolution .* it regularises nothing"):
+        FederatedLogReg(X, y, parts, lam=1e-300)
+    FederatedLogReg(X, y, parts, lam=0.0)  # no regularisation, as asked
+    scale = 0.25 * float((X**2).sum(axis=0).max()) / len(X)  # bound on the data Hessian's diagonal
+    eps = np.finfo(np.float64).eps
+    FederatedLogReg(X, y, parts, lam=10 * eps * scale)
+    with pytest.raises(ValueError, match="it regularises nothing"):
+        FederatedLogReg(X, y, parts, lam=0.1 * eps * scale)
+
+
+@pytest.mark.parametrize("theta0", [np.zeros(3, dtype=complex), np.zeros(3, dtype=bool)], ids=["complex", "bool"])
+def test_a_theta0_that_is_not_real_is_one_clear_error(theta0):
+    from fedconvex.problem import FederatedLogReg
+    from fedconvex.run import run
+
+    X, y = _tiny_problem_data()
+    pb = FederatedLogReg(X, y, [np.arange(20), np.arange(20, 40)])
+    with pytest.raises(TypeError, match=f"theta0 must be a real array, got dtype {theta0.dtype}"):
+        run(pb, make_algorithm("fedpm"), theta0, 1)
+
+
+NUMERIC_CASES = [
+    ("sl-lam-tiny", ["--dataset", "{W}/tiny.svm", "--lam", "1e-300"], "lam 1e-300 is below float64's resolution"),
+    ("sl-value-1e300", ["--dataset", "{W}/big.svm"], "X holds a value of 1e+300"),
+]
+
+
+@pytest.mark.parametrize("name,argv,fragment", NUMERIC_CASES, ids=[c[0] for c in NUMERIC_CASES])
+def test_numbers_beyond_float64_are_one_clear_line(tmp_path, capsys, name, argv, fragment):
+    from validation import superlinear
+
+    rows = "".join(f"{1 if i % 3 else 0} {1 + i % 4}:1 {5 + i % 3}:0.5\n" for i in range(60))
+    (tmp_path / "tiny.svm").write_text(rows)
+    (tmp_path / "big.svm").write_text(rows + "1 2:1e300\n")
+    argv = [a.replace("{W}", str(tmp_path)) for a in argv]
+    capsys.readouterr()
+    rc = _one_line_error(
+        superlinear, argv + ["--methods", "fedpm", "--lr", "1", "--out", str(tmp_path / "o")], tmp_path
+    )
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("python -m validation.superlinear: error: ") and fragment in lines[0], lines[0]

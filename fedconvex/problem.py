@@ -526,13 +526,12 @@ class FederatedLogReg:
                     # weighted non-zeros of feature i in the rows hashed to bucket b -- the sums SciPy's sparse
                     # product with S^T forms in the same order (its products v * (+-1) are exact), so the same
                     # numbers; bincount adds its weights in input order, starting from 0 like SciPy's sums
-                    rowi = np.repeat(np.arange(RT.shape[0]), np.diff(RT.indptr))
-                    key = rowi * St.k + St.bucket[RT.indices]
-                    out.append(
-                        np.bincount(key, weights=data * St.sign[RT.indices], minlength=RT.shape[0] * St.k).reshape(
-                            RT.shape[0], St.k
-                        )
-                    )
+                    # (a client without features has no entries: bincount of nothing is an integer array, and the
+                    # reply must still be real numbers)
+                    rowi = np.repeat(np.arange(RT.shape[0], dtype=np.int64), np.diff(RT.indptr))
+                    key = rowi * St.k + np.asarray(St.bucket, dtype=np.int64)[RT.indices]
+                    sums = np.bincount(key, weights=data * St.sign[RT.indices], minlength=RT.shape[0] * St.k)
+                    out.append(sums.astype(np.float64, copy=False).reshape(RT.shape[0], St.k))
                     continue
                 scaled = sp.csr_matrix((data, RT.indices, RT.indptr), shape=RT.shape)
                 prod = scaled @ St

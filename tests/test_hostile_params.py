@@ -374,3 +374,36 @@ def test_numbers_beyond_float64_are_one_clear_line(tmp_path, capsys, name, argv,
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert rc == 2 and len(lines) == 1, lines
     assert lines[0].startswith("python -m validation.superlinear: error: ") and fragment in lines[0], lines[0]
+
+
+# ------------------------------------------------------------------ a client without features
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(method="fedpm", precond_codec="delta:topk:2"),
+        dict(method="fedpm", precond_codec="delta:rankr:1"),
+        dict(method="fedpm", precond_codec="lowrank:1"),
+        dict(method="fedns", params='{"sketch": "countsketch", "sketch_size": 3}'),
+    ],
+    ids=["delta-topk", "delta-rankr", "lowrank", "fedns-countsketch"],
+)
+def test_a_client_without_features_takes_part_alike_in_process_and_on_flower(tmp_path, kw):
+    """Client 2's rows have no features: its 0 x 0 block is an empty payload (nothing of a count of one), its
+    sketch real zeros.  In-process the run completes, on Flower (loopback grid: the ServerApp, the wire and the
+    nodes' state) it is used every round, and both give the same model."""
+    pytest.importorskip("flwr")
+    from test_flower import config, loopback
+
+    from validation.flower import in_process
+
+    rng = np.random.default_rng(0)
+    rows = [
+        f"{1 if rng.random() < 0.5 else -1} "
+        + ("" if i >= 20 else " ".join(f"{j}:{rng.normal():.3f}" for j in range(1, 5)))
+        for i in range(30)
+    ]
+    (tmp_path / "nofeat.svm").write_text("\n".join(r.strip() for r in rows) + "\n")
+    cfg = config(dataset=str(tmp_path / "nofeat.svm"), clients=3, rounds=3, **kw)
+    result = loopback(cfg)
+    assert [h["used"] for h in result["history"][1:]] == [3, 3, 3]
+    np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)

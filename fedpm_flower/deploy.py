@@ -215,24 +215,7 @@ class LocalFederation:
     def descendants(self) -> list[int]:
         """Every live process below the ones started here (SuperExec starts the ServerApp and
         ClientApp processes in sessions of their own, out of reach of a process-group signal)."""
-        parent = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat") as fh:
-                        fields = fh.read().rsplit(")", 1)[1].split()
-                    if fields[0] != "Z":
-                        parent[int(entry)] = int(fields[1])
-                except (OSError, IndexError, ValueError):
-                    continue
-        roots, found, changed = {p.pid for p in self.procs}, set(), True
-        while changed:
-            changed = False
-            for pid, ppid in parent.items():
-                if pid not in found and (ppid in roots or ppid in found):
-                    found.add(pid)
-                    changed = True
-        return sorted(found)
+        return descendants({p.pid for p in self.procs})
 
     def stop(self):
         stragglers = self.descendants() if os.path.isdir("/proc") else []
@@ -318,6 +301,55 @@ class LocalFederation:
         if "error" in result:
             raise RuntimeError(f"the ServerApp failed: {result['error']}")
         return result
+
+
+def descendants(roots: set) -> list[int]:
+    """Every live process below the processes ``roots`` (from /proc; [] without it)."""
+    parent = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                if fields[0] != "Z":
+                    parent[int(entry)] = int(fields[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, changed = set(), True
+    while changed:
+        changed = False
+        for pid, ppid in parent.items():
+            if pid not in found and (ppid in roots or ppid in found):
+                found.add(pid)
+                changed = True
+    return sorted(found)
+
+
+def stop_tree(pid: int, grace: float = 10.0) -> None:
+    """Stop process ``pid`` (the leader of its own process group) and everything below it: SIGTERM, then
+    SIGKILL after ``grace`` seconds.  The tree is read first: a child whose parent dies is re-parented."""
+    below = descendants({pid})
+    for target, kill in [(pid, os.killpg), (pid, os.kill)] + [(q, os.kill) for q in below]:
+        try:
+            kill(target, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.time() + grace
+    while time.time() < deadline and any(os.path.exists(f"/proc/{q}") and not _zombie(q) for q in [pid, *below]):
+        time.sleep(0.1)
+    for target, kill in [(pid, os.killpg), (pid, os.kill)] + [(q, os.kill) for q in below]:
+        try:
+            kill(target, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _parent_chain_has(pid: int, ancestor: int) -> bool:

@@ -407,3 +407,45 @@ def test_a_client_without_features_takes_part_alike_in_process_and_on_flower(tmp
     result = loopback(cfg)
     assert [h["used"] for h in result["history"][1:]] == [3, 3, 3]
     np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------------------------ Flower: signals
+@pytest.mark.slow
+def test_sigterm_in_a_flower_simulation_round_is_one_line_and_leaves_nothing(tmp_path):
+    """Ray, started by the simulation, answered SIGTERM itself: exit 134 through its abort handler, no message,
+    sometimes a .partial-* folder left.  Now: the last line is the command's, exit 143, nothing written, no
+    process of the simulation (Ray's included) left."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    pytest.importorskip("flwr")
+    from fedpm_flower.deploy import _zombie, descendants  # _zombie: gone, or ended and not yet reaped
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, "-m", "validation.flower", "--method", "fedpm", "--rounds", "500", "--clients", "2"]
+    p = subprocess.Popen(
+        cmd + ["--out", str(tmp_path / "o")],
+        env={**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"},
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while len(descendants({p.pid})) < 4 and p.poll() is None and time.time() < deadline:
+        time.sleep(0.2)  # the simulation's process, Ray's and its actors: the rounds are under way
+    time.sleep(3.0)
+    tree = descendants({p.pid})
+    assert len(tree) >= 4 and p.poll() is None, "the simulation did not start"
+    p.terminate()
+    err = p.communicate(timeout=120)[1]
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert p.returncode == 143, err[-2000:]
+    assert lines[-1] == "python -m validation.flower: error: terminated (SIGTERM); nothing was written", lines[-5:]
+    assert os.listdir(tmp_path) == []
+    deadline = time.time() + 15
+    while [q for q in tree if not _zombie(q)] and time.time() < deadline:
+        time.sleep(0.2)
+    assert not [q for q in tree if not _zombie(q)], "a process of the simulation outlived it"

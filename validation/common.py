@@ -279,8 +279,17 @@ def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> i
     def terminated(signum, frame):
         raise Terminated()
 
+    def redeliver(unraisable):
+        # raised where an exception cannot propagate (a __del__, a weakref or logging callback), SIGTERM would
+        # be lost and the command run on: send it again, to be raised at the next ordinary point
+        if isinstance(unraisable.exc_value, Terminated):
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            hook(unraisable)
+
     main_thread = threading.current_thread() is threading.main_thread()
     old = signal.signal(signal.SIGTERM, terminated) if main_thread else None
+    hook, sys.unraisablehook = sys.unraisablehook, redeliver
     try:
         return main()
     except Terminated as exc:
@@ -290,6 +299,7 @@ def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> i
         sys.stderr.write(f"{prog}: error: interrupted (Ctrl-C); {str(exc) or what_is_kept}\n")
         return 130
     finally:
+        sys.unraisablehook = hook
         if main_thread:
             signal.signal(signal.SIGTERM, old)
 

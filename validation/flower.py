@@ -238,19 +238,46 @@ def in_process(cfg):
     return state.theta
 
 
+def _simulate(cfg) -> None:
+    """The Flower simulation, in a process of its own (``simulate``): Ray starts in the process that calls
+    ``run_simulation`` and takes SIGTERM there for itself."""
+    os.setsid()  # its own process group: the parent stops the simulation's whole tree at once
+    os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"  # no C++ abort trace when it is stopped
+    from flwr.simulation import run_simulation
+
+    from fedpm_flower.apps import make_client_app, make_server_app
+
+    run_simulation(
+        make_server_app(cfg),
+        make_client_app(cfg),
+        num_supernodes=cfg.clients,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+    )
+
+
+def simulate(cfg) -> None:
+    """Run the simulation in a child process and wait for it.  Ray, in the process that starts it, answers
+    SIGTERM with an abort (exit 134, no cleanup) or an exit while the ServerApp's thread keeps the process
+    alive; here this process keeps the command's own SIGTERM and Ctrl-C (one line, exit 143 / 130, the
+    output's temporary folder removed) and stops the child's whole process tree, Ray's included."""
+    import multiprocessing
+
+    from fedpm_flower.deploy import stop_tree
+
+    child = multiprocessing.get_context("fork").Process(target=_simulate, args=(cfg,), daemon=False)
+    child.start()
+    try:
+        child.join()
+    finally:
+        if child.exitcode is None:  # interrupted here: the simulation does not outlive the command
+            stop_tree(child.pid)
+            child.join()
+
+
 def run_flower(cfg, mode: str, timeout: float) -> dict:
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
     if mode == "simulation":
-        from flwr.simulation import run_simulation
-
-        from fedpm_flower.apps import make_client_app, make_server_app
-
-        run_simulation(
-            make_server_app(cfg),
-            make_client_app(cfg),
-            num_supernodes=cfg.clients,
-            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
-        )
+        simulate(cfg)
         if not os.path.isfile(cfg.out):
             raise RuntimeError("the Flower simulation ended without a result (its log is above)")
         with open(cfg.out) as fh:

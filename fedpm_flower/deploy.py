@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from .config import FlowerRunConfig
+from .config import FlowerRunConfig, progress_file
 
 APP_TOML = """[build-system]
 requires = ["hatchling"]
@@ -285,15 +285,27 @@ class LocalFederation:
             raise RuntimeError("flwr run failed: " + " ".join(t for t in text if t)[-400:])
         if on_submitted is not None:
             on_submitted(self)
-        start = time.time()
+        # --timeout bounds each wait of the ServerApp for the SuperNodes (a round's replies; the ServerApp drops
+        # a node that does not answer in time), so a run of any length is healthy while the waits keep ending:
+        # the ServerApp marks each (apps.Heartbeat) and only a silence longer than one wait plus the server's
+        # own work (start-up included) means it is stuck
+        beat, idle = progress_file(out), 2 * timeout + IDLE_GRACE
+        last = time.time()
         while not os.path.exists(out):
             dead = [p.args[0] for p in self.procs[:1] if p.poll() is not None]  # the SuperLink must live
             if dead:
                 raise RuntimeError(
                     f"the SuperLink exited early: {_last_line(os.path.join(self.log_dir, 'superlink.log'))}"
                 )
-            if time.time() - start > timeout:
-                raise TimeoutError(f"no result after {timeout:.0f}s (see --timeout)")
+            try:
+                last = max(last, os.stat(beat).st_mtime)
+            except OSError:
+                pass
+            if time.time() - last > idle:
+                raise TimeoutError(
+                    f"the ServerApp made no progress for {idle:.0f}s (2 x --timeout {timeout:g}s + "
+                    f"{IDLE_GRACE:.0f}s): it is stuck or gone"
+                )
             time.sleep(0.5)
         time.sleep(0.2)  # the ServerApp replaces the file atomically; let a just-written one settle
         with open(out) as fh:
@@ -301,6 +313,9 @@ class LocalFederation:
         if "error" in result:
             raise RuntimeError(f"the ServerApp failed: {result['error']}")
         return result
+
+
+IDLE_GRACE = 60.0  # seconds of the ServerApp's own work (start-up, a server step) beyond its waits
 
 
 def descendants(roots: set) -> list[int]:

@@ -91,7 +91,13 @@ def parse_args(argv=None):
         "(default: the seeded synthetic image task); in deployment SuperNode i reads only DIR/client-i",
     )
     p.add_argument("--mode", choices=("simulation", "deployment"), default="simulation")
-    p.add_argument("--timeout", type=common.positive_float, default=300.0)
+    p.add_argument(
+        "--timeout",
+        type=common.positive_float,
+        default=300.0,
+        help="seconds the server waits for the SuperNodes' replies in a round (or to a question); a node that "
+        "has not answered by then is left out of that round.  Bounds each wait, not the whole run",
+    )
     p.add_argument(
         "--max-ratio",
         type=common.nonneg_float,

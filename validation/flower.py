@@ -261,19 +261,43 @@ def _simulate(cfg) -> None:
     )
 
 
+RESULT_GRACE = 30.0  # seconds the simulation may take to shut down once its result is written
+
+
 def simulate(cfg) -> None:
     """Run the simulation in a child process and wait for it.  Ray, in the process that starts it, answers
     SIGTERM with an abort (exit 134, no cleanup) or an exit while the ServerApp's thread keeps the process
     alive; here this process keeps the command's own SIGTERM and Ctrl-C (one line, exit 143 / 130, the
-    output's temporary folder removed) and stops the child's whole process tree, Ray's included."""
+    output's temporary folder removed) and stops the child's whole process tree, Ray's included.
+
+    --timeout as in deployment (fedpm_flower.deploy): the ServerApp's waits for replies are bounded by it and
+    marked as they end; a silence of 2 x --timeout + 60 s is a stuck simulation, and once the result is written a
+    slow client's unfinished work does not hold the command beyond RESULT_GRACE."""
     import multiprocessing
 
-    from fedpm_flower.deploy import stop_tree
+    from fedpm_flower.config import progress_file
+    from fedpm_flower.deploy import IDLE_GRACE, stop_tree
 
     child = multiprocessing.get_context("fork").Process(target=_simulate, args=(cfg,), daemon=False)
     child.start()
+    idle, last, written = 2 * cfg.timeout + IDLE_GRACE, time.time(), None
     try:
-        child.join()
+        while child.exitcode is None:
+            child.join(0.5)
+            now = time.time()
+            try:
+                last = max(last, os.stat(progress_file(cfg.out)).st_mtime)
+            except OSError:
+                pass
+            if cfg.out and os.path.exists(cfg.out):
+                written = written or now
+                if now - written > RESULT_GRACE:
+                    break  # the result is complete (written atomically); the tree is stopped below
+            elif now - last > idle:
+                raise TimeoutError(
+                    f"the simulation made no progress for {idle:.0f}s (2 x --timeout {cfg.timeout:g}s + "
+                    f"{IDLE_GRACE:.0f}s): it is stuck"
+                )
     finally:
         if child.exitcode is None:  # interrupted here: the simulation does not outlive the command
             stop_tree(child.pid)

@@ -207,7 +207,8 @@ FLOATS = ("float64", "float32")
 
 
 def _count(spec_value: str, total: int, what: str) -> int:
-    """An absolute count ('8') or a fraction of ``total`` ('0.1'), clipped to 1..total."""
+    """An absolute count ('8') or a fraction of ``total`` ('0.1'), clipped to 1..total; 0 of nothing (a client
+    without features has a 0 x 0 block: an empty payload, not one entry it does not have)."""
     s = str(spec_value)
     try:
         x = float(s)
@@ -221,7 +222,7 @@ def _count(spec_value: str, total: int, what: str) -> int:
         k = int(x)
     else:
         raise ValueError(f"{what} must be an integer or a fraction in (0, 1), got {s!r}")
-    return max(1, min(total, k))
+    return max(1, min(total, k)) if total else 0
 
 
 # ---------------------------------------------------------------------------- codecs
@@ -294,7 +295,7 @@ class LowRank(Codec):
     rank: str = "8"  # absolute or a fraction of n
 
     def r(self, n: int) -> int:
-        return _count(self.rank, n, "lowrank rank") if n else 0
+        return _count(self.rank, n, "lowrank rank")
 
     def encode(self, M, state=None):
         n = M.shape[0]

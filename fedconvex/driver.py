@@ -32,7 +32,7 @@ from .algorithms.base import RoundInfo
 from .backend import namespace, nbytes
 from .messages import all_usable, client_problem, concat, keep, model_norm, preconditioner_trace
 from .screening import log as server_log
-from .screening import magnitude_rejections
+from .screening import magnitude_rejections, max_ratio_problem
 
 
 class Diverged(ArithmeticError):
@@ -264,6 +264,11 @@ class Driver:
     finite: Callable | None = None
     label: str = ""
     own_clients: bool = True  # False (Flower): all replies non-finite skips the round instead of Diverged
+
+    def __post_init__(self):
+        problem = max_ratio_problem(self.max_ratio)
+        if problem:
+            raise ValueError(f"max_ratio {self.max_ratio!r}: {problem}")
 
     def first_row(self, state) -> dict:
         return {"round": 0, **self.evaluate(state), "bytes_up": 0, "bytes_down": 0, "seconds": 0.0, "rejected": 0}

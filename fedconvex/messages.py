@@ -11,7 +11,7 @@ import numpy as np
 from .backend import namespace, to_numpy
 from .blocks import ActiveBlocks
 from .codecs import DecodeProblems
-from .screening import psd_problem
+from .screening import index_problem, psd_problem
 
 
 def _certified_psd(v: ActiveBlocks) -> bool:
@@ -62,6 +62,8 @@ def all_usable(up: dict, n: int, d: int | None, psd_keys=()) -> bool:
                     cat = np.concatenate(nonempty)
                     if int(cat.min()) < 0 or int(cat.max()) >= d:
                         return False
+            if not all(a.shape[0] < 2 or bool((np.diff(a) > 0).all()) for a in active):
+                return False  # not increasing: perhaps a repeated feature, which client_problem names
         elif field not in psd_keys and isinstance(v, (tuple, list)) and len(v) == n:
             # per-client arrays of different shapes (e.g. FedNS's sketched roots and feature indices): the
             # per-client test below is their finiteness, checked here array by array
@@ -84,9 +86,9 @@ def client_problem(up: dict, k: int, d: int | None, psd_keys=()) -> str | None:
             continue
         if isinstance(v, ActiveBlocks):
             B, a = v.blocks[k], v.active[k]
-            xp = namespace(B)
-            if a.ndim != 1 or (a.shape[0] and d is not None and (int(xp.min(a)) < 0 or int(xp.max(a)) >= d)):
-                return f"{key}: feature indices outside 0..{d - 1}"
+            bad = index_problem(a, f"{key}: feature indices", d, distinct=True)  # as Flower's wire checks
+            if bad:
+                return bad
             if tuple(B.shape) != (a.shape[0], a.shape[0]):
                 return f"{key}: block of shape {tuple(B.shape)} for {a.shape[0]} features"
             if _certified_psd(v):

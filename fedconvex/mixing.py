@@ -15,15 +15,18 @@ shape (d, k), which is how a DNN layer block [W b]^T is mixed.
 
 from __future__ import annotations
 
-from .backend import asarray_like, eye_like, namespace
+from .backend import asarray_like, eye_like, is_torch, namespace
+from .screening import dtype_problem
 
 _INF = float("inf")
 
 
 def _weights(xp, weights, n, like):
-    """Normalised (n,) weights in ``like``'s library."""
+    """Normalised (n,) weights in ``like``'s library (and dtype: ``like`` is real floating point)."""
     if weights is None:
         return asarray_like(xp, [1.0 / n] * n, like)
+    if dtype_problem(weights if hasattr(weights, "dtype") else xp.asarray(weights), "fiu"):
+        raise ValueError(f"weights must be real numbers, got {weights!r}")
     w = asarray_like(xp, weights, like)
     if w.shape != (n,):
         raise ValueError(f"weights must have shape ({n},), got {tuple(w.shape)}")
@@ -31,7 +34,16 @@ def _weights(xp, weights, n, like):
     t = float(total)
     if not 0 < t < _INF:  # NaN or Inf here would make every mixed parameter NaN
         raise ValueError(f"weights must sum to a finite positive number, got {t}")
+    low = float(xp.min(w))
+    if not low >= 0:  # a negative weight extrapolates away from a client instead of averaging
+        raise ValueError(f"weights must be >= 0, got {low}")
     return w / total
+
+
+def _real(name: str, a) -> None:
+    bad = dtype_problem(a)
+    if bad:
+        raise ValueError(f"{name} {bad}")
 
 
 def _as_matrix_rhs(X, d):
@@ -77,6 +89,9 @@ def precond_mix(P, X, weights=None, damping: float = 0.0):
         raise ValueError("precond_mix needs at least one client (P and X hold 0)")
     if not 0 <= damping < _INF:
         raise ValueError(f"damping must be a finite number >= 0, got {damping}")
+    if not structured:
+        _real("P", P)  # a complex or integer stack would be mixed in the wrong arithmetic
+    _real("X", X)
     # written with array-API functions (xp.sum, xp.matmul, ...) so any conforming library works
     w = _weights(xp, weights, n, X)
     # sum_i w_i (P_i + lam I) X_i = sum_i w_i P_i X_i + lam * sum_i w_i X_i: damping added once
@@ -89,13 +104,16 @@ def precond_mix(P, X, weights=None, damping: float = 0.0):
         rhs = rhs + damping * xp.sum(w[:, None, None] * Xm, axis=0)
         Pbar = Pbar + damping * eye_like(xp, d, X)
     Pbar = 0.5 * (Pbar + Pbar.T)  # symmetrise: round-off in the sum must not leak into the solve
+    if not bool(xp.all(xp.isfinite(Pbar))) or not bool(xp.all(xp.isfinite(rhs))):  # (d, d) and (d, k): cheap
+        raise ValueError("precond_mix: the preconditioners or parameters contain NaN or Inf")
     # explicit (d, k) right-hand side: NumPy 2 changed solve's vector broadcasting rule
     out = xp.linalg.solve(Pbar, rhs)
     return out[:, 0] if was_vector else out
 
 
 def simple_mix(X, weights=None):
-    """Weighted average of client parameters (FedAvg / LocalNewton mixing)."""
+    """Weighted average of client parameters (FedAvg / LocalNewton mixing).  Integer entries (a count such as
+    BatchNorm's num_batches_tracked) are averaged in float64 and rounded back to their dtype."""
     if not hasattr(X, "ndim"):
         raise TypeError(f"X must be an (N, ...) array stack, got {type(X).__name__}")
     if X.ndim < 1:
@@ -103,5 +121,10 @@ def simple_mix(X, weights=None):
     if X.shape[0] < 1:
         raise ValueError("simple_mix needs at least one client (X holds 0)")
     xp = namespace(X)
+    if dtype_problem(X, "iu") is None:
+        mixed = simple_mix(X.double() if is_torch(xp) else X.astype(xp.float64), weights)
+        return xp.round(mixed).to(X.dtype) if is_torch(xp) else xp.round(mixed).astype(X.dtype)
+    if dtype_problem(X, "fc"):  # bool: there is no average of flags
+        raise ValueError(f"simple_mix: X has dtype {str(X.dtype).replace('torch.', '')}, expected numbers")
     w = _weights(xp, weights, X.shape[0], X)
     return xp.sum(xp.reshape(w, (-1,) + (1,) * (X.ndim - 1)) * X, axis=0)

@@ -95,6 +95,25 @@ def _check_lam(lam):
     return lam
 
 
+# a bound on |x_ip x_iq| summed over the rows (n max|x|^2) that leaves float64 room for the products after it
+_MAX_GRAM = 1e300
+
+
+def _check_lam_resolves(lam: float, X) -> None:
+    """A positive lam is there to regularise: one below float64's resolution next to the data Hessian's scale
+    (its largest diagonal entry is at most max_j mean_i x_ij^2 / 4) adds nothing to H + lam I, and a singular
+    H stays singular.  lam = 0 (no regularisation) is what it says."""
+    if lam == 0 or not X.nnz:
+        return
+    scale = 0.25 * float(np.asarray(X.multiply(X).sum(axis=0)).max()) / X.shape[0]
+    floor = np.finfo(np.float64).eps * scale
+    if lam < floor:
+        raise ValueError(
+            f"lam {lam:g} is below float64's resolution next to the Hessian's scale {scale:.3g}: it regularises "
+            f"nothing; use lam >= {floor:.1e} (or 0 for none)"
+        )
+
+
 def _checked_data(X, y):
     """X as CSR float64 and y as float64 labels, or one clear error: X 2-D, finite, with a column; y 1-D, one
     label a row, every label -1 or +1 (the loss is log(1 + exp(-y x^T theta)); ``parse_libsvm`` maps a file's
@@ -117,6 +136,13 @@ def _checked_data(X, y):
     if not np.isfinite(X.data).all():
         row = int(np.searchsorted(X.indptr, np.flatnonzero(~np.isfinite(X.data))[0], side="right") - 1)
         raise DataError(f"X holds NaN or Inf (row {row}); remove or impute those entries")
+    if X.nnz and float(np.abs(X.data).max()) > math.sqrt(_MAX_GRAM / X.shape[0]):
+        big = int(np.argmax(np.abs(X.data)))
+        row = int(np.searchsorted(X.indptr, big, side="right") - 1)
+        raise DataError(
+            f"X holds a value of {X.data[big]:.3g} (row {row}): sums of squares over its {X.shape[0]} rows "
+            "overflow float64 in the gradients and Hessians; rescale the features"
+        )
     try:
         y = np.asarray(y, dtype=np.float64)
     except (TypeError, ValueError):
@@ -184,6 +210,7 @@ class FederatedLogReg:
         if weighting not in ("uniform", "samples"):
             raise ValueError(f"weighting must be 'uniform' or 'samples', got {weighting!r}")
         X, y = _checked_data(X, y)
+        _check_lam_resolves(lam, X)
         parts = _checked_parts(parts, X.shape[0])
         self.xp, self.lam, self.weighting = xp, float(lam), weighting
         self.d = X.shape[1]
@@ -499,13 +526,12 @@ class FederatedLogReg:
                     # weighted non-zeros of feature i in the rows hashed to bucket b -- the sums SciPy's sparse
                     # product with S^T forms in the same order (its products v * (+-1) are exact), so the same
                     # numbers; bincount adds its weights in input order, starting from 0 like SciPy's sums
-                    rowi = np.repeat(np.arange(RT.shape[0]), np.diff(RT.indptr))
-                    key = rowi * St.k + St.bucket[RT.indices]
-                    out.append(
-                        np.bincount(key, weights=data * St.sign[RT.indices], minlength=RT.shape[0] * St.k).reshape(
-                            RT.shape[0], St.k
-                        )
-                    )
+                    # (a client without features has no entries: bincount of nothing is an integer array, and the
+                    # reply must still be real numbers)
+                    rowi = np.repeat(np.arange(RT.shape[0], dtype=np.int64), np.diff(RT.indptr))
+                    key = rowi * St.k + np.asarray(St.bucket, dtype=np.int64)[RT.indices]
+                    sums = np.bincount(key, weights=data * St.sign[RT.indices], minlength=RT.shape[0] * St.k)
+                    out.append(sums.astype(np.float64, copy=False).reshape(RT.shape[0], St.k))
                     continue
                 scaled = sp.csr_matrix((data, RT.indices, RT.indptr), shape=RT.shape)
                 prod = scaled @ St

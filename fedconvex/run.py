@@ -14,6 +14,7 @@ import numpy as np
 from .backend import to_numpy
 from .driver import Diverged, Driver, InProcess, message_bytes, sample_clients, screen_message  # noqa: F401
 from .problem import FederatedLogReg
+from .screening import dtype_problem
 
 COLUMNS = ("round", "f_gap", "dist", "grad_norm", "bytes_up", "bytes_down", "seconds", "rejected")
 
@@ -102,6 +103,8 @@ def _check_run_args(problem, theta0, rounds) -> None:
         raise TypeError(f"theta0 must be an array of shape ({d},), got {type(theta0).__name__}")
     if tuple(theta0.shape) != (d,):
         raise ValueError(f"theta0 must have shape ({d},) (the problem's {d} features), got {tuple(theta0.shape)}")
+    if dtype_problem(theta0, "fiu"):  # complex, bool or object: not a point of R^d
+        raise TypeError(f"theta0 must be a real array, got dtype {str(theta0.dtype).replace('torch.', '')}")
     if not np.isfinite(to_numpy(theta0)).all():
         raise ValueError("theta0 holds NaN or Inf")
 

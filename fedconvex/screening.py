@@ -17,11 +17,12 @@ an eigendecomposition.
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 from scipy.linalg.lapack import dpotrf
 
-from .backend import is_torch, namespace
+from .backend import is_torch, namespace, to_numpy
 
 log = logging.getLogger("fedpm.server")
 
@@ -53,10 +54,35 @@ def dtype_problem(a, kinds="f") -> str | None:
             else "i"
         )
     else:
-        kind = np.dtype(dtype).kind
+        try:
+            kind = np.dtype(dtype).kind
+        except TypeError:  # another array-API library's dtype object
+            kind = _array_api_kind(namespace(a), dtype)
     if kind not in kinds:
         expected = "a real floating-point" if kinds == "f" else "an integer"
         return f"has dtype {str(dtype).replace('torch.', '')}, expected {expected} array"
+    return None
+
+
+def _array_api_kind(xp, dtype) -> str:
+    names = (("bool", "b"), ("signed integer", "i"), ("unsigned integer", "u"), ("real floating", "f"))
+    return next((k for name, k in names if xp.isdtype(dtype, name)), "c")
+
+
+def index_problem(a, what: str, bound: int | None, distinct: bool = False) -> str | None:
+    """None if ``a`` (any backend) holds integer indices in 0..bound-1 (bound None: >= 0), distinct ones when
+    ``distinct`` (a client's active features: a repeated one would count its block entries twice), else the
+    reason, starting with ``what``.  The one check of indices for the wire (fedpm_flower.wire) and in-process."""
+    bad = dtype_problem(a, "iu")
+    if bad:
+        return f"{what} {bad}"
+    a = to_numpy(a)
+    if a.ndim != 1 and distinct:
+        return f"{what} is not a 1-d array"
+    if a.size and (int(a.min()) < 0 or (bound is not None and int(a.max()) >= bound)):
+        return f"{what} outside 0..{bound - 1}" if bound is not None else f"{what} has negative entries"
+    if distinct and a.size > 1 and not bool((np.diff(a) > 0).all()) and len(np.unique(a)) != len(a):
+        return f"{what} has repeated entries"  # (increasing indices, the usual case, are distinct at a glance)
     return None
 
 
@@ -149,6 +175,18 @@ def reply_problem(reply: dict, shapes: dict, psd_keys=()) -> str | None:
 def lower_median(values) -> float:
     v = sorted(values)
     return v[(len(v) - 1) // 2]
+
+
+def max_ratio_problem(max_ratio) -> str | None:
+    """None if ``max_ratio`` is a usable magnitude guard R (None or 0: off; a finite R >= 1), else why not:
+    below 1 even the median reply exceeds R x the median, so every round would reject almost everyone."""
+    if max_ratio is None or (not isinstance(max_ratio, bool) and max_ratio == 0):
+        return None
+    if isinstance(max_ratio, bool) or not isinstance(max_ratio, (int, float)) or not math.isfinite(max_ratio):
+        return "must be a finite number >= 1 (or 0 = off)"
+    if max_ratio < 1:
+        return "must be >= 1 (or 0 = off): below 1 even the median reply is rejected"
+    return None
 
 
 def magnitude_outliers(values, max_ratio: float) -> list:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .algorithms import DnnAlgorithm, hyperparameters_of, make_method
+from .algorithms import REGISTRY, DnnAlgorithm, hyperparameters_of, make_method
 
 N = None  # "No" clipping
 
@@ -288,8 +288,14 @@ def method_config(preset: str | None, method: str, **given):
     """The method ``method`` from a preset row (if given), then the explicitly ``given`` values, which win; a
     given None is a value (no clip, every sample), not "not given": leave out what was not given."""
     base = preset_row(preset, method) if preset is not None else {}
-    # a command-line setting the method does not take (--mu for FedAvg) does not apply to it, as before;
-    # the preset rows themselves must fit (make_method rejects an unknown key)
+    # a hyper-parameter the method does not have (--mu for FedAvg) is refused, not ignored; the run's settings
+    # (SETTING_KEYS: data set, alpha, clients, ..., FOOF samples, given to every method of a run alike) are not
+    # hyper-parameters of every method
+    foreign = [k for k in REGISTRY.foreign([method], given) if k not in SETTING_KEYS]
+    if foreign:
+        flags = ", ".join("--" + k.replace("_", "-") for k in foreign)
+        verb = "does" if len(foreign) == 1 else "do"
+        raise ValueError(f"{flags} {verb} not apply: {method} has no hyper-parameter {', '.join(foreign)}")
     given = {k: v for k, v in given.items() if k in hyperparameters_of(method)}
     return make_method(method, **{**base, **given})
 

@@ -25,7 +25,7 @@ from fedconvex.driver import Driver
 from fedconvex.files import replaced_atomically
 
 from . import logreg, wire
-from .config import FlowerRunConfig
+from .config import FlowerRunConfig, progress_file
 from .transport import FlowerTransport, numpy, records
 
 log = logging.getLogger("fedpm.server")
@@ -47,7 +47,34 @@ def _wait_for_nodes(grid: Grid, n: int, timeout: float, every: bool = False) -> 
         time.sleep(0.5)
 
 
+class Heartbeat:
+    """The grid, touching ``path`` each time a wait for the SuperNodes ends: the launcher's --timeout then
+    bounds one wait (a round's replies, an oracle question), not the whole run (fedpm_flower.deploy)."""
+
+    def __init__(self, grid, path: str):
+        self.grid, self.path = grid, path
+        self.beat()
+
+    def beat(self) -> None:
+        with open(self.path, "a"):
+            os.utime(self.path)
+
+    def get_node_ids(self):
+        self.beat()
+        return self.grid.get_node_ids()
+
+    def send_and_receive(self, messages, timeout=None):
+        replies = self.grid.send_and_receive(messages, timeout=timeout)
+        self.beat()
+        return replies
+
+    def __getattr__(self, name):
+        return getattr(self.grid, name)
+
+
 def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
+    if cfg.out:
+        grid = Heartbeat(grid, progress_file(cfg.out))
     if cfg.problem == "cnn":
         state, history = _serve_cnn(grid, cfg)
         from .cnn import flat_theta, test_accuracy

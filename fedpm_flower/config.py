@@ -9,6 +9,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 
+def progress_file(out: str) -> str:
+    """Where the ServerApp shows it is alive (its mtime, fedpm_flower.apps.Heartbeat): beside its result
+    ``out``, named to be cleaned with the other .tmp files there."""
+    return out + ".progress.tmp"
+
+
 @dataclass(frozen=True)
 class FlowerRunConfig:
     problem: str = "logreg"  # logreg

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from .config import FlowerRunConfig
+from .config import FlowerRunConfig, progress_file
 
 APP_TOML = """[build-system]
 requires = ["hatchling"]
@@ -215,24 +215,7 @@ class LocalFederation:
     def descendants(self) -> list[int]:
         """Every live process below the ones started here (SuperExec starts the ServerApp and
         ClientApp processes in sessions of their own, out of reach of a process-group signal)."""
-        parent = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat") as fh:
-                        fields = fh.read().rsplit(")", 1)[1].split()
-                    if fields[0] != "Z":
-                        parent[int(entry)] = int(fields[1])
-                except (OSError, IndexError, ValueError):
-                    continue
-        roots, found, changed = {p.pid for p in self.procs}, set(), True
-        while changed:
-            changed = False
-            for pid, ppid in parent.items():
-                if pid not in found and (ppid in roots or ppid in found):
-                    found.add(pid)
-                    changed = True
-        return sorted(found)
+        return descendants({p.pid for p in self.procs})
 
     def stop(self):
         stragglers = self.descendants() if os.path.isdir("/proc") else []
@@ -302,15 +285,27 @@ class LocalFederation:
             raise RuntimeError("flwr run failed: " + " ".join(t for t in text if t)[-400:])
         if on_submitted is not None:
             on_submitted(self)
-        start = time.time()
+        # --timeout bounds each wait of the ServerApp for the SuperNodes (a round's replies; the ServerApp drops
+        # a node that does not answer in time), so a run of any length is healthy while the waits keep ending:
+        # the ServerApp marks each (apps.Heartbeat) and only a silence longer than one wait plus the server's
+        # own work (start-up included) means it is stuck
+        beat, idle = progress_file(out), 2 * timeout + IDLE_GRACE
+        last = time.time()
         while not os.path.exists(out):
             dead = [p.args[0] for p in self.procs[:1] if p.poll() is not None]  # the SuperLink must live
             if dead:
                 raise RuntimeError(
                     f"the SuperLink exited early: {_last_line(os.path.join(self.log_dir, 'superlink.log'))}"
                 )
-            if time.time() - start > timeout:
-                raise TimeoutError(f"no result after {timeout:.0f}s (see --timeout)")
+            try:
+                last = max(last, os.stat(beat).st_mtime)
+            except OSError:
+                pass
+            if time.time() - last > idle:
+                raise TimeoutError(
+                    f"the ServerApp made no progress for {idle:.0f}s (2 x --timeout {timeout:g}s + "
+                    f"{IDLE_GRACE:.0f}s): it is stuck or gone"
+                )
             time.sleep(0.5)
         time.sleep(0.2)  # the ServerApp replaces the file atomically; let a just-written one settle
         with open(out) as fh:
@@ -318,6 +313,58 @@ class LocalFederation:
         if "error" in result:
             raise RuntimeError(f"the ServerApp failed: {result['error']}")
         return result
+
+
+IDLE_GRACE = 60.0  # seconds of the ServerApp's own work (start-up, a server step) beyond its waits
+
+
+def descendants(roots: set) -> list[int]:
+    """Every live process below the processes ``roots`` (from /proc; [] without it)."""
+    parent = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                if fields[0] != "Z":
+                    parent[int(entry)] = int(fields[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, changed = set(), True
+    while changed:
+        changed = False
+        for pid, ppid in parent.items():
+            if pid not in found and (ppid in roots or ppid in found):
+                found.add(pid)
+                changed = True
+    return sorted(found)
+
+
+def stop_tree(pid: int, grace: float = 10.0) -> None:
+    """Stop process ``pid`` (the leader of its own process group) and everything below it: SIGTERM, then
+    SIGKILL after ``grace`` seconds.  The tree is read first: a child whose parent dies is re-parented."""
+    below = descendants({pid})
+    for target, kill in [(pid, os.killpg), (pid, os.kill)] + [(q, os.kill) for q in below]:
+        try:
+            kill(target, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.time() + grace
+    while time.time() < deadline and any(os.path.exists(f"/proc/{q}") and not _zombie(q) for q in [pid, *below]):
+        time.sleep(0.1)
+    for target, kill in [(pid, os.killpg), (pid, os.kill)] + [(q, os.kill) for q in below]:
+        try:
+            kill(target, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _parent_chain_has(pid: int, ancestor: int) -> bool:

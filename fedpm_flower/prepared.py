@@ -16,6 +16,7 @@ import os
 import numpy as np
 
 from fedconvex.files import open_regular, read_json_object
+from fedconvex.screening import index_problem
 
 
 def write(folder: str, name: str, x, y, meta: dict) -> None:
@@ -35,7 +36,26 @@ def load(folder: str, name: str):
         x, y = z["x"], z["y"]
     if x.dtype != np.uint8 or x.ndim != 4 or y.shape != (len(x),):
         raise ValueError(f"{folder}/{name}: expected uint8 images (N, C, H, W) and N labels")
-    return x, y, meta(folder)
+    m = meta(folder)
+    classes = m.get("num_classes")
+    if isinstance(classes, bool) or not isinstance(classes, int) or classes < 1:
+        raise ValueError(f"{folder}/meta.json: num_classes must be a positive integer, got {classes!r}")
+    bad = index_problem(y, f"{folder}/{name}: labels", classes)  # the model has num_classes outputs
+    if bad:
+        raise ValueError(bad)
+    return x, y, m
+
+
+def check(root: str, clients: int) -> None:
+    """Before a run starts: ``root`` holds at least ``clients`` client folders, and the server's test set (read
+    at the end) fits the model.  Raises ValueError naming the cause."""
+    have = meta(root).get("clients")
+    if isinstance(have, int) and clients > have:
+        raise ValueError(f"--clients {clients} exceeds the {have} client folders prepared there")
+    for i in range(clients):
+        if not os.path.isfile(os.path.join(client_folder(root, i), "train.npz")):
+            raise ValueError(f"{client_folder(root, i)}/train.npz does not exist")
+    load(server_folder(root), "test.npz")
 
 
 def client_folder(root: str, partition: int) -> str:

@@ -23,7 +23,7 @@ import numpy as np
 from fedconvex.algorithms.fednl_blocks import BlockState
 from fedconvex.blocks import ActiveBlocks, Layout
 from fedconvex.precond_wire import EncodedBlocks
-from fedconvex.screening import dtype_problem
+from fedconvex.screening import dtype_problem, index_problem
 
 SEP = "/"
 
@@ -68,19 +68,6 @@ def _bound(role, d):
     return {"features": d, "entries": d * (d + 1) // 2}.get(role)
 
 
-def _indices(a, what, bound, distinct=False):
-    bad = dtype_problem(a, "iu")
-    if bad:
-        return f"{what} {bad}"
-    if a.ndim != 1 and distinct:
-        return f"{what} is not a 1-d array"
-    if a.size and (int(a.min()) < 0 or (bound is not None and int(a.max()) >= bound)):
-        return f"{what} outside 0..{bound - 1}" if bound is not None else f"{what} has negative entries"
-    if distinct and len(np.unique(a)) != len(a):
-        return f"{what} has repeated entries"
-    return None
-
-
 def unflatten(arrays: dict, template: dict, d: int, shift: float, roles: dict | None = None):
     """(one-client stacked message, None) or (None, the reason the reply is malformed)."""
     roles = roles or {}
@@ -100,7 +87,7 @@ def unflatten(arrays: dict, template: dict, d: int, shift: float, roles: dict | 
                 return None, f"{key} is a {type(arrays[key]).__name__}, not an array"
         if kind == "blocks":
             B, a = arrays[name + "/block"], arrays[name + "/active"]
-            bad = _indices(a, f"{name}: feature indices", d, distinct=True) or (
+            bad = index_problem(a, f"{name}: feature indices", d, distinct=True) or (
                 f"{name}: block {dtype_problem(B)}" if dtype_problem(B) else None
             )
             if bad:
@@ -110,7 +97,7 @@ def unflatten(arrays: dict, template: dict, d: int, shift: float, roles: dict | 
             msg[name] = ActiveBlocks((B.astype(np.float64),), (a,), d, shift)
         elif kind == "encoded":
             a = arrays[name + "/active"]
-            bad = _indices(a, f"{name}: feature indices", d, distinct=True)
+            bad = index_problem(a, f"{name}: feature indices", d, distinct=True)
             if bad:
                 return None, bad
             prefix = name + "/code/"
@@ -123,7 +110,7 @@ def unflatten(arrays: dict, template: dict, d: int, shift: float, roles: dict | 
                 bad = dtype_problem(a)
                 bad = f"{name} {bad}" if bad else None
             elif roles.get(name) in ("features", "entries"):
-                bad = _indices(a, name, _bound(roles[name], d))
+                bad = index_problem(a, name, _bound(roles[name], d))
             else:  # integer data without a declared range (e.g. Natural's bit codes): its dtype only
                 bad = dtype_problem(a, "iu")
                 bad = f"{name} {bad}" if bad else None

@@ -35,6 +35,20 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+    def given(self, argv) -> set:
+        """The dests that ``argv`` sets explicitly (a flag equal to its default is still a choice); argparse's
+        own parse, so abbreviations and ``--flag=value`` count as they do there."""
+        unset = object()
+        saved = [(a, a.default) for a in self._actions]
+        try:
+            for a, _ in saved:
+                a.default = unset
+            ns, _ = self.parse_known_args(argv)
+        finally:
+            for a, default in saved:
+                a.default = default
+        return {k for k, v in vars(ns).items() if v is not unset}
+
 
 MAX_INT = 2**31 - 1  # counts (rounds, clients, rows, ...) far beyond any run that fits in memory
 
@@ -117,6 +131,27 @@ def precond_codec(spec):
         return validate(spec)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def check_max_ratio(parser, args) -> None:
+    """--max-ratio R: 0 (off) or >= 1 (fedconvex.screening.max_ratio_problem), one parser error otherwise."""
+    from fedconvex.screening import max_ratio_problem
+
+    problem = max_ratio_problem(args.max_ratio)
+    if problem:
+        parser.error(f"--max-ratio {args.max_ratio:g}: {problem}")
+
+
+def refuse_foreign(parser, registry, methods, args, dests) -> None:
+    """One parser error for a hyper-parameter flag (dest = the field's name) set away from its default when
+    none of ``methods`` has that hyper-parameter: it would apply to nothing."""
+    given = {d: getattr(args, d) for d in dests if getattr(args, d) != parser.get_default(d)}
+    foreign = registry.foreign(methods, given)
+    if foreign:
+        flags = ", ".join("--" + k.replace("_", "-") for k in foreign)
+        who = f"{methods[0]} has no" if len(methods) == 1 else f"none of {', '.join(methods)} has the"
+        verb = "does" if len(foreign) == 1 else "do"
+        parser.error(f"{flags} {verb} not apply: {who} hyper-parameter {', '.join(foreign)}")
 
 
 DEFAULT_ALPHA = 0.5
@@ -307,8 +342,17 @@ def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> i
     def terminated(signum, frame):
         raise Terminated()
 
+    def redeliver(unraisable):
+        # raised where an exception cannot propagate (a __del__, a weakref or logging callback), SIGTERM would
+        # be lost and the command run on: send it again, to be raised at the next ordinary point
+        if isinstance(unraisable.exc_value, Terminated):
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            hook(unraisable)
+
     main_thread = threading.current_thread() is threading.main_thread()
     old = signal.signal(signal.SIGTERM, terminated) if main_thread else None
+    hook, sys.unraisablehook = sys.unraisablehook, redeliver
     try:
         return main()
     except Terminated as exc:
@@ -318,6 +362,7 @@ def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> i
         sys.stderr.write(f"{prog}: error: interrupted (Ctrl-C); {str(exc) or what_is_kept}\n")
         return 130
     finally:
+        sys.unraisablehook = hook
         if main_thread:
             signal.signal(signal.SIGTERM, old)
 

@@ -286,6 +286,7 @@ def check_args(p, args):
             p.error(f"--participants {args.participants} exceeds --clients {clients}")
         if clients is None and args.participants > DEFAULT_CLIENTS:
             p.error(f"--participants {args.participants} exceeds the {DEFAULT_CLIENTS} clients (default --clients)")
+    common.check_max_ratio(p, args)
     if args.client_chunk is not None and args.engine == "sequential":
         p.error("--client-chunk applies to --engine vectorized (or auto on a GPU), not to --engine sequential")
     common.check_out_arg(p, args.out, kind=OUTPUT)

@@ -15,6 +15,7 @@ configuration, wall time) and OUT/history.csv (the history in the one format of 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -92,7 +93,13 @@ def parse_args(argv=None):
         "(default: the seeded synthetic image task); in deployment SuperNode i reads only DIR/client-i",
     )
     p.add_argument("--mode", choices=("simulation", "deployment"), default="simulation")
-    p.add_argument("--timeout", type=common.positive_float, default=300.0)
+    p.add_argument(
+        "--timeout",
+        type=common.positive_float,
+        default=300.0,
+        help="seconds the server waits for the SuperNodes' replies in a round (or to a question); a node that "
+        "has not answered by then is left out of that round.  Bounds each wait, not the whole run",
+    )
     p.add_argument(
         "--max-ratio",
         type=common.nonneg_float,
@@ -111,8 +118,6 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.out is None:
         args.out = os.path.join("results", f"flower-{args.problem}-{args.method}-{args.mode}")
-    if args.max_ratio and args.max_ratio < 1:
-        p.error(f"--max-ratio {args.max_ratio:g}: must be >= 1 (or 0 = off): below 1 even the median reply is rejected")
     if args.params:
         try:
             extra = json.loads(args.params)
@@ -120,6 +125,15 @@ def parse_args(argv=None):
             p.error(f"--params {args.params!r}: not JSON ({exc})")
         if not isinstance(extra, dict):
             p.error(f"--params {args.params!r}: expected a JSON object of hyper-parameters")
+        _fold_params(p, args, extra, argv)
+    common.check_max_ratio(p, args)
+    # on the cnn every method takes --local-steps (as local_epochs); --precond-codec only FedPM
+    if args.problem == "logreg" and args.method in REGISTRY:
+        common.refuse_foreign(p, REGISTRY, [args.method], args, ("precond_codec", "local_steps"))
+    elif args.method in DNN_METHODS:
+        from fedpm_dnn.algorithms import REGISTRY as DNN_REGISTRY
+
+        common.refuse_foreign(p, DNN_REGISTRY, [args.method], args, ("precond_codec",))
     if args.participants is not None and args.participants > args.clients:
         p.error(f"--participants {args.participants} exceeds --clients {args.clients}")
     if args.write_app is not None and not args.write_app.strip():
@@ -153,9 +167,42 @@ def parse_args(argv=None):
             p.error(f"--data-dir {args.data_dir}: not a folder written by `python -m validation.flower prepare`")
         if args.check:
             p.error("--check compares with the in-process run on the synthetic task; drop --data-dir")
+        from fedpm_flower import prepared
+
+        try:
+            prepared.check(args.data_dir, args.clients)
+        except (ValueError, OSError) as exc:
+            p.error(f"--data-dir {args.data_dir}: {exc}")
         args.data_dir = os.path.abspath(args.data_dir)
     common.check_out_arg(p, args.out, kind=OUTPUT)
     return args
+
+
+# --params keys that have a flag of their own (problem -> hyper-parameter -> the flag's dest)
+FLAG_PARAMS = {
+    "logreg": {"lr": "lr", "local_steps": "local_steps", "precond_codec": "precond_codec"},
+    "cnn": {"lr": "lr", "local_epochs": "local_steps", "precond_codec": "precond_codec", "weighting": "weighting"},
+}
+
+
+def _fold_params(p, args, extra: dict, argv) -> None:
+    """A --params key that a flag also sets: refused when the flag is given too (which would win is a guess),
+    else moved to the flag's setting, so that the run and result.json's configuration say the value used."""
+    given = p.given(argv if argv is not None else sys.argv[1:])
+    for key, dest in FLAG_PARAMS[args.problem].items():
+        if key not in extra:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        if dest in given:
+            p.error(f"--params sets {key!r} and so does {flag}: give it once")
+        value = extra.pop(key)
+        if dest == "precond_codec":
+            try:
+                value = _codec(value if isinstance(value, str) else repr(value))
+            except argparse.ArgumentTypeError as exc:
+                p.error(f"--params {key!r}: {exc}")
+        setattr(args, dest, value)
+    args.params = json.dumps(extra) if extra else ""
 
 
 def _our_app(toml: str) -> bool:
@@ -199,19 +246,70 @@ def in_process(cfg):
     return state.theta
 
 
+def _simulate(cfg) -> None:
+    """The Flower simulation, in a process of its own (``simulate``): Ray starts in the process that calls
+    ``run_simulation`` and takes SIGTERM there for itself."""
+    os.setsid()  # its own process group: the parent stops the simulation's whole tree at once
+    os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"  # no C++ abort trace when it is stopped
+    from flwr.simulation import run_simulation
+
+    from fedpm_flower.apps import make_client_app, make_server_app
+
+    run_simulation(
+        make_server_app(cfg),
+        make_client_app(cfg),
+        num_supernodes=cfg.clients,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+    )
+
+
+RESULT_GRACE = 30.0  # seconds the simulation may take to shut down once its result is written
+
+
+def simulate(cfg) -> None:
+    """Run the simulation in a child process and wait for it.  Ray, in the process that starts it, answers
+    SIGTERM with an abort (exit 134, no cleanup) or an exit while the ServerApp's thread keeps the process
+    alive; here this process keeps the command's own SIGTERM and Ctrl-C (one line, exit 143 / 130, the
+    output's temporary folder removed) and stops the child's whole process tree, Ray's included.
+
+    --timeout as in deployment (fedpm_flower.deploy): the ServerApp's waits for replies are bounded by it and
+    marked as they end; a silence of 2 x --timeout + 60 s is a stuck simulation, and once the result is written a
+    slow client's unfinished work does not hold the command beyond RESULT_GRACE."""
+    import multiprocessing
+
+    from fedpm_flower.config import progress_file
+    from fedpm_flower.deploy import IDLE_GRACE, stop_tree
+
+    child = multiprocessing.get_context("fork").Process(target=_simulate, args=(cfg,), daemon=False)
+    child.start()
+    idle, last, written = 2 * cfg.timeout + IDLE_GRACE, time.time(), None
+    try:
+        while child.exitcode is None:
+            child.join(0.5)
+            now = time.time()
+            try:
+                last = max(last, os.stat(progress_file(cfg.out)).st_mtime)
+            except OSError:
+                pass
+            if cfg.out and os.path.exists(cfg.out):
+                written = written or now
+                if now - written > RESULT_GRACE:
+                    break  # the result is complete (written atomically); the tree is stopped below
+            elif now - last > idle:
+                raise TimeoutError(
+                    f"the simulation made no progress for {idle:.0f}s (2 x --timeout {cfg.timeout:g}s + "
+                    f"{IDLE_GRACE:.0f}s): it is stuck"
+                )
+    finally:
+        if child.exitcode is None:  # interrupted here: the simulation does not outlive the command
+            stop_tree(child.pid)
+            child.join()
+
+
 def run_flower(cfg, mode: str, timeout: float) -> dict:
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
     if mode == "simulation":
-        from flwr.simulation import run_simulation
-
-        from fedpm_flower.apps import make_client_app, make_server_app
-
-        run_simulation(
-            make_server_app(cfg),
-            make_client_app(cfg),
-            num_supernodes=cfg.clients,
-            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
-        )
+        simulate(cfg)
         if not os.path.isfile(cfg.out):
             raise RuntimeError("the Flower simulation ended without a result (its log is above)")
         with open(cfg.out) as fh:

@@ -89,6 +89,8 @@ def parse_args(argv=None):
     if unknown or not methods:
         p.error(f"unknown method(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(sorted(REGISTRY))}")
     args.methods = methods
+    common.refuse_foreign(p, REGISTRY, methods, args, ("precond_codec", "local_steps"))
+    common.check_max_ratio(p, args)
     if args.out is None:
         stem = os.path.splitext(os.path.basename(args.dataset))[0]
         args.out = os.path.join("results", f"superlinear-{stem}")

@@ -20,6 +20,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..hyperparams import check_hyperparameters
+
 
 @dataclass(frozen=True)
 class State:
@@ -58,8 +60,13 @@ class Algorithm:
     # hyper-parameters fixed by the method's definition (PSGD: one local step): a command line's shared
     # setting of them does not apply, and make_algorithm refuses any other value
     fixed: ClassVar[dict] = {}
+    # a narrower range for a field than fedconvex.hyperparams.RANGES gives every method (field -> Range)
+    ranges: ClassVar[dict] = {}
 
     lr: float = 1.0
+
+    def __post_init__(self):
+        check_hyperparameters(self)  # every field's type and range, one place (subclasses call this first)
 
     def init(self, problem, theta0) -> State:
         return State(theta=theta0)

@@ -60,6 +60,7 @@ class PSGD(FedAvg):
     local_steps: int = 1
 
     def __post_init__(self):
+        super().__post_init__()
         if self.local_steps != 1:
             raise ValueError(
                 f"psgd takes exactly one local step (got local_steps={self.local_steps}); use fedavg for more"

@@ -29,6 +29,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..backend import namespace
+from ..hyperparams import POSITIVE
 from ..mixing import simple_mix
 from . import fednl_blocks
 from .base import Algorithm, RoundInfo, State, start_stack
@@ -138,6 +139,7 @@ class FedNL(Algorithm):
     server_tracked_state: ClassVar[tuple] = ("H",)  # the server's H is sum_i w_i H_i
     search_space: ClassVar[dict] = {"lr": SECOND_ORDER_LR}
     message_fields: ClassVar[dict] = {"grad": "update", **COMPRESSED}  # the gradient the server steps with
+    ranges: ClassVar[dict] = {"mu": POSITIVE}  # a projection floor of 0 leaves the Hessian estimate singular
 
     lr: float = 1.0
     alpha: float = 1.0
@@ -148,6 +150,7 @@ class FedNL(Algorithm):
     mu: float | None = None  # projection floor; default the problem's lam
 
     def __post_init__(self):
+        super().__post_init__()
         if self.option not in ("none", "project", "shift"):
             raise ValueError(f"FedNL option must be none, project or shift, got {self.option!r}")
         make_compressor(self.compressor, self.k, self.rank)  # validate early
@@ -235,11 +238,6 @@ class FedNLLS(FedNL):
     gamma: float = 0.25
     max_backtracks: int = 40
 
-    def __post_init__(self):
-        super().__post_init__()
-        if not 0 < self.c < 1 or not 0 < self.gamma <= 0.5:
-            raise ValueError(f"FedNL-LS needs 0 < c < 1 and 0 < gamma <= 1/2, got c={self.c}, gamma={self.gamma}")
-
     def step(self, problem, state, g, Hs, up, info):
         xp = problem.xp
         direction = -xp.linalg.solve(Hs, g[:, None])[:, 0]
@@ -292,6 +290,7 @@ class FedNLPP(Algorithm):
     rank: int | None = None
 
     def __post_init__(self):
+        super().__post_init__()
         make_compressor(self.compressor, self.k, self.rank)
 
     def init(self, problem, theta0) -> State:

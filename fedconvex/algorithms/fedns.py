@@ -215,16 +215,13 @@ class FedNS(Algorithm):
     gaussian_draw: str = "dense"  # how a Gaussian sketch is drawn (module docstring)
 
     def __post_init__(self):
+        super().__post_init__()
         if self.sketch not in SKETCHES:
             raise ValueError(f"FedNS sketch must be one of {', '.join(SKETCHES)}, got {self.sketch!r}")
         if self.gaussian_draw not in GAUSSIAN_DRAWS:
             raise ValueError(
                 f"FedNS gaussian_draw must be one of {', '.join(GAUSSIAN_DRAWS)}, got {self.gaussian_draw!r}"
             )
-        if self.sketch_size is not None and (
-            isinstance(self.sketch_size, bool) or int(self.sketch_size) != self.sketch_size or self.sketch_size < 1
-        ):
-            raise ValueError(f"FedNS sketch_size must be a positive integer (or None: k = d), got {self.sketch_size!r}")
 
     def sketches(self, problem, sel, k, rng):
         """Per participant S^T (M x k) or None (S = I), and the common scale of the S^T."""

@@ -31,6 +31,7 @@ class FedPM(LocalNewton):
     precond_codec: str = "none"
 
     def __post_init__(self):
+        super().__post_init__()
         validate_codec(self.precond_codec)
 
     def init(self, problem, theta0):

@@ -59,13 +59,7 @@ class DnnAlgorithm(Algorithm):
     param_dtype: str = "float32"
 
     def __post_init__(self):
-        for name in ("lr", "batch_size", "local_epochs"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.clip is not None and not self.clip > 0:
-            raise ValueError(f"clip must be > 0 or None, got {self.clip}")
-        if self.weight_decay < 0:
-            raise ValueError("weight_decay must be >= 0")
+        super().__post_init__()  # types and ranges (fedconvex.hyperparams); the choices below
         choices = {
             "weighting": ("uniform", "samples"),
             "clip_stage": ("gradient", "update"),

@@ -16,11 +16,6 @@ class FedProx(FedAvg):
 
     mu: float = 0.01
 
-    def __post_init__(self):
-        super().__post_init__()
-        if self.mu < 0:
-            raise ValueError(f"mu must be >= 0, got {self.mu}")
-
     def grad_hook(self, down, client):
         if not self.mu:
             return None

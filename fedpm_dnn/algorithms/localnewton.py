@@ -29,11 +29,6 @@ class LocalNewton(DnnAlgorithm):
     foof_samples: int | None = None  # None = the client's whole local dataset (paper)
     refresh_every: int | None = None  # recompute the matrices every s local steps (None: once per round)
 
-    def __post_init__(self):
-        super().__post_init__()
-        if self.damping < 0:
-            raise ValueError(f"damping must be >= 0, got {self.damping}")
-
     def finish_reply(self, cs, local, steps, down, end_foof):
         cs["foof"] = end_foof  # matrices at the end of the round: mixing now, local steps next round
         return {"params": local}

@@ -52,12 +52,10 @@ def test_without_a_preset_the_defaults_apply(tmp_path):
 
 
 def test_flags_override_the_preset_and_a_contradiction_is_one_warning(tmp_path):
-    args = parse(
-        tmp_path, "--preset", "cifar10-a1.0", "--method", "fedavgm", "--alpha", "0.1", "--lr", "0.3", "--mu", "0.1"
-    )
+    args = parse(tmp_path, "--preset", "cifar10-a1.0", "--method", "fedavgm", "--alpha", "0.1", "--lr", "0.3")
     res = args.resolved
     assert res.settings["alpha"] == 0.1 and res.config.lr == 0.3 and res.config.momentum == 0.9  # the row's
-    assert res.from_flags == {"alpha": 0.1, "lr": 0.3} and res.not_applicable == ("mu",)
+    assert res.from_flags == {"alpha": 0.1, "lr": 0.3} and res.not_applicable == ()
     assert "alpha" not in res.from_preset and "lr" not in res.from_preset and res.from_preset["local_epochs"] == 5
     # the hyper-parameters are the flags' to tune; the table's setting is what a warning is for
     assert res.conflicts == {"alpha": {"preset": 1.0, "flag": 0.1}}
@@ -65,6 +63,9 @@ def test_flags_override_the_preset_and_a_contradiction_is_one_warning(tmp_path):
     assert warning.count("\n") == 0 and "--alpha 0.1 overrides preset cifar10-a1.0's alpha 1.0" in warning
     same = parse(tmp_path, "--preset", "cifar10-a1.0", "--alpha", "1.0")
     assert same.resolved.conflicts == {} and same.resolved.from_flags == {"alpha": 1.0}
+    # a hyper-parameter the method does not have is refused, not recorded and ignored
+    with pytest.raises(SystemExit):
+        parse(tmp_path, "--preset", "cifar10-a1.0", "--method", "fedavgm", "--mu", "0.1")
 
 
 def test_explicit_none_values_override_the_preset(tmp_path):

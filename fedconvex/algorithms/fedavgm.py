@@ -27,6 +27,7 @@ class FedAvgM(FedAvg):
     bias_correction: bool = Momentum.bias_correction
 
     def __post_init__(self):
+        super().__post_init__()  # types and ranges (fedconvex.hyperparams)
         self.server_optimizer()  # an unknown momentum_form fails here, at construction
 
     def server_optimizer(self):

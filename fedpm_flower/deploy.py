@@ -190,31 +190,32 @@ class LocalFederation:
             + ["--node-config", node_config],
         )
 
-    def register(self, public_keys: list[str], timeout: float = 120.0) -> None:
-        """``flwr supernode register`` for each public key file (concurrently: each is a CLI start-up)."""
-        procs = [
-            subprocess.Popen(
-                [executable("flwr"), "supernode", "register", key, "fedpm"],
-                env=self.env,
-                cwd=self.dir,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for key in public_keys
-        ]
-        for key, p in zip(public_keys, procs, strict=True):
+    def register(self, public_keys: list[str], timeout: float = 600.0, at_once: int = 4) -> None:
+        """``flwr supernode register`` for each public key file, ``at_once`` at a time (each is a CLI start-up:
+        more at once only compete for the CPU)."""
+        pending, running = list(public_keys), []
+
+        def finish(key, p):
             try:
                 out, _ = p.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
-                for q in procs:
+                for _, q in running:
                     q.kill()
+                p.kill()
                 raise RuntimeError(
                     f"registering {os.path.basename(key)} with the SuperLink took over {timeout:.0f}s"
                 ) from None
             if p.returncode != 0:
                 text = " ".join(ln.strip(" │╭╮╰╯─") for ln in out.splitlines() if ln.strip(" │╭╮╰╯─"))
                 raise RuntimeError(f"the SuperLink refused to register {os.path.basename(key)}: {text[-300:]}")
+
+        while pending or running:
+            while pending and len(running) < at_once:
+                key = pending.pop(0)
+                cmd = [executable("flwr"), "supernode", "register", key, "fedpm"]
+                kw = dict(env=self.env, cwd=self.dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                running.append((key, subprocess.Popen(cmd, **kw)))
+            finish(*running.pop(0))
 
     def node_config(self, i: int) -> str:
         """SuperNode i's node config: its partition and, with prepared data, the one folder it reads."""

@@ -6,6 +6,7 @@ import numpy as np
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from fedconvex.codecs import pack_upper
 from fedpm_flower import apps
 from fedpm_flower.config import FlowerRunConfig
 from fedpm_flower.transport import numpy, records
@@ -17,15 +18,17 @@ def _tamper(mode: str, arrays: dict, metrics) -> dict:
     elif mode == "nan":
         arrays["theta"] = np.full_like(arrays["theta"], np.nan)
     elif mode == "huge":  # a valid but enormous preconditioner, 1e12 I: only the magnitude guard stops it
-        n = len(arrays["P/active"])
-        arrays.pop("P/code/upper", None)
-        arrays["P/block"] = 1e12 * np.eye(n)
+        huge = 1e12 * np.eye(len(arrays["P/active"]))
+        if "P/code/upper" in arrays:  # sent through the 'sym' codec: the packed upper triangle
+            arrays["P/code/upper"] = pack_upper(huge)
+        else:
+            arrays["P/block"] = huge
     elif mode == "dtype":
         arrays["theta"] = arrays["theta"].astype(np.complex128)
     elif mode == "shape":
         arrays["theta"] = arrays["theta"][:-1]
-    elif mode == "oversized":  # 16 MB where 123 numbers are expected
-        arrays["theta"] = np.zeros(2_000_000)
+    elif mode == "oversized":  # 1.6 MB where 123 numbers are expected
+        arrays["theta"] = np.zeros(200_000)
     elif mode == "codec":  # a truncated packed-triangle payload
         arrays["P/code/upper"] = arrays["P/code/upper"][:-1]
     else:

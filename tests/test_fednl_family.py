@@ -652,7 +652,9 @@ def test_hessian_differences_are_the_hessians_minus_the_blocks(rng, sel):
     B = rng.normal(size=hess.packed.shape)
     D = pb.hessian_differences(thetas, sel, B)
     assert np.array_equal(D.packed, hess.packed - B) and D.shift == 0.0
-    assert D.layout.total == hess.layout.total and all(np.array_equal(a, b) for a, b in zip(D.active, hess.active, strict=False))
+    assert D.layout.total == hess.layout.total and all(
+        np.array_equal(a, b) for a, b in zip(D.active, hess.active, strict=False)
+    )
     for k, c in enumerate(idx):
         a = pb.active_host[c]
         Bk = B[hess.layout.offsets[k] : hess.layout.offsets[k + 1]].reshape(len(a), len(a))

@@ -88,7 +88,7 @@ def test_keys_command_writes_a_folder_per_machine_and_refuses_a_used_folder(tmp_
     out = tmp_path / "keys"
     assert flower.main(["keys", "--out", str(out), "--nodes", "3", "--host", "lab.example.org"]) == 0
     printed = capsys.readouterr().out
-    assert "lab.example.org:9093" in printed and "flwr supernode register supernode-0/node.pub" in printed
+    assert "lab.example.org:9092" in printed and "flwr supernode register supernode-0/node.pub" in printed
     assert sorted(os.listdir(out)) == ["COMMANDS.txt", "superlink", "supernode-0", "supernode-1", "supernode-2"]
     assert sorted(os.listdir(out / "supernode-1")) == ["ca.crt", "node.key", "node.pub"]
     assert set(modes_below(str(out)).values()) == {0o700, 0o600}
@@ -166,12 +166,15 @@ def test_secure_run_equals_in_process_and_keeps_intruders_out(tmp_path):
         result = fed.run(cfg, timeout=400)
         private = fed.dir
         unregistered, untrusting = log_of(fed, "unregistered"), log_of(fed, "untrusting")
+        superlink_log = log_of(fed, "superlink")
     np.testing.assert_allclose(np.asarray(result["theta"]), in_process_without(cfg), rtol=1e-10, atol=1e-12)
     assert [h["used"] for h in result["history"][1:]] == [2, 2]
-    for text in (unregistered, untrusting):
+    for text in (unregistered, untrusting):  # each tried, was turned away, and never got a node id
+        assert "Connection attempt failed" in text
         assert "SuperNode ID" not in text and "Receiving: train message" not in text
-    assert re.search(r"(?i)not (registered|authorized|authenticated)|unauthori[sz]ed|permission", unregistered)
-    assert re.search(r"(?i)certificate|ssl|tls", untrusting)
+    # the unregistered key reached the SuperLink and was refused there; the other failed in the TLS handshake
+    assert "No SuperNode found with the given public key" in superlink_log
+    assert re.search(r'"POST /v1/fleet/activate-node HTTP/1.1" 4\d\d', superlink_log)
     assert not os.path.exists(private)
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "fedpm-flower-*"))) <= before
 
@@ -182,45 +185,64 @@ REASONS = {
     "nan": "theta contains NaN or Inf",
     "huge": "preconditioner trace",
     "dtype": "theta has dtype complex128",
-    "shape": "theta has shape (2000000,)",
-    "oversized": "theta has shape (2000000,)",
+    "shape": "theta has shape (122,), expected (123,)",
+    "oversized": "theta has shape (200000,), expected (123,)",
     "codec": "undecodable preconditioner payload",
 }
 
 
 @pytest.mark.slow
-def test_hostile_supernodes_are_rejected_and_a_killed_one_is_dropped(tmp_path, monkeypatch):
-    """Seven SuperNodes falsify their replies, one per way; two are honest; one more is killed by its pid
-    during round 2.  Each falsified reply is rejected with its reason, the killed node is dropped and
-    reported, and the model equals the in-process run in which only the two honest clients took part."""
+def test_hostile_supernodes_are_each_rejected_with_their_reason(tmp_path, monkeypatch):
+    """Seven SuperNodes falsify their replies, one per way, and two are honest: every falsified reply is
+    rejected with its reason in the server's warnings (kept in result.json), and the model equals the
+    in-process run in which only the two honest clients took part."""
     from fedpm_flower.deploy import LocalFederation
 
     monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    n = 2 + len(HOSTILE) + 1
-    killed = n - 1
-    cfg = config(clients=n, rounds=2, precond_codec="sym", timeout=30, out=str(tmp_path / "r.json"))
+    n = 2 + len(HOSTILE)
+    # nobody is expected to miss a round: the timeout only has to outlast ten ClientApps starting at once
+    cfg = config(clients=n, rounds=2, precond_codec="sym", timeout=900, out=str(tmp_path / "r.json"))
 
     class Federation(LocalFederation):
         def node_config(self, i):
             conf = super().node_config(i)
-            return conf + (f' hostile="{HOSTILE[i - 2]}"' if 2 <= i < 2 + len(HOSTILE) else "")
-
-    def kill_in_round_2(fed):
-        deadline = time.time() + 300
-        while log_of(fed, f"supernode-{killed}").count("Receiving: train message") < 2:
-            assert time.time() < deadline, "the node never reached round 2"
-            time.sleep(0.2)
-        fed.kill_node(killed)
+            return conf + (f' hostile="{HOSTILE[i - 2]}"' if i >= 2 else "")
 
     with Federation(n) as fed:
-        result = fed.run(cfg, timeout=600, on_submitted=kill_in_round_2, clientapp="hostile_clientapp:app")
-        server_log = log_of(fed, "superlink")
+        result = fed.run(cfg, timeout=1800, clientapp="hostile_clientapp:app")
+    warnings = result["server_warnings"]
     rounds = result["history"][1:]
-    assert [h["used"] for h in rounds] == [3, 2]
-    assert [h["rejected"] for h in rounds] == [len(HOSTILE)] * 2
-    assert rounds[1]["dropped"] == 1
+    assert [(h["used"], h["rejected"], h["dropped"]) for h in rounds] == [(2, len(HOSTILE), 0)] * 2, warnings
     for i, mode in enumerate(HOSTILE):
-        assert f"client {i + 2} rejected: " in server_log and REASONS[mode] in server_log, mode
-    hostile = set(range(2, 2 + len(HOSTILE)))
-    reference = in_process_without(cfg, lambda t: hostile | ({killed} if t >= 2 else set()))
+        for t in (1, 2):
+            assert any(
+                w.startswith(f"round {t}: client {i + 2} rejected: ") and REASONS[mode] in w for w in warnings
+            ), (mode, warnings)
+    hostile = set(range(2, n))
+    reference = in_process_without(cfg, lambda t: hostile)
+    np.testing.assert_allclose(np.asarray(result["theta"]), reference, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_a_supernode_killed_mid_round_is_dropped_and_reported(tmp_path):
+    """SuperNode 2 is killed by its pid once it has received round 2's message: round 2 ends at the
+    timeout without it, the history and the warnings say so, and the model equals the in-process run in
+    which client 2 took no part in round 2 (the round timeout, 30 s, is what the run waits for it)."""
+    from fedpm_flower.deploy import LocalFederation
+
+    cfg = config(clients=3, rounds=2, timeout=30, out=str(tmp_path / "r.json"))
+
+    def kill_in_round_2(fed):
+        deadline = time.time() + 600
+        while log_of(fed, "supernode-2").count("Receiving: train message") < 2:
+            assert time.time() < deadline, "the node never reached round 2"
+            time.sleep(0.1)
+        fed.kill_node(2)
+
+    with LocalFederation(3) as fed:
+        result = fed.run(cfg, timeout=900, on_submitted=kill_in_round_2)
+    rounds = result["history"][1:]
+    assert [(h["used"], h["dropped"]) for h in rounds] == [(3, 0), (2, 1)], result["server_warnings"]
+    assert any(w.startswith("round 2: 1 of 3 clients did not reply") for w in result["server_warnings"])
+    reference = in_process_without(cfg, lambda t: {2} if t >= 2 else set())
     np.testing.assert_allclose(np.asarray(result["theta"]), reference, rtol=1e-10, atol=1e-12)

@@ -48,20 +48,20 @@ def commands(folder: str, nodes: int, host: str) -> str:
     return f"""# Flower deployment with TLS and SuperNode authentication (flwr 1.42)
 # Copy superlink/ to the server machine and supernode-<i>/ to client machine i; keep them owner-only.
 
-# 1. server machine (port 9093 reachable by the client machines and by you):
+# 1. server machine (port 9092 reachable by the client machines and by you):
 flower-superlink --ssl-ca-certfile superlink/ca.crt --ssl-certfile superlink/server.pem \\
-    --ssl-keyfile superlink/server.key --enable-supernode-auth --host 0.0.0.0 --port 9093
+    --ssl-keyfile superlink/server.key --enable-supernode-auth --host 0.0.0.0 --port 9092
 
 # 2. your machine: a connection in ~/.flwr/config.toml (FLWR_HOME), trusting the CA ...
 [superlink.fedpm]
-address = "{host}:9093"
+address = "{host}:9092"
 root-certificates = "/absolute/path/to/superlink/ca.crt"
 
 # ... and register every SuperNode's public key (supernode-0 ... supernode-{last}):
 flwr supernode register supernode-0/node.pub fedpm
 
 # 3. client machine i (data partition i of {nodes}):
-flower-supernode --superlink {host}:9093 --root-certificates supernode-i/ca.crt \\
+flower-supernode --superlink {host}:9092 --root-certificates supernode-i/ca.crt \\
     --auth-supernode-private-key supernode-i/node.key \\
     --node-config "partition-id=i num-partitions={nodes}"
 

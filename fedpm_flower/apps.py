@@ -72,9 +72,36 @@ class Heartbeat:
         return getattr(self.grid, name)
 
 
+class _Collect(logging.Handler):
+    """Keeps the server's warnings (rejected replies with their reasons, dropped nodes) for the result file:
+    in a deployment the ServerApp is a process of the SuperLink's, and its log is not the launcher's."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
 def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
     if cfg.out:
         grid = Heartbeat(grid, progress_file(cfg.out))
+    collect = _Collect()
+    log.addHandler(collect)
+    try:
+        result = _serve(grid, cfg)
+    finally:
+        log.removeHandler(collect)
+    result["server_warnings"] = collect.lines
+    if cfg.out:
+        os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
+        with replaced_atomically(cfg.out, cfg.out + ".tmp") as tmp, open(tmp, "w") as fh:
+            json.dump(result, fh)
+    return result
+
+
+def _serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
     if cfg.problem == "cnn":
         state, history = _serve_cnn(grid, cfg)
         from .cnn import flat_theta, test_accuracy
@@ -86,10 +113,6 @@ def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
         state, history = _serve_logreg(grid, cfg)
         result = {"theta": np.asarray(state.theta).tolist(), "history": history}
     result["config"] = cfg.to_run_config()
-    if cfg.out:
-        os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
-        with replaced_atomically(cfg.out, cfg.out + ".tmp") as tmp, open(tmp, "w") as fh:
-            json.dump(result, fh)
     return result
 
 

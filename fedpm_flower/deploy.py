@@ -40,19 +40,25 @@ publisher = "fedpm"
 
 [tool.flwr.app.components]
 serverapp = "fedpm_flower.apps:server_app"
-clientapp = "fedpm_flower.apps:client_app"
+clientapp = "{clientapp}"
 
 [tool.flwr.app.config]
 {config}
 """
 
 
-def write_app(folder: str, cfg: FlowerRunConfig | None) -> str:
-    """The Flower app folder `flwr run` needs (its code is the installed fedpm_flower package)."""
+CLIENT_APP = "fedpm_flower.apps:client_app"
+
+
+def write_app(folder: str, cfg: FlowerRunConfig | None, clientapp: str = CLIENT_APP) -> str:
+    """The Flower app folder `flwr run` needs (its code is the installed fedpm_flower package);
+    ``clientapp``: the ClientApp object as ``module:attribute`` (another one wraps ours, e.g. in tests)."""
     os.makedirs(folder, exist_ok=True)
     values = (cfg or FlowerRunConfig()).to_run_config()
     with open(os.path.join(folder, "pyproject.toml"), "w") as fh:
-        fh.write(APP_TOML.format(config="\n".join(f"{k} = {_toml_value(v)}" for k, v in values.items())))
+        fh.write(
+            APP_TOML.format(clientapp=clientapp, config="\n".join(f"{k} = {_toml_value(v)}" for k, v in values.items()))
+        )
     return folder
 
 
@@ -94,9 +100,18 @@ class LocalFederation:
     """Context manager owning the SuperLink and SuperNode processes."""
 
     def __init__(
-        self, clients: int, workdir: str | None = None, log_dir: str | None = None, data_dir: str | None = None
+        self,
+        clients: int,
+        workdir: str | None = None,
+        log_dir: str | None = None,
+        data_dir: str | None = None,
+        secure: bool = True,
     ):
         self.clients = clients
+        # TLS and SuperNode authentication unless asked not to (fedpm_flower.credentials): throw-away credentials
+        # in the private folder, removed with it
+        self.secure = secure
+        self.creds = None
         self.data_dir = os.path.abspath(data_dir) if data_dir else None  # prepared partitions: node i gets client-i/
         self.own_dir = workdir is None  # a folder we made is removed when the federation stops
         self.dir = workdir or tempfile.mkdtemp(prefix="fedpm-flower-")
@@ -136,46 +151,71 @@ class LocalFederation:
     def _enter(self):
         os.makedirs(self.log_dir, exist_ok=True)
         os.makedirs(self.env["FLWR_HOME"], exist_ok=True)
+        if self.secure:
+            from .credentials import write_credentials
+
+            self.creds = write_credentials(os.path.join(self.dir, "credentials"), self.clients)
         # flwr 1.42 serves the Runtime, Control and Fleet APIs on one HTTP address
         port = free_port()
         self.fleet = self.control = port
         self._start(
             "superlink",
-            [
-                executable("flower-superlink"),
-                "--insecure",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--database",
-                ":flwr-in-memory-state:",
-            ],
+            [executable("flower-superlink")]
+            + (self.creds.superlink_args() if self.secure else ["--insecure"])
+            + ["--host", "127.0.0.1", "--port", str(port), "--database", ":flwr-in-memory-state:"],
         )
-        for i in range(self.clients):
-            self._start(
-                f"supernode-{i}",
-                [
-                    executable("flower-supernode"),
-                    "--insecure",
-                    "--superlink",
-                    f"127.0.0.1:{self.fleet}",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(free_port()),
-                    "--node-config",
-                    self.node_config(i),
-                ],
-            )
         self._wait_listening(port, 60.0)
         with open(os.path.join(self.env["FLWR_HOME"], "config.toml"), "w") as fh:
             fh.write(
                 f'[superlink]\ndefault = "fedpm"\n\n[superlink.fedpm]\naddress = "127.0.0.1:{self.control}"\n'
-                "insecure = true\n"
+                + (f"root-certificates = {json.dumps(self.creds.ca_cert)}\n" if self.secure else "insecure = true\n")
+            )
+        if self.secure:  # only registered keys may join: register ours before any SuperNode starts
+            self.register([self.creds.node_pub(i) for i in range(self.clients)])
+        for i in range(self.clients):
+            self.start_node(
+                f"supernode-{i}", self.node_config(i), self.creds.supernode_args(i) if self.secure else None
             )
         self._old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM,)}
         return self
+
+    def start_node(self, name: str, node_config: str, credential_args: list | None) -> subprocess.Popen:
+        """Start one SuperNode: with ``credential_args`` (TLS root certificate and key pair) or, with None,
+        ``--insecure``."""
+        return self._start(
+            name,
+            [executable("flower-supernode")]
+            + (credential_args if credential_args is not None else ["--insecure"])
+            + ["--superlink", f"127.0.0.1:{self.fleet}", "--host", "127.0.0.1", "--port", str(free_port())]
+            + ["--node-config", node_config],
+        )
+
+    def register(self, public_keys: list[str], timeout: float = 600.0, at_once: int = 4) -> None:
+        """``flwr supernode register`` for each public key file, ``at_once`` at a time (each is a CLI start-up:
+        more at once only compete for the CPU)."""
+        pending, running = list(public_keys), []
+
+        def finish(key, p):
+            try:
+                out, _ = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                for _, q in running:
+                    q.kill()
+                p.kill()
+                raise RuntimeError(
+                    f"registering {os.path.basename(key)} with the SuperLink took over {timeout:.0f}s"
+                ) from None
+            if p.returncode != 0:
+                text = " ".join(ln.strip(" │╭╮╰╯─") for ln in out.splitlines() if ln.strip(" │╭╮╰╯─"))
+                raise RuntimeError(f"the SuperLink refused to register {os.path.basename(key)}: {text[-300:]}")
+
+        while pending or running:
+            while pending and len(running) < at_once:
+                key = pending.pop(0)
+                cmd = [executable("flwr"), "supernode", "register", key, "fedpm"]
+                kw = dict(env=self.env, cwd=self.dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                running.append((key, subprocess.Popen(cmd, **kw)))
+            finish(*running.pop(0))
 
     def node_config(self, i: int) -> str:
         """SuperNode i's node config: its partition and, with prepared data, the one folder it reads."""
@@ -266,10 +306,12 @@ class LocalFederation:
                 pass
         p.wait()
 
-    def run(self, cfg: FlowerRunConfig, timeout: float = 600.0, on_submitted=None) -> dict:
+    def run(self, cfg: FlowerRunConfig, timeout: float = 600.0, on_submitted=None, clientapp: str = CLIENT_APP) -> dict:
         """Submit the app with ``flwr run`` and wait for the ServerApp's result file."""
         out = cfg.out or os.path.join(self.dir, "result.json")
-        app = write_app(os.path.join(self.dir, "app"), FlowerRunConfig(**{**cfg.to_run_config(), "out": out}))
+        app = write_app(
+            os.path.join(self.dir, "app"), FlowerRunConfig(**{**cfg.to_run_config(), "out": out}), clientapp
+        )
         if os.path.exists(out):
             os.remove(out)
         submit = subprocess.run(

@@ -4,9 +4,13 @@
     python -m validation.flower --problem logreg --method fednl --clients 3 --rounds 2 --mode deployment --check
     python -m validation.flower prepare --dataset cifar10 --data-dir DATA --clients 3 --out PARTS
     python -m validation.flower --problem cnn --method fedpm --clients 3 --mode deployment --data-dir PARTS
+    python -m validation.flower keys --out KEYS --nodes 3 --host server.example.org
 
 Deployment starts a SuperLink and N SuperNodes on 127.0.0.1 as child processes, submits the app
-with ``flwr run`` and stops every process it started when done (also on error or Ctrl-C).
+with ``flwr run`` and stops every process it started when done (also on error or Ctrl-C).  It runs with
+TLS (a throw-away certificate authority) and SuperNode authentication (one registered key pair per
+SuperNode) unless ``--insecure`` is given; the credentials live in the run's private temporary folder and
+are removed with it.  ``keys`` (validation/flower_keys.py) writes the same files for machines of your own.
 ``--check`` runs the same algorithm in-process (each client with its own random stream, as a SuperNode)
 and fails when the models differ beyond round-off.  ``prepare`` (validation/flower_prepare.py) writes each
 client's image partition to its own folder.  Writes OUT/result.json (final parameters, per-round history,
@@ -94,6 +98,12 @@ def parse_args(argv=None):
     )
     p.add_argument("--mode", choices=("simulation", "deployment"), default="simulation")
     p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="deployment only: no TLS and no SuperNode authentication -- anyone who reaches the SuperLink's "
+        "port can read every model and join as a SuperNode",
+    )
+    p.add_argument(
         "--timeout",
         type=common.positive_float,
         default=300.0,
@@ -118,6 +128,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.out is None:
         args.out = os.path.join("results", f"flower-{args.problem}-{args.method}-{args.mode}")
+    if args.insecure and args.mode != "deployment":
+        p.error("--insecure applies to --mode deployment only (the simulation has no network)")
     if args.params:
         try:
             extra = json.loads(args.params)
@@ -306,7 +318,7 @@ def simulate(cfg) -> None:
             child.join()
 
 
-def run_flower(cfg, mode: str, timeout: float) -> dict:
+def run_flower(cfg, mode: str, timeout: float, secure: bool = True) -> dict:
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
     if mode == "simulation":
         simulate(cfg)
@@ -319,7 +331,7 @@ def run_flower(cfg, mode: str, timeout: float) -> dict:
         return result
     from fedpm_flower.deploy import LocalFederation
 
-    with LocalFederation(cfg.clients, data_dir=cfg.data_dir or None) as fed:
+    with LocalFederation(cfg.clients, data_dir=cfg.data_dir or None, secure=secure) as fed:
         return fed.run(cfg, timeout=timeout)
 
 
@@ -329,6 +341,10 @@ def main(argv=None) -> int:
         from validation import flower_prepare
 
         return flower_prepare.main(argv[1:])
+    if argv[:1] == ["keys"]:
+        from validation import flower_keys
+
+        return flower_keys.main(argv[1:])
     args = parse_args(argv)
     if args.write_app:
         from fedpm_flower.deploy import write_app
@@ -414,7 +430,7 @@ def finish(args, cfg, tmp, final) -> None:
     from fedconvex.history import history_csv
 
     start = time.perf_counter()
-    result = run_flower(cfg, args.mode, args.timeout)
+    result = run_flower(cfg, args.mode, args.timeout, secure=not args.insecure)
     wall = time.perf_counter() - start
     if not any(h.get("used", 0) for h in result["history"]):
         raise RuntimeError(
@@ -424,6 +440,8 @@ def finish(args, cfg, tmp, final) -> None:
     result["config"]["out"] = final
     result["wall_seconds"] = wall
     result["mode"] = args.mode
+    if args.mode == "deployment":
+        result["transport_security"] = "insecure" if args.insecure else "tls+supernode-auth"
     if args.check:
         if args.problem == "cnn":
             from fedpm_flower.cnn import in_process as in_process_cnn

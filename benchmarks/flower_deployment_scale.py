@@ -1,0 +1,104 @@
+"""Wall time per round and peak memory of a secure local Flower deployment with many SuperNodes.
+
+    python benchmarks/flower_deployment_scale.py --nodes 20 --rounds 3 --out scale.json
+
+One SuperLink and N SuperNodes on 127.0.0.1 (TLS and SuperNode authentication, as
+``python -m validation.flower --mode deployment``), FedPM on a9a split into N clients.  Memory is the
+sum of the resident set sizes of every process of the federation (SuperLink, SuperNodes, SuperExec,
+ServerApp, ClientApps), sampled every 0.2 s; its peak is reported with the start-up and per-round times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--nodes", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--method", default="fedpm")
+    p.add_argument("--insecure", action="store_true")
+    p.add_argument("--out", default=None, help="write the measurement as JSON here")
+    args = p.parse_args(argv)
+    os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+    from fedconvex.algorithms import REGISTRY
+    from fedpm_flower.config import FlowerRunConfig
+    from fedpm_flower.deploy import LocalFederation
+
+    lr = REGISTRY[args.method].__dataclass_fields__["lr"].default
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = FlowerRunConfig(
+            method=args.method,
+            dataset="a9a",
+            clients=args.nodes,
+            rounds=args.rounds,
+            lr=lr,
+            out=os.path.join(tmp, "r.json"),
+        )
+        peak, stop = [0], threading.Event()
+        t0 = time.perf_counter()
+        with LocalFederation(args.nodes, secure=not args.insecure) as fed:
+            started = time.perf_counter() - t0
+
+            def sample():
+                while not stop.is_set():
+                    pids = set(fed.descendants()) | {q.pid for q in fed.procs}
+                    peak[0] = max(peak[0], sum(rss_bytes(pid) for pid in pids))
+                    time.sleep(0.2)
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            t1 = time.perf_counter()
+            result = fed.run(cfg, timeout=1800)
+            run_seconds = time.perf_counter() - t1
+            stop.set()
+            sampler.join()
+    history = result["history"][1:]
+    cumulative = [h["seconds"] for h in history]
+    per_round = [b - a for a, b in zip([0.0] + cumulative[:-1], cumulative, strict=True)]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    report = {
+        "command": "python benchmarks/flower_deployment_scale.py " + " ".join(argv or sys.argv[1:]),
+        "nodes": args.nodes,
+        "rounds": args.rounds,
+        "method": args.method,
+        "secure": not args.insecure,
+        "startup_seconds": round(started, 2),
+        "submit_to_result_seconds": round(run_seconds, 2),
+        "round_seconds": [round(s, 2) for s in per_round],
+        "used_per_round": [h["used"] for h in history],
+        "peak_rss_mib": round(peak[0] / 2**20, 1),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": commit,
+    }
+    print(json.dumps(report, indent=1))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(report, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

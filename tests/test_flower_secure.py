@@ -1,0 +1,248 @@
+"""Flower deployment with TLS and SuperNode authentication (fedpm_flower.credentials, LocalFederation's
+default): the credentials themselves, the keys command, and real SuperLink/SuperNode processes on loopback
+-- a secure run equals the in-process run, a SuperNode with an unregistered key or that does not trust the
+CA never takes part, hostile SuperNodes' replies are each rejected with their reason and the model equals
+the run without them, a SuperNode killed mid-round is dropped, and nothing is left behind."""
+
+import glob
+import os
+import re
+import stat
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+flwr = pytest.importorskip("flwr")
+
+from cryptography import x509  # noqa: E402
+from cryptography.hazmat.primitives import serialization  # noqa: E402
+from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
+
+from fedpm_flower.credentials import write_credentials  # noqa: E402
+
+os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def modes_below(folder):
+    """{relative path: permission bits} of every file and folder below ``folder`` (itself included)."""
+    found = {".": stat.S_IMODE(os.stat(folder).st_mode)}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            found[os.path.relpath(path, folder)] = stat.S_IMODE(os.lstat(path).st_mode)
+    return found
+
+
+# ----------------------------------------------------------------------------- the credentials
+def test_credentials_chain_to_the_ca_name_the_hosts_and_are_owner_only(tmp_path):
+    creds = write_credentials(str(tmp_path / "k"), 2, hosts=("10.1.2.3", "server.example.org"))
+    ca = x509.load_pem_x509_certificate(open(creds.ca_cert, "rb").read())
+    server = x509.load_pem_x509_certificate(open(creds.server_cert, "rb").read())
+    server.verify_directly_issued_by(ca)  # raises unless the CA signed it
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    san = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["10.1.2.3"]
+    assert san.get_values_for_type(x509.DNSName) == ["server.example.org"]
+    key = serialization.load_pem_private_key(open(creds.server_key, "rb").read(), None)
+    assert key.public_key().public_numbers() == server.public_key().public_numbers()
+    for i in range(2):
+        node = serialization.load_ssh_private_key(open(creds.node_key(i), "rb").read(), None)
+        pub = serialization.load_ssh_public_key(open(creds.node_pub(i), "rb").read())
+        assert isinstance(node, ec.EllipticCurvePrivateKey) and node.curve.name == "secp384r1"
+        assert node.public_key().public_numbers() == pub.public_numbers()
+        assert open(creds.node_ca(i), "rb").read() == open(creds.ca_cert, "rb").read()
+    n0 = serialization.load_ssh_public_key(open(creds.node_pub(0), "rb").read()).public_numbers()
+    n1 = serialization.load_ssh_public_key(open(creds.node_pub(1), "rb").read()).public_numbers()
+    assert n0 != n1
+    modes = modes_below(creds.folder)
+    assert all(m == 0o700 for p, m in modes.items() if os.path.isdir(os.path.join(creds.folder, p)))
+    assert all(m == 0o600 for p, m in modes.items() if not os.path.isdir(os.path.join(creds.folder, p)))
+    assert not any("ca.key" in p for p in modes)  # the CA's private key is never stored
+
+
+def test_credentials_never_overwrite_or_follow_a_link(tmp_path):
+    folder = tmp_path / "k"
+    write_credentials(str(folder), 1)
+    before = open(folder / "superlink" / "server.key", "rb").read()
+    with pytest.raises(FileExistsError):
+        write_credentials(str(folder), 1)
+    assert open(folder / "superlink" / "server.key", "rb").read() == before
+    other = tmp_path / "other"
+    os.makedirs(other / "superlink")
+    os.symlink(tmp_path / "victim", other / "superlink" / "ca.crt")
+    with pytest.raises(OSError):
+        write_credentials(str(other), 1)
+    assert not os.path.exists(tmp_path / "victim")
+    with pytest.raises(ValueError, match="positive integer"):
+        write_credentials(str(tmp_path / "n"), 0)
+    with pytest.raises(ValueError, match="without spaces"):
+        write_credentials(str(tmp_path / "h"), 1, hosts=("a b",))
+
+
+def test_keys_command_writes_a_folder_per_machine_and_refuses_a_used_folder(tmp_path, capsys):
+    from validation import flower
+
+    out = tmp_path / "keys"
+    assert flower.main(["keys", "--out", str(out), "--nodes", "3", "--host", "lab.example.org"]) == 0
+    printed = capsys.readouterr().out
+    assert "lab.example.org:9092" in printed and "flwr supernode register supernode-0/node.pub" in printed
+    assert sorted(os.listdir(out)) == ["COMMANDS.txt", "superlink", "supernode-0", "supernode-1", "supernode-2"]
+    assert sorted(os.listdir(out / "supernode-1")) == ["ca.crt", "node.key", "node.pub"]
+    assert set(modes_below(str(out)).values()) == {0o700, 0o600}
+    with pytest.raises(SystemExit) as err:
+        flower.main(["keys", "--out", str(out), "--nodes", "1"])
+    assert err.value.code == 2 and "not an empty folder" in capsys.readouterr().err
+    assert not glob.glob(str(tmp_path / ".keys-*"))
+
+
+def test_insecure_is_refused_where_there_is_no_network(capsys):
+    from validation import flower
+
+    with pytest.raises(SystemExit):
+        flower.main(["--mode", "simulation", "--insecure"])
+    assert "--insecure applies to --mode deployment only" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------- real deployments
+def config(method="fedpm", **kw):
+    from fedconvex.algorithms import REGISTRY
+    from fedpm_flower.config import FlowerRunConfig
+
+    lr = REGISTRY[method].__dataclass_fields__["lr"].default
+    return FlowerRunConfig(**{"method": method, "dataset": "a9a", "clients": 2, "rounds": 2, "lr": lr, **kw})
+
+
+def in_process_without(cfg, absent=lambda t: ()):
+    """The in-process model when the clients ``absent(t)`` take no part in round t (their replies rejected:
+    FedPM's weights renormalised over the others)."""
+    from test_flower import _in_process_parts
+
+    from fedconvex.run import run
+
+    problem, alg = _in_process_parts(cfg)
+
+    def drop(t, up):
+        bad = np.array(up["theta"], copy=True)
+        bad[sorted(absent(t))] = np.nan
+        return {**up, "theta": bad}
+
+    state, _ = run(problem, alg, np.zeros(problem.d), cfg.rounds, tamper=drop, client_streams=True)
+    return np.asarray(state.theta)
+
+
+def log_of(fed, name):
+    with open(os.path.join(fed.log_dir, f"{name}.log"), errors="replace") as fh:
+        return fh.read()
+
+
+@pytest.mark.slow
+def test_secure_run_equals_in_process_and_keeps_intruders_out(tmp_path):
+    """TLS + authentication by default; a SuperNode with an unregistered key and one that does not trust
+    the CA never get a node id, so no reply of theirs can reach the server; the run equals the in-process
+    run; the private folder with every credential is gone afterwards."""
+    from fedpm_flower.deploy import LocalFederation
+
+    strangers = write_credentials(str(tmp_path / "strangers"), 2)
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "fedpm-flower-*")))
+    cfg = config(out=str(tmp_path / "r.json"))
+    with LocalFederation(2) as fed:
+        superlink = fed.procs[0].args
+        assert "--insecure" not in superlink and "--enable-supernode-auth" in superlink
+        # our CA, a key that was never registered
+        fed.start_node(
+            "unregistered",
+            "partition-id=0",
+            ["--root-certificates", fed.creds.ca_cert] + ["--auth-supernode-private-key", strangers.node_key(0)],
+        )
+        # a registered key, but a CA of its own: it cannot verify the SuperLink's certificate
+        fed.start_node(
+            "untrusting",
+            "partition-id=1",
+            ["--root-certificates", strangers.ca_cert] + ["--auth-supernode-private-key", fed.creds.node_key(1)],
+        )
+        result = fed.run(cfg, timeout=400)
+        private = fed.dir
+        unregistered, untrusting = log_of(fed, "unregistered"), log_of(fed, "untrusting")
+        superlink_log = log_of(fed, "superlink")
+    np.testing.assert_allclose(np.asarray(result["theta"]), in_process_without(cfg), rtol=1e-10, atol=1e-12)
+    assert [h["used"] for h in result["history"][1:]] == [2, 2]
+    for text in (unregistered, untrusting):  # each tried, was turned away, and never got a node id
+        assert "Connection attempt failed" in text
+        assert "SuperNode ID" not in text and "Receiving: train message" not in text
+    # the unregistered key reached the SuperLink and was refused there; the other failed in the TLS handshake
+    assert "No SuperNode found with the given public key" in superlink_log
+    assert re.search(r'"POST /v1/fleet/activate-node HTTP/1.1" 4\d\d', superlink_log)
+    assert not os.path.exists(private)
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "fedpm-flower-*"))) <= before
+
+
+HOSTILE = ("spoof", "nan", "huge", "dtype", "shape", "oversized", "codec")
+REASONS = {
+    "spoof": "claims client id 0",
+    "nan": "theta contains NaN or Inf",
+    "huge": "preconditioner trace",
+    "dtype": "theta has dtype complex128",
+    "shape": "theta has shape (122,), expected (123,)",
+    "oversized": "theta has shape (200000,), expected (123,)",
+    "codec": "undecodable preconditioner payload",
+}
+
+
+@pytest.mark.slow
+def test_hostile_supernodes_are_each_rejected_with_their_reason(tmp_path, monkeypatch):
+    """Seven SuperNodes falsify their replies, one per way, and two are honest: every falsified reply is
+    rejected with its reason in the server's warnings (kept in result.json), and the model equals the
+    in-process run in which only the two honest clients took part."""
+    from fedpm_flower.deploy import LocalFederation
+
+    monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    n = 2 + len(HOSTILE)
+    # nobody is expected to miss a round: the timeout only has to outlast ten ClientApps starting at once
+    cfg = config(clients=n, rounds=2, precond_codec="sym", timeout=900, out=str(tmp_path / "r.json"))
+
+    class Federation(LocalFederation):
+        def node_config(self, i):
+            conf = super().node_config(i)
+            return conf + (f' hostile="{HOSTILE[i - 2]}"' if i >= 2 else "")
+
+    with Federation(n) as fed:
+        result = fed.run(cfg, timeout=1800, clientapp="hostile_clientapp:app")
+    warnings = result["server_warnings"]
+    rounds = result["history"][1:]
+    assert [(h["used"], h["rejected"], h["dropped"]) for h in rounds] == [(2, len(HOSTILE), 0)] * 2, warnings
+    for i, mode in enumerate(HOSTILE):
+        for t in (1, 2):
+            assert any(
+                w.startswith(f"round {t}: client {i + 2} rejected: ") and REASONS[mode] in w for w in warnings
+            ), (mode, warnings)
+    hostile = set(range(2, n))
+    reference = in_process_without(cfg, lambda t: hostile)
+    np.testing.assert_allclose(np.asarray(result["theta"]), reference, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_a_supernode_killed_mid_round_is_dropped_and_reported(tmp_path):
+    """SuperNode 2 is killed by its pid once it has received round 2's message: round 2 ends at the
+    timeout without it, the history and the warnings say so, and the model equals the in-process run in
+    which client 2 took no part in round 2 (the round timeout, 30 s, is what the run waits for it)."""
+    from fedpm_flower.deploy import LocalFederation
+
+    cfg = config(clients=3, rounds=2, timeout=30, out=str(tmp_path / "r.json"))
+
+    def kill_in_round_2(fed):
+        deadline = time.time() + 600
+        while log_of(fed, "supernode-2").count("Receiving: train message") < 2:
+            assert time.time() < deadline, "the node never reached round 2"
+            time.sleep(0.1)
+        fed.kill_node(2)
+
+    with LocalFederation(3) as fed:
+        result = fed.run(cfg, timeout=900, on_submitted=kill_in_round_2)
+    rounds = result["history"][1:]
+    assert [(h["used"], h["dropped"]) for h in rounds] == [(3, 0), (2, 1)], result["server_warnings"]
+    assert any(w.startswith("round 2: 1 of 3 clients did not reply") for w in result["server_warnings"])
+    reference = in_process_without(cfg, lambda t: {2} if t >= 2 else set())
+    np.testing.assert_allclose(np.asarray(result["theta"]), reference, rtol=1e-10, atol=1e-12)

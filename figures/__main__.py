@@ -15,7 +15,16 @@ import os
 import sys
 
 from validation.common import OneLineParser
-from validation.experiments import DNN_METHODS, PROFILES, check_results_arg, ensure, is_done, plan
+from validation.experiments import (
+    DNN_METHODS,
+    PROFILES,
+    add_run_args,
+    check_results_arg,
+    ensure,
+    is_done,
+    plan,
+    seed_filter,
+)
 from validation.outputs import MARKER, mark
 
 from . import compression, draw
@@ -181,13 +190,15 @@ def build_all(root, out, profile, log=print):
 
 
 def main(argv=None) -> int:
-    p = OneLineParser(prog="python -m figures", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m figures", doc=__doc__)
     p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
     p.add_argument("--data-dir", default=None, help="image data (default $FEDPM_DATA); Test 1 needs none")
     p.add_argument("--results", default="results")
     p.add_argument("--out", default=None, help="default figures/out/<profile>")
     p.add_argument("--no-compute", action="store_true", help="only draw what exists")
+    add_run_args(p)
     args = p.parse_args(argv)
+    only = seed_filter(p, args)
     check_results_arg(p, args.results)
     if args.out is not None and os.path.lexists(args.out) and not os.path.isdir(args.out):
         p.error(f"--out {args.out}: exists and is not a folder")
@@ -204,7 +215,7 @@ def main(argv=None) -> int:
             "choose another --out or empty it"
         )
     if not args.no_compute:
-        ensure(args.profile, args.data_dir, args.results)
+        ensure(args.profile, args.data_dir, args.results, only, device=args.device, quiet=args.quiet)
     out = args.out or os.path.join("figures", "out", args.profile)
     produced = build_all(os.path.join(args.results, args.profile), out, args.profile)
     mark(out)  # ours: a later run may write into it again

@@ -39,7 +39,7 @@ def parse_args(argv=None):
     from fedpm_dnn.algorithms import METHODS
     from fedpm_dnn.presets import PRESETS
 
-    p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
+    p = common.OneLineParser(prog=PROG, doc=__doc__)
     p.add_argument("--dataset", choices=("cifar10", "cifar100", "femnist"), default="cifar10")
     p.add_argument("--data-dir", default=None, help="data folder (default: $FEDPM_DATA)")
     p.add_argument(

@@ -316,7 +316,9 @@ def data_available(dataset: str, data_dir: str | None) -> bool:
         return False
 
 
-def ensure(profile: str, data_dir: str | None, results: str = "results", only=None, log=print) -> dict:
+def ensure(
+    profile: str, data_dir: str | None, results: str = "results", only=None, log=print, device="auto", quiet=False
+) -> dict:
     """Compute the missing runs of ``profile``; returns {run name: folder} of the runs that exist."""
     from validation import dnn, superlinear
 
@@ -336,7 +338,7 @@ def ensure(profile: str, data_dir: str | None, results: str = "results", only=No
             if not have_data[r.dataset]:
                 continue
         todo.append(r)
-    bar = Progress(len(todo), f"{profile} runs")
+    bar = Progress(len(todo), f"{profile} runs", enabled=not quiet, unit="run")
     for r in todo:
         folder = os.path.join(root, r.name)
         try:
@@ -349,6 +351,8 @@ def ensure(profile: str, data_dir: str | None, results: str = "results", only=No
                     "--out",
                     folder,
                     "--quiet",
+                    "--device",
+                    device,
                 ]
                 if os.path.exists(os.path.join(folder, "checkpoint.pt")):
                     argv.append("--resume")
@@ -362,6 +366,31 @@ def ensure(profile: str, data_dir: str | None, results: str = "results", only=No
     }
 
 
+def run_seed(run: Run) -> int:
+    """The --seed a run is made with (the commands' default 0 where its arguments name none)."""
+    argv = list(run.argv)
+    return int(argv[argv.index("--seed") + 1]) if "--seed" in argv else 0
+
+
+def add_run_args(p) -> None:
+    """--seed, --device, --quiet of the commands that compute a profile's runs (experiments, figures)."""
+    from validation.common import add_device_arg, add_quiet_arg, seed_int
+
+    p.add_argument("--seed", type=seed_int, default=None, help="only the profile's runs of this seed (default all)")
+    add_device_arg(p, what="device of the DNN runs (the convex runs are float64 NumPy); auto: cuda when visible")
+    add_quiet_arg(p)
+
+
+def seed_filter(parser, args):
+    """The ``only`` of ensure() for --seed (None: every run), or one parser error for a seed not in the profile."""
+    if args.seed is None:
+        return None
+    seeds = sorted({run_seed(r) for r in plan(args.profile)})
+    if args.seed not in seeds:
+        parser.error(f"--seed {args.seed}: the {args.profile} profile runs seeds {', '.join(map(str, seeds))}")
+    return lambda r: run_seed(r) == args.seed
+
+
 def check_results_arg(parser, path: str) -> None:
     """--results must be a folder (or not exist yet): every run writes below it."""
     if not path.strip():
@@ -373,19 +402,21 @@ def check_results_arg(parser, path: str) -> None:
 def main(argv=None) -> int:
     from validation.common import OneLineParser
 
-    p = OneLineParser(prog="python -m validation.experiments", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m validation.experiments", doc=__doc__)
     p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--results", default="results")
     p.add_argument("--list", action="store_true", help="list the runs and whether they exist")
+    add_run_args(p)
     args = p.parse_args(argv)
+    only = seed_filter(p, args)
     check_results_arg(p, args.results)
     if args.list:
-        for r in plan(args.profile):
+        for r in filter(only, plan(args.profile)):
             done = is_done(r, os.path.join(args.results, args.profile, r.name))
             print(f"{'done ' if done else 'todo '} {r.name}")
         return 0
-    ensure(args.profile, args.data_dir, args.results)
+    ensure(args.profile, args.data_dir, args.results, only, device=args.device, quiet=args.quiet)
     return 0
 
 

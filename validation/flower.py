@@ -26,6 +26,7 @@ import numpy as np
 from validation import common
 
 PROG = "python -m validation.flower"
+COMMANDS = {"prepare": "write each client's image partition to its own folder (prepare --help)"}
 
 
 def _codec(spec):
@@ -34,7 +35,7 @@ def _codec(spec):
 
 
 def parse_args(argv=None):
-    p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
+    p = common.OneLineParser(prog=PROG, doc=__doc__, commands=COMMANDS)
     p.add_argument("--problem", choices=("logreg", "cnn"), default="logreg")
     from fedconvex.algorithms import REGISTRY
     from fedpm_dnn.algorithms import METHODS as DNN_METHODS
@@ -66,9 +67,21 @@ def parse_args(argv=None):
     p.add_argument(
         "--local-steps",
         type=common.positive_int,
-        default=1,
-        help="local steps per round (logreg); with --problem cnn, local epochs over the client's data",
+        default=None,
+        help="local steps per round (logreg; default 1); with --problem cnn a deprecated alias of --local-epochs",
     )
+    p.add_argument(
+        "--local-epochs",
+        type=common.positive_int,
+        default=None,
+        help="cnn: local epochs over the client's data per round (default 1, or the preset's)",
+    )
+    from fedpm_dnn.presets import PRESETS
+
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="cnn: hyper-parameters of an appendix table")
+    common.add_seed_arg(p)
+    common.add_device_arg(p, "auto", "the clients train on the CPU (cuda is refused; auto = cpu)")
+    common.add_quiet_arg(p)
     p.add_argument(
         "--lam",
         type=common.positive_float,
@@ -109,6 +122,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.out is None:
         args.out = os.path.join("results", f"flower-{args.problem}-{args.method}-{args.mode}")
+    check_vocabulary(p, args)
     if args.max_ratio and args.max_ratio < 1:
         p.error(f"--max-ratio {args.max_ratio:g}: must be >= 1 (or 0 = off): below 1 even the median reply is rejected")
     if args.params:
@@ -156,6 +170,37 @@ def parse_args(argv=None):
     return args
 
 
+def check_vocabulary(p, args) -> None:
+    """--local-steps (logreg) / --local-epochs (cnn), --preset and --device, as one parser error each; sets
+    args.local_steps to what FlowerRunConfig carries (steps on logreg, epochs on the cnn)."""
+    if args.device == "cuda":
+        p.error("--device cuda: the Flower clients train on the CPU (logreg in NumPy, the cnn in CPU torch)")
+    if args.problem == "logreg":
+        for flag, value in (("--local-epochs", args.local_epochs), ("--preset", args.preset)):
+            if value is not None:
+                p.error(f"{flag} applies to --problem cnn only")
+        args.local_steps = args.local_steps or 1
+        return
+    if args.local_steps is not None:  # it meant epochs on the cnn
+        common.warn_deprecated(PROG, "--local-steps with --problem cnn", "--local-epochs")
+        args.local_epochs = args.local_epochs or args.local_steps
+    try:
+        preset = preset_row(args.preset, args.method) if args.preset else {}
+    except ValueError as exc:
+        p.error(str(exc))
+    args.local_steps = args.local_epochs or preset.get("local_epochs", 1)
+
+
+def preset_row(preset: str, method: str) -> dict:
+    """The appendix table's hyper-parameters of ``method`` (fedpm_dnn.presets), with the table's local epochs."""
+    from fedpm_dnn.presets import PRESETS
+
+    table = PRESETS[preset]
+    if method not in table["methods"]:
+        raise ValueError(f"--preset {preset}: has no row for --method {method}")
+    return {**table["methods"][method], "local_epochs": table["setting"].get("local_epochs", 1)}
+
+
 def _our_app(toml: str) -> bool:
     try:
         with open(toml) as fh:
@@ -197,19 +242,27 @@ def in_process(cfg):
     return state.theta
 
 
-def run_flower(cfg, mode: str, timeout: float) -> dict:
+def run_flower(cfg, mode: str, timeout: float, quiet: bool = True) -> dict:
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
     if mode == "simulation":
         from flwr.simulation import run_simulation
 
-        from fedpm_flower.apps import make_client_app, make_server_app
+        from fedpm_flower import apps
+        from validation.progress import Progress
 
-        run_simulation(
-            make_server_app(cfg),
-            make_client_app(cfg),
-            num_supernodes=cfg.clients,
-            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
-        )
+        # the ServerApp runs in this process: its round driver draws the bar (deployment: the SuperLink's log)
+        bar = Progress(cfg.rounds, f"{cfg.method} rounds", enabled=not quiet, unit="round")
+        apps.round_hook = lambda row, history: bar.update(1)
+        try:
+            run_simulation(
+                apps.make_server_app(cfg),
+                apps.make_client_app(cfg),
+                num_supernodes=cfg.clients,
+                backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+            )
+        finally:
+            apps.round_hook = None
+            bar.close()
         if not os.path.isfile(cfg.out):
             raise RuntimeError("the Flower simulation ended without a result (its log is above)")
         with open(cfg.out) as fh:
@@ -251,7 +304,15 @@ def main(argv=None) -> int:
 
         if args.method not in DNN_METHODS:
             common.fail(PROG, ValueError(f"--method {args.method}: the cnn runs {', '.join(DNN_METHODS)}"))
-        lr = args.lr if args.lr is not None else DNN_REGISTRY[args.method].__dataclass_fields__["lr"].default
+        preset = preset_row(args.preset, args.method) if args.preset else {}
+        lr = (
+            args.lr
+            if args.lr is not None
+            else preset.get("lr", DNN_REGISTRY[args.method].__dataclass_fields__["lr"].default)
+        )
+        # the preset's other hyper-parameters under --params (whose own keys win)
+        hyper = {k: v for k, v in preset.items() if k not in ("lr", "local_epochs")}
+        args.params = json.dumps({**hyper, **json.loads(args.params or "{}")}) if hyper else args.params
     else:
         from fedconvex.algorithms import REGISTRY
 
@@ -279,6 +340,7 @@ def main(argv=None) -> int:
         lr=lr,
         local_steps=args.local_steps,
         lam=args.lam,
+        seed=args.seed,
         precond_dtype=args.precond_dtype,
         precond_codec=args.precond_codec,
         timeout=args.timeout,
@@ -314,7 +376,7 @@ def finish(args, cfg, tmp, final) -> None:
     from fedconvex.history import history_csv
 
     start = time.perf_counter()
-    result = run_flower(cfg, args.mode, args.timeout)
+    result = run_flower(cfg, args.mode, args.timeout, args.quiet)
     wall = time.perf_counter() - start
     if not any(h.get("used", 0) for h in result["history"]):
         raise RuntimeError(

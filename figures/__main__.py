@@ -20,10 +20,10 @@ from validation.experiments import (
     PROFILES,
     add_run_args,
     check_results_arg,
+    check_run_args,
     ensure,
     is_done,
     plan,
-    seed_filter,
 )
 from validation.outputs import MARKER, mark
 
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-compute", action="store_true", help="only draw what exists")
     add_run_args(p)
     args = p.parse_args(argv)
-    only = seed_filter(p, args)
+    only = check_run_args(p, args)
     check_results_arg(p, args.results)
     if args.out is not None and os.path.lexists(args.out) and not os.path.isdir(args.out):
         p.error(f"--out {args.out}: exists and is not a folder")

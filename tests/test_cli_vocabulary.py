@@ -174,3 +174,23 @@ def test_a_command_draws_on_a_terminal_and_is_silent_with_quiet(quiet, tmp_path,
     assert superlinear.main(argv) == 0
     text = term.getvalue()
     assert text == "" if quiet else ("2/2" in text and re.search(r"<\d\d:\d\d", text))
+
+
+@pytest.mark.parametrize("name", ["experiments", "figures"])
+@pytest.mark.parametrize(
+    "argv,fragment",
+    [
+        (["--seed", "7"], "--seed 7: the quick profile runs seeds 0, 1"),
+        (["--device", "cuda"], "--device cuda: no CUDA device is visible to torch"),
+    ],
+)
+def test_profile_commands_refuse_a_seed_or_device_they_cannot_run_in_one_line(name, argv, fragment, tmp_path, capsys):
+    if "cuda" in argv:
+        torch = pytest.importorskip("torch")
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is visible")
+    with pytest.raises(SystemExit) as exc:
+        importlib.import_module(MODULES[name]).main([*argv, "--results", str(tmp_path / "r")])
+    lines = capsys.readouterr().err.splitlines()
+    assert exc.value.code == 2 and len(lines) == 1 and fragment in lines[0]
+    assert not (tmp_path / "r").exists()

@@ -381,8 +381,18 @@ def add_run_args(p) -> None:
     add_quiet_arg(p)
 
 
-def seed_filter(parser, args):
-    """The ``only`` of ensure() for --seed (None: every run), or one parser error for a seed not in the profile."""
+def check_run_args(parser, args):
+    """The ``only`` of ensure() for --seed (None: every run); one parser error for a seed not in the profile or
+    --device cuda without a GPU visible to torch (before any run starts)."""
+    if args.device == "cuda":
+        try:
+            import torch
+
+            usable = torch.cuda.is_available()
+        except ImportError:
+            usable = False
+        if not usable:
+            parser.error("--device cuda: no CUDA device is visible to torch (the DNN runs need one)")
     if args.seed is None:
         return None
     seeds = sorted({run_seed(r) for r in plan(args.profile)})
@@ -409,7 +419,7 @@ def main(argv=None) -> int:
     p.add_argument("--list", action="store_true", help="list the runs and whether they exist")
     add_run_args(p)
     args = p.parse_args(argv)
-    only = seed_filter(p, args)
+    only = check_run_args(p, args)
     check_results_arg(p, args.results)
     if args.list:
         for r in filter(only, plan(args.profile)):

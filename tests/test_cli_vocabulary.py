@@ -194,3 +194,19 @@ def test_profile_commands_refuse_a_seed_or_device_they_cannot_run_in_one_line(na
     lines = capsys.readouterr().err.splitlines()
     assert exc.value.code == 2 and len(lines) == 1 and fragment in lines[0]
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+def test_convex_device_picks_cupy_only_where_it_can_run(gpu, monkeypatch):
+    def get_backend(name):
+        if not gpu:
+            raise common.BackendError("backend 'cupy': CuPy is installed but no GPU is visible")
+
+    monkeypatch.setattr(common, "get_backend", get_backend)
+    assert common.convex_backend("cpu") == "numpy"
+    assert common.convex_backend("auto") == ("cupy" if gpu else "numpy")
+    if gpu:
+        assert common.convex_backend("cuda") == "cupy"
+    else:
+        with pytest.raises(common.BackendError, match="^--device cuda: backend 'cupy': .* no GPU is visible$"):
+            common.convex_backend("cuda")

@@ -357,7 +357,8 @@ def main(argv=None) -> int:
     for r in out["results"]:
         print(
             f"{r['model']:<11} {r['clients']} clients x {r['samples_per_client']} images x {r['local_epochs']} epochs "
-            f"(client chunk {r['client_chunk']}): local training sequential {f(r['images_per_second_sequential'], '.0f')} "
+            f"(client chunk {r['client_chunk']}): local training sequential "
+            f"{f(r['images_per_second_sequential'], '.0f')} "
             f"img/s, vectorized {f(r['images_per_second_vectorized'], '.0f')} img/s "
             f"({f(r['vectorized_speedup'], '.2f')}x); FedPM/FedAvg vectorized {f(r['fedpm_over_fedavg'], '.2f')}x, "
             f"sequential {f(r['fedpm_over_fedavg_sequential'], '.2f')}x (paper {r['paper_ratio']:.2f}x); FOOF share "

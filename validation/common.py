@@ -322,8 +322,10 @@ def keep_freed_memory(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 2*
 
     try:
         libc = ctypes.CDLL(None)
-        mallopt, version = libc.mallopt, libc.gnu_get_libc_version  # glibc only (musl has no version call)
+        mallopt = libc.mallopt
     except (OSError, AttributeError):
+        return False
+    if not hasattr(libc, "gnu_get_libc_version"):  # glibc only (musl has no version call)
         return False
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
     return bool(mallopt(M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(mallopt(M_TRIM_THRESHOLD, int(trim_threshold)))

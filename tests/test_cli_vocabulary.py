@@ -210,3 +210,32 @@ def test_convex_device_picks_cupy_only_where_it_can_run(gpu, monkeypatch):
     else:
         with pytest.raises(common.BackendError, match="^--device cuda: backend 'cupy': .* no GPU is visible$"):
             common.convex_backend("cuda")
+
+
+def test_bench_convex_all_methods_counts_every_method_on_its_bar(monkeypatch):
+    import numpy as np
+    from naive import random_data
+
+    from fedconvex.problem import FederatedLogReg
+
+    X, y, parts = random_data(np.random.default_rng(0), 3, 5, sizes=[20, 25, 15])
+    pb = FederatedLogReg(X, y, parts, lam=1e-2)
+    term = FakeTerminal()
+    monkeypatch.setattr("sys.stderr", term)
+    quiet = bench_convex.measure_all(pb, np.zeros(5) + 0.1, rounds=2, quiet=True)
+    assert term.getvalue() == ""
+    rows = bench_convex.measure_all(pb, np.zeros(5) + 0.1, rounds=2, quiet=False)
+    n = len(bench_convex.all_methods(pb.d))
+    assert len(rows) == n and f"{n}/{n}" in term.getvalue()
+    same = ("label", "rounds_to_1e-9", "final_grad_norm")  # the bar changes no result
+    assert [[r.get(k) for k in same] for r in rows] == [[r.get(k) for k in same] for r in quiet]
+
+
+@pytest.mark.slow
+def test_flower_simulation_draws_one_bar_over_its_rounds(tmp_path, monkeypatch):
+    term = FakeTerminal()
+    monkeypatch.setattr("sys.stderr", term)
+    argv = ["--problem", "logreg", "--method", "fedpm", "--rounds", "3", "--out", str(tmp_path / "o")]
+    assert flower.main(argv) == 0
+    lines = [ln for ln in term.getvalue().replace("\r", "\n").splitlines() if ln.startswith("fedpm rounds")]
+    assert lines and "3/3" in lines[-1] and re.search(r"\[\d\d:\d\d<\d\d:\d\d", lines[-1])

@@ -3,7 +3,7 @@
 #   1. the DNN benchmark on CUDA (SimpleCNN at the paper's 5 local epochs, ResNet18-GN; both engines; then
 #      the vectorized engine's FedPM/FedAvg over more rounds),
 #   2. the vectorized engine's CUDA-graph solve tests (which skip on a CPU), the convex benchmark with
-#      --backend cupy and the fedconvex tests that touch CuPy,
+#      --device cuda and the fedconvex tests that touch CuPy,
 #   3. a real 100-round CIFAR-10 alpha=0.1 FedPM run (full data, paper preset), to the deadline.
 #
 #   bash benchmarks/gpu_checks.sh DATA_DIR OUT_DIR [SECONDS]
@@ -46,8 +46,8 @@ step "CUDA-graph solves against eager and sequential replies (skipped without a 
 timeout 90 $PY -m pytest -q -p no:cacheprovider -rs tests/test_vectorized.py -k "cuda_graph" \
     || echo "cuda graph tests failed rc=$?"
 
-step "convex on CuPy: python -m validation.bench_convex --backend cupy --all-methods --json"
-timeout 200 $PY -m validation.bench_convex --backend cupy --all-methods --json > "$OUT/bench_convex_cupy.json" \
+step "convex on CuPy: python -m validation.bench_convex --device cuda --all-methods --json"
+timeout 200 $PY -m validation.bench_convex --device cuda --all-methods --json > "$OUT/bench_convex_cupy.json" \
     || echo "bench_convex cupy failed rc=$?"
 cat "$OUT/bench_convex_cupy.json"; echo
 step "fedconvex tests that touch CuPy"

@@ -29,6 +29,9 @@ from .config import FlowerRunConfig, progress_file
 from .transport import FlowerTransport, numpy, records
 
 log = logging.getLogger("fedpm.server")
+# on_round(row, history) of the round driver, set by a launcher whose ServerApp runs in its own process
+# (simulation) to draw progress; a callable cannot travel in the run config
+round_hook = None
 
 
 def _wait_for_nodes(grid: Grid, n: int, timeout: float, every: bool = False) -> list:
@@ -133,7 +136,7 @@ def _drive(cfg, alg, view, transport, state, weights, finite, d=None):
         finite=finite,
         own_clients=False,
     )
-    state, history = driver.run(state, cfg.rounds, np.random.default_rng(cfg.seed))
+    state, history = driver.run(state, cfg.rounds, np.random.default_rng(cfg.seed), on_round=round_hook)
     for row in history[1:]:
         row["used"] = row["asked"] - row["dropped"] - row["rejected"]
     return state, history

@@ -22,9 +22,11 @@ from validation.common import OneLineParser, check_out_arg, fail
 from validation.experiments import (
     DNN_METHODS,
     PROFILES,
+    add_run_args,
     add_sweep_args,
     budget,
     check_results_arg,
+    check_run_args,
     ensure,
     executor,
     is_done,
@@ -214,21 +216,32 @@ def build_all(root, out, profile, log=print):
 
 def main(argv=None) -> int:
     started = time.time()  # the budget counts from here
-    p = OneLineParser(prog="python -m figures", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m figures", doc=__doc__)
     p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
     p.add_argument("--data-dir", default=None, help="image data (default $FEDPM_DATA); Test 1 needs none")
     p.add_argument("--results", default="results")
     p.add_argument("--out", default=None, help="default figures/out/<profile>")
     p.add_argument("--no-compute", action="store_true", help="only draw what exists")
     add_sweep_args(p)
+    add_run_args(p)
     args = p.parse_args(argv)
+    only = check_run_args(p, args)
     check_results_arg(p, args.results)
     out = args.out or os.path.join("figures", "out", args.profile)
     check_out_arg(p, out, kind=OUTPUT)  # figures are written file by file into it: only ever into a folder of ours
     if args.no_compute:
         seed_from_reference(args.profile, args.results)
     else:
-        ensure(args.profile, args.data_dir, args.results, budget=budget(args, started), executor=executor(p, args))
+        ensure(
+            args.profile,
+            args.data_dir,
+            args.results,
+            only,
+            budget=budget(args, started),
+            executor=executor(p, args),
+            device=args.device,
+            quiet=args.quiet,
+        )
     try:
         with exclusive(out):
             check_out(out, kind=OUTPUT)

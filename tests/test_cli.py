@@ -109,7 +109,7 @@ def test_dirichlet_split_and_sampling_from_a_file_path(tmp_path):
         (["--init", "far"], "invalid choice: 'far'"),
         (["--dataset", "nowhere.svm"], "nowhere.svm: neither a bundled dataset"),
         (["--clients", "100000"], "exceeds the 32561 rows"),
-        (["--backend", "cupy"], "backend 'cupy'"),
+        (["--device", "cuda"], "--device cuda: backend 'cupy'"),
         (["--backend", "jax"], "unknown backend 'jax'"),
         (["--dataset", "a9a", "--methods", "fedavg", "--lr", "1e300", "--init", "zero"], "diverged at round"),
     ],

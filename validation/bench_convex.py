@@ -3,7 +3,7 @@
     python -m validation.bench_convex            # table
     python -m validation.bench_convex --json     # {"seconds_per_round", "seconds_to_1e-9", "loop_ratio", ...}
     python -m validation.bench_convex --all-methods [--json]   # plus every method, see below
-    python -m validation.bench_convex --backend cupy           # the same on a GPU (CuPy arrays)
+    python -m validation.bench_convex --device cuda            # the same on a GPU (CuPy arrays)
 
 Measured in one run, on this machine:
   * seconds_per_round: median wall time of a FedPM (K=1, lr=1) round from the paper's theta0,
@@ -21,7 +21,7 @@ fedpm_seconds_per_round_beside), and seconds_to_1e-9 / rounds_to_1e-9 from theta
 ``MAX_ROUNDS`` rounds and ``TIME_CAP`` seconds (null where the method does not get there; "diverged"
 where it blows up; final_grad_norm says how far it got).
 Every run pins BLAS to one thread (fedconvex.run does), so the numbers are per core.  With
-``--backend cupy`` our rounds run on the GPU (each round synchronised before its clock stops); the
+``--device cuda`` our rounds run on the GPU (each round synchronised before its clock stops); the
 naive loop stays the host NumPy loop, so loop_ratio there compares a GPU round with the CPU loop.
 """
 
@@ -41,6 +41,7 @@ from fedconvex.data import BUNDLED, load_dataset, paper_split_sizes, sequential_
 from fedconvex.problem import DEFAULT_LAM, FederatedLogReg
 from fedconvex.reference import initial_point, solve_optimum
 from fedconvex.run import Diverged, run
+from validation.progress import Progress
 
 MAX_ROUNDS = 40
 ALTERNATIONS = 2  # runs of a method's rounds, each followed by a run of FedPM's, for its round_vs_fedpm
@@ -105,13 +106,15 @@ def _measure_method(problem, alg, theta0, zero, fedpm, rounds, row):
         row["final_grad_norm"] = "diverged"
 
 
-def measure_all(problem, theta0, rounds=5):
+def measure_all(problem, theta0, rounds=5, quiet=True):
     """Per method: median seconds per round from theta0 (and FedPM's, measured alternately with it), and
     seconds from 0 to ||grad f|| <= 1e-9."""
     zero = problem.to_backend(np.zeros(problem.d))
     fedpm = make_algorithm("fedpm", lr=1.0, local_steps=1)
     rows = []
-    for label, name, params in all_methods(problem.d):
+    methods = all_methods(problem.d)
+    bar = Progress(len(methods), "methods", enabled=not quiet, unit="method")
+    for label, name, params in methods:
         alg = make_algorithm(name, **params)
         row = {"label": label, "method": name, "params": params}
         try:
@@ -120,6 +123,7 @@ def measure_all(problem, theta0, rounds=5):
             row["error"] = f"{type(exc).__name__}: {exc}"
             print(f"bench_convex: {label} failed: {row['error']}", file=sys.stderr)
         rows.append(row)
+        bar.update(1, label)
     return rows
 
 
@@ -139,7 +143,7 @@ def naive_fedpm_round(Xs, ys, theta, lam, lr=1.0):
     return np.linalg.solve(Pbar, rhs)
 
 
-def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False, backend="numpy"):
+def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False, backend="numpy", seed=0, quiet=True):
     from fedconvex.backend import get_backend
     from validation.common import check_fits
 
@@ -150,7 +154,7 @@ def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False, backend=
     parts = sequential_split(ds.n, n_clients, per_client)
     problem = FederatedLogReg(ds.X, ds.y, parts, lam=DEFAULT_LAM, xp=xp)
     theta_star, f_star, _ = solve_optimum(problem)
-    theta0 = initial_point(problem, theta_star, "paper", seed=0)
+    theta0 = initial_point(problem, theta_star, "paper", seed=seed)
     alg = make_algorithm("fedpm", lr=1.0, local_steps=1)
 
     # per-round time (the run loop's own clock excludes metric evaluation); with the server's
@@ -183,7 +187,7 @@ def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False, backend=
     agree = float(np.linalg.norm(ours_theta - theta) / np.linalg.norm(theta))
     extra = {}
     if all_methods:
-        extra["methods"] = measure_all(problem, theta0)
+        extra["methods"] = measure_all(problem, theta0, quiet=quiet)
         extra["max_rounds_to_1e-9"] = MAX_ROUNDS
     return {
         **extra,
@@ -203,7 +207,8 @@ def measure(dataset="w8a", rounds=8, naive_rounds=3, all_methods=False, backend=
         "device": _device_name(xp),
         "command": "python -m validation.bench_convex"
         + (f" --dataset {dataset}" if dataset != "w8a" else "")
-        + (f" --backend {backend}" if backend != "numpy" else "")
+        + (" --device cuda" if backend != "numpy" else "")
+        + (f" --seed {seed}" if seed else "")
         + (" --all-methods" if all_methods else ""),
     }
 
@@ -218,21 +223,30 @@ def _device_name(xp) -> str:
 
 
 def main(argv=None) -> int:
-    from validation.common import USER_ERRORS, OneLineParser, fail
+    from validation.common import (
+        USER_ERRORS,
+        OneLineParser,
+        add_convex_device_args,
+        add_quiet_arg,
+        add_seed_arg,
+        convex_backend,
+        fail,
+    )
 
     prog = "python -m validation.bench_convex"
-    p = OneLineParser(prog=prog, description=__doc__.split("\n")[0])
+    p = OneLineParser(prog=prog, doc=__doc__)
     p.add_argument("--dataset", default="w8a", help=f"bundled name ({', '.join(BUNDLED)}) or a LibSVM file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--all-methods", action="store_true", help="also time every method (see the module doc)")
-    p.add_argument(
-        "--backend", choices=("numpy", "cupy"), default="numpy", help="array library of our rounds (cupy: on the GPU)"
-    )
+    add_convex_device_args(p)
+    add_seed_arg(p)
+    add_quiet_arg(p)
     args = p.parse_args(argv)
     if args.dataset not in BUNDLED and not os.path.isfile(args.dataset):
         p.error(f"--dataset {args.dataset}: neither a bundled dataset ({', '.join(BUNDLED)}) nor a file")
     try:
-        r = measure(args.dataset, all_methods=args.all_methods, backend=args.backend)
+        backend = convex_backend(args.device)
+        r = measure(args.dataset, all_methods=args.all_methods, backend=backend, seed=args.seed, quiet=args.quiet)
     except USER_ERRORS as exc:
         fail(prog, exc)
     # a method that failed (its row has "error") makes the run fail too, after every number is printed

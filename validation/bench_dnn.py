@@ -28,6 +28,8 @@ import time
 
 import numpy as np
 
+from validation.progress import Progress
+
 # (clients, samples per client, local epochs, rounds) per device.  Local epochs are the paper's 5:
 # FOOF statistics are computed once per round, so the ratio depends on the epochs per round.
 # Only rounds after the first are timed (the first also builds each client's initial matrices).
@@ -130,13 +132,13 @@ class FoofTimer:
             setattr(owner, name, fn)
 
 
-def _rounds(model, method, device, size, engine, chunk=None):
+def _rounds(model, method, device, size, engine, chunk=None, seed=0):
     """Per round (rounds after the first) its parts {seconds, statistics, factorisations, server}, peak MB, chunk
     used.  ``server`` is the round's time outside the clients (screening, decoding, mixing)."""
     from fedpm_dnn.simulation import run_experiment
 
     clients, per_client, epochs, rounds = size
-    exp = _experiment(model, method, device, clients, per_client, epochs, rounds, engine, chunk)
+    exp = _experiment(model, method, device, clients, per_client, epochs, rounds, engine, chunk, seed)
     marks = []
     with FoofTimer(device) as timer:
 
@@ -178,7 +180,7 @@ def paper_round_seconds(parts: dict, clients: int, per_client: int, epochs: int)
 ENGINES = ("sequential", "vectorized")
 
 
-def measure(model, device, sizes=None, repeats=None, chunk=None, engines=ENGINES):
+def measure(model, device, sizes=None, repeats=None, chunk=None, engines=ENGINES, seed=0, quiet=True):
     """The benchmark's numbers for one model; an engine left out of ``engines`` gets null numbers (a GPU
     run short of time measures the vectorized engine's FedPM/FedAvg over more rounds instead)."""
     if repeats is None:  # ResNet rounds on a CPU take minutes: one repeat there
@@ -189,10 +191,12 @@ def measure(model, device, sizes=None, repeats=None, chunk=None, engines=ENGINES
     fedpm_parts = {e: [] for e in engines}
     foof_share, peak, used = [], 0.0, None
     reported = "vectorized" if "vectorized" in engines else "sequential"  # FOOF share and peak memory of its FedPM
+    bar = Progress(repeats * len(engines) * 2, model, enabled=not quiet, unit="run")
     for _ in range(repeats):  # alternate engines and methods so machine drift hits all alike
         for engine in engines:
             for method in ("fedavg", "fedpm"):
-                parts, mb, ch = _rounds(model, method, device, size, engine, chunk)
+                parts, mb, ch = _rounds(model, method, device, size, engine, chunk, seed)
+                bar.update(1, f"{engine} {method}")
                 times[(engine, method)] += [p["seconds"] for p in parts]
                 if method == "fedpm":
                     fedpm_parts[engine] += parts
@@ -248,9 +252,9 @@ def measure(model, device, sizes=None, repeats=None, chunk=None, engines=ENGINES
 
 
 def main(argv=None) -> int:
-    from validation.common import OneLineParser
+    from validation.common import OneLineParser, add_quiet_arg, add_seed_arg
 
-    p = OneLineParser(prog="python -m validation.bench_dnn", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m validation.bench_dnn", doc=__doc__)
     p.add_argument("--models", default="cnn,resnet18gn", help=f"comma-separated, from {', '.join(CLASSES)}")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
@@ -267,6 +271,8 @@ def main(argv=None) -> int:
         help="comma-separated engines to measure (default both; the other's numbers are null)",
     )
     p.add_argument("--json", action="store_true")
+    add_seed_arg(p)
+    add_quiet_arg(p)
     args = p.parse_args(argv)
 
     def listed(flag, what, value, allowed):
@@ -321,7 +327,9 @@ def main(argv=None) -> int:
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "results": [measure(m, device, sizes, args.repeats, args.client_chunk, engines) for m in models],
+        "results": [
+            measure(m, device, sizes, args.repeats, args.client_chunk, engines, args.seed, args.quiet) for m in models
+        ],
     }
     cnn = next((r for r in out["results"] if r["model"] == "cnn"), None)
     if cnn:  # the headline keys: SimpleCNN, CIFAR-10 setting

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import functools
 import hashlib
 import math
@@ -11,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,8 +31,36 @@ from fedconvex.problem import DEFAULT_LAM, FederatedLogReg
 from fedconvex.reference import initial_point, solve_optimum
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help that shows every flag's default (unless its help already names one) and keeps the layout of
+    the examples in the description and epilog."""
+
+    def _format_action(self, action):
+        default = action.default
+        shown = action.option_strings and action.nargs != 0 and default not in (None, "", argparse.SUPPRESS)
+        if shown and action.help is not argparse.SUPPRESS and "default" not in (action.help or "").lower():
+            action = copy.copy(action)
+            action.help = f"{action.help} (default: %(default)s)" if action.help else "default: %(default)s"
+        return super()._format_action(action)
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as one line naming the cause (no usage dump)."""
+    """argparse that reports a bad flag as one line naming the cause (no usage dump).
+
+    ``doc``: the module docstring; its first line is the description and the rest (the examples) the
+    epilog of --help.  ``commands``: {name: what it does} of subcommands dispatched before parsing, listed
+    in --help."""
+
+    def __init__(self, *args, doc: str | None = None, commands: dict | None = None, **kw):
+        kw.setdefault("formatter_class", HelpFormatter)
+        if doc:
+            first, _, rest = doc.strip().partition("\n")
+            kw.setdefault("description", first)
+            kw.setdefault("epilog", textwrap.dedent(rest).strip("\n") or None)
+        if commands:
+            listed = "\n".join(f"  {name:10s} {what}" for name, what in commands.items())
+            kw["description"] = f"{kw.get('description') or ''}\n\ncommands:\n{listed}".lstrip()
+        super().__init__(*args, **kw)
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -48,6 +78,71 @@ class OneLineParser(argparse.ArgumentParser):
             for a, default in saved:
                 a.default = default
         return {k for k, v in vars(ns).items() if v is not unset}
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old spelling of a flag: stores into the new flag's dest (through ``convert``) and prints one
+    deprecation line on stderr.  Hidden from --help (docs/cli.md lists the aliases)."""
+
+    def __init__(self, option_strings, dest, new: str, convert=None, **kw):
+        kw.update(help=argparse.SUPPRESS, default=argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kw)
+        self.new, self.convert = new, convert
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        warn_deprecated(parser.prog, option_string, self.new)
+        setattr(namespace, self.dest, self.convert(values) if self.convert else values)
+
+
+def warn_deprecated(prog: str, old: str, new: str) -> None:
+    sys.stderr.write(f"{prog}: warning: {old} is deprecated; use {new}\n")
+
+
+def add_deprecated_alias(p, old: str, new: str, dest: str, convert=None, **kw) -> None:
+    p.add_argument(old, dest=dest, action=DeprecatedAlias, new=new, convert=convert, **kw)
+
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def add_device_arg(p, default: str = "auto", what: str = "") -> None:
+    p.add_argument("--device", choices=DEVICES, default=default, help=what or "auto: cuda when one is visible")
+
+
+def add_quiet_arg(p) -> None:
+    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+
+
+def add_seed_arg(p) -> None:
+    p.add_argument("--seed", type=seed_int, default=0)
+
+
+def _backend_as_device(name: str) -> str:
+    """--backend numpy|cupy (deprecated) as the --device it means."""
+    if name not in ("numpy", "cupy"):
+        raise argparse.ArgumentTypeError(f"unknown backend {name!r}; choose one of numpy, cupy (or use --device)")
+    return "cpu" if name == "numpy" else "cuda"
+
+
+def add_convex_device_args(p) -> None:
+    """--device for the float64 convex code (cuda = CuPy), and --backend numpy|cupy as its deprecated alias.
+    The default is cpu: the reference results are NumPy's, and auto would change them by round-off."""
+    add_device_arg(p, "cpu", "cuda runs the rounds on CuPy; auto: cuda when CuPy sees a GPU")
+    add_deprecated_alias(p, "--backend", "--device", "device", type=_backend_as_device)
+
+
+def convex_backend(device: str) -> str:
+    """The array library (numpy or cupy) of --device, or a BackendError of one line when cuda is asked
+    for and CuPy or a GPU is missing."""
+    if device == "cpu":
+        return "numpy"
+    try:
+        get_backend("cupy")
+    except BackendError as exc:
+        if device == "auto":
+            return "numpy"
+        raise BackendError(f"--device cuda: {exc}") from None
+    return "cupy"
 
 
 MAX_INT = 2**31 - 1  # counts (rounds, clients, rows, ...) far beyond any run that fits in memory
@@ -187,8 +282,8 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
         help="client weights in f and in the mixing (paper: uniform 1/N)",
     )
     p.add_argument("--init", choices=("paper", "zero"), default="paper", help="theta0 = theta* + N(0, 0.1^2 I), or 0")
-    p.add_argument("--seed", type=seed_int, default=0)
-    p.add_argument("--backend", default="numpy", help="numpy or cupy")
+    add_seed_arg(p)
+    add_convex_device_args(p)
 
 
 def check_problem_args(parser, args) -> None:
@@ -200,6 +295,10 @@ def check_problem_args(parser, args) -> None:
         )
     if args.alpha is not None and args.split != "dirichlet":
         parser.error(f"--alpha applies to --split dirichlet only (this run's split is {args.split})")
+    try:
+        args.backend = convex_backend(args.device)
+    except BackendError as exc:
+        parser.error(str(exc))
     if args.split == "dirichlet" and args.alpha is None:
         args.alpha = DEFAULT_ALPHA
     if args.per_client is not None and args.split == "dirichlet":
@@ -323,6 +422,8 @@ def keep_freed_memory(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 2*
         libc = ctypes.CDLL(None)
         mallopt, _glibc = libc.mallopt, libc.gnu_get_libc_version  # glibc only (musl has no version call)
     except (OSError, AttributeError):
+        return False
+    if not hasattr(libc, "gnu_get_libc_version"):  # glibc only (musl has no version call)
         return False
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
     return bool(mallopt(M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(mallopt(M_TRIM_THRESHOLD, int(trim_threshold)))

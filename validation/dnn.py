@@ -45,7 +45,7 @@ def build_parser():
     from fedpm_dnn.algorithms import METHODS
     from fedpm_dnn.presets import PRESETS
 
-    p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
+    p = common.OneLineParser(prog=PROG, doc=__doc__)
     p.add_argument(
         "--dataset",
         choices=("cifar10", "cifar100", "femnist"),

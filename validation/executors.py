@@ -23,6 +23,7 @@ class Job:
     root: str  # results/<profile>
     data_dir: str  # image data ('' : the runner's default, $FEDPM_DATA)
     end: float | None = None  # the budget's end, seconds since the epoch (None: no budget)
+    device: str = "auto"  # --device of the DNN runs
 
 
 def _exit_code(main, argv) -> int:
@@ -54,7 +55,7 @@ def run_unit(unit, job: Job, round_seconds: dict) -> list[tuple[str, str]]:
         if run.kind == "superlinear":
             code = _exit_code(superlinear.main, list(run.argv) + ["--out", folder])
         else:
-            argv = list(run.argv) + ["--data-dir", job.data_dir, "--out", folder, "--quiet"]
+            argv = list(run.argv) + ["--data-dir", job.data_dir, "--out", folder, "--quiet", "--device", job.device]
             if os.path.isfile(os.path.join(folder, "checkpoint.pt")):
                 argv.append("--resume")
             if job.end is not None:

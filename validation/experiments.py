@@ -361,6 +361,8 @@ def ensure(
     log=print,
     budget=None,
     executor=None,
+    device="auto",
+    quiet=False,
 ) -> dict:
     """Compute the missing and partial runs of ``profile`` in the sweep's priority order (validation/sweep.py),
     within ``budget`` (a sweep.Budget; None: no limit), on ``executor`` (default: here, one after another);
@@ -390,8 +392,8 @@ def ensure(
                 continue
         todo.append(r)
     estimates = sweep.round_seconds(runs, states, sweep.this_device())
-    job = Job(root, data_dir or os.environ.get("FEDPM_DATA", ""), budget.end)
-    bar = Progress(len(todo), f"{profile} runs")
+    job = Job(root, data_dir or os.environ.get("FEDPM_DATA", ""), budget.end, device)
+    bar = Progress(len(todo), f"{profile} runs", enabled=not quiet, unit="run")
     not_started = []
     for _, outcomes in (executor or LocalExecutor()).map(sweep.units(todo), job, estimates):
         for name, outcome in outcomes:
@@ -408,6 +410,41 @@ def ensure(
     return {
         r.name: os.path.join(root, r.name) for r in runs if os.path.isfile(os.path.join(root, r.name, "summary.json"))
     }
+
+
+def run_seed(run: Run) -> int:
+    """The --seed a run is made with (the commands' default 0 where its arguments name none)."""
+    argv = list(run.argv)
+    return int(argv[argv.index("--seed") + 1]) if "--seed" in argv else 0
+
+
+def add_run_args(p) -> None:
+    """--seed, --device, --quiet of the commands that compute a profile's runs (experiments, figures)."""
+    from validation.common import add_device_arg, add_quiet_arg, seed_int
+
+    p.add_argument("--seed", type=seed_int, default=None, help="only the profile's runs of this seed (default all)")
+    add_device_arg(p, what="device of the DNN runs (the convex runs are float64 NumPy); auto: cuda when visible")
+    add_quiet_arg(p)
+
+
+def check_run_args(parser, args):
+    """The ``only`` of ensure() for --seed (None: every run); one parser error for a seed not in the profile or
+    --device cuda without a GPU visible to torch (before any run starts)."""
+    if args.device == "cuda":
+        try:
+            import torch
+
+            usable = torch.cuda.is_available()
+        except ImportError:
+            usable = False
+        if not usable:
+            parser.error("--device cuda: no CUDA device is visible to torch (the DNN runs need one)")
+    if args.seed is None:
+        return None
+    seeds = sorted({run_seed(r) for r in plan(args.profile)})
+    if args.seed not in seeds:
+        parser.error(f"--seed {args.seed}: the {args.profile} profile runs seeds {', '.join(map(str, seeds))}")
+    return lambda r: run_seed(r) == args.seed
 
 
 def check_results_arg(parser, path: str) -> None:
@@ -480,7 +517,7 @@ def main(argv=None) -> int:
 
     started = time.time()  # the budget counts from here: loading torch and the data is part of it
 
-    p = OneLineParser(prog="python -m validation.experiments", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m validation.experiments", doc=__doc__)
     p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--results", default="results")
@@ -491,16 +528,27 @@ def main(argv=None) -> int:
         "estimated time left on this device",
     )
     add_sweep_args(p)
+    add_run_args(p)
     args = p.parse_args(argv)
+    only = check_run_args(p, args)
     check_results_arg(p, args.results)
     if args.list:
         from validation.sweep import listing
 
         seed_from_reference(args.profile, args.results)  # the shipped runs count as done
-        print("\n".join(listing(plan(args.profile), os.path.join(args.results, args.profile))))
+        print("\n".join(listing(list(filter(only, plan(args.profile))), os.path.join(args.results, args.profile))))
         return 0
     try:
-        ensure(args.profile, args.data_dir, args.results, budget=budget(args, started), executor=executor(p, args))
+        ensure(
+            args.profile,
+            args.data_dir,
+            args.results,
+            only,
+            budget=budget(args, started),
+            executor=executor(p, args),
+            device=args.device,
+            quiet=args.quiet,
+        )
     except ValueError as exc:  # --executor ray without a cluster to reach
         common.fail("python -m validation.experiments", exc)
     return 0

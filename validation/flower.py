@@ -33,6 +33,10 @@ from validation.outputs import Kind
 
 PROG = "python -m validation.flower"
 OUTPUT = Kind(PROG, ("result.json", "history.csv"))  # what a run writes into --out
+COMMANDS = {
+    "prepare": "write each client's image partition to its own folder (prepare --help)",
+    "keys": "write TLS certificates and SuperNode keys for a deployment across machines (keys --help)",
+}
 
 
 def _codec(spec):
@@ -41,7 +45,7 @@ def _codec(spec):
 
 
 def parse_args(argv=None):
-    p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
+    p = common.OneLineParser(prog=PROG, doc=__doc__, commands=COMMANDS)
     p.add_argument("--problem", choices=("logreg", "cnn"), default="logreg")
     from fedconvex.algorithms import REGISTRY
     from fedpm_dnn.algorithms import METHODS as DNN_METHODS
@@ -73,9 +77,21 @@ def parse_args(argv=None):
     p.add_argument(
         "--local-steps",
         type=common.positive_int,
-        default=1,
-        help="local steps per round (logreg); with --problem cnn, local epochs over the client's data",
+        default=None,
+        help="local steps per round (logreg; default 1); with --problem cnn a deprecated alias of --local-epochs",
     )
+    p.add_argument(
+        "--local-epochs",
+        type=common.positive_int,
+        default=None,
+        help="cnn: local epochs over the client's data per round (default 1, or the preset's)",
+    )
+    from fedpm_dnn.presets import PRESETS
+
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="cnn: hyper-parameters of an appendix table")
+    common.add_seed_arg(p)
+    common.add_device_arg(p, "auto", "the clients train on the CPU (cuda is refused; auto = cpu)")
+    common.add_quiet_arg(p)
     p.add_argument(
         "--lam",
         type=common.positive_float,
@@ -138,6 +154,7 @@ def parse_args(argv=None):
         if not isinstance(extra, dict):
             p.error(f"--params {args.params!r}: expected a JSON object of hyper-parameters")
         _fold_params(p, args, extra, argv)
+    check_vocabulary(p, args)  # after --params: a key there may set --local-epochs
     common.check_max_ratio(p, args)
     # on the cnn every method takes --local-steps (as local_epochs); --precond-codec only FedPM
     if args.problem == "logreg" and args.method in REGISTRY:
@@ -193,7 +210,7 @@ def parse_args(argv=None):
 # --params keys that have a flag of their own (problem -> hyper-parameter -> the flag's dest)
 FLAG_PARAMS = {
     "logreg": {"lr": "lr", "local_steps": "local_steps", "precond_codec": "precond_codec"},
-    "cnn": {"lr": "lr", "local_epochs": "local_steps", "precond_codec": "precond_codec", "weighting": "weighting"},
+    "cnn": {"lr": "lr", "local_epochs": "local_epochs", "precond_codec": "precond_codec", "weighting": "weighting"},
 }
 
 
@@ -215,6 +232,37 @@ def _fold_params(p, args, extra: dict, argv) -> None:
                 p.error(f"--params {key!r}: {exc}")
         setattr(args, dest, value)
     args.params = json.dumps(extra) if extra else ""
+
+
+def check_vocabulary(p, args) -> None:
+    """--local-steps (logreg) / --local-epochs (cnn), --preset and --device, as one parser error each; sets
+    args.local_steps to what FlowerRunConfig carries (steps on logreg, epochs on the cnn)."""
+    if args.device == "cuda":
+        p.error("--device cuda: the Flower clients train on the CPU (logreg in NumPy, the cnn in CPU torch)")
+    if args.problem == "logreg":
+        for flag, value in (("--local-epochs", args.local_epochs), ("--preset", args.preset)):
+            if value is not None:
+                p.error(f"{flag} applies to --problem cnn only")
+        args.local_steps = args.local_steps or 1
+        return
+    if args.local_steps is not None:  # it meant epochs on the cnn
+        common.warn_deprecated(PROG, "--local-steps with --problem cnn", "--local-epochs")
+        args.local_epochs = args.local_epochs or args.local_steps
+    try:
+        preset = preset_row(args.preset, args.method) if args.preset else {}
+    except ValueError as exc:
+        p.error(str(exc))
+    args.local_steps = args.local_epochs or preset.get("local_epochs", 1)
+
+
+def preset_row(preset: str, method: str) -> dict:
+    """The appendix table's hyper-parameters of ``method`` (fedpm_dnn.presets), with the table's local epochs."""
+    from fedpm_dnn.presets import PRESETS
+
+    table = PRESETS[preset]
+    if method not in table["methods"]:
+        raise ValueError(f"--preset {preset}: has no row for --method {method}")
+    return {**table["methods"][method], "local_epochs": table["setting"].get("local_epochs", 1)}
 
 
 def _our_app(toml: str) -> bool:
@@ -258,27 +306,35 @@ def in_process(cfg):
     return state.theta
 
 
-def _simulate(cfg) -> None:
+def _simulate(cfg, quiet: bool = True) -> None:
     """The Flower simulation, in a process of its own (``simulate``): Ray starts in the process that calls
     ``run_simulation`` and takes SIGTERM there for itself."""
     os.setsid()  # its own process group: the parent stops the simulation's whole tree at once
     os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"  # no C++ abort trace when it is stopped
     from flwr.simulation import run_simulation
 
-    from fedpm_flower.apps import make_client_app, make_server_app
+    from fedpm_flower import apps
+    from validation.progress import Progress
 
-    run_simulation(
-        make_server_app(cfg),
-        make_client_app(cfg),
-        num_supernodes=cfg.clients,
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
-    )
+    # the ServerApp runs in this process: its round driver draws the bar (deployment: the SuperLink's log)
+    bar = Progress(cfg.rounds, f"{cfg.method} rounds", enabled=not quiet, unit="round")
+    apps.round_hook = lambda row, history: bar.update(1)
+    try:
+        run_simulation(
+            apps.make_server_app(cfg),
+            apps.make_client_app(cfg),
+            num_supernodes=cfg.clients,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        )
+    finally:
+        apps.round_hook = None
+        bar.close()
 
 
 RESULT_GRACE = 30.0  # seconds the simulation may take to shut down once its result is written
 
 
-def simulate(cfg) -> None:
+def simulate(cfg, quiet: bool = True) -> None:
     """Run the simulation in a child process and wait for it.  Ray, in the process that starts it, answers
     SIGTERM with an abort (exit 134, no cleanup) or an exit while the ServerApp's thread keeps the process
     alive; here this process keeps the command's own SIGTERM and Ctrl-C (one line, exit 143 / 130, the
@@ -292,7 +348,7 @@ def simulate(cfg) -> None:
     from fedpm_flower.config import progress_file
     from fedpm_flower.deploy import IDLE_GRACE, stop_tree
 
-    child = multiprocessing.get_context("fork").Process(target=_simulate, args=(cfg,), daemon=False)
+    child = multiprocessing.get_context("fork").Process(target=_simulate, args=(cfg, quiet), daemon=False)
     child.start()
     idle, last, written = 2 * cfg.timeout + IDLE_GRACE, time.time(), None
     try:
@@ -318,10 +374,10 @@ def simulate(cfg) -> None:
             child.join()
 
 
-def run_flower(cfg, mode: str, timeout: float, secure: bool = True) -> dict:
+def run_flower(cfg, mode: str, timeout: float, secure: bool = True, quiet: bool = True) -> dict:
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
     if mode == "simulation":
-        simulate(cfg)
+        simulate(cfg, quiet)
         if not os.path.isfile(cfg.out):
             raise RuntimeError("the Flower simulation ended without a result (its log is above)")
         with open(cfg.out) as fh:
@@ -367,7 +423,15 @@ def main(argv=None) -> int:
 
         if args.method not in DNN_METHODS:
             common.fail(PROG, ValueError(f"--method {args.method}: the cnn runs {', '.join(DNN_METHODS)}"))
-        lr = args.lr if args.lr is not None else DNN_REGISTRY[args.method].__dataclass_fields__["lr"].default
+        preset = preset_row(args.preset, args.method) if args.preset else {}
+        lr = (
+            args.lr
+            if args.lr is not None
+            else preset.get("lr", DNN_REGISTRY[args.method].__dataclass_fields__["lr"].default)
+        )
+        # the preset's other hyper-parameters under --params (whose own keys win)
+        hyper = {k: v for k, v in preset.items() if k not in ("lr", "local_epochs")}
+        args.params = json.dumps({**hyper, **json.loads(args.params or "{}")}) if hyper else args.params
     else:
         from fedconvex.algorithms import REGISTRY
 
@@ -395,6 +459,7 @@ def main(argv=None) -> int:
         lr=lr,
         local_steps=args.local_steps,
         lam=args.lam,
+        seed=args.seed,
         precond_dtype=args.precond_dtype,
         precond_codec=args.precond_codec,
         timeout=args.timeout,
@@ -430,7 +495,7 @@ def finish(args, cfg, tmp, final) -> None:
     from fedconvex.history import history_csv
 
     start = time.perf_counter()
-    result = run_flower(cfg, args.mode, args.timeout, secure=not args.insecure)
+    result = run_flower(cfg, args.mode, args.timeout, secure=not args.insecure, quiet=args.quiet)
     wall = time.perf_counter() - start
     if not any(h.get("used", 0) for h in result["history"]):
         raise RuntimeError(

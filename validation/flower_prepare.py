@@ -18,7 +18,7 @@ PROG = "python -m validation.flower prepare"
 
 
 def parse_args(argv):
-    p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
+    p = common.OneLineParser(prog=PROG, doc=__doc__)
     p.add_argument("--dataset", choices=("cifar10", "cifar100"), default="cifar10")
     p.add_argument("--data-dir", default=None, help="data folder (default: $FEDPM_DATA)")
     p.add_argument("--cache-dir", default=None)

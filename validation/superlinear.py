@@ -47,10 +47,16 @@ OUTPUT = Kind(PROG, ("history.csv", "summary.json", "convergence.png", "converge
 
 
 def parse_args(argv=None):
-    p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
+    p = common.OneLineParser(prog=PROG, doc=__doc__)
     common.add_problem_args(p)
     p.add_argument("--rounds", type=common.positive_int, default=50)
-    p.add_argument("--methods", default=",".join(PAPER_TEST1), help="comma-separated; default the paper's eight")
+    p.add_argument(
+        "--method",
+        "--methods",
+        dest="methods",
+        default=",".join(PAPER_TEST1),
+        help="comma-separated; default the paper's eight",
+    )
     p.add_argument("--local-steps", type=common.positive_int, default=1, help="K local steps (paper Test 1: 1)")
     p.add_argument("--participants", type=common.positive_int, default=None, help="clients sampled per round")
     p.add_argument(
@@ -82,7 +88,7 @@ def parse_args(argv=None):
         help=f"tuning cache written and read (default $FEDPM_TUNING_CACHE or {DEFAULT_CACHE}, read over the "
         "shipped reference/tuning.json; a --cache given here is read alone)",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    common.add_quiet_arg(p)
     args = p.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in REGISTRY]

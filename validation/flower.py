@@ -221,9 +221,11 @@ def _fold_params(p, args, extra: dict, argv) -> None:
     for key, dest in FLAG_PARAMS[args.problem].items():
         if key not in extra:
             continue
-        flag = "--" + dest.replace("_", "-")
-        if dest in given:
-            p.error(f"--params sets {key!r} and so does {flag}: give it once")
+        # the cnn's --local-steps is the deprecated spelling of --local-epochs: either collides with the key
+        spellings = (dest, "local_steps") if (args.problem, dest) == ("cnn", "local_epochs") else (dest,)
+        for name in spellings:
+            if name in given:
+                p.error(f"--params sets {key!r} and so does --{name.replace('_', '-')}: give it once")
         value = extra.pop(key)
         if dest == "precond_codec":
             try:

@@ -10,12 +10,17 @@ Profiles:
   cpu-full  the full-data check that fits a 2-core CPU in about an hour per method pair: all 50,000
          CIFAR-10 training images, 10 clients, alpha = 0.1, 5 local epochs, 20 rounds, seed 0, FedAvg,
          SCAFFOLD, LocalNewton and FedPM with the paper's table (no ablations).
+  femnist  FEMNIST's table: LEAF's writers as clients (10 sampled per round, 5 local epochs), 100 rounds,
+         the 7 methods x seeds 0-2 with the paper's FEMNIST hyper-parameters (--preset femnist).
+         --only GLOB (repeatable) restricts any profile to the runs whose names match, e.g. to run
+         two halves of a profile side by side.
 Each run writes results/<profile>/<name>/{history.csv, summary.json} (summary.json holds the exact
 command and versions).  A run whose summary.json exists with all its rounds is not recomputed.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import sys
@@ -105,11 +110,48 @@ PROFILES = {
         ablations=False,
         label="cpu-full profile: all 50k CIFAR-10 images, alpha=0.1, 20 rounds, seed 0",
     ),
+    "femnist": dict(
+        seeds=(0, 1, 2),
+        rounds=100,
+        subset=[],
+        datasets=("femnist",),
+        label="femnist profile: LEAF FEMNIST writers, 10 per round, 5 local epochs, 100 rounds, 3 seeds",
+    ),
 }
+
+
+def femnist_plan(p: dict) -> list[Run]:
+    """The paper's FEMNIST table: every method with its preset row (participants and epochs from the preset)."""
+    return [
+        Run(
+            f"femnist-{m}-s{s}",
+            "dnn",
+            # one torch thread: the float32 sums, and so every digit of the history, are those of the reference
+            (
+                "--dataset",
+                "femnist",
+                "--method",
+                m,
+                "--preset",
+                "femnist",
+                "--rounds",
+                str(p["rounds"]),
+                "--seed",
+                str(s),
+            )
+            + ("--threads", "1"),
+            p["rounds"],
+            "femnist",
+        )
+        for m in DNN_METHODS
+        for s in p["seeds"]
+    ]
 
 
 def plan(profile: str) -> list[Run]:
     p = PROFILES[profile]
+    if p["datasets"] == ("femnist",):
+        return femnist_plan(p)
     runs = [Run(f"superlinear-{d}", "superlinear", ("--dataset", d, "--quiet")) for d in ("w8a", "a9a")]
     # FedPM (K = 1, lr 1: Newton) per preconditioner codec; FedNL comes from superlinear-<dataset>
     runs += [
@@ -378,14 +420,26 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--results", default="results")
     p.add_argument("--list", action="store_true", help="list the runs and whether they exist")
+    p.add_argument(
+        "--only", action="append", metavar="GLOB", help="only the runs whose names match (repeatable; see --list)"
+    )
     args = p.parse_args(argv)
     check_results_arg(p, args.results)
+    only = None
+    if args.only:
+        names = [r.name for r in plan(args.profile)]
+        for g in args.only:
+            if not fnmatch.filter(names, g):
+                p.error(f"--only {g}: matches no run of profile {args.profile} (see --list)")
+        only = lambda r: any(fnmatch.fnmatchcase(r.name, g) for g in args.only)  # noqa: E731
     if args.list:
         for r in plan(args.profile):
+            if only is not None and not only(r):
+                continue
             done = is_done(r, os.path.join(args.results, args.profile, r.name))
             print(f"{'done ' if done else 'todo '} {r.name}")
         return 0
-    ensure(args.profile, args.data_dir, args.results)
+    ensure(args.profile, args.data_dir, args.results, only=only)
     return 0
 
 

@@ -64,6 +64,7 @@ class Experiment:
     engine: str = "sequential"  # or "vectorized": the participants trained together (fedpm_dnn.vectorized)
     max_ratio: float | None = None  # server magnitude guard (fedconvex.screening); None: off, as in the paper
     client_chunk: int | None = None  # vectorized: clients per chunk (None: from the free device memory)
+    gn_groups: int = 2  # ResNet18-GN's GroupNorm group count
 
 
 def _reset_peak_memory(device) -> None:
@@ -106,7 +107,7 @@ def build(exp: Experiment, tamper=None):
     """(task, driver, initial state) of the experiment."""
     alg, dev = exp.cfg, exp.device
     torch.manual_seed(exp.seed)
-    model = make_model(exp.model, exp.num_classes, exp.in_channels, exp.image_size).to(dev)
+    model = make_model(exp.model, exp.num_classes, exp.in_channels, exp.image_size, exp.gn_groups).to(dev)
     task = DnnTask(model, exp.clients, dev, exp.seed, exp.engine, exp.client_chunk)
 
     def finite(state):
@@ -153,7 +154,6 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
                 f"{checkpoint}: damaged checkpoint (random generator state: {exc}); remove it or choose another --out"
             ) from None
     wall0 = time.perf_counter() - (history[-1]["wall_seconds"] if history else 0.0)
-    round_start = [0.0]
     _reset_peak_memory(exp.device)
 
     def after_round(state, history, rng):

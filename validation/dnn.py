@@ -46,6 +46,12 @@ def parse_args(argv=None):
         "--cache-dir", default=None, help="where decoded JPEGs are cached (default: $FEDPM_CACHE or ~/.cache/fedpm)"
     )
     p.add_argument("--model", choices=("cnn", "resnet18gn"), default="cnn")
+    p.add_argument(
+        "--gn-groups",
+        type=common.positive_int,
+        default=None,
+        help="ResNet18-GN's GroupNorm group count, a divisor of 64 (default 2; the paper does not state it)",
+    )
     p.add_argument("--method", choices=METHODS, default="fedpm")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="hyper-parameters of an appendix table")
     p.add_argument("--alpha", type=common.positive_float, default=0.1, help="Dirichlet concentration")
@@ -174,6 +180,11 @@ def check_args(p, args):
             p.error(f"--participants {args.participants} exceeds --clients {args.clients}")
         if args.clients is None and args.participants > 10:  # build()'s default
             p.error(f"--participants {args.participants} exceeds the 10 clients (default --clients)")
+    if args.gn_groups is not None:
+        if args.model != "resnet18gn":
+            p.error(f"--gn-groups applies to --model resnet18gn, not to --model {args.model}")
+        if 64 % args.gn_groups:
+            p.error(f"--gn-groups {args.gn_groups}: must divide 64, the channels of ResNet18-GN's first layer")
     if args.client_chunk is not None and args.engine == "sequential":
         p.error("--client-chunk applies to --engine vectorized (or auto on a GPU), not to --engine sequential")
     common.check_out_arg(p, args.out)
@@ -190,7 +201,8 @@ def check_args(p, args):
 # flags that do not change what a run computes (where it writes, how it reports, how many rounds)
 # engine: the checkpoint records the resolved engine (fedpm_dnn.checkpoint.fingerprint), not the flag, so that
 # "auto" and the engine it stands for resume each other
-NOT_IN_FINGERPRINT = {"out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine"}
+# gn_groups: the resolved group count is in the model's entry of the fingerprint (fedpm_dnn.checkpoint)
+NOT_IN_FINGERPRINT = {"out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "gn_groups"}
 
 
 def run_fingerprint(args) -> dict:
@@ -305,6 +317,7 @@ def build(args):
         engine=engine,
         client_chunk=args.client_chunk,
         max_ratio=args.max_ratio or None,
+        gn_groups=args.gn_groups or 2,
     )
     desc = {
         "dataset": data.name,
@@ -324,6 +337,8 @@ def build(args):
         "engine": engine,
         "config": {"name": cfg.name, **cfg.hyperparameters()},
     }
+    if args.model == "resnet18gn":
+        desc["gn_groups"] = exp.gn_groups
     if data.source == "jpeg":
         desc["note"] = (
             "CIFAR-10 JPEG copy (lossy re-encoding): accuracies are close to, not identical with, the original"

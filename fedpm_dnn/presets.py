@@ -1,18 +1,33 @@
 """Hyper-parameters of the paper's appendix tables, as named presets.
 
-Each preset names its table; values are (lr, grad clip or None, weight decay -- or mu for
-FedProx --, FedAvgM momentum, damping, FedAdam server lr).  ``method_config`` turns a preset
-row into a method object (``fedpm_dnn.algorithms``); explicit command-line flags override it.
+Each preset names its table and the setting the table fixes (data set, Dirichlet alpha, participants per
+round, local epochs, FOOF samples); its rows are (lr, grad clip or None, weight decay -- or mu for FedProx --,
+FedAvgM momentum, damping, FedAdam server lr).  ``method_config`` turns a preset row into a method object
+(``fedpm_dnn.algorithms``); explicit command-line flags override it.
 """
 
 from __future__ import annotations
 
-from .algorithms import hyperparameters_of, make_method
+from dataclasses import dataclass
+
+from .algorithms import DnnAlgorithm, hyperparameters_of, make_method
 
 N = None  # "No" clipping
 
 
+# The setting of the CIFAR tables (paper section Test 2): N = 10 clients, no client sampling (participants None:
+# every client), the FOOF matrices on the full local dataset (foof_samples None); each table adds its own alpha and
+# local epochs, the appendix studies their participants or FOOF sample count.
+CIFAR_SETTING = {"clients": 10, "participants": None, "foof_samples": None}
+# what a table's setting may fix: each is also a command-line flag (validation.dnn), which overrides it
+SETTING_KEYS = ("dataset", "alpha", "clients", "participants", "local_epochs", "foof_samples")
+# a run setting that neither a flag nor a preset gives (the others' None: the loader's or the method's default)
+DEFAULT_SETTING = {"dataset": "cifar10", "alpha": 0.1}
+
+
 def _table(caption, rows, **setting):
+    if setting["dataset"].startswith("cifar"):
+        setting = {**CIFAR_SETTING, **setting}
     return {"table": caption, "setting": setting, "methods": rows}
 
 
@@ -143,6 +158,7 @@ PRESETS = {
         dataset="femnist",
         participants=10,
         local_epochs=5,
+        foof_samples=None,
     ),
 }
 
@@ -255,20 +271,57 @@ for _ds, _vals in {
         )
 
 
-def method_config(preset: str | None, method: str, **overrides):
-    """The method ``method`` from a preset row (if given), then explicit overrides (None: not given)."""
-    base = {}
-    if preset is not None:
-        if preset not in PRESETS:
-            raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(sorted(PRESETS))}")
-        rows = PRESETS[preset]["methods"]
-        if method not in rows:
-            raise ValueError(f"preset {preset!r} ({PRESETS[preset]['table']}) has no row for {method!r}")
-        base = dict(rows[method])
-        setting = PRESETS[preset]["setting"]
-        takes = hyperparameters_of(method)
-        base.update({k: setting[k] for k in ("local_epochs", "foof_samples") if k in setting and k in takes})
+def preset_row(preset: str, method: str) -> dict:
+    """What ``preset`` fixes for ``method``: the method's row of the table plus the table's setting that the
+    method takes as a hyper-parameter (local epochs, FOOF samples)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(sorted(PRESETS))}")
+    rows = PRESETS[preset]["methods"]
+    if method not in rows:
+        raise ValueError(f"preset {preset!r} ({PRESETS[preset]['table']}) has no row for {method!r}")
+    setting = PRESETS[preset]["setting"]
+    takes = hyperparameters_of(method)
+    return {**rows[method], **{k: setting[k] for k in ("local_epochs", "foof_samples") if k in setting and k in takes}}
+
+
+def method_config(preset: str | None, method: str, **given):
+    """The method ``method`` from a preset row (if given), then the explicitly ``given`` values, which win; a
+    given None is a value (no clip, every sample), not "not given": leave out what was not given."""
+    base = preset_row(preset, method) if preset is not None else {}
     # a command-line setting the method does not take (--mu for FedAvg) does not apply to it, as before;
     # the preset rows themselves must fit (make_method rejects an unknown key)
-    given = {k: v for k, v in overrides.items() if v is not None and k in hyperparameters_of(method)}
+    given = {k: v for k, v in given.items() if k in hyperparameters_of(method)}
     return make_method(method, **{**base, **given})
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A run's settings and method, each value from an explicit flag, else the preset, else the default."""
+
+    settings: dict  # SETTING_KEYS -> value (None: the default of the loader or method)
+    config: DnnAlgorithm
+    from_preset: dict  # what the preset supplied and no flag overrode: setting entries and row hyper-parameters
+    from_flags: dict  # the flags given that apply to this run
+    conflicts: dict  # setting -> {"preset": its value, "flag": the flag's}, where a flag contradicts the table
+    not_applicable: tuple  # flags given that this method does not take (--mu for FedAvg)
+
+
+def resolve(preset: str | None, method: str, given: dict) -> Resolved:
+    """Apply ``preset`` (its whole setting and ``method``'s row) under the explicitly ``given`` flag values
+    (name -> value; a given None is a value: no clip, every sample)."""
+    setting = PRESETS[preset]["setting"] if preset is not None else {}
+    row = preset_row(preset, method) if preset is not None else {}
+    takes = hyperparameters_of(method)
+    settings = {k: given[k] if k in given else setting.get(k, DEFAULT_SETTING.get(k)) for k in SETTING_KEYS}
+    return Resolved(
+        settings=settings,
+        config=method_config(preset, method, **given),
+        from_preset={k: v for k, v in {**setting, **row}.items() if k not in given},
+        from_flags={k: v for k, v in given.items() if k in takes or k in SETTING_KEYS},
+        conflicts={
+            k: {"preset": setting[k], "flag": given[k]}
+            for k in SETTING_KEYS
+            if k in given and k in setting and given[k] != setting[k]
+        },
+        not_applicable=tuple(sorted(k for k in given if k not in takes and k not in SETTING_KEYS)),
+    )

@@ -12,7 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fedconvex.algorithms import PAPER_TEST1 as TEST1  # noqa: E402
-from fedconvex.algorithms import REGISTRY as CONVEX_REGISTRY
+from fedconvex.algorithms import REGISTRY as CONVEX_REGISTRY  # noqa: E402
+from fedconvex.data.splits import effective_classes  # noqa: E402
 from fedpm_dnn.algorithms import METHODS as ORDER  # noqa: E402  (the paper's order of Test 2)
 
 from .results import best_by_seed, curves_by_seed, read_summary  # noqa: E402
@@ -193,10 +194,17 @@ def data_distribution(folders: dict, out_dir, note=""):
         splits.add(summary.get("partition", "dirichlet"))
         ci, ki = np.nonzero(c)
         ax.scatter(ci, ki, s=600 * c[ci, ki] / c.max(), alpha=0.6, color="tab:red")
-        ax.set_xlabel("client (samples held)")
+        ax.set_xlabel("client (samples held, effective classes)")
         ax.set_ylabel("class")
-        ax.set_xticks(range(c.shape[0]), [f"{i}\n{n}" for i, n in enumerate(c.sum(1))], fontsize=7)
-        ax.set_title(f"alpha = {alpha} ({c.sum()} samples, sizes {c.sum(1).min()}..{c.sum(1).max()})", fontsize=9)
+        eff = effective_classes(c)
+        ticks = [f"{i}\n{n}\n{e:.1f}" for i, (n, e) in enumerate(zip(c.sum(1), eff, strict=True))]
+        ax.set_xticks(range(c.shape[0]), ticks, fontsize=7)
+        seed = f", split seed {summary['split_seed']}" if summary.get("split_seed") is not None else ""
+        ax.set_title(
+            f"alpha = {alpha} ({c.sum()} samples, sizes {c.sum(1).min()}..{c.sum(1).max()}{seed})\n"
+            f"{eff.mean():.2f} effective classes per client (exp of the class-share entropy)",
+            fontsize=9,
+        )
     how = {"relaysum": "RelaySum Dirichlet split, Vogels et al. 2021", "dirichlet": "plain per-class Dirichlet split"}
     fig.suptitle(
         "Data distribution over clients ("

@@ -287,7 +287,12 @@ CASES = [
     ("dnn-rounds-0", dnn, DNN + OUT + ["--rounds", "0"], "--rounds: must be a positive integer"),
     ("dnn-clients-0", dnn, D + OUT + ["--clients", "0"], "--clients: must be a positive integer"),
     ("dnn-batch-0", dnn, D + OUT + ["--batch-size", "0"], "--batch-size: must be a positive integer"),
-    ("dnn-preset-other-dataset", dnn, D + OUT + ["--preset", "cifar100-a0.1"], "is for --dataset cifar100"),
+    (
+        "dnn-preset-other-dataset",
+        dnn,
+        D + OUT + ["--dataset", "cifar10", "--preset", "cifar100-a0.1"],
+        "is for --dataset cifar100",
+    ),
     (
         "dnn-preset-no-row",
         dnn,

@@ -9,7 +9,7 @@ DIR/checkpoint.pt every round; ``--resume`` continues a killed run to the identi
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import json
 import os
 import platform
@@ -40,7 +40,12 @@ def parse_args(argv=None):
     from fedpm_dnn.presets import PRESETS
 
     p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
-    p.add_argument("--dataset", choices=("cifar10", "cifar100", "femnist"), default="cifar10")
+    p.add_argument(
+        "--dataset",
+        choices=("cifar10", "cifar100", "femnist"),
+        default=None,
+        help="default: the preset's, else cifar10",
+    )
     p.add_argument("--data-dir", default=None, help="data folder (default: $FEDPM_DATA)")
     p.add_argument(
         "--cache-dir", default=None, help="where decoded JPEGs are cached (default: $FEDPM_CACHE or ~/.cache/fedpm)"
@@ -53,8 +58,19 @@ def parse_args(argv=None):
         help="ResNet18-GN's GroupNorm group count, a divisor of 64 (default 2; the paper does not state it)",
     )
     p.add_argument("--method", choices=METHODS, default="fedpm")
-    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="hyper-parameters of an appendix table")
-    p.add_argument("--alpha", type=common.positive_float, default=0.1, help="Dirichlet concentration")
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=None,
+        help="an appendix table: its setting (data set, alpha, clients, participants, local epochs, FOOF samples) "
+        "and the method's hyper-parameters; explicit flags override it (see docs/presets.md)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=common.positive_float,
+        default=None,
+        help="Dirichlet concentration (default: the preset's, else 0.1)",
+    )
     p.add_argument(
         "--split",
         choices=("relaysum", "dirichlet"),
@@ -63,7 +79,10 @@ def parse_args(argv=None):
         "of the mean size); dirichlet: plain per-class Dir(alpha)",
     )
     p.add_argument(
-        "--clients", type=common.positive_int, default=None, help="clients (default 10; FEMNIST: every writer)"
+        "--clients",
+        type=common.positive_int,
+        default=None,
+        help="clients (default: the preset's, else 10; FEMNIST: every writer)",
     )
     p.add_argument(
         "--augment",
@@ -79,9 +98,20 @@ def parse_args(argv=None):
         help="clients sampled per round (default: the preset's, else all)",
     )
     p.add_argument("--rounds", type=common.positive_int, default=100)
-    p.add_argument("--local-epochs", type=common.positive_int, default=None, help="default 5 (or the preset's)")
-    p.add_argument("--seed", type=common.seed_int, default=0)
-    p.add_argument("--foof-samples", choices=("64", "256", "1024", "all"), default=None)
+    p.add_argument("--local-epochs", type=common.positive_int, default=None, help="default: the preset's, else 5")
+    p.add_argument("--seed", type=common.seed_int, default=0, help="model initialisation, batches, client sampling")
+    p.add_argument(
+        "--split-seed",
+        type=common.seed_int,
+        default=None,
+        help="the data a run sees: the Dirichlet split and the --train-subset / --test-subset draws (default: --seed)",
+    )
+    p.add_argument(
+        "--foof-samples",
+        choices=("64", "256", "1024", "all"),
+        default=None,
+        help="samples per client for the FOOF matrices (default: the preset's, else all)",
+    )
     p.add_argument(
         "--train-subset",
         type=common.positive_int,
@@ -130,6 +160,19 @@ def parse_args(argv=None):
     g.add_argument("--mu", type=common.nonneg_float, help="FedProx proximal coefficient")
     g.add_argument("--momentum", type=common.nonneg_float, help="FedAvgM server momentum")
     g.add_argument("--server-lr", type=common.positive_float, help="FedAdam server learning rate")
+    g.add_argument(
+        "--momentum-form",
+        choices=("heavy-ball", "ema"),
+        help="FedAvgM's server momentum: ema v <- beta v + (1 - beta) Delta (default), or heavy-ball "
+        "v <- beta v + Delta (Hsu et al.; its step is up to 1/(1 - beta) times larger); see docs/presets.md",
+    )
+    g.add_argument(
+        "--bias-correction",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="FedAvgM (momentum; default on) and FedAdam (both moments; default off, as Reddi et al.): divide "
+        "by 1 - beta^t, as Adam does",
+    )
     g.add_argument("--damping", type=common.nonneg_float, help="FOOF damping (LocalNewton, FedPM)")
     g.add_argument("--batch-size", type=common.positive_int)
     g.add_argument("--refresh-every", type=common.positive_int, help="recompute FOOF matrices every s local steps")
@@ -161,24 +204,72 @@ def parse_args(argv=None):
         "decoupled: theta shrinks by lr*wd after the step",
     )
     args = p.parse_args(argv)
+    check_preset(p, args)
+    try:
+        args.resolved = resolve(args)
+    except ValueError as exc:  # the preset has no row for the method, or a flag's value does not fit it
+        p.error(str(exc))
+    args.dataset = args.resolved.settings["dataset"]
     if args.out is None:
         args.out = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")
     check_args(p, args)
     return args
 
 
-def check_args(p, args):
-    """Cross-flag consistency and the output folder, checked before any data is read."""
+# flags that a preset's setting or its method rows may supply (fedpm_dnn.presets.resolve): None = not given
+SETTING_FLAGS = ("dataset", "alpha", "clients", "participants", "local_epochs", "foof_samples")
+HYPERPARAMETER_FLAGS = (
+    *("lr", "clip", "weight_decay", "mu", "momentum", "server_lr", "momentum_form", "bias_correction", "damping"),
+    *("batch_size", "refresh_every", "weighting", "precond_dtype", "param_dtype", "precond_codec", "clip_stage"),
+    "weight_decay_mode",
+)
+
+
+def given_flags(args) -> dict:
+    """The flags given explicitly, as the values they stand for (--clip 0: no clip; --foof-samples all: every
+    sample, both None)."""
+    given = {k: getattr(args, k) for k in SETTING_FLAGS + HYPERPARAMETER_FLAGS if getattr(args, k) is not None}
+    if "clip" in given:
+        given["clip"] = given["clip"] or None
+    if "foof_samples" in given:
+        given["foof_samples"] = None if given["foof_samples"] == "all" else int(given["foof_samples"])
+    return given
+
+
+def resolve(args):
+    from fedpm_dnn.presets import resolve
+
+    return resolve(args.preset, args.method, given_flags(args))
+
+
+def check_preset(p, args):
+    """A preset's hyper-parameters belong to its data set: another --dataset is refused."""
     from fedpm_dnn.presets import PRESETS
 
-    if args.preset is not None:
+    if args.preset is not None and args.dataset is not None:
         setting = PRESETS[args.preset]["setting"]
-        if setting.get("dataset", args.dataset) != args.dataset:
+        if setting["dataset"] != args.dataset:
             p.error(f"--preset {args.preset} is for --dataset {setting['dataset']}, not {args.dataset}")
+
+
+def preset_warning(args) -> str | None:
+    """One line naming each flag that contradicts the preset's own setting (allowed: the flag wins)."""
+    conflicts = args.resolved.conflicts
+    if not conflicts:
+        return None
+    show = lambda k, v: f"{k.replace('_', '-')} {'all' if v is None and k in ('foof_samples', 'participants') else v}"  # noqa: E731
+    flags = ", ".join("--" + show(k, c["flag"]) for k, c in conflicts.items())
+    table = ", ".join(show(k, c["preset"]) for k, c in conflicts.items())
+    return f"{PROG}: warning: {flags} override{'s' if len(conflicts) == 1 else ''} preset {args.preset}'s {table}"
+
+
+def check_args(p, args):
+    """Cross-flag consistency and the output folder, checked before any data is read."""
+    clients = args.resolved.settings["clients"]
     if args.participants is not None and args.dataset != "femnist":  # FEMNIST's writers are counted at load
-        if args.clients is not None and args.participants > args.clients:
-            p.error(f"--participants {args.participants} exceeds --clients {args.clients}")
-        if args.clients is None and args.participants > 10:  # build()'s default
+        if clients is not None and args.participants > clients:
+            p.error(f"--participants {args.participants} exceeds --clients {clients}")
+        if clients is None and args.participants > 10:  # build()'s default
             p.error(f"--participants {args.participants} exceeds the 10 clients (default --clients)")
     if args.gn_groups is not None:
         if args.model != "resnet18gn":
@@ -201,13 +292,28 @@ def check_args(p, args):
 # flags that do not change what a run computes (where it writes, how it reports, how many rounds)
 # engine: the checkpoint records the resolved engine (fedpm_dnn.checkpoint.fingerprint), not the flag, so that
 # "auto" and the engine it stands for resume each other
+# resolved: the run's settings from its flags and preset, recorded as the settings themselves (below)
 # gn_groups: the resolved group count is in the model's entry of the fingerprint (fedpm_dnn.checkpoint)
-NOT_IN_FINGERPRINT = {"out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "gn_groups"}
+NOT_IN_FINGERPRINT = {
+    "out",
+    "resume",
+    "quiet",
+    "device",
+    "rounds",
+    "data_dir",
+    "cache_dir",
+    "engine",
+    "resolved",
+    "gn_groups",
+}
 
 
 def run_fingerprint(args) -> dict:
-    """The flags that shape the run, for the checkpoint's fingerprint (fedpm_dnn.checkpoint)."""
-    return {k: v for k, v in sorted(vars(args).items()) if k not in NOT_IN_FINGERPRINT}
+    """The flags that shape the run, for the checkpoint's fingerprint (fedpm_dnn.checkpoint), with the settings
+    as the run uses them: a setting given by its flag or by the preset is the same run (the method's own
+    hyper-parameters are in the fingerprint as its config)."""
+    flags = {k: v for k, v in vars(args).items() if k not in NOT_IN_FINGERPRINT}
+    return dict(sorted({**flags, **args.resolved.settings}.items()))
 
 
 def balanced_subset(labels, n, num_classes, seed):
@@ -225,9 +331,9 @@ def build(args):
     import torch
 
     from fedpm_dnn.client import ClientData
-    from fedpm_dnn.data import load_image_dataset, partition_table
+    from fedpm_dnn.data import effective_classes, load_image_dataset, partition_table
     from fedpm_dnn.data.partition import make_partition
-    from fedpm_dnn.presets import PRESETS, method_config
+    from fedpm_dnn.presets import PRESETS
     from fedpm_dnn.simulation import Experiment
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -238,40 +344,19 @@ def build(args):
         else ("cpu" if args.device == "auto" else args.device)
     )
     engine = AUTO_ENGINE[device] if args.engine == "auto" else args.engine
-    clip = None if args.clip == 0 else args.clip
-    cfg = method_config(
-        args.preset,
-        args.method,
-        lr=args.lr,
-        clip=clip,
-        weight_decay=args.weight_decay,
-        mu=args.mu,
-        momentum=args.momentum,
-        server_lr=args.server_lr,
-        damping=args.damping,
-        batch_size=args.batch_size,
-        refresh_every=args.refresh_every,
-        weighting=args.weighting,
-        precond_dtype=args.precond_dtype,
-        precond_codec=args.precond_codec,
-        param_dtype=args.param_dtype,
-        local_epochs=args.local_epochs,
-        clip_stage=args.clip_stage,
-        weight_decay_mode=args.weight_decay_mode,
-        foof_samples=None if args.foof_samples in (None, "all") else int(args.foof_samples),
-    )
-    if args.clip == 0:  # explicit "no clipping" overrides a preset's clip
-        cfg = dataclasses.replace(cfg, clip=None)
+    res = args.resolved
+    cfg, settings = res.config, res.settings
     data, natural = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
     x, y = data.x_train, data.y_train
-    setting = PRESETS[args.preset]["setting"] if args.preset else {}
+    n_clients = settings["clients"]
+    split_seed = args.seed if args.split_seed is None else args.split_seed
     if natural is not None:
         # FEMNIST (paper appendix): every writer is a client; --clients N keeps the first N writers
         if args.train_subset:
             raise ValueError("--train-subset does not apply to FEMNIST's writer partition; use --clients")
-        if args.clients and args.clients > len(natural):
-            raise ValueError(f"--clients {args.clients} exceeds the {len(natural)} writers of this FEMNIST folder")
-        parts = natural[: args.clients] if args.clients else natural
+        if n_clients and n_clients > len(natural):
+            raise ValueError(f"--clients {n_clients} exceeds the {len(natural)} writers of this FEMNIST folder")
+        parts = natural[:n_clients] if n_clients else natural
     else:
         if args.train_subset:
             if not data.num_classes <= args.train_subset <= len(y):
@@ -279,11 +364,11 @@ def build(args):
                     f"--train-subset {args.train_subset}: must be between the {data.num_classes} "
                     f"classes and the {len(y)} training images"
                 )
-            keep = balanced_subset(y, args.train_subset, data.num_classes, args.seed)
+            keep = balanced_subset(y, args.train_subset, data.num_classes, split_seed)
             x, y = x[keep], y[keep]
-        parts = make_partition(args.split, y, args.clients or 10, args.alpha, seed=args.seed)
-    participants = args.participants or setting.get("participants")
-    if participants and participants >= len(parts) and not args.participants:
+        parts = make_partition(args.split, y, n_clients or 10, settings["alpha"], seed=split_seed)
+    participants = settings["participants"]
+    if participants and participants >= len(parts) and "participants" not in res.from_flags:
         participants = None  # the preset samples more clients than this run has: everyone takes part
     xt, yt = data.x_test, data.y_test
     if args.test_subset:
@@ -292,7 +377,7 @@ def build(args):
                 f"--test-subset {args.test_subset}: must be between the {data.num_classes} "
                 f"classes and the {len(yt)} test images"
             )
-        keep = balanced_subset(yt, args.test_subset, data.num_classes, args.seed)
+        keep = balanced_subset(yt, args.test_subset, data.num_classes, split_seed)
         xt, yt = xt[keep], yt[keep]
     if participants and participants > len(parts):
         raise ValueError(f"--participants {participants} exceeds the {len(parts)} clients")
@@ -319,20 +404,30 @@ def build(args):
         max_ratio=args.max_ratio or None,
         gn_groups=args.gn_groups or 2,
     )
+    counts = partition_table(y, parts, data.num_classes)
     desc = {
         "dataset": data.name,
         "train_samples": int(len(y)),
         "test_samples": int(len(yt)),
         "num_classes": data.num_classes,
         "clients": len(parts),
-        "alpha": args.alpha if natural is None else None,
+        "alpha": settings["alpha"] if natural is None else None,
         "partition": args.split if natural is None else "natural (writers)",
+        "seed": args.seed,
+        "split_seed": split_seed if natural is None else None,
+        # exp of the entropy of each client's class shares, averaged: 1 = one class per client, C = all alike
+        "effective_classes_per_client": float(effective_classes(counts).mean()),
         "participants": participants or len(parts),
         "augment": args.augment,
         "client_sizes": [int(len(p)) for p in parts],
-        "class_counts": partition_table(y, parts, data.num_classes).tolist(),
+        "class_counts": counts.tolist(),
         "preset": args.preset,
         "preset_table": PRESETS[args.preset]["table"] if args.preset else None,
+        # where each setting and hyper-parameter came from; the rest are the defaults
+        "from_preset": res.from_preset,
+        "from_flags": res.from_flags,
+        "preset_overridden": res.conflicts,
+        "flags_not_applicable": list(res.not_applicable),
         "device": device,
         "engine": engine,
         "config": {"name": cfg.name, **cfg.hyperparameters()},
@@ -431,6 +526,9 @@ def main(argv=None) -> int:
         exp, desc = build(args)
     except (DatasetError, ValueError, OSError) as exc:
         common.fail(PROG, exc)
+    warning = preset_warning(args)  # after the checks: an error stays one line
+    if warning:
+        print(warning, file=sys.stderr)
     exp.meta["fingerprint"] = run_fingerprint(args)
     ckpt = os.path.join(args.out, "checkpoint.pt")
     try:

@@ -1,6 +1,8 @@
 """FedAdam (Reddi et al. 2021): FedAvg whose server step is Adam on the pseudo-gradient.
 
 beta1 = 0.9, beta2 = 0.99, tau = 1e-3 fixed and server_lr in {0.05, 0.03, 0.01} (paper appendix).
+``bias_correction`` (Adam's, on by default as in Test 1's runs) can be turned off, as in Reddi et al.'s
+Algorithm 2.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class FedAdam(FedAvg):
     beta1: float = Adam.b1
     beta2: float = Adam.b2
     tau: float = Adam.tau
+    bias_correction: bool = Adam.bias_correction
 
     def server_optimizer(self):
-        return Adam(self.server_lr, self.beta1, self.beta2, self.tau)
+        return Adam(self.server_lr, self.beta1, self.beta2, self.tau, self.bias_correction)

@@ -1,4 +1,8 @@
-"""FedAvgM (Hsu et al. 2019): FedAvg with server momentum v <- beta v + Delta, theta <- theta - server_lr v."""
+"""FedAvgM (Hsu et al. 2019): FedAvg with server momentum v <- beta v + Delta, theta <- theta - server_lr v.
+
+``momentum_form="ema"`` (v <- beta v + (1 - beta) Delta) and ``bias_correction`` are the other forms of
+``fedconvex.server_opt.Momentum``; the defaults (heavy-ball, no correction) are the ones Test 1 was run with.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,11 @@ class FedAvgM(FedAvg):
 
     momentum: float = Momentum.beta
     server_lr: float = Momentum.lr
+    momentum_form: str = Momentum.form
+    bias_correction: bool = Momentum.bias_correction
+
+    def __post_init__(self):
+        self.server_optimizer()  # an unknown momentum_form fails here, at construction
 
     def server_optimizer(self):
-        return Momentum(self.server_lr, self.momentum)
+        return Momentum(self.server_lr, self.momentum, self.momentum_form, self.bias_correction)

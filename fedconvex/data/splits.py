@@ -141,3 +141,13 @@ def client_class_counts(labels, parts) -> np.ndarray:
     labels = np.asarray(labels)
     classes = np.unique(labels)
     return np.stack([(labels[p][:, None] == classes[None, :]).sum(0) for p in parts])
+
+
+def effective_classes(counts) -> np.ndarray:
+    """Per client, exp of the entropy of its class shares (the perplexity): the number of equally held classes
+    that would be as mixed -- 1 for a client holding one class, C for one holding all C alike.  Classes a
+    client lacks add nothing (0 log 0 = 0)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    shares = counts / counts.sum(axis=1, keepdims=True)
+    logs = np.log(np.where(shares > 0, shares, 1.0))
+    return np.exp(-(shares * logs).sum(axis=1))

@@ -3,12 +3,13 @@
 from .cifar import DatasetError, ImageData, load_cifar_jpeg, load_cifar_pickle
 from .femnist import load_femnist
 from .loaders import load_image_dataset
-from .partition import dirichlet_partition, partition_table
+from .partition import dirichlet_partition, effective_classes, partition_table
 
 __all__ = [
     "DatasetError",
     "ImageData",
     "dirichlet_partition",
+    "effective_classes",
     "load_cifar_jpeg",
     "load_cifar_pickle",
     "load_femnist",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedconvex.data.splits import client_class_counts, dirichlet_split, relaysum_split
+from fedconvex.data.splits import client_class_counts, dirichlet_split, effective_classes, relaysum_split
 
 SPLITS = ("relaysum", "dirichlet")
 
@@ -41,6 +41,7 @@ def partition_table(labels, parts, num_classes: int) -> np.ndarray:
 __all__ = [
     "SPLITS",
     "client_class_counts",
+    "effective_classes",
     "dirichlet_partition",
     "make_partition",
     "partition_table",

@@ -182,3 +182,26 @@ def test_a_table_drawn_from_part_of_its_runs_says_so(tmp_path):
     assert f"INCOMPLETE: 1 of the profile's {len(main_runs)} runs missing (e.g. {main_runs[-1].name}" in md
     assert "INCOMPLETE" in open(os.path.join(out, "table_pvalues.md")).read()
     assert any("missing" in m for m in messages)
+
+
+def test_femnist_table_counts_finished_runs_and_gives_each_pvalue(tmp_path):
+    from figures.__main__ import femnist_table
+
+    root = str(tmp_path / "femnist")
+    accs = {"fedpm": [0.72, 0.74, 0.70], "fedavg": [0.53, 0.52, 0.55], "scaffold": [0.71, 0.75]}
+    for m, vals in accs.items():
+        for s, a in enumerate(vals):
+            _dnn_run(root, f"femnist-{m}-s{s}", a, rounds=100)
+    _dnn_run(root, "femnist-scaffold-s2", 0.99, rounds=40)  # in progress: its summary is not a result yet
+    messages = []
+    os.makedirs(tmp_path / "out")
+    femnist_table(root, str(tmp_path / "out"), "femnist", "", log=messages.append)
+    lines = (tmp_path / "out" / "table_femnist.md").read_text().splitlines()
+    rows = {
+        ln.split(" | ")[0].strip("| "): ln.split(" | ") for ln in lines if ln.startswith("| Fed") or "SCAFFOLD" in ln
+    }
+    assert rows["SCAFFOLD"][1:3] == ["73.0 ± 2.8", "2"] and rows["FedPM"][3] == "79.2 ± 1.7"
+    for label, m in (("FedAvg", "fedavg"), ("SCAFFOLD", "scaffold")):
+        p = mannwhitneyu(accs["fedpm"], accs[m], alternative="greater").pvalue
+        assert rows[label][4].strip(" |") == f"{p:.2f}"
+    assert "INCOMPLETE: 13 of the profile's 21 runs missing" in lines[0] and any("8 of 21" in m for m in messages)

@@ -205,3 +205,25 @@ def test_femnist_table_counts_finished_runs_and_gives_each_pvalue(tmp_path):
         p = mannwhitneyu(accs["fedpm"], accs[m], alternative="greater").pvalue
         assert rows[label][4].strip(" |") == f"{p:.2f}"
     assert "INCOMPLETE: 13 of the profile's 21 runs missing" in lines[0] and any("8 of 21" in m for m in messages)
+
+
+def test_the_femnist_profile_is_the_papers_table_and_only_selects_runs(tmp_path, capsys, monkeypatch):
+    import validation.experiments as ex
+    from fedpm_dnn.presets import PRESETS
+
+    runs = ex.plan("femnist")
+    assert [r.name for r in runs] == [f"femnist-{m}-s{s}" for m in ex.DNN_METHODS for s in (0, 1, 2)]
+    assert set(PRESETS["femnist"]["methods"]) == set(ex.DNN_METHODS)  # the table has a row for every method
+    for r in runs:
+        args = dict(zip(r.argv[::2], r.argv[1::2], strict=True))
+        assert args["--preset"] == "femnist" and args["--rounds"] == "100" and args["--threads"] == "1"
+        assert r.rounds == 100 and r.dataset == "femnist"
+    calls = []
+    monkeypatch.setattr(ex, "ensure", lambda profile, data_dir, results, only=None: calls.append(only))
+    assert ex.main(["--profile", "femnist", "--results", str(tmp_path), "--only", "femnist-fedpm-*"]) == 0
+    assert [r.name for r in runs if calls[0](r)] == ["femnist-fedpm-s0", "femnist-fedpm-s1", "femnist-fedpm-s2"]
+    ex.main(["--profile", "femnist", "--results", str(tmp_path), "--list", "--only", "*-s2"])
+    assert capsys.readouterr().out.split() == [w for m in ex.DNN_METHODS for w in ("todo", f"femnist-{m}-s2")]
+    with pytest.raises(SystemExit):
+        ex.main(["--profile", "femnist", "--only", "femnist-fedpn-*"])
+    assert "matches no run of profile femnist" in capsys.readouterr().err

@@ -132,3 +132,22 @@ def test_fedpm_on_flower_with_writers_as_clients_is_the_in_process_run(parts, tm
     check = cnn.in_process(FlowerRunConfig(**{**cfg.to_run_config(), "data_dir": str(parts / "p")}))
     np.testing.assert_allclose(check, ref, rtol=1e-5, atol=1e-6)
     assert np.abs(theta - cnn.flat_theta(dict(cnn.new_model(0, 62, 1, 28)[0].named_parameters()))).max() > 1e-3
+
+
+@pytest.mark.slow
+def test_fedpm_on_flowers_simulation_engine_with_writers_as_clients(parts, tmp_path, one_thread):
+    """Flower's simulation engine (one ClientApp per writer, reading its writer's folder): the in-process model."""
+    cfg = FlowerRunConfig(
+        problem="cnn",
+        method="fedpm",
+        clients=WRITERS,
+        participants=10,
+        rounds=2,
+        lr=0.1,
+        data_dir=str(parts / "p"),
+        out=str(tmp_path / "r.json"),
+    )
+    result = flower.run_flower(cfg, "simulation", 300)
+    cnn._CACHE.clear()
+    np.testing.assert_allclose(np.asarray(result["theta"]), cnn.in_process(cfg), rtol=1e-5, atol=1e-6)
+    assert [h["used"] for h in result["history"][1:]] == [10, 10]

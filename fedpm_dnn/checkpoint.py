@@ -65,6 +65,8 @@ def fingerprint(exp) -> dict:
             "data_hash": data_hash(exp.clients, exp.x_test, exp.y_test),
         }
     )
+    if exp.gn_groups != 2:  # recorded only off its default, so checkpoints from before the flag still resume
+        fp["gn_groups"] = int(exp.gn_groups)
     fp["config.name"] = exp.cfg.name
     fp.update({f"config.{k}": v for k, v in asdict(exp.cfg).items()})
     return fp

@@ -4,7 +4,10 @@ SimpleCNN: the CNN of MOON (Li et al. 2021) / CCVR (Luo et al. 2021) used for CI
 classifier only: MOON's projection head (two extra fc layers feeding its contrastive loss) is left
 out, since the paper trains with cross-entropy alone and is silent on the head.
 ResNet18-GN: ResNet-18 with the CIFAR stem (3x3 conv, no max-pool) and every BatchNorm
-replaced by GroupNorm (Wu & He 2018), which the paper uses for robustness to heterogeneity.
+replaced by GroupNorm (Wu & He 2018), which the paper uses for robustness to heterogeneity.  The paper
+does not state the group count: 2 is the default, as in the FL literature (``groups``).  Convolutions are
+initialised as the reference ResNets (He et al. 2015; torchvision): kaiming_normal_, fan-out, ReLU gain;
+GroupNorm starts as the identity (weight 1, bias 0).
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ class ResNet18GN(nn.Module):
             cin = cout
         self.layers = nn.Sequential(*layers)
         self.fc = nn.Linear(cin, num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def forward(self, x):
         x = F.relu(self.norm1(self.conv1(x)))
@@ -75,6 +81,7 @@ MODELS = {
 
 
 def make_model(name: str, num_classes: int, in_channels: int = 3, image_size: int = 32, groups: int = 2):
+    """``groups``: ResNet18-GN's GroupNorm group count (must divide 64, the narrowest layer's channels)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose {' or '.join(MODELS)}")
     return MODELS[name](num_classes, in_channels, image_size, groups)

@@ -64,6 +64,7 @@ class Experiment:
     engine: str = "sequential"  # or "vectorized": the participants trained together (fedpm_dnn.vectorized)
     max_ratio: float | None = None  # server magnitude guard (fedconvex.screening); None: off, as in the paper
     client_chunk: int | None = None  # vectorized: clients per chunk (None: from the free device memory)
+    gn_groups: int = 2  # ResNet18-GN's GroupNorm group count
 
 
 def _reset_peak_memory(device) -> None:
@@ -129,7 +130,7 @@ def build(exp: Experiment, tamper=None):
     """(task, driver, initial state) of the experiment."""
     alg, dev = exp.cfg, exp.device
     torch.manual_seed(exp.seed)
-    model = make_model(exp.model, exp.num_classes, exp.in_channels, exp.image_size).to(dev)
+    model = make_model(exp.model, exp.num_classes, exp.in_channels, exp.image_size, exp.gn_groups).to(dev)
     task = DnnTask(model, exp.clients, dev, exp.seed, exp.engine, exp.client_chunk)
     driver = make_driver(
         alg,

@@ -275,27 +275,37 @@ def flat_theta(theta: dict) -> np.ndarray:
 
 def in_process(cfg, tamper=None) -> np.ndarray:
     """The same method and data in fedpm_dnn's in-process simulator (sequential engine): final parameters,
-    flattened.  ``tamper(round, client, reply) -> reply``: fault injection (``run_experiment``)."""
+    flattened.  The data: the synthetic task, or the prepared data set (``cfg.data_dir``: every client
+    folder, read as its node reads it, and server/'s test set).  ``tamper(round, client, reply) -> reply``:
+    fault injection (``run_experiment``)."""
     import os
     import tempfile
 
     from fedpm_dnn.simulation import Experiment, run_experiment
 
-    parts, (xt, yt) = task(cfg)
-    clients = [ClientData(torch.as_tensor(x), torch.as_tensor(y), MEAN, STD) for x, y in parts]
+    classes, channels, image = shape(cfg)
+    if cfg.data_dir:
+        clients = [client_data(cfg, i) for i in range(cfg.clients)]
+        xt, yt, meta = prepared.load(prepared.server_folder(cfg.data_dir), "test.npz")
+        mean, std = tuple(meta["mean"]), tuple(meta["std"])
+    else:
+        parts, (xt, yt) = task(cfg)
+        clients = [ClientData(torch.as_tensor(x), torch.as_tensor(y), MEAN, STD) for x, y in parts]
+        mean, std = MEAN, STD
     exp = Experiment(
         cfg=algorithm(cfg),
         model="cnn",
-        num_classes=CLASSES,
+        num_classes=classes,
         clients=clients,
         x_test=torch.as_tensor(xt),
         y_test=torch.as_tensor(yt),
-        mean=MEAN,
-        std=STD,
+        mean=mean,
+        std=std,
         rounds=cfg.rounds,
         participants=cfg.participants or None,
         seed=cfg.seed,
-        image_size=IMAGE,
+        in_channels=channels,
+        image_size=image,
         max_ratio=cfg.max_ratio or None,
     )
     with tempfile.TemporaryDirectory() as tmp:

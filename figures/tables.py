@@ -17,15 +17,16 @@ def mean_std(values):
     return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
 
 
+def pvalues(best: dict, ours: str = "fedpm") -> dict:
+    """{method: one-sided Mann-Whitney U p-value of ``ours`` > method} over the seeds' best accuracies."""
+    if ours not in best:
+        return {}
+    return {m: float(mannwhitneyu(best[ours], v, alternative="greater").pvalue) for m, v in best.items() if m != ours}
+
+
 def max_pvalue(best: dict, ours: str = "fedpm", exclude=()):
     """Largest one-sided Mann-Whitney U p-value of ``ours`` > each other method (paper appendix)."""
-    if ours not in best:
-        return None
-    ps = [
-        mannwhitneyu(best[ours], v, alternative="greater").pvalue
-        for m, v in best.items()
-        if m != ours and m not in exclude
-    ]
+    ps = [p for m, p in pvalues(best, ours).items() if m not in exclude]
     return max(ps) if ps else None
 
 

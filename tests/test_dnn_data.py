@@ -1,5 +1,6 @@
 """Image loaders on small generated files of every supported format; partitions; augmentation."""
 
+import gzip
 import io
 import json
 import os
@@ -18,7 +19,7 @@ from fedpm_dnn.data import (  # noqa: E402
     DatasetError,
     dirichlet_partition,
     load_cifar_jpeg,
-    load_cifar_pickle,  # noqa: E402
+    load_cifar_pickle,
     load_femnist,
     load_image_dataset,
     partition_table,
@@ -148,7 +149,8 @@ def test_jpeg_split_across_two_zips_and_errors(tmp_path, rng, monkeypatch):
         load_image_dataset("cifar10", None)
 
 
-def make_leaf(root, rng, users=("w1", "w2", "w3")):
+def make_leaf(root, rng, users=("w1", "w2", "w3"), gz=False):
+    """A LEAF folder; gz=True writes LEAF's JSON gzip-compressed (*.json.gz), as the shared copy holds it."""
     for split, n in (("train", 4), ("test", 2)):
         os.makedirs(os.path.join(root, split))
         data = {
@@ -158,7 +160,8 @@ def make_leaf(root, rng, users=("w1", "w2", "w3")):
                 u: {"x": rng.random((n, 784)).round(3).tolist(), "y": rng.integers(0, 62, n).tolist()} for u in users
             },
         }
-        with open(os.path.join(root, split, f"all_data_0_{split}.json"), "w") as fh:
+        name = os.path.join(root, split, f"all_data_0_{split}.json")
+        with gzip.open(name + ".gz", "wt") if gz else open(name, "w") as fh:
             json.dump(data, fh)
 
 
@@ -173,6 +176,28 @@ def test_femnist_leaf_json(tmp_path, rng):
     bad.write_text(json.dumps({"users": ["w1"], "user_data": {"w1": {"x": [[0.0] * 10], "y": [1]}}}))
     with pytest.raises(DatasetError, match="expected \\(n, 784\\)"):
         load_femnist(str(tmp_path))
+
+
+def test_femnist_reads_json_gz_as_the_same_data_as_json(tmp_path):
+    plain, packed, mixed = tmp_path / "plain", tmp_path / "packed", tmp_path / "mixed"
+    make_leaf(str(plain), np.random.default_rng(5))
+    make_leaf(str(packed), np.random.default_rng(5), gz=True)
+    assert not list(packed.glob("*/*.json")) and len(list(packed.glob("*/*.json.gz"))) == 2
+    # one split plain, the other gzipped, and a second gzipped shard of new writers beside a plain one
+    make_leaf(str(mixed), np.random.default_rng(5))
+    make_leaf(str(tmp_path / "more"), np.random.default_rng(6), users=("w4", "w5"), gz=True)
+    for split in ("train", "test"):
+        (mixed / split / "more.json.gz").write_bytes(
+            (tmp_path / "more" / split / f"all_data_0_{split}.json.gz").read_bytes()
+        )
+    a, pa, ua = load_femnist(str(plain))
+    b, pb, ub = load_femnist(str(packed))
+    assert ua == ub and all(np.array_equal(x, y) for x, y in zip(pa, pb, strict=True))
+    for f in ("x_train", "y_train", "x_test", "y_test"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+    c, pc, uc = load_femnist(str(mixed))
+    assert uc == ["w1", "w2", "w3", "w4", "w5"] and [len(p) for p in pc] == [4] * 5
+    np.testing.assert_array_equal(c.x_train[:12], a.x_train)
 
 
 @settings(max_examples=30, deadline=None)

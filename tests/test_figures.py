@@ -197,3 +197,48 @@ def test_data_distribution_shows_the_effective_classes_per_client(tmp_path):
     # per client 2, 1 and 2^1.5 effective classes (exp of the entropy of its class shares): mean 1.94
     assert "1.94 effective classes per client" in title and "split seed 7" in title
     assert [t.get_text().split("\n")[2] for t in fig.axes[0].get_xticklabels()] == ["2.0", "1.0", "2.8"]
+
+
+def test_femnist_table_counts_finished_runs_and_gives_each_pvalue(tmp_path):
+    from figures.__main__ import femnist_table
+
+    root = str(tmp_path / "femnist")
+    accs = {"fedpm": [0.72, 0.74, 0.70], "fedavg": [0.53, 0.52, 0.55], "scaffold": [0.71, 0.75]}
+    for m, vals in accs.items():
+        for s, a in enumerate(vals):
+            _dnn_run(root, f"femnist-{m}-s{s}", a, rounds=100)
+    _dnn_run(root, "femnist-scaffold-s2", 0.99, rounds=40)  # in progress: its summary is not a result yet
+    messages = []
+    os.makedirs(tmp_path / "out")
+    femnist_table(root, str(tmp_path / "out"), "femnist", "", log=messages.append)
+    lines = (tmp_path / "out" / "table_femnist.md").read_text().splitlines()
+    rows = {
+        ln.split(" | ")[0].strip("| "): ln.split(" | ") for ln in lines if ln.startswith("| Fed") or "SCAFFOLD" in ln
+    }
+    assert rows["SCAFFOLD"][1:3] == ["73.0 ± 2.8", "2"] and rows["FedPM"][3] == "79.2 ± 1.7"
+    for label, m in (("FedAvg", "fedavg"), ("SCAFFOLD", "scaffold")):
+        p = mannwhitneyu(accs["fedpm"], accs[m], alternative="greater").pvalue
+        assert rows[label][4].strip(" |") == f"{p:.2f}"
+    assert "INCOMPLETE: 13 of the profile's 21 runs missing" in lines[0] and any("8 of 21" in m for m in messages)
+
+
+def test_the_femnist_profile_is_the_papers_table_and_only_selects_runs(tmp_path, capsys, monkeypatch):
+    import validation.experiments as ex
+    from fedpm_dnn.presets import PRESETS
+
+    runs = ex.plan("femnist")
+    assert [r.name for r in runs] == [f"femnist-{m}-s{s}" for m in ex.DNN_METHODS for s in (0, 1, 2)]
+    assert set(PRESETS["femnist"]["methods"]) == set(ex.DNN_METHODS)  # the table has a row for every method
+    for r in runs:
+        args = dict(zip(r.argv[::2], r.argv[1::2], strict=True))
+        assert args["--preset"] == "femnist" and args["--rounds"] == "100" and args["--threads"] == "1"
+        assert r.rounds == 100 and r.dataset == "femnist"
+    calls = []
+    monkeypatch.setattr(ex, "ensure", lambda profile, data_dir, results, only=None: calls.append(only))
+    assert ex.main(["--profile", "femnist", "--results", str(tmp_path), "--only", "femnist-fedpm-*"]) == 0
+    assert [r.name for r in runs if calls[0](r)] == ["femnist-fedpm-s0", "femnist-fedpm-s1", "femnist-fedpm-s2"]
+    ex.main(["--profile", "femnist", "--results", str(tmp_path), "--list", "--only", "*-s2"])
+    assert capsys.readouterr().out.split() == [w for m in ex.DNN_METHODS for w in ("todo", f"femnist-{m}-s2")]
+    with pytest.raises(SystemExit):
+        ex.main(["--profile", "femnist", "--only", "femnist-fedpn-*"])
+    assert "matches no run of profile femnist" in capsys.readouterr().err

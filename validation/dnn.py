@@ -57,6 +57,12 @@ def build_parser():
         "--cache-dir", default=None, help="where decoded JPEGs are cached (default: $FEDPM_CACHE or ~/.cache/fedpm)"
     )
     p.add_argument("--model", choices=("cnn", "resnet18gn"), default="cnn")
+    p.add_argument(
+        "--gn-groups",
+        type=common.positive_int,
+        default=None,
+        help="ResNet18-GN's GroupNorm group count, a divisor of 64 (default 2; the paper does not state it)",
+    )
     p.add_argument("--method", choices=METHODS, default="fedpm")
     p.add_argument(
         "--preset",
@@ -287,6 +293,11 @@ def check_args(p, args):
         if clients is None and args.participants > DEFAULT_CLIENTS:
             p.error(f"--participants {args.participants} exceeds the {DEFAULT_CLIENTS} clients (default --clients)")
     common.check_max_ratio(p, args)
+    if args.gn_groups is not None:
+        if args.model != "resnet18gn":
+            p.error(f"--gn-groups applies to --model resnet18gn, not to --model {args.model}")
+        if 64 % args.gn_groups:
+            p.error(f"--gn-groups {args.gn_groups}: must divide 64, the channels of ResNet18-GN's first layer")
     if args.client_chunk is not None and args.engine == "sequential":
         p.error("--client-chunk applies to --engine vectorized (or auto on a GPU), not to --engine sequential")
     common.check_out_arg(p, args.out, kind=OUTPUT)
@@ -314,6 +325,8 @@ def checkpoint_conflict(args) -> str | None:
 # resolved: derived from the flags and the preset (run_fingerprint adds the alpha it resolved to)
 NOT_IN_FINGERPRINT = {
     *("out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "deadline", "resolved")
+    # gn_groups: the resolved group count is in the model's entry of the fingerprint (fedpm_dnn.checkpoint)
+    + ("gn_groups",)
 }
 
 
@@ -466,6 +479,7 @@ def build(args):
         engine=engine,
         client_chunk=args.client_chunk,
         max_ratio=args.max_ratio or None,
+        gn_groups=args.gn_groups or 2,
     )
     counts = partition_table(y, parts, data.num_classes)
     desc = {
@@ -495,6 +509,8 @@ def build(args):
         "engine": engine,
         "config": {"name": cfg.name, **cfg.hyperparameters()},
     }
+    if args.model == "resnet18gn":
+        desc["gn_groups"] = exp.gn_groups
     if data.source == "jpeg":
         desc["note"] = (
             "CIFAR-10 JPEG copy (lossy re-encoding): accuracies are close to, not identical with, the original"

@@ -11,6 +11,10 @@ Profiles:
          CIFAR-10 training images, 10 clients, alpha = 0.1, 5 local epochs, 20 rounds, seed 0, FedAvg,
          SCAFFOLD, LocalNewton and FedPM with the paper's table (no ablations).
   smoke  4 tiny CIFAR-10 runs (120 images, 3 clients, 3 rounds): checks the machinery in about a minute.
+  femnist  FEMNIST's table: LEAF's writers as clients (10 sampled per round, 5 local epochs), 100 rounds,
+         the 7 methods x seeds 0-2 with the paper's FEMNIST hyper-parameters (--preset femnist).
+         --only GLOB (repeatable) restricts any profile to the runs whose names match, e.g. to run
+         two halves of a profile side by side.
 Each run writes results/<profile>/<name>/{history.csv, summary.json} (summary.json holds the exact
 command and versions).  The results folder is the only state (validation/sweep.py): a done run is not
 recomputed, a partial one continues from its checkpoint, in a fixed priority order.  The runs the repository
@@ -24,6 +28,7 @@ them without recomputing; reference/ itself is only read.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 import sys
@@ -126,11 +131,48 @@ PROFILES = {
         convex=False,
         label="smoke profile: 120 CIFAR-10 images, 3 clients, 3 rounds, 2 seeds (checks the pipeline, not the paper)",
     ),
+    "femnist": dict(
+        seeds=(0, 1, 2),
+        rounds=100,
+        subset=[],
+        datasets=("femnist",),
+        label="femnist profile: LEAF FEMNIST writers, 10 per round, 5 local epochs, 100 rounds, 3 seeds",
+    ),
 }
+
+
+def femnist_plan(p: dict) -> list[Run]:
+    """The paper's FEMNIST table: every method with its preset row (participants and epochs from the preset)."""
+    return [
+        Run(
+            f"femnist-{m}-s{s}",
+            "dnn",
+            # one torch thread: the float32 sums, and so every digit of the history, are those of the reference
+            (
+                "--dataset",
+                "femnist",
+                "--method",
+                m,
+                "--preset",
+                "femnist",
+                "--rounds",
+                str(p["rounds"]),
+                "--seed",
+                str(s),
+            )
+            + ("--threads", "1"),
+            p["rounds"],
+            "femnist",
+        )
+        for m in DNN_METHODS
+        for s in p["seeds"]
+    ]
 
 
 def plan(profile: str) -> list[Run]:
     p = PROFILES[profile]
+    if p["datasets"] == ("femnist",):
+        return femnist_plan(p)
     runs = [Run(f"superlinear-{d}", "superlinear", ("--dataset", d, "--quiet")) for d in ("w8a", "a9a")]
     # FedPM (K = 1, lr 1: Newton) per preconditioner codec; FedNL comes from superlinear-<dataset>
     runs += [
@@ -529,9 +571,21 @@ def main(argv=None) -> int:
     )
     add_sweep_args(p)
     add_run_args(p)
+    p.add_argument(
+        "--only", action="append", metavar="GLOB", help="only the runs whose names match (repeatable; see --list)"
+    )
     args = p.parse_args(argv)
-    only = check_run_args(p, args)
+    by_seed = check_run_args(p, args)
     check_results_arg(p, args.results)
+    by_name = None
+    if args.only:
+        names = [r.name for r in plan(args.profile)]
+        for g in args.only:
+            if not fnmatch.filter(names, g):
+                p.error(f"--only {g}: matches no run of profile {args.profile} (see --list)")
+        by_name = lambda r: any(fnmatch.fnmatchcase(r.name, g) for g in args.only)  # noqa: E731
+    # --seed and --only together: the runs both select
+    only = None if by_seed is None and by_name is None else lambda r: all(f(r) for f in (by_seed, by_name) if f)
     if args.list:
         from validation.sweep import listing
 

@@ -194,8 +194,6 @@ def parse_args(argv=None):
             p.error("--data-dir applies to --problem cnn only")
         if not os.path.isfile(os.path.join(args.data_dir, "server", "meta.json")):
             p.error(f"--data-dir {args.data_dir}: not a folder written by `python -m validation.flower prepare`")
-        if args.check:
-            p.error("--check compares with the in-process run on the synthetic task; drop --data-dir")
         from fedpm_flower import prepared
 
         try:

@@ -1,9 +1,12 @@
 """Write a federated image data set for Flower: each client's partition in a folder of its own.
 
     python -m validation.flower prepare --dataset cifar10 --data-dir DATA --clients 3 --out DIR
+    python -m validation.flower prepare --dataset femnist --data-dir LEAF --out DIR
 
 The split is validation.dnn's (RelaySum's capped Dirichlet, --alpha, --seed); --train-subset /
---test-subset take class-balanced subsets first (CPU-sized runs), as in validation.dnn.  Then start
+--test-subset take class-balanced subsets first (CPU-sized runs), as in validation.dnn.  FEMNIST's
+clients are its writers, in the loader's order (client-i holds writer i's training images alone;
+--clients N keeps the first N writers, as validation.dnn; the test set is every writer's).  Then start
 SuperNode i with ``--node-config "partition-id=i data-dir='DIR/client-i'"`` (the local deployment of
 validation.flower does that for --data-dir DIR).
 """
@@ -19,17 +22,25 @@ PROG = "python -m validation.flower prepare"
 
 def parse_args(argv):
     p = common.OneLineParser(prog=PROG, doc=__doc__)
-    p.add_argument("--dataset", choices=("cifar10", "cifar100"), default="cifar10")
+    p.add_argument("--dataset", choices=("cifar10", "cifar100", "femnist"), default="cifar10")
     p.add_argument("--data-dir", default=None, help="data folder (default: $FEDPM_DATA)")
     p.add_argument("--cache-dir", default=None)
-    p.add_argument("--clients", type=common.positive_int, default=3)
-    p.add_argument("--alpha", type=common.positive_float, default=0.1, help="Dirichlet concentration")
-    p.add_argument("--split", choices=("relaysum", "dirichlet"), default="relaysum")
+    p.add_argument("--clients", type=common.positive_int, default=None, help="default 3; FEMNIST: every writer")
+    p.add_argument("--alpha", type=common.positive_float, default=None, help="Dirichlet concentration (default 0.1)")
+    p.add_argument("--split", choices=("relaysum", "dirichlet"), default=None, help="default relaysum")
     p.add_argument("--seed", type=common.seed_int, default=0)
     p.add_argument("--train-subset", type=common.positive_int, default=None)
     p.add_argument("--test-subset", type=common.positive_int, default=None)
     p.add_argument("--out", required=True, help="the folder to write (client-<i>/, server/, meta.json)")
     args = p.parse_args(argv)
+    if args.dataset == "femnist":
+        for flag, value in (("--alpha", args.alpha), ("--split", args.split), ("--train-subset", args.train_subset)):
+            if value is not None:
+                p.error(f"{flag} does not apply to --dataset femnist: its clients are its writers (use --clients)")
+    else:
+        args.clients = args.clients or 3
+        args.alpha = 0.1 if args.alpha is None else args.alpha
+        args.split = args.split or "relaysum"
     if (
         not os.path.islink(args.out)
         and os.path.exists(args.out)
@@ -58,7 +69,7 @@ def prepare(args) -> None:
     from validation.dnn import balanced_subset
     from validation.outputs import ResultDir
 
-    data, _ = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
+    data, natural = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
     x, y, xt, yt = data.x_train, data.y_train, data.x_test, data.y_test
     for flag, n, have, what in (
         ("--train-subset", args.train_subset, len(y), "training"),
@@ -72,7 +83,12 @@ def prepare(args) -> None:
     if args.test_subset:
         keep = balanced_subset(yt, args.test_subset, data.num_classes, args.seed)
         xt, yt = xt[keep], yt[keep]
-    parts = make_partition(args.split, y, args.clients, args.alpha, seed=args.seed)
+    if natural is not None:  # FEMNIST: one client per writer, as validation.dnn
+        if args.clients and args.clients > len(natural):
+            raise ValueError(f"--clients {args.clients} exceeds the {len(natural)} writers of this FEMNIST folder")
+        parts = natural[: args.clients] if args.clients else natural
+    else:
+        parts = make_partition(args.split, y, args.clients, args.alpha, seed=args.seed)
     meta = {
         "dataset": data.name,
         "num_classes": int(data.num_classes),
@@ -81,7 +97,7 @@ def prepare(args) -> None:
         "mean": list(data.mean),
         "std": list(data.std),
         "clients": len(parts),
-        "split": args.split,
+        "split": args.split or "natural (writers)",
         "alpha": args.alpha,
         "seed": args.seed,
         "client_sizes": [int(len(p)) for p in parts],

@@ -50,7 +50,7 @@ class GraphedDirections:
             self.outputs = self._solve()
 
     def _solve(self) -> dict:
-        return {b: foof.solve_rows(T, *self._factors[b]) for b, T in self.inputs.items()}
+        return {b: foof.direction(T, self._factors[b]) for b, T in self.inputs.items()}
 
     def replay(self) -> dict:
         self.graph.replay()
@@ -68,5 +68,6 @@ def capture(factors: dict, shapes: dict, dtype, device):
                 f"CUDA graph capture of the FOOF solves failed ({type(exc).__name__}: {exc}); "
                 f"using eager solves (set {ENV}=0 to skip the attempt)",
                 RuntimeWarning,
+                stacklevel=2,
             )
         return None

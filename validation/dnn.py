@@ -126,6 +126,13 @@ def parse_args(argv=None):
     g.add_argument("--server-lr", type=common.positive_float, help="FedAdam server learning rate")
     g.add_argument("--damping", type=common.nonneg_float, help="FOOF damping (LocalNewton, FedPM)")
     g.add_argument("--batch-size", type=common.positive_int)
+    g.add_argument(
+        "--foof-apply",
+        choices=("solve", "inverse", "auto"),
+        help="how a local step applies (A + lam I)^{-1} (LocalNewton, FedPM): solve (default: two triangular "
+        "solves with the Cholesky factor), inverse (one product with the inverse formed once per round, as the "
+        "paper's cost table counts), auto (the measured rule of docs/stacking.md)",
+    )
     g.add_argument("--refresh-every", type=common.positive_int, help="recompute FOOF matrices every s local steps")
     g.add_argument("--weighting", choices=("uniform", "samples"))
     g.add_argument("--precond-dtype", choices=("float32", "float16"), help="dtype FedPM's matrices travel in")
@@ -239,6 +246,7 @@ def build(args):
         damping=args.damping,
         batch_size=args.batch_size,
         refresh_every=args.refresh_every,
+        foof_apply=args.foof_apply,
         weighting=args.weighting,
         precond_dtype=args.precond_dtype,
         precond_codec=args.precond_codec,

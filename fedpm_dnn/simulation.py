@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import resource
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -102,11 +103,16 @@ def from_server_view(server: dict, clients: list) -> State:
     return State(theta=server["params"], server=rest, clients=clients, round=server["round"])
 
 
+# the initial model comes from torch's global generator: runs built in threads (fedpm_dnn.run_stack) take turns
+_SEEDED = threading.Lock()
+
+
 def build(exp: Experiment, tamper=None):
     """(task, driver, initial state) of the experiment."""
     alg, dev = exp.cfg, exp.device
-    torch.manual_seed(exp.seed)
-    model = make_model(exp.model, exp.num_classes, exp.in_channels, exp.image_size).to(dev)
+    with _SEEDED:
+        torch.manual_seed(exp.seed)
+        model = make_model(exp.model, exp.num_classes, exp.in_channels, exp.image_size).to(dev)
     task = DnnTask(model, exp.clients, dev, exp.seed, exp.engine, exp.client_chunk)
 
     def finite(state):
@@ -128,13 +134,20 @@ def build(exp: Experiment, tamper=None):
     return task, driver, alg.init(task, task.initial_params())
 
 
-def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool = False, on_round=None, tamper=None):
-    """Run (or resume) the experiment; returns the list of per-round history rows (round 1 first).
+def run_experiment(
+    exp: Experiment, checkpoint: str | None = None, resume: bool = False, on_round=None, tamper=None, engine=None
+):
+    """Run (or resume) the experiment; returns the list of per-round history rows (round 1 first).  ``engine``:
+    where the vectorized engine's rounds go instead of a private engine (a ``run_stack.StackMember``).
 
     Replies are screened before aggregation (wrong shape, NaN/Inf, non-PSD FOOF matrix: the client is
     rejected with a logged reason, the others' weights renormalised; with none left the round is
     skipped and the model kept).  ``tamper(round, client, reply) -> reply`` injects faults for tests."""
     task, driver, state = build(exp, tamper)
+    if engine is not None:
+        if exp.engine != "vectorized":
+            raise ValueError("stacked runs train on the vectorized engine")
+        task.engine_state = engine
     n = task.n_clients
     rng = np.random.default_rng(exp.seed)
     history = []
@@ -153,7 +166,6 @@ def run_experiment(exp: Experiment, checkpoint: str | None = None, resume: bool 
                 f"{checkpoint}: damaged checkpoint (random generator state: {exc}); remove it or choose another --out"
             ) from None
     wall0 = time.perf_counter() - (history[-1]["wall_seconds"] if history else 0.0)
-    round_start = [0.0]
     _reset_peak_memory(exp.device)
 
     def after_round(state, history, rng):

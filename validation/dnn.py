@@ -5,11 +5,17 @@
 
 Writes DIR/history.csv, DIR/summary.json (with the per-client class-count table) and
 DIR/checkpoint.pt every round; ``--resume`` continues a killed run to the identical result.
+
+``--seeds 0,1,2`` and ``--alpha 0.1,1.0`` (lists: one run per combination) train the runs together as one
+stack on the vectorized engine (``fedpm_dnn.run_stack``); DIR is then the parent of one folder per run, named as
+``validation.experiments`` names its main runs (main-<dataset>-a<alpha>-<method>-s<seed>, or ``--run-names``).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import itertools
 import json
 import os
 import platform
@@ -48,7 +54,12 @@ def parse_args(argv=None):
     p.add_argument("--model", choices=("cnn", "resnet18gn"), default="cnn")
     p.add_argument("--method", choices=METHODS, default="fedpm")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="hyper-parameters of an appendix table")
-    p.add_argument("--alpha", type=common.positive_float, default=0.1, help="Dirichlet concentration")
+    p.add_argument(
+        "--alpha",
+        type=alpha_list,
+        default=["0.1"],
+        help="Dirichlet concentration, or a comma-separated list (one run per value, stacked)",
+    )
     p.add_argument(
         "--split",
         choices=("relaysum", "dirichlet"),
@@ -74,7 +85,21 @@ def parse_args(argv=None):
     )
     p.add_argument("--rounds", type=common.positive_int, default=100)
     p.add_argument("--local-epochs", type=common.positive_int, default=None, help="default 5 (or the preset's)")
-    p.add_argument("--seed", type=common.seed_int, default=0)
+    p.add_argument("--seed", type=common.seed_int, default=None, help="default 0")
+    p.add_argument(
+        "--seeds",
+        type=seed_list,
+        default=None,
+        help="comma-separated seeds: one run per seed (and --alpha value), trained together as one stack on the "
+        "vectorized engine; --out becomes their parent folder",
+    )
+    p.add_argument(
+        "--run-names",
+        type=lambda t: t.split(","),
+        default=None,
+        help="a stack's run folders under --out, comma-separated, in the order seeds x alphas (default "
+        "main-<dataset>-a<alpha>-<method>-s<seed>, validation.experiments' names)",
+    )
     p.add_argument("--foof-samples", choices=("64", "256", "1024", "all"), default=None)
     p.add_argument(
         "--train-subset",
@@ -162,10 +187,64 @@ def parse_args(argv=None):
         "decoupled: theta shrinks by lr*wd after the step",
     )
     args = p.parse_args(argv)
-    if args.out is None:
-        args.out = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")
-    check_args(p, args)
+    if args.seeds is not None and args.seed is not None:
+        p.error("--seed and --seeds exclude each other")
+    seeds = args.seeds or [0 if args.seed is None else args.seed]
+    args.alphas = args.alpha
+    args.seed, args.alpha = seeds[0], float(args.alphas[0])
+    combos = list(itertools.product(seeds, args.alphas))
+    args.runs = []
+    if len(combos) > 1 or args.seeds is not None or args.run_names is not None:
+        check_stack_args(p, args, combos)
+    else:
+        if args.out is None:
+            args.out = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")
+        check_args(p, args)
     return args
+
+
+def alpha_list(text):
+    """--alpha: one Dirichlet concentration or a comma-separated list (kept as typed: they name run folders)."""
+    parts = text.split(",")
+    for t in parts:
+        common.positive_float(t)
+    if len(set(parts)) != len(parts):
+        raise argparse.ArgumentTypeError(f"repeated value in {text}")
+    return parts
+
+
+def seed_list(text):
+    seeds = [common.seed_int(t) for t in text.split(",")]
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"repeated seed in {text}")
+    return seeds
+
+
+def stack_run_name(dataset: str, alpha: str, method: str, seed: int) -> str:
+    """A stacked run's folder: validation.experiments' name for the main run of these settings."""
+    return f"main-{dataset}-a{alpha}-{method}-s{seed}"
+
+
+def check_stack_args(p, args, combos):
+    """Several runs (--seeds / --alpha lists): args.runs gets one namespace per run, its own seed, alpha and folder
+    under --out; a run folder with a checkpoint continues under --resume, one without starts."""
+    if args.engine == "sequential":
+        p.error("--seeds / --alpha lists train the runs as one stack on the vectorized engine, not --engine sequential")
+    names = args.run_names or [stack_run_name(args.dataset, a, args.method, s) for s, a in combos]
+    if len(names) != len(combos):
+        p.error(f"--run-names: {len(names)} names for {len(combos)} runs (seeds x alphas)")
+    if len(set(names)) != len(names) or any(not n or os.sep in n or n in (".", "..") for n in names):
+        p.error("--run-names: names must be distinct plain folder names")
+    if args.out is None:
+        args.out = os.path.join("results", f"dnn-stack-{args.dataset}-{args.method}")
+    if os.path.lexists(args.out) and not os.path.isdir(args.out):
+        p.error(f"--out {args.out}: exists and is not a folder; choose another --out")
+    for (seed, alpha), name in zip(combos, names, strict=True):
+        run = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "runs"})
+        run.seed, run.alpha, run.alphas, run.out = seed, float(alpha), [alpha], os.path.join(args.out, name)
+        run.resume = args.resume and os.path.isfile(os.path.join(run.out, "checkpoint.pt"))
+        check_args(p, run)
+        args.runs.append(run)
 
 
 def check_args(p, args):
@@ -197,7 +276,22 @@ def check_args(p, args):
 # flags that do not change what a run computes (where it writes, how it reports, how many rounds)
 # engine: the checkpoint records the resolved engine (fedpm_dnn.checkpoint.fingerprint), not the flag, so that
 # "auto" and the engine it stands for resume each other
-NOT_IN_FINGERPRINT = {"out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine"}
+# seeds, alphas, run_names, runs: how a stack is given (each run's fingerprint has its own seed and alpha), so a
+# stacked run and the same run alone resume each other
+NOT_IN_FINGERPRINT = {
+    "out",
+    "resume",
+    "quiet",
+    "device",
+    "rounds",
+    "data_dir",
+    "cache_dir",
+    "engine",
+    "seeds",
+    "alphas",
+    "run_names",
+    "runs",
+}
 
 
 def run_fingerprint(args) -> dict:
@@ -420,6 +514,8 @@ def main(argv=None) -> int:
     from fedpm_dnn.simulation import run_experiment
 
     command = PROG + " " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    if args.runs:
+        return main_stack(args, command)
     try:
         exp, desc = build(args)
     except (DatasetError, ValueError, OSError) as exc:
@@ -463,6 +559,80 @@ def main(argv=None) -> int:
     print(f"wrote {args.out}/history.csv, summary.json, checkpoint.pt")
     print(f"reproduce: {command}")
     return 0
+
+
+def main_stack(args, command) -> int:
+    """The runs of ``args.runs`` trained as one stack (``fedpm_dnn.run_stack``), each writing its own folder as a
+    single run does; a run that fails says why in one line and in its summary, the others go on."""
+    from fedpm_dnn.data import DatasetError
+    from fedpm_dnn.run_stack import run_stack
+
+    runs = args.runs
+    built = []
+    for run in runs:
+        if run.engine == "auto":
+            run.engine = "vectorized"
+        try:
+            exp, desc = build(run)
+        except (DatasetError, ValueError, OSError) as exc:
+            common.fail(PROG, exc)
+        exp.meta["fingerprint"] = run_fingerprint(run)
+        built.append((exp, {**desc, "stack": {"runs": [os.path.basename(r.out) for r in runs]}}))
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        opened = [open_out(run.out) for run in runs]
+    except OSError as exc:
+        common.fail(PROG, exc)
+    bar = Progress(args.rounds * len(runs), f"{args.method} x{len(runs)} runs", enabled=not args.quiet)
+
+    def on_round(run, desc):
+        def write(row, history):
+            bar.update(1, f"{os.path.basename(run.out)} round {row['round']} acc {row['test_acc']:.3f}")
+            write_outputs(run.out, history, summarize(desc, history, command))
+
+        return write
+
+    ckpts = [os.path.join(run.out, "checkpoint.pt") for run in runs]
+    start = time.perf_counter()
+    try:
+        with sigterm_as_exit():
+            results = run_stack(
+                [exp for exp, _ in built],
+                ckpts,
+                [run.resume for run in runs],
+                [on_round(r, d) for r, (_, d) in zip(runs, built, strict=True)],
+            )
+    except BaseException as exc:
+        for run, ck, state in zip(runs, ckpts, opened, strict=True):
+            if not os.path.exists(ck):
+                undo_open_out(run.out, state)
+        if isinstance(exc, KeyboardInterrupt):
+            raise type(exc)(f"{args.out}: every run keeps the rounds done so far; --resume continues") from None
+        raise
+    failed = 0
+    for run, (_, desc), ck, state, out in zip(runs, built, ckpts, opened, results, strict=True):
+        name = os.path.basename(run.out)
+        if isinstance(out, BaseException):
+            failed += 1
+            if not os.path.exists(ck):
+                undo_open_out(run.out, state)
+            summary_path = os.path.join(run.out, "summary.json")
+            if isinstance(out, ArithmeticError) and os.path.isfile(summary_path):
+                with open(summary_path) as fh:
+                    partial = json.load(fh)
+                partial["failed"] = str(out)
+                write_atomic(summary_path, json.dumps(partial, indent=2))
+            print(f"{PROG}: {name}: {out}", file=sys.stderr)
+            continue
+        summary = summarize(desc, out, command)
+        write_outputs(run.out, out, summary)
+        print(f"{name}: best test accuracy {summary['best_test_acc']:.4f}, final {summary['final_test_acc']:.4f}")
+    print(
+        f"{len(runs) - failed} of {len(runs)} runs done as one stack "
+        f"({time.perf_counter() - start:.1f}s); wrote {args.out}"
+    )
+    print(f"reproduce: {command}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

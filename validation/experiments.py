@@ -316,8 +316,66 @@ def data_available(dataset: str, data_dir: str | None) -> bool:
         return False
 
 
-def ensure(profile: str, data_dir: str | None, results: str = "results", only=None, log=print) -> dict:
-    """Compute the missing runs of ``profile``; returns {run name: folder} of the runs that exist."""
+def _without(argv: tuple, flags: tuple) -> tuple:
+    """``argv`` without the given flags and their values."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = True
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+def _value(argv: tuple, flag: str, default=None):
+    return argv[argv.index(flag) + 1] if flag in argv else default
+
+
+def stacks(runs: list) -> list:
+    """The DNN runs grouped into stacks (``validation.dnn --seeds/--alpha``): runs equal but for seed and alpha, with
+    their (seed, alpha) pairs a full product (else one stack per alpha); every other run alone.  Order kept."""
+    groups, order = {}, []
+    for r in runs:
+        key = (r.kind, r.rounds, r.dataset, _without(r.argv, ("--seed", "--alpha"))) if r.kind == "dnn" else r
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(r)
+    out = []
+    for key in order:
+        group = groups[key]
+        if key is group[0] or len(group) == 1:
+            out.append(group)
+            continue
+        pairs = [(_value(r.argv, "--seed", "0"), _value(r.argv, "--alpha")) for r in group]
+        seeds, alphas = dict.fromkeys(p[0] for p in pairs), dict.fromkeys(p[1] for p in pairs)
+        if len(pairs) == len(seeds) * len(alphas) and len(set(pairs)) == len(pairs):
+            by = dict(zip(pairs, group, strict=True))
+            out.append([by[(s, a)] for s in seeds for a in alphas])  # validation.dnn's order: seeds x alphas
+        else:
+            for alpha in alphas:
+                out.append([r for r, p in zip(group, pairs, strict=True) if p[1] == alpha])
+    return out
+
+
+def stack_argv(group: list) -> list:
+    """validation.dnn's arguments for a stack of runs (``stacks``), without --data-dir, --out and --resume."""
+    first = group[0].argv
+    seeds = list(dict.fromkeys(_value(r.argv, "--seed", "0") for r in group))
+    alphas = list(dict.fromkeys(_value(r.argv, "--alpha") for r in group))
+    argv = list(_without(first, ("--seed", "--alpha"))) + ["--seeds", ",".join(seeds)]
+    if alphas != [None]:
+        argv += ["--alpha", ",".join(alphas)]
+    return argv + ["--run-names", ",".join(r.name for r in group)]
+
+
+def ensure(
+    profile: str, data_dir: str | None, results: str = "results", only=None, log=print, stack: bool = True
+) -> dict:
+    """Compute the missing runs of ``profile``; returns {run name: folder} of the runs that exist.  ``stack``: the
+    DNN runs that differ only in seed and alpha are trained together (``stacks``)."""
     from validation import dnn, superlinear
 
     root = os.path.join(results, profile)
@@ -337,26 +395,27 @@ def ensure(profile: str, data_dir: str | None, results: str = "results", only=No
                 continue
         todo.append(r)
     bar = Progress(len(todo), f"{profile} runs")
-    for r in todo:
+    for group in stacks(todo) if stack else [[r] for r in todo]:
+        r = group[0]
         folder = os.path.join(root, r.name)
         try:
             if r.kind == "superlinear":
                 superlinear.main(list(r.argv) + ["--out", folder])
             else:
-                argv = list(r.argv) + [
-                    "--data-dir",
-                    data_dir or os.environ.get("FEDPM_DATA", ""),
-                    "--out",
-                    folder,
-                    "--quiet",
-                ]
-                if os.path.exists(os.path.join(folder, "checkpoint.pt")):
+                where = ["--data-dir", data_dir or os.environ.get("FEDPM_DATA", ""), "--quiet"]
+                if len(group) == 1:
+                    argv = list(r.argv) + where + ["--out", folder]
+                else:
+                    argv = stack_argv(group) + where + ["--out", root]
+                if any(os.path.exists(os.path.join(root, g.name, "checkpoint.pt")) for g in group):
                     argv.append("--resume")
-                dnn.main(argv)
+                code = dnn.main(argv)
+                if code:
+                    log(f"a run of {', '.join(g.name for g in group)} failed; its figures will lack it")
         except SystemExit as exc:  # a run that fails (e.g. diverges) has printed its one-line reason
             if exc.code not in (0, None):
-                log(f"run {r.name} failed (exit {exc.code}); its figures will lack it")
-        bar.update(1, r.name)
+                log(f"run {', '.join(g.name for g in group)} failed (exit {exc.code}); its figures will lack it")
+        bar.update(len(group), ", ".join(g.name for g in group))
     return {
         r.name: os.path.join(root, r.name) for r in runs if os.path.isfile(os.path.join(root, r.name, "summary.json"))
     }
@@ -378,6 +437,11 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--results", default="results")
     p.add_argument("--list", action="store_true", help="list the runs and whether they exist")
+    p.add_argument(
+        "--no-stack",
+        action="store_true",
+        help="train every DNN run alone (default: runs that differ only in seed and alpha train as one stack)",
+    )
     args = p.parse_args(argv)
     check_results_arg(p, args.results)
     if args.list:
@@ -385,7 +449,7 @@ def main(argv=None) -> int:
             done = is_done(r, os.path.join(args.results, args.profile, r.name))
             print(f"{'done ' if done else 'todo '} {r.name}")
         return 0
-    ensure(args.profile, args.data_dir, args.results)
+    ensure(args.profile, args.data_dir, args.results, stack=not args.no_stack)
     return 0
 
 

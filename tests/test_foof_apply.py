@@ -58,19 +58,32 @@ def model_and_input(name):
     return ResNet18GN(10, 3, 2, width), torch.randn(16, 3, 8, 8)
 
 
-@pytest.mark.parametrize("name", ["cnn", "resnet18gn-w8", pytest.param("resnet18gn", marks=pytest.mark.slow)], ids=str)
-def test_inverse_directions_agree_with_the_solves_within_the_float32_bound(name):
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@pytest.mark.parametrize(
+    "name, device",
+    [
+        ("cnn", "cpu"),
+        ("resnet18gn-w8", "cpu"),
+        pytest.param("resnet18gn", "cpu", marks=pytest.mark.slow),
+        pytest.param("cnn", "cuda", marks=CUDA),
+        pytest.param("resnet18gn", "cuda", marks=CUDA),
+    ],
+)
+def test_inverse_directions_agree_with_the_solves_within_the_float32_bound(name, device):
     torch.set_num_threads(1)
     model, x = model_and_input(name)
+    model, x = model.to(device), x.to(device)
     blocks = foof.foof_blocks(model)
     A = foof.compute_foof(model, blocks, [x])
-    F.cross_entropy(model(x), torch.arange(len(x)) % 10).backward()
+    F.cross_entropy(model(x), torch.arange(len(x), device=device) % 10).backward()
     for lam in (1.0, 1e-4):
         solve, inverse = (foof.prepare(A, lam, torch.float32, apply) for apply in ("solve", "inverse"))
         for bname, block in blocks.items():
             m = block.module
             G = foof.get_theta(block, m.weight.grad, m.bias.grad if block.has_bias else None).T.contiguous()
-            M = A[bname] + lam * torch.eye(A[bname].shape[0], dtype=torch.float64)
+            M = A[bname] + lam * torch.eye(A[bname].shape[0], dtype=torch.float64, device=device)
             d_solve, d_inv = foof.direction(G, solve[bname]), foof.direction(G, inverse[bname])
             assert inverse[bname][0].dtype == torch.float32 and torch.equal(inverse[bname][0], inverse[bname][0].mT)
             diff = float((d_inv.double() - d_solve.double()).norm())

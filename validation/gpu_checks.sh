@@ -1,35 +1,49 @@
 #!/usr/bin/env bash
-# Every GPU check of the open issues in one run, within a time budget (issue 11, item 5):
+# Every GPU check of the open issues in one run, within a time budget, resumable:
 #   1. the DNN benchmark on CUDA (SimpleCNN at the paper's 5 local epochs, ResNet18-GN; both engines; then
 #      the vectorized engine's FedPM/FedAvg over more rounds),
 #   2. the vectorized engine's CUDA-graph solve tests (which skip on a CPU), the convex benchmark with
 #      --backend cupy and the fedconvex tests that touch CuPy,
-#   3. a real 100-round CIFAR-10 alpha=0.1 FedPM run (full data, paper preset), to the deadline.
+#   3. runs as a batch axis and the FOOF inverse (docs/stacking.md): the --foof-apply tests on CUDA, the stack
+#      benchmark at S = 1, 3, 6, 12 for SimpleCNN with CUDA graphs on and off, ResNet18-GN's FedPM/FedAvg with
+#      both applies,
+#   4. FedPM and FedAvg on CIFAR-10 alpha=0.1, seeds 0-2, 100 rounds, full data, paper preset, as two stacks,
+#      to the deadline.
 #
-#   bash validation/gpu_checks.sh DATA_DIR OUT_DIR [SECONDS]
+#   bash validation/gpu_checks.sh DATA_DIR OUT_DIR [SECONDS] [PREVIOUS_OUT]
 #
-# DATA_DIR holds cifar10_jpeg_{train,test}.zip; OUT_DIR receives log.txt, the benchmark JSONs and the
-# run's history.csv / summary.json.  SECONDS (default 570) is the whole budget: the 100-round run gets
-# what the checks before it leave, and a run cut short keeps every completed round (continue it with
-# the same command plus --resume).  Steps are independent: one failing does not stop the others.
+# DATA_DIR holds cifar10_jpeg_{train,test}.zip; OUT_DIR receives log.txt, the benchmark JSONs and the runs'
+# folders (history.csv, summary.json, checkpoint.pt).  SECONDS (default 570) is the whole budget.  Every step
+# that finishes leaves OUT_DIR/done/<step>; a second call with the same OUT_DIR -- or with a fresh OUT_DIR and
+# the first call's output as PREVIOUS_OUT, copied in first -- skips the finished steps and continues the runs
+# from their checkpoints (--resume), so the budget goes where the first call stopped.  Steps are independent:
+# one failing does not stop the others.
 set -u
-DATA=${1:?usage: gpu_checks.sh DATA_DIR OUT_DIR [SECONDS]}
-OUT=${2:?usage: gpu_checks.sh DATA_DIR OUT_DIR [SECONDS]}
+DATA=${1:?usage: gpu_checks.sh DATA_DIR OUT_DIR [SECONDS] [PREVIOUS_OUT]}
+OUT=${2:?usage: gpu_checks.sh DATA_DIR OUT_DIR [SECONDS] [PREVIOUS_OUT]}
 BUDGET=${3:-570}
+PREV=${4:-}
 PY=${PYTHON:-python3}
-RUN=${RUN_DIR:-/tmp/fedpm-gpu-run100}
-mkdir -p "$OUT"
+mkdir -p "$OUT/done"
+if [ -n "$PREV" ] && [ -d "$PREV" ] && [ "$(cd "$PREV" && pwd)" != "$(cd "$OUT" && pwd)" ]; then
+    cp -R "$PREV"/. "$OUT"/   # the earlier call's results, markers and checkpoints
+    chmod -R u+w "$OUT"
+fi
 export PYTHONUNBUFFERED=1 FEDPM_CACHE=${FEDPM_CACHE:-/tmp/fedpm-cache}
 START=$(date +%s)
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 step() { echo; echo "=== $1 (t=$(( $(date +%s) - START ))s)"; }
+done_() { [ -f "$OUT/done/$1" ]; }             # finished in this or an earlier call
+mark() { date -u +%FT%TZ > "$OUT/done/$1"; }
 exec > >(tee -a "$OUT/log.txt") 2>&1
 
 step "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $PY -c "import sys, numpy, torch; print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 $PY -c "import cupy; print('cupy', cupy.__version__)" || echo "cupy: not importable"
+git log -1 --format='commit %H %cd' 2>/dev/null || true
 
+if ! done_ issue11; then
 step "DNN benchmark on CUDA, the paper's 5 local epochs: python -m validation.bench_dnn --device cuda --json --models cnn"
 timeout 200 $PY -m validation.bench_dnn --device cuda --json --models cnn --sizes 10,5000,5,2 --repeats 1 \
     > "$OUT/bench_dnn_cuda_cnn.json" || echo "bench_dnn cnn failed rc=$?"
@@ -59,12 +73,57 @@ timeout 100 $PY -m validation.bench_dnn --device cuda --json --models resnet18gn
     > "$OUT/bench_dnn_cuda_resnet.json" || echo "bench_dnn resnet failed rc=$?"
 cat "$OUT/bench_dnn_cuda_resnet.json"; echo
 
-step "100-round CIFAR-10 alpha=0.1 FedPM, full data, paper preset ($(left)s left)"
-RESUME=""
-[ -f "$RUN/checkpoint.pt" ] && RESUME="--resume"
-timeout $(( $(left) - 10 )) $PY -m validation.dnn --dataset cifar10 --data-dir "$DATA" --model cnn --method fedpm \
-    --preset cifar10-a0.1 --alpha 0.1 --clients 10 --rounds 100 --seed 0 --device cuda --out "$RUN" $RESUME \
-    || echo "run stopped rc=$? (124: budget reached; rerun with the same command to --resume)"
-cp "$RUN/history.csv" "$RUN/summary.json" "$OUT/" 2>/dev/null
-tail -n 3 "$OUT/history.csv" 2>/dev/null
+mark issue11
+fi
+
+step "--foof-apply on CUDA: inverse against solve within the float32 bound (tests/test_foof_apply.py, TF32 off)"
+if ! done_ foof_apply_tests; then
+    timeout 240 $PY -m pytest -q -p no:cacheprovider tests/test_foof_apply.py tests/test_run_stack.py -k "not cli" \
+        && mark foof_apply_tests || echo "foof-apply / stack tests failed rc=$?"
+fi
+
+step "FOOF apply per block on CUDA: python benchmarks/foof_apply.py --device cuda --clients 10"
+if ! done_ foof_apply_bench; then
+    timeout 120 $PY benchmarks/foof_apply.py --device cuda --clients 10 --json "$OUT/foof_apply_cuda.json" \
+        && mark foof_apply_bench || echo "foof apply benchmark failed rc=$?"
+fi
+
+# runs as a batch axis: SimpleCNN at the paper's size, one run alone against S stacked, CUDA graphs on and off
+for S in 1 3 6 12; do
+    for GRAPHS in 1 0; do
+        name=stack_cnn_S${S}_graphs${GRAPHS}
+        done_ $name && continue
+        [ "$(left)" -lt 150 ] && { echo "skipping $name: $(left)s left"; continue; }
+        step "python -m validation.bench_dnn --device cuda --models cnn --engines vectorized --sizes 10,5000,5,2 --repeats 1 --stack $S (FEDPM_CUDA_GRAPHS=$GRAPHS)"
+        FEDPM_CUDA_GRAPHS=$GRAPHS timeout $(( $(left) - 60 )) $PY -m validation.bench_dnn --device cuda --json \
+            --models cnn --engines vectorized --sizes 10,5000,5,2 --repeats 1 --stack $S --foof-applies solve,inverse \
+            > "$OUT/$name.json" && mark $name || echo "$name failed rc=$? (S=12 may not fit: its JSON is empty)"
+        cat "$OUT/$name.json"; echo
+    done
+done
+
+step "ResNet18-GN FedPM/FedAvg with --foof-apply solve and inverse (10 clients x 1,000 images x 1 epoch, projected to the paper's size)"
+if ! done_ resnet_applies && [ "$(left)" -gt 150 ]; then
+    timeout $(( $(left) - 60 )) $PY -m validation.bench_dnn --device cuda --json --models resnet18gn \
+        --engines vectorized --sizes 10,1000,1,2 --repeats 1 --foof-applies solve,inverse \
+        > "$OUT/bench_dnn_cuda_resnet_applies.json" && mark resnet_applies || echo "resnet applies failed rc=$?"
+    cat "$OUT/bench_dnn_cuda_resnet_applies.json"; echo
+fi
+
+# the paper's CIFAR-10 alpha=0.1 runs, seeds 0-2, as two stacks of three; each run checkpoints every round under
+# $OUT/stacks/main-cifar10-a0.1-<method>-s<seed>/ and the next call resumes it
+for METHOD in fedpm fedavg; do
+    done_ stack_$METHOD && continue
+    [ "$(left)" -lt 60 ] && { echo "skipping the $METHOD stack: $(left)s left"; continue; }
+    step "100-round CIFAR-10 alpha=0.1 $METHOD, seeds 0,1,2 as one stack, full data, paper preset ($(left)s left)"
+    RESUME=""
+    ls "$OUT"/stacks/main-cifar10-a0.1-$METHOD-s*/checkpoint.pt > /dev/null 2>&1 && RESUME="--resume"
+    timeout $(( $(left) - 20 )) $PY -m validation.dnn --dataset cifar10 --data-dir "$DATA" --model cnn \
+        --method $METHOD --preset cifar10-a0.1 --alpha 0.1 --clients 10 --rounds 100 --seeds 0,1,2 --device cuda \
+        --foof-apply auto --quiet --out "$OUT/stacks" $RESUME \
+        && mark stack_$METHOD || echo "$METHOD stack stopped rc=$? (124: budget reached; the next call resumes it)"
+    for d in "$OUT"/stacks/main-cifar10-a0.1-$METHOD-s*; do
+        [ -f "$d/history.csv" ] && echo "$d: $(tail -n 1 "$d/history.csv")"
+    done
+done
 step "done"

@@ -208,3 +208,32 @@ def test_the_cli_trains_a_stack_into_one_folder_per_run_and_resumes_it(tmp_path,
     for a, b in zip(*rows, strict=True):
         for c in cols:
             assert float(a[c]) == pytest.approx(float(b[c]), rel=1e-5), c
+
+
+def test_ensure_trains_a_group_as_one_stack_on_a_gpu_and_alone_on_a_cpu(tmp_path, monkeypatch):
+    """ensure() gives a stack one validation.dnn call (--seeds, --run-names, --out the profile's folder, --resume
+    where a run has a checkpoint) where the engine is the vectorized one (a GPU); on a CPU, or with stack=False,
+    one call per run."""
+    import validation.dnn as dnn
+    import validation.experiments as ex
+
+    runs = [ex.Run(f"r-s{s}", "dnn", ("--x", "--seed", s), 1) for s in "01"]
+    monkeypatch.setattr(ex, "plan", lambda profile: runs)
+    monkeypatch.setattr(ex, "data_available", lambda ds, d: True)
+    calls = []
+    monkeypatch.setattr(dnn, "main", lambda argv: calls.append(argv) or 0)
+    os.makedirs(tmp_path / "quick" / "r-s1")
+    (tmp_path / "quick" / "r-s1" / "checkpoint.pt").write_bytes(b"")
+    monkeypatch.setattr(ex, "_cuda", lambda: True)
+    ex.ensure("quick", "data", str(tmp_path), log=lambda m: None)
+    assert len(calls) == 1
+    argv = calls[0]
+    assert argv[argv.index("--seeds") + 1] == "0,1" and argv[argv.index("--run-names") + 1] == "r-s0,r-s1"
+    assert argv[argv.index("--out") + 1] == str(tmp_path / "quick") and "--resume" in argv
+    calls.clear()
+    ex.ensure("quick", "data", str(tmp_path), log=lambda m: None, stack=False)
+    assert [a[a.index("--out") + 1] for a in calls] == [str(tmp_path / "quick" / r.name) for r in runs]
+    calls.clear()
+    monkeypatch.setattr(ex, "_cuda", lambda: False)
+    ex.ensure("quick", "data", str(tmp_path), log=lambda m: None)
+    assert len(calls) == 2 and all("--seeds" not in a for a in calls)

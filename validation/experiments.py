@@ -371,11 +371,23 @@ def stack_argv(group: list) -> list:
     return argv + ["--run-names", ",".join(r.name for r in group)]
 
 
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 def ensure(
     profile: str, data_dir: str | None, results: str = "results", only=None, log=print, stack: bool = True
 ) -> dict:
     """Compute the missing runs of ``profile``; returns {run name: folder} of the runs that exist.  ``stack``: the
-    DNN runs that differ only in seed and alpha are trained together (``stacks``)."""
+    DNN runs that differ only in seed and alpha are trained together (``stacks``) where validation.dnn's engine is
+    the vectorized one anyway (a GPU).  On a CPU every run stays alone on the sequential engine: a stack trains on
+    the vectorized engine, which is no faster there and rounds differently, so it could not continue an earlier
+    run's checkpoint."""
+    stack = stack and _cuda()
     from validation import dnn, superlinear
 
     root = os.path.join(results, profile)
@@ -440,7 +452,8 @@ def main(argv=None) -> int:
     p.add_argument(
         "--no-stack",
         action="store_true",
-        help="train every DNN run alone (default: runs that differ only in seed and alpha train as one stack)",
+        help="train every DNN run alone (default on a GPU: runs that differ only in seed and alpha train as one "
+        "stack; on a CPU runs are always alone)",
     )
     args = p.parse_args(argv)
     check_results_arg(p, args.results)

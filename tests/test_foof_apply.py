@@ -87,8 +87,11 @@ def test_inverse_directions_agree_with_the_solves_within_the_float32_bound(name,
             d_solve, d_inv = foof.direction(G, solve[bname]), foof.direction(G, inverse[bname])
             assert inverse[bname][0].dtype == torch.float32 and torch.equal(inverse[bname][0], inverse[bname][0].mT)
             diff = float((d_inv.double() - d_solve.double()).norm())
-            ev = torch.linalg.eigvalsh(M)
-            allowed = bound(G, M, float(ev[0]))
+            # ||M^-1|| from M's smallest eigenvalue; above 1,200 wide (ResNet18-GN's 2,304 and 4,608 blocks, the slow
+            # case) from its lower bound lam (A is PSD up to its float32 Grams' round-off), tight there: 16 images leave
+            # those A singular
+            smallest = float(torch.linalg.eigvalsh(M)[0]) if M.shape[0] <= 1200 else lam
+            allowed = bound(G, M, smallest)
             assert diff <= allowed, (name, lam, bname, diff, allowed)
             if lam == 1.0:  # not vacuous: kappa <= ~1e3 here, the bound a relative difference below 1e-3
                 assert allowed <= 1e-3 * float(d_solve.double().norm()), (name, bname, allowed)

@@ -88,6 +88,8 @@ def first_difference(saved: dict, now: dict) -> str | None:
         saved = {**{k: v for k, v in saved.items() if k != "run.engine"}, "engine": saved["run.engine"]}
     if "config.damping" in saved and "config.foof_apply" not in saved:  # written before --foof-apply: solves
         saved = {**saved, "config.foof_apply": "solve"}
+    # a flag added since the checkpoint was written, and not given now, is the same run as before it existed
+    saved = {**{k: None for k, v in now.items() if k.startswith("run.") and v is None and k not in saved}, **saved}
     order = list(now) + [k for k in saved if k not in now]
     for key in order:
         a, b = saved.get(key, "(absent)"), now.get(key, "(absent)")

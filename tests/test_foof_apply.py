@@ -228,3 +228,15 @@ def test_auto_follows_the_stated_rule():
         {"a": "inverse", "b": "solve"},
     )
     assert len(mixed["a"]) == 1 and len(mixed["b"]) == 2
+
+
+def test_a_checkpoint_from_before_foof_apply_resumes_with_the_default():
+    """Written before the option: no config.foof_apply (it solved) and no --foof-apply flag; it resumes under the
+    default, not under --foof-apply inverse."""
+    from fedpm_dnn.checkpoint import first_difference
+
+    old = {"run.lr": 0.5, "config.damping": 1.0}
+    now = {"run.lr": 0.5, "run.foof_apply": None, "config.damping": 1.0, "config.foof_apply": "solve"}
+    assert first_difference(old, now) is None
+    other = {**now, "run.foof_apply": "inverse", "config.foof_apply": "inverse"}
+    assert "foof" in first_difference(old, other)

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from fedconvex import screening
+from fedconvex import messages
 from fedpm_dnn import batched_foof, client, foof, vectorized
 from fedpm_dnn.algorithms import fedpm
 from fedpm_dnn.simulation import run_experiment
@@ -26,7 +26,7 @@ PARTS = {
     "statistics": [(vectorized.VectorizedEngine, "foof_for"), (client, "foof_matrices")],
     "factorisations": [(batched_foof, "factorize_stacked"), (foof, "factorize")],
     "operators": [(foof, "operators")],
-    "screening": [(screening, "psd_problem")],
+    "screening": [(messages, "psd_problem")],  # the driver screens through fedconvex.messages
     "mixing": [(fedpm.FedPM, "mix")],
 }
 

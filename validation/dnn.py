@@ -16,6 +16,7 @@ stack on the vectorized engine (``fedpm_dnn.run_stack``); DIR is then the parent
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -695,10 +696,19 @@ def fail_run(args, exc):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    with common.holding_out(PROG, args.out, OUTPUT):
-        why = checkpoint_conflict(args)  # again, now that no other run can change it
-        if why:
-            common.fail(PROG, ValueError(why))
+    runs = args.runs or [args]
+    if args.runs:  # a stack: --out is the parent of its runs' folders, each held and checked as a run's own
+        try:
+            os.makedirs(args.out, exist_ok=True)
+        except OSError as exc:
+            common.fail(PROG, exc)
+    with contextlib.ExitStack() as held:
+        for r in runs:
+            held.enter_context(common.holding_out(PROG, r.out, OUTPUT))
+        for r in runs:
+            why = checkpoint_conflict(r)  # again, now that no other run can change it
+            if why:
+                common.fail(PROG, ValueError(why))
         return run(args, argv)
 
 

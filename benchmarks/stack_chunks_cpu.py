@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/stack_chunks_cpu.py
 
 SimpleCNN, 10 clients x 100 images x 1 epoch, 3 rounds (the first untimed); seconds per round of each
-(results/cpu-bench-2026-11-27/stack_chunks_cpu.log).
+(reference/benchmarks/2026-11-27-cpu/stack_chunks_cpu.log).
 """
 
 import json

@@ -30,7 +30,7 @@ if [ -n "$PREV" ] && [ -d "$PREV" ] && [ "$(cd "$PREV" && pwd)" != "$(cd "$OUT" 
     cp -R "$PREV"/. "$OUT"/   # the earlier call's results, markers and checkpoints
     chmod -R u+w "$OUT"
 fi
-export PYTHONUNBUFFERED=1 FEDPM_CACHE=${FEDPM_CACHE:-/tmp/fedpm-cache}
+export PYTHONUNBUFFERED=1 FEDPM_CACHE=${FEDPM_CACHE:-$HOME/.cache/fedpm}
 START=$(date +%s)
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 step() { echo; echo "=== $1 (t=$(( $(date +%s) - START ))s)"; }
@@ -44,7 +44,7 @@ $PY -c "import sys, numpy, torch; print('python', sys.version.split()[0], 'numpy
 $PY -c "import cupy; print('cupy', cupy.__version__)" || echo "cupy: not importable"
 git log -1 --format='commit %H %cd' 2>/dev/null || true
 
-if ! done_ issue11; then
+if ! done_ dnn_bench; then
 step "DNN benchmark on CUDA, the paper's 5 local epochs: python -m validation.bench_dnn --device cuda --json --models cnn"
 timeout 200 $PY -m validation.bench_dnn --device cuda --json --models cnn --sizes 10,5000,5,2 --repeats 1 \
     > "$OUT/bench_dnn_cuda_cnn.json" || echo "bench_dnn cnn failed rc=$?"
@@ -74,7 +74,7 @@ timeout 100 $PY -m validation.bench_dnn --device cuda --json --models resnet18gn
     > "$OUT/bench_dnn_cuda_resnet.json" || echo "bench_dnn resnet failed rc=$?"
 cat "$OUT/bench_dnn_cuda_resnet.json"; echo
 
-mark issue11
+mark dnn_bench
 fi
 
 step "--foof-apply on CUDA: inverse against solve within the float32 bound (tests/test_foof_apply.py, TF32 off)"

@@ -88,6 +88,10 @@ def first_difference(saved: dict, now: dict) -> str | None:
     """'<what>: checkpoint has X, this run Y' for the first differing entry, or None."""
     if "engine" not in saved and "run.engine" in saved:  # a checkpoint from before the resolved engine was kept
         saved = {**{k: v for k, v in saved.items() if k != "run.engine"}, "engine": saved["run.engine"]}
+    if "config.damping" in saved and "config.foof_apply" not in saved:  # written before --foof-apply: solves
+        saved = {**saved, "config.foof_apply": "solve"}
+    # a flag added since the checkpoint was written, and not given now, is the same run as before it existed
+    saved = {**{k: None for k, v in now.items() if k.startswith("run.") and v is None and k not in saved}, **saved}
     order = list(now) + [k for k in saved if k not in now]
     for key in order:
         if key.startswith("run.") and key not in saved and now[key] is None:

@@ -5,7 +5,8 @@ only in how the gradient is corrected before the step (the method's ``grad_hook`
   FedProx  g += mu (theta - theta_global)
   SCAFFOLD g += c - c_i
   all      g += weight_decay * theta            (weight_decay_mode 'coupled', the default)
-  FOOF     g_block <- (A + lam I)^{-1} g_block for every Linear / Conv2d block (LocalNewton, FedPM)
+  FOOF     g_block <- (A + lam I)^{-1} g_block for every Linear / Conv2d block (LocalNewton, FedPM), by two
+           triangular solves or one product with the inverse formed once per refresh (``foof_apply``)
   all      clip the global norm of the step direction (clip_stage 'update', the default: after the
            preconditioner; 'gradient': before it), then theta -= lr * direction
   all      theta -= lr * weight_decay * theta   (weight_decay_mode 'decoupled' only)
@@ -177,7 +178,11 @@ def local_train(
     params = [p for p in model.parameters()]
     named = dict(model.named_parameters())
     dtype = params[0].dtype
-    factors = foof.with_uppers(foof.factorize(foof_A, cfg.damping, dtype)) if cfg.uses_foof else None
+    apply = None
+    if cfg.uses_foof:  # the steps one factor serves decide 'auto' (foof.resolve_apply)
+        steps = cfg.local_epochs * -(-len(data) // cfg.batch_size)
+        apply = foof.resolve_apply(cfg.foof_apply, params[0].device, blocks, min(steps, cfg.refresh_every or steps))
+    factors = foof.prepare(foof_A, cfg.damping, dtype, apply) if cfg.uses_foof else None
     total_loss, steps, seen = 0.0, 0, 0
     for _ in range(cfg.local_epochs):
         for x, y in data.train_batches(cfg.batch_size, generator):
@@ -209,7 +214,7 @@ def local_train(
             seen += batch_length(y)
             if cfg.uses_foof and cfg.refresh_every and steps % cfg.refresh_every == 0:
                 foof_A = foof_matrices(model, blocks, data, cfg.foof_samples, generator, foof_static)
-                factors = foof.with_uppers(foof.factorize(foof_A, cfg.damping, dtype))
+                factors = foof.prepare(foof_A, cfg.damping, dtype, apply)
     if model.training and params[0].is_cuda:
         torch.cuda.synchronize()
     return total_loss / max(seen, 1), steps, time.perf_counter() - start

@@ -423,6 +423,74 @@ def with_uppers(factors: dict) -> dict:
     return {name: (L, L.mT.contiguous()) for name, L in factors.items()}
 
 
+# How a local step applies (A + lam I)^{-1} to its gradient rows (--foof-apply; ``resolve_apply`` picks for 'auto').
+APPLIES = ("solve", "inverse", "auto")
+
+
+# --foof-apply auto on a CPU, per block of side d (its FOOF matrix) and output width ``rows``: 'inverse' when the
+# block is at most INVERSE_MAX_SIDE_CPU wide and its factor serves at least INVERSE_STEPS_CPU * d / rows local steps.
+# The inverse's once-per-refresh cost grows as d^3, its per-step saving over the two solves as rows d^2.  Measured on
+# this project's 2-core CPU at one thread (benchmarks/foof_apply.py, docs/stacking.md): the break-even step count
+# times rows / d was 0.3-12.3 for every block of SimpleCNN and ResNet18-GN up to 576 wide; from 1,152 wide the
+# product saved nothing per step (both forms compute-bound) while the inverse cost 0.16-22 s a block.
+INVERSE_STEPS_CPU = 16
+INVERSE_MAX_SIDE_CPU = 1024
+
+
+def resolve_apply(apply: str, device, blocks: dict, steps: int | None = None) -> dict:
+    """name -> 'solve' or 'inverse' for every block: ``apply`` itself, or for 'auto' the rule for ``device`` with
+    factors that serve ``steps`` local steps each.
+
+    On CUDA 'auto' is 'inverse' for every block: a batched triangular solve is the costliest call to issue there
+    (solve_graph's measurement) on a launch-bound step, the product one GEMM.  On a CPU it is the measured rule
+    above (``steps`` None: as many as it takes)."""
+    if apply != "auto":
+        return dict.fromkeys(blocks, apply)
+    if torch.device(device).type != "cpu":
+        return dict.fromkeys(blocks, "inverse")
+    out = {}
+    for name, b in blocks.items():
+        d, rows = b.module.weight[0].numel() + (1 if b.has_bias else 0), b.module.weight.shape[0]
+        pays = d <= INVERSE_MAX_SIDE_CPU and (steps is None or steps * rows >= INVERSE_STEPS_CPU * d)
+        out[name] = "inverse" if pays else "solve"
+    return out
+
+
+def damped_inverse(L64: torch.Tensor, dtype) -> torch.Tensor:
+    """(A + lam I)^{-1} from its float64 Cholesky factor L (or a stack of them): ``cholesky_inverse``,
+    symmetrised (it is symmetric only to round-off), then cast to ``dtype``."""
+    X = torch.cholesky_inverse(L64)
+    return (0.5 * (X + X.mT)).to(dtype)
+
+
+def operators(L64: dict, dtype, apply) -> dict:
+    """name -> what every local step multiplies by, from the blocks' float64 factors, formed once per refresh;
+    ``apply`` 'solve' or 'inverse' for every block, or name -> one of them (``resolve_apply``):
+    'solve' (L, L^T) in ``dtype`` for two triangular solves a step (``solve_rows``); 'inverse' ((A + lam I)^{-1},)
+    in ``dtype`` for one product a step -- the form the paper's cost table counts (one inverse per block and
+    round) and the K-FAC/FOOF libraries use.  ``direction`` tells them apart by their length."""
+    out = {}
+    for name, L in L64.items():
+        how = apply if isinstance(apply, str) else apply[name]
+        if how == "inverse":
+            out[name] = (damped_inverse(L, dtype),)
+        elif how == "solve":
+            out[name] = with_uppers({name: L.to(dtype)})[name]
+        else:
+            raise ValueError(f"foof apply must be solve or inverse here, got {how!r}")
+    return out
+
+
+def prepare(A: dict, damping: float, dtype, apply) -> dict:
+    """``operators`` of the damped matrices A + damping I (``factorize`` in float64 first)."""
+    return operators(factorize(A, damping, torch.float64), dtype, apply)
+
+
+def direction(T, op: tuple):
+    """T (A + lam I)^{-1} for row blocks T (..., d_out, d) and a block's ``operators`` entry."""
+    return torch.matmul(T, op[0]) if len(op) == 1 else solve_rows(T, *op)
+
+
 @contextmanager
 def one_cpu_thread(device):
     """torch on one CPU thread inside the block (nothing changes on a GPU or a one-thread process).
@@ -444,11 +512,11 @@ def one_cpu_thread(device):
 
 @torch.no_grad()
 def precondition_grads(model: nn.Module, blocks: dict, factors: dict) -> None:
-    """Replace each block's gradient G_Theta by (A + lam I)^{-1} G_Theta in place (``factors``: name ->
-    (L, L^T), as ``with_uppers`` makes them); on a CPU with the solves on one thread (``one_cpu_thread``)."""
+    """Replace each block's gradient G_Theta by (A + lam I)^{-1} G_Theta in place (``factors``: name -> an
+    ``operators`` entry, e.g. (L, L^T) as ``with_uppers`` makes them); on a CPU on one thread (``one_cpu_thread``)."""
     device = next(iter(factors.values()))[0].device if factors else "cpu"
     with one_cpu_thread(device):
-        apply_to_grads(blocks, lambda name, T: solve_rows(T, *factors[name]))
+        apply_to_grads(blocks, lambda name, T: direction(T, factors[name]))
 
 
 @torch.no_grad()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import resource
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -126,11 +127,16 @@ def make_driver(alg, task, evaluate, participants=None, max_ratio=None, tamper=N
     )
 
 
+# the initial model comes from torch's global generator: runs built in threads (fedpm_dnn.run_stack) take turns
+_SEEDED = threading.Lock()
+
+
 def build(exp: Experiment, tamper=None):
     """(task, driver, initial state) of the experiment."""
     alg, dev = exp.cfg, exp.device
-    torch.manual_seed(exp.seed)
-    model = make_model(exp.model, exp.num_classes, exp.in_channels, exp.image_size, exp.gn_groups).to(dev)
+    with _SEEDED:
+        torch.manual_seed(exp.seed)
+        model = make_model(exp.model, exp.num_classes, exp.in_channels, exp.image_size, exp.gn_groups).to(dev)
     task = DnnTask(model, exp.clients, dev, exp.seed, exp.engine, exp.client_chunk)
     driver = make_driver(
         alg,
@@ -144,15 +150,26 @@ def build(exp: Experiment, tamper=None):
 
 
 def run_experiment(
-    exp: Experiment, checkpoint: str | None = None, resume: bool = False, on_round=None, tamper=None, stop=None
+    exp: Experiment,
+    checkpoint: str | None = None,
+    resume: bool = False,
+    on_round=None,
+    tamper=None,
+    stop=None,
+    engine=None,
 ):
-    """Run (or resume) the experiment; returns the list of per-round history rows (round 1 first).
+    """Run (or resume) the experiment; returns the list of per-round history rows (round 1 first).  ``engine``:
+    where the vectorized engine's rounds go instead of a private engine (a ``run_stack.StackMember``).
 
     Replies are screened before aggregation (wrong shape, NaN/Inf, non-PSD FOOF matrix: the client is
     rejected with a logged reason, the others' weights renormalised; with none left the round is
     skipped and the model kept).  ``tamper(round, client, reply) -> reply`` injects faults for tests;
     ``stop(row) -> bool`` ends the run after a round (checkpointed first), e.g. at a time budget."""
     task, driver, state = build(exp, tamper)
+    if engine is not None:
+        if exp.engine != "vectorized":
+            raise ValueError("stacked runs train on the vectorized engine")
+        task.engine_state = engine
     fp = _ck.fingerprint(exp) if checkpoint else None
     _, history = drive(task, driver, state, exp.rounds, exp.seed, fp, checkpoint, resume, on_round, stop)
     if task.last_chunk is not None:

@@ -50,7 +50,7 @@ class GraphedDirections:
             self.outputs = self._solve()
 
     def _solve(self) -> dict:
-        return {b: foof.solve_rows(T, *self._factors[b]) for b, T in self.inputs.items()}
+        return {b: foof.direction(T, self._factors[b]) for b, T in self.inputs.items()}
 
     def replay(self) -> dict:
         self.graph.replay()

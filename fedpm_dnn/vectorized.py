@@ -16,8 +16,9 @@ sequential engine's (``client.local_train`` / ``simulation.client_round``), clie
   (no update) while the others go on;
 * the step: gradient (+ the method's ``grad_hook`` on the stacks, + coupled weight decay),
   per-client clipping of the raw gradient or of the step direction, FOOF preconditioning with
-  batched triangular solves (``foof.solve_rows``; on CUDA replayed as one graph per step,
-  ``solve_graph``), theta -= lr direction, decoupled weight decay;
+  batched triangular solves or one batched product with the round's inverse (``foof.direction``,
+  ``--foof-apply``; on CUDA replayed as one graph per step, ``solve_graph``), theta -= lr direction,
+  decoupled weight decay;
 * FOOF matrices from batched Gram products (``batched_foof``) with the same first-layer cache.
 
 Replies are built by the method's ``client_reply``, shared with the sequential engine, so the message
@@ -131,6 +132,19 @@ def auto_client_chunk(model, cfg, sample, blocks, device, participants: int) -> 
     return max(1, min(participants, int(0.7 * free // max(per, 1))))
 
 
+def _stack_downs(downs: list, rows=None) -> dict:
+    """Broadcasts of several runs as one: every tensor entry (field -> {name: tensor}) stacked over the
+    participants (``rows``: only those), other entries taken from the first."""
+    rows = range(len(downs)) if rows is None else rows
+    out = {}
+    for key, value in downs[0].items():
+        if isinstance(value, dict) and all(torch.is_tensor(v) for v in value.values()):
+            out[key] = {n: torch.stack([downs[j][key][n] for j in rows]) for n in value}
+        else:
+            out[key] = value
+    return out
+
+
 class VectorizedEngine:
     """Trains a list of participants together; ``round(...)`` returns what client_round returns, per client."""
 
@@ -227,8 +241,10 @@ class VectorizedEngine:
         return out
 
     # --- one round --------------------------------------------------------------------------------------------
-    def round(self, cfg, sel, states: list, down: dict, gens: list):
-        """Local training of the participants ``sel``: [(reply, loss)] in the order of ``sel``."""
+    def round(self, cfg, sel, states: list, down, gens: list):
+        """Local training of the participants ``sel``: [(reply, loss)] in the order of ``sel``.  ``down`` is the
+        round's broadcast, or one per participant (several runs stacked, ``fedpm_dnn.run_stack``)."""
+        downs = down if isinstance(down, list) else [down] * len(sel)
         k = len(sel)
         sample = self._plain([sel[0]], 0, 1)[0]
         chunk = self.client_chunk or auto_client_chunk(self.model, cfg, sample, self.blocks, self.device, k)
@@ -237,19 +253,32 @@ class VectorizedEngine:
         for s in range(0, k, chunk):
             idx = list(range(s, min(k, s + chunk)))
             results += self._chunk(
-                cfg, [int(sel[j]) for j in idx], [states[j] for j in idx], down, [gens[j] for j in idx]
+                cfg,
+                [int(sel[j]) for j in idx],
+                [states[j] for j in idx],
+                [downs[j] for j in idx],
+                [gens[j] for j in idx],
             )
         return results
 
-    def _chunk(self, cfg, sel, states, down, gens):
+    def _chunk(self, cfg, sel, states, downs, gens):
         K, B, dev = len(sel), cfg.batch_size, self.device
+        # one broadcast (one run): the gradient hook reads it as is; several (runs stacked): their tensors stacked
+        # per participant, which the hooks' elementwise corrections broadcast over like the parameters
+        one = all(d is downs[0] for d in downs)
+        down = downs[0] if one else _stack_downs(downs)
         params = down["params"]
         dtype = params[self.names[0]].dtype
         scheds = [
             client_schedule(cfg, self.clients[i], g, cfg.uses_foof and "foof" not in cs)
             for i, g, cs in zip(sel, gens, states, strict=False)
         ]
-        P = {n: params[n].detach().unsqueeze(0).repeat(K, *([1] * params[n].dim())).contiguous() for n in self.names}
+        if one:
+            P = {
+                n: params[n].detach().unsqueeze(0).repeat(K, *([1] * params[n].dim())).contiguous() for n in self.names
+            }
+        else:
+            P = {n: params[n].detach().clone() for n in self.names}
         factors = None
         if cfg.uses_foof:
             first = [j for j, cs in enumerate(states) if "foof" not in cs]
@@ -263,10 +292,14 @@ class VectorizedEngine:
                 )
                 for j, m in zip(first, mats, strict=False):
                     states[j]["foof"] = m
-            factors = foof.with_uppers(
+            steps = max(len(sc["steps"]) for sc in scheds)  # the steps one factor serves (auto's rule)
+            apply = foof.resolve_apply(cfg.foof_apply, dev, self.blocks, min(steps, cfg.refresh_every or steps))
+            factors = foof.operators(
                 batched_foof.factorize_stacked(
-                    {b: torch.stack([cs["foof"][b] for cs in states]) for b in self.blocks}, cfg.damping, dtype
-                )
+                    {b: torch.stack([cs["foof"][b] for cs in states]) for b in self.blocks}, cfg.damping, torch.float64
+                ),
+                dtype,
+                apply,
             )
         # the per-client tensors the method's gradient hook reads (SCAFFOLD's control), stacked
         per_client = {
@@ -318,7 +351,7 @@ class VectorizedEngine:
             with torch.no_grad():
                 G = dict(zip(self.names, [g.detach() for g in grads], strict=False))
                 hook = cfg.grad_hook(
-                    down,
+                    down if one or full else _stack_downs(downs, act.tolist()),
                     {
                         key: {n: v if full else v.index_select(0, ids) for n, v in s.items()}
                         for key, s in per_client.items()
@@ -357,8 +390,8 @@ class VectorizedEngine:
                         dirs = {}
                         with foof.one_cpu_thread(dev):
                             for bname, (gw, gb) in rhs.items():
-                                Lf, Uf = factors[bname] if full else (f.index_select(0, ids) for f in factors[bname])
-                                dirs[bname] = foof.solve_rows(gw if gb is None else torch.cat([gw, gb], 2), Lf, Uf)
+                                op = factors[bname] if full else tuple(f.index_select(0, ids) for f in factors[bname])
+                                dirs[bname] = foof.direction(gw if gb is None else torch.cat([gw, gb], 2), op)
                     # the directions as views of the solves' results (no copies: every copy is a launch on a
                     # launch-bound GPU); the update below reads them before the next step's solves overwrite them.
                     # A clip of the update takes its norm on the strided bias view: within an ulp of the
@@ -389,11 +422,11 @@ class VectorizedEngine:
                         [states[j].get("foof_static") for j in due],
                     )
                     new_f = batched_foof.factorize_stacked(
-                        {b: torch.stack([m[b] for m in mats]) for b in self.blocks}, cfg.damping, dtype
+                        {b: torch.stack([m[b] for m in mats]) for b in self.blocks}, cfg.damping, torch.float64
                     )
-                    for b, (Ln, Un) in foof.with_uppers(new_f).items():
-                        factors[b][0][due] = Ln
-                        factors[b][1][due] = Un
+                    for b, op in foof.operators(new_f, dtype, apply).items():
+                        for old, new in zip(factors[b], op, strict=True):  # in place: a CUDA graph reads them
+                            old[due] = new
         end = None
         if cfg.uses_foof:  # matrices at the end of the round, on plain data
             end = self.foof_for(
@@ -405,6 +438,6 @@ class VectorizedEngine:
         seen = [len(self.clients[i]) * cfg.local_epochs for i in sel]
         for j, cs in enumerate(states):
             local = {n: P[n][j].clone() for n in self.names}
-            reply = cfg.client_reply(cs, local, n_steps[j], down, end[j] if end is not None else None)
+            reply = cfg.client_reply(cs, local, n_steps[j], downs[j], end[j] if end is not None else None)
             results.append((reply, float(loss_sum[j]) / max(seen[j], 1)))
         return results

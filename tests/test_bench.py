@@ -171,6 +171,7 @@ def test_dnn_benchmark_measures_only_the_engines_asked_for(capsys):
     from validation import bench_dnn
 
     argv = ["--models", "cnn", "--sizes", "2,20,1,3", "--repeats", "2", "--threads", "1", "--engines", "vectorized"]
+    argv += ["--foof-applies", "solve"]  # the inverse side by side: the next test
     assert bench_dnn.main(argv + ["--json"]) == 0
     r = json.loads(capsys.readouterr().out)["results"][0]
     assert r["engines"] == ["vectorized"] and r["timed_rounds_per_method"] == 4
@@ -208,3 +209,20 @@ def test_the_foof_timer_counts_a_nested_factorisation_once(monkeypatch):
     with FoofTimer("cpu") as timer:
         batched_foof.factorize_stacked({"b": A}, 1.0, torch.float32)
     assert 0.5 <= timer.seconds["factorisations"] < 0.95 and timer.seconds["statistics"] == 0.0
+
+
+def test_dnn_benchmark_stacks_runs_and_puts_both_foof_applies_side_by_side(capsys):
+    """--stack 2: one run alone and two stacked, timed in this process; stack_speedup = S x single / stacked.
+    FedPM/FedAvg by --foof-apply: solve's is the plain key."""
+    pytest.importorskip("torch")
+    from validation import bench_dnn
+
+    argv = ["--models", "cnn", "--sizes", "2,20,1,2", "--repeats", "1", "--threads", "1", "--engines", "vectorized"]
+    assert bench_dnn.main(argv + ["--stack", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    r = out["results"][0]
+    assert r["runs_stacked"] == 2 and r["seconds_per_round_single"] > 0 and r["seconds_per_round_stacked"] > 0
+    assert r["stack_speedup"] == pytest.approx(2 * r["seconds_per_round_single"] / r["seconds_per_round_stacked"])
+    assert out["stack_speedup"] == r["stack_speedup"]  # a headline key (SimpleCNN)
+    by = r["fedpm_over_fedavg_by_apply"]
+    assert set(by) == {"solve", "inverse"} and by["solve"] == r["fedpm_over_fedavg"] and by["inverse"] > 0

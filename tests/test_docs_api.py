@@ -15,7 +15,7 @@ DOC = os.path.join(ROOT, "docs", "use-in-your-code.md")
 
 def blocks(lang):
     with open(DOC) as fh:
-        return re.findall(rf"```{lang}\n(.*?)```", fh.read(), re.S)
+        return re.findall(rf"```{lang}(?: [^\n]*)?\n(.*?)```", fh.read(), re.S)
 
 
 def test_every_python_block_of_the_guide_runs(tmp_path, monkeypatch):

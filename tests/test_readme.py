@@ -48,16 +48,20 @@ def snippets():
         os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md")
     )
     for rel in files:
-        text = read(rel)
+        text, before = read(rel), ""
         for m in SNIPPET.finditer(text):
             line = text.count("\n", 0, m.start()) + 1
-            yield pytest.param(m.group(1).strip(), m.group(2), id=f"{rel}:{line}")
+            info, code = m.group(1).strip(), m.group(2)
+            # ```python continued: the page's earlier snippets run first, as a reader pastes them in order
+            yield pytest.param(info, before + code if "continued" in info.split() else code, id=f"{rel}:{line}")
+            before += code
 
 
 @pytest.mark.parametrize("info,code", list(snippets()))
 def test_the_python_snippets_of_the_docs_run(info, code, tmp_path):
     """Each snippet runs as written in a fresh interpreter (from an empty folder, this checkout's packages); one
-    that needs data or a long run says so in its info string (```python no-run) and is skipped here."""
+    that needs data or a long run says so in its info string (```python no-run) and is skipped here; one that
+    goes on from the page's earlier snippets says ```python continued."""
     if "no-run" in info.split():
         pytest.skip("marked no-run in its info string")
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}

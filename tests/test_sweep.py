@@ -118,7 +118,7 @@ def test_killed_sweep_resumes_to_the_uninterrupted_histories(data, reference, tm
         try:
             while rounds_done(results) == before and proc.poll() is None:
                 time.sleep(0.05)
-            time.sleep(rng.uniform(0.0, 0.8))
+            time.sleep(rng.uniform(0.0, 0.05))  # within the run: a round of this tiny run can take 0.1 s
         finally:
             with contextlib.suppress(ProcessLookupError):  # a call that finished first has no group left
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -311,8 +311,18 @@ def test_a_budget_ending_mid_run_leaves_it_partial_and_the_next_call_finishes_it
     uninterrupted histories."""
     _, ref = reference
     monkeypatch.setattr(sweep, "START_SECONDS", 0.0)  # no start-up allowance: the first run starts at once
+    # every round lasts longer than the budget (a round of this tiny run alone can take 0.1 s on a quiet machine)
+    from fedconvex.driver import Driver
+
+    one_round = Driver.round
+
+    def slow_round(self, *a, **k):
+        time.sleep(1.5)
+        return one_round(self, *a, **k)
+
+    monkeypatch.setattr(Driver, "round", slow_round)
     clock = sweep.Budget(None)
-    clock.end = time.time() + 0.2
+    clock.end = time.time() + 1.0
     messages = []
     in_process(experiments.ensure, PROFILE, str(data), str(tmp_path), log=messages.append, budget=clock)
     states = sweep.statuses(RUNS, str(tmp_path / PROFILE))
@@ -321,5 +331,6 @@ def test_a_budget_ending_mid_run_leaves_it_partial_and_the_next_call_finishes_it
     assert (states[first.name].state, states[first.name].rounds_done) == (sweep.PARTIAL, 1)
     assert all(states[r.name].state == sweep.MISSING for r in RUNS[1:])
     assert any(m.startswith(f"budget spent: {len(RUNS) - 1} runs not started") for m in messages), messages
+    monkeypatch.setattr(Driver, "round", one_round)
     in_process(experiments.ensure, PROFILE, str(data), str(tmp_path), log=messages.append)
     assert histories(tmp_path) == ref

@@ -5,6 +5,7 @@
     python -m validation.bench_dnn --threads 2     # torch CPU threads (default: all cores)
     python -m validation.bench_dnn --sizes 10,128,2,2 --repeats 1   # smaller: clients,images,epochs,rounds
     python -m validation.bench_dnn --engines vectorized --repeats 3  # one engine (the other's numbers null)
+    python -m validation.bench_dnn --models cnn --stack 3 --json      # + 3 runs stacked against one alone
 
 Measured in one run on the current device, on synthetic CIFAR-shaped data (the speed does not
 depend on pixel values), for SimpleCNN at CIFAR-10 size and ResNet18-GN at CIFAR-100 size:
@@ -17,6 +18,12 @@ vectorized FedPM round, and the projected time of the paper's 100-round run (50,
 training scaled by images x epochs, the FOOF statistics by images, the factorisations and the server by
 clients; the JSON also keeps the older whole-round-per-image projection, which charges a small benchmark's
 fixed per-round costs -- ResNet18-GN's 4,609-wide factorisations -- once per image).
+
+FedPM is measured with each ``--foof-applies`` (default solve and inverse, side by side:
+``fedpm_over_fedavg_by_apply``; the plain keys are solve's).  ``--stack S`` adds, measured in the same process on
+the vectorized engine, the round time of one run alone and of S runs stacked (``fedpm_dnn.run_stack``, seeds
+0..S-1): ``runs_stacked``, ``seconds_per_round_single``, ``seconds_per_round_stacked`` and ``stack_speedup``
+(S x single / stacked).
 """
 
 from __future__ import annotations
@@ -51,7 +58,9 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def _experiment(model, method, device, clients, per_client, epochs, rounds, engine, chunk=None, seed=0):
+def _experiment(
+    model, method, device, clients, per_client, epochs, rounds, engine, chunk=None, seed=0, foof_apply="solve"
+):
     import torch
 
     from fedpm_dnn.algorithms import make_method, method_class
@@ -71,7 +80,7 @@ def _experiment(model, method, device, clients, per_client, epochs, rounds, engi
     ]
     xt = torch.randint(0, 256, (256, 3, 32, 32), generator=g, dtype=torch.uint8).to(device)
     yt = torch.randint(0, k, (256,), generator=g).to(device)
-    foof_kw = {"damping": 1.0} if method_class(method).uses_foof else {}
+    foof_kw = {"damping": 1.0, "foof_apply": foof_apply} if method_class(method).uses_foof else {}
     cfg = make_method(method, lr=0.05, clip=1.0, local_epochs=epochs, **foof_kw)
     return Experiment(
         cfg=cfg,
@@ -125,6 +134,7 @@ class FoofTimer:
         self._wrap(client, "foof_matrices", "statistics")
         self._wrap(batched_foof, "factorize_stacked", "factorisations")
         self._wrap(foof, "factorize", "factorisations")
+        self._wrap(foof, "operators", "factorisations")  # the inverse (--foof-apply inverse) is formed there
         return self
 
     def __exit__(self, *exc):
@@ -132,13 +142,13 @@ class FoofTimer:
             setattr(owner, name, fn)
 
 
-def _rounds(model, method, device, size, engine, chunk=None, seed=0):
+def _rounds(model, method, device, size, engine, chunk=None, seed=0, foof_apply="solve"):
     """Per round (rounds after the first) its parts {seconds, statistics, factorisations, server}, peak MB, chunk
     used.  ``server`` is the round's time outside the clients (screening, decoding, mixing)."""
     from fedpm_dnn.simulation import run_experiment
 
     clients, per_client, epochs, rounds = size
-    exp = _experiment(model, method, device, clients, per_client, epochs, rounds, engine, chunk, seed)
+    exp = _experiment(model, method, device, clients, per_client, epochs, rounds, engine, chunk, seed, foof_apply)
     marks = []
     with FoofTimer(device) as timer:
 
@@ -180,37 +190,55 @@ def paper_round_seconds(parts: dict, clients: int, per_client: int, epochs: int)
 ENGINES = ("sequential", "vectorized")
 
 
-def measure(model, device, sizes=None, repeats=None, chunk=None, engines=ENGINES, seed=0, quiet=True):
+def measure(
+    model,
+    device,
+    sizes=None,
+    repeats=None,
+    chunk=None,
+    engines=ENGINES,
+    seed=0,
+    quiet=True,
+    applies=("solve", "inverse"),
+):
     """The benchmark's numbers for one model; an engine left out of ``engines`` gets null numbers (a GPU
-    run short of time measures the vectorized engine's FedPM/FedAvg over more rounds instead)."""
+    run short of time measures the vectorized engine's FedPM/FedAvg over more rounds instead).  FedPM runs
+    with each of ``applies`` (its first, solve, gives the plain keys)."""
     if repeats is None:  # ResNet rounds on a CPU take minutes: one repeat there
         repeats = 1 if (model == "resnet18gn" and not device.startswith("cuda")) else 2
     size = sizes or SIZES[(model, "cuda" if device.startswith("cuda") else "cpu")]
     clients, per_client, epochs, _ = size
-    times = {(e, m): [] for e in engines for m in ("fedavg", "fedpm")}
+    variants = [("fedavg", "fedavg", "solve")] + [
+        ("fedpm" if a == "solve" else f"fedpm-{a}", "fedpm", a) for a in applies
+    ]
+    times = {(e, label): [] for e in engines for label, _, _ in variants}
     fedpm_parts = {e: [] for e in engines}
     foof_share, peak, used = [], 0.0, None
     reported = "vectorized" if "vectorized" in engines else "sequential"  # FOOF share and peak memory of its FedPM
-    bar = Progress(repeats * len(engines) * 2, model, enabled=not quiet, unit="run")
+    bar = Progress(repeats * len(engines) * len(variants), model, enabled=not quiet, unit="run")
     for _ in range(repeats):  # alternate engines and methods so machine drift hits all alike
         for engine in engines:
-            for method in ("fedavg", "fedpm"):
-                parts, mb, ch = _rounds(model, method, device, size, engine, chunk, seed)
-                bar.update(1, f"{engine} {method}")
-                times[(engine, method)] += [p["seconds"] for p in parts]
-                if method == "fedpm":
+            for label, method, apply in variants:
+                parts, mb, ch = _rounds(model, method, device, size, engine, chunk, seed, apply)
+                bar.update(1, f"{engine} {label}")
+                times[(engine, label)] += [p["seconds"] for p in parts]
+                if label == "fedpm":
                     fedpm_parts[engine] += parts
-                if method == "fedpm" and engine == reported:
+                if label == "fedpm" and engine == reported:
                     foof_share += [(p["statistics"] + p["factorisations"]) / p["seconds"] for p in parts]
                     peak, used = max(peak, mb), (ch if engine == "vectorized" else None)
     med = {k: float(np.median(v)) for k, v in times.items()}
-    med.update({(e, m): None for e in ENGINES if e not in engines for m in ("fedavg", "fedpm")})
+    med.update({(e, label): None for e in ENGINES if e not in engines for label, _, _ in variants})
+
     images = clients * per_client * epochs
     # each part's median over the FedPM rounds (reported; the projection projects every round, then takes the median)
     part_med = {e: {k: float(np.median([p[k] for p in ps])) for k in ps[0]} for e, ps in fedpm_parts.items()}
 
     def ratio(a, b):
         return None if a is None or b is None else a / b
+
+    def by_apply(engine):  # FedPM / FedAvg with each apply, side by side
+        return {a: ratio(med[(engine, label)], med[(engine, "fedavg")]) for label, m, a in variants if m == "fedpm"}
 
     def projected(engine):  # 100 rounds of the paper's setting, FedPM: each measured round projected, then the median
         if engine not in fedpm_parts:
@@ -236,6 +264,11 @@ def measure(model, device, sizes=None, repeats=None, chunk=None, engines=ENGINES
         "fedpm_round_seconds_vectorized": med[("vectorized", "fedpm")],
         "fedpm_over_fedavg": ratio(med[("vectorized", "fedpm")], med[("vectorized", "fedavg")]),
         "fedpm_over_fedavg_sequential": ratio(med[("sequential", "fedpm")], med[("sequential", "fedavg")]),
+        "fedpm_over_fedavg_by_apply": by_apply("vectorized"),
+        "fedpm_over_fedavg_sequential_by_apply": by_apply("sequential"),
+        "fedpm_round_seconds_vectorized_by_apply": {
+            a: med[("vectorized", label)] for label, m, a in variants if m == "fedpm"
+        },
         "paper_ratio": PAPER[model],
         "foof_seconds_share": float(np.median(foof_share)),
         "peak_memory_mb": peak,
@@ -248,6 +281,47 @@ def measure(model, device, sizes=None, repeats=None, chunk=None, engines=ENGINES
             else None
             for e in ENGINES
         },
+    }
+
+
+def _stack_round_seconds(model, method, device, size, runs, chunk=None, foof_apply="solve") -> list:
+    """Seconds per round (after the first) of ``runs`` runs (seeds 0..runs-1) trained as one stack on the
+    vectorized engine: the time between the ends of consecutive rounds (the last run's end)."""
+    from fedpm_dnn.run_stack import run_stack
+
+    clients, per_client, epochs, rounds = size
+    exps = [
+        _experiment(model, method, device, clients, per_client, epochs, rounds, "vectorized", chunk, s, foof_apply)
+        for s in range(runs)
+    ]
+    ends = {}
+
+    def on_round(row, history):
+        _sync(device)
+        ends[row["round"]] = time.perf_counter()  # each run's end of the round; the last one stays
+
+    out = run_stack(exps, [None] * runs, [False] * runs, [on_round] * runs)
+    for o in out:
+        if isinstance(o, BaseException):
+            raise o
+    marks = [ends[t] for t in sorted(ends)]
+    return [b - a for a, b in zip(marks, marks[1:], strict=False)]
+
+
+def measure_stack(model, device, size, runs, repeats, chunk=None, method="fedpm", foof_apply="solve") -> dict:
+    """One run alone and ``runs`` runs stacked, alternated ``repeats`` times in this process (medians)."""
+    single, stacked = [], []
+    for _ in range(repeats):
+        single += _stack_round_seconds(model, method, device, size, 1, chunk, foof_apply)
+        stacked += _stack_round_seconds(model, method, device, size, runs, chunk, foof_apply)
+    one, many = float(np.median(single)), float(np.median(stacked))
+    return {
+        "stack_method": method,
+        "stack_foof_apply": foof_apply,
+        "runs_stacked": runs,
+        "seconds_per_round_single": one,
+        "seconds_per_round_stacked": many,
+        "stack_speedup": runs * one / many,
     }
 
 
@@ -270,6 +344,13 @@ def main(argv=None) -> int:
         default=",".join(ENGINES),
         help="comma-separated engines to measure (default both; the other's numbers are null)",
     )
+    p.add_argument(
+        "--foof-applies",
+        default="solve,inverse",
+        help="FedPM's --foof-apply values to measure side by side (default solve,inverse; solve first)",
+    )
+    p.add_argument("--stack", type=int, default=None, help="also time S runs stacked against one alone")
+    p.add_argument("--stack-method", default="fedpm", help="the method of the --stack runs (default fedpm)")
     p.add_argument("--json", action="store_true")
     add_seed_arg(p)
     add_quiet_arg(p)
@@ -287,6 +368,12 @@ def main(argv=None) -> int:
 
     models = listed("--models", "model", args.models, CLASSES)
     chosen = listed("--engines", "engine", args.engines, ENGINES)
+    applies = listed("--foof-applies", "apply", args.foof_applies, ("solve", "inverse"))
+    if applies[0] != "solve":
+        p.error("--foof-applies: solve first (its numbers are the plain keys)")
+    from fedpm_dnn.algorithms import METHODS
+
+    listed("--stack-method", "method", args.stack_method, METHODS)
     engines = tuple(e for e in ENGINES if e in chosen)  # sequential first, as the alternation runs them
     try:
         sizes = tuple(int(v) for v in args.sizes.split(",")) if args.sizes else None
@@ -303,7 +390,12 @@ def main(argv=None) -> int:
                 f"--sizes {args.sizes}: {sizes[0]} clients x {sizes[1]} images need {need / 2**30:.3g} GiB, "
                 f"more than half of this machine's {have / 2**30:.3g} GiB"
             )
-    for flag, v in (("--threads", args.threads), ("--client-chunk", args.client_chunk), ("--repeats", args.repeats)):
+    for flag, v in (
+        ("--threads", args.threads),
+        ("--client-chunk", args.client_chunk),
+        ("--repeats", args.repeats),
+        ("--stack", args.stack),
+    ):
         if v is not None and v < 1:
             p.error(f"{flag} must be a positive integer, got {v}")
     try:
@@ -328,9 +420,15 @@ def main(argv=None) -> int:
         "torch": torch.__version__,
         "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "results": [
-            measure(m, device, sizes, args.repeats, args.client_chunk, engines, args.seed, args.quiet) for m in models
+            measure(m, device, sizes, args.repeats, args.client_chunk, engines, args.seed, args.quiet, applies)
+            for m in models
         ],
     }
+    if args.stack:
+        for r, m in zip(out["results"], models, strict=True):
+            size = sizes or SIZES[(m, "cuda" if device.startswith("cuda") else "cpu")]
+            reps = args.repeats or (1 if (m == "resnet18gn" and device == "cpu") else 2)
+            r.update(measure_stack(m, device, size, args.stack, reps, args.client_chunk, args.stack_method))
     cnn = next((r for r in out["results"] if r["model"] == "cnn"), None)
     if cnn:  # the headline keys: SimpleCNN, CIFAR-10 setting
         out.update(
@@ -343,6 +441,12 @@ def main(argv=None) -> int:
                     "foof_seconds_share",
                     "peak_memory_mb",
                     "projected_100_round_minutes",
+                    "fedpm_over_fedavg_by_apply",
+                    *(
+                        ("runs_stacked", "seconds_per_round_single", "seconds_per_round_stacked", "stack_speedup")
+                        if args.stack
+                        else ()
+                    ),
                 )
             }
         )
@@ -366,6 +470,16 @@ def main(argv=None) -> int:
             f"{r['dataset_size_of']} run {f(r['projected_100_round_minutes'], '.0f')} min vectorized, "
             f"{f(r['projected_100_round_minutes_sequential'], '.0f')} min sequential"
         )
+        print(
+            "  FedPM/FedAvg vectorized by --foof-apply: "
+            + ", ".join(f"{a} {f(v, '.2f')}x" for a, v in r["fedpm_over_fedavg_by_apply"].items())
+        )
+        if "runs_stacked" in r:
+            print(
+                f"  {r['runs_stacked']} {r['stack_method']} runs stacked: "
+                f"{r['seconds_per_round_stacked']:.2f} s a round "
+                f"against {r['seconds_per_round_single']:.2f} s alone (stack speed-up {r['stack_speedup']:.2f}x)"
+            )
         for e, pm in r["fedpm_round_parts_seconds"].items():
             if pm is not None:
                 print(

@@ -7,11 +7,17 @@ Writes DIR/history.csv, DIR/summary.json (with the per-client class-count table)
 DIR/checkpoint.pt every round; ``--resume`` continues a killed run to the identical result.
 ``--deadline T`` (seconds since the epoch) ends the run after the round in which T passes, checkpointed, with
 exit status 75 (EXIT_PARTIAL): the sweep's budget clock (validation/sweep.py) stops runs this way.
+
+``--seeds 0,1,2`` and ``--alpha 0.1,1.0`` (lists: one run per combination) train the runs together as one
+stack on the vectorized engine (``fedpm_dnn.run_stack``); DIR is then the parent of one folder per run, named as
+``validation.experiments`` names its main runs (main-<dataset>-a<alpha>-<method>-s<seed>, or ``--run-names``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
 import platform
@@ -73,9 +79,10 @@ def build_parser():
     )
     p.add_argument(
         "--alpha",
-        type=common.positive_float,
+        type=alpha_list,
         default=None,
-        help="Dirichlet concentration (default: the preset's, else 0.1)",
+        help="Dirichlet concentration, or a comma-separated list (one run per value, stacked; default: the "
+        "preset's, else 0.1)",
     )
     p.add_argument(
         "--split",
@@ -105,7 +112,23 @@ def build_parser():
     )
     p.add_argument("--rounds", type=common.positive_int, default=100)
     p.add_argument("--local-epochs", type=common.positive_int, default=None, help="default: the preset's, else 5")
-    p.add_argument("--seed", type=common.seed_int, default=0, help="model initialisation, batches, client sampling")
+    p.add_argument(
+        "--seed", type=common.seed_int, default=None, help="model initialisation, batches, client sampling (default 0)"
+    )
+    p.add_argument(
+        "--seeds",
+        type=seed_list,
+        default=None,
+        help="comma-separated seeds: one run per seed (and --alpha value), trained together as one stack on the "
+        "vectorized engine; --out becomes their parent folder",
+    )
+    p.add_argument(
+        "--run-names",
+        type=lambda t: t.split(","),
+        default=None,
+        help="a stack's run folders under --out, comma-separated, in the order seeds x alphas (default "
+        "main-<dataset>-a<alpha>-<method>-s<seed>, validation.experiments' names)",
+    )
     p.add_argument(
         "--split-seed",
         type=common.seed_int,
@@ -188,6 +211,13 @@ def build_parser():
     )
     g.add_argument("--damping", type=common.nonneg_float, help="FOOF damping (LocalNewton, FedPM)")
     g.add_argument("--batch-size", type=common.positive_int)
+    g.add_argument(
+        "--foof-apply",
+        choices=("solve", "inverse", "auto"),
+        help="how a local step applies (A + lam I)^{-1} (LocalNewton, FedPM): solve (default: two triangular "
+        "solves with the Cholesky factor), inverse (one product with the inverse formed once per round, as the "
+        "paper's cost table counts), auto (the measured rule of docs/stacking.md)",
+    )
     g.add_argument("--refresh-every", type=common.positive_int, help="recompute FOOF matrices every s local steps")
     g.add_argument("--weighting", choices=("uniform", "samples"))
     g.add_argument("--precond-dtype", choices=("float32", "float16"), help="dtype FedPM's matrices travel in")
@@ -222,16 +252,81 @@ def build_parser():
 def parse_args(argv=None):
     p = build_parser()
     args = p.parse_args(argv)
+    if args.seeds is not None and args.seed is not None:
+        p.error("--seed and --seeds exclude each other")
+    seeds = args.seeds or [0 if args.seed is None else args.seed]
+    args.alphas = args.alpha  # None (the preset's, else 0.1) or the values as typed (they name run folders)
+    args.seed, args.alpha = seeds[0], None if args.alpha is None else float(args.alpha[0])
+    combos = list(itertools.product(seeds, args.alphas or [None]))
     check_preset(p, args)
+    resolve_into(p, args)
+    args.runs = []
+    if len(combos) > 1 or args.seeds is not None or args.run_names is not None:
+        check_stack_args(p, args, combos)
+    else:
+        if args.out is None:
+            args.out = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")
+        check_args(p, args)
+    return args
+
+
+def resolve_into(p, args) -> None:
+    """args.resolved (the preset under the flags) and the data set it names, or one parser error."""
     try:
         args.resolved = resolve(args)
     except ValueError as exc:  # the preset has no row for the method, or a flag's value does not fit it
         p.error(str(exc))
     args.dataset = args.resolved.settings["dataset"]
+
+
+def alpha_list(text):
+    """--alpha: one Dirichlet concentration or a comma-separated list (kept as typed: they name run folders)."""
+    parts = text.split(",")
+    for t in parts:
+        common.positive_float(t)
+    if len(set(parts)) != len(parts):
+        raise argparse.ArgumentTypeError(f"repeated value in {text}")
+    return parts
+
+
+def seed_list(text):
+    seeds = [common.seed_int(t) for t in text.split(",")]
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"repeated seed in {text}")
+    return seeds
+
+
+def stack_run_name(dataset: str, alpha: str, method: str, seed: int) -> str:
+    """A stacked run's folder: validation.experiments' name for the main run of these settings."""
+    return f"main-{dataset}-a{alpha}-{method}-s{seed}"
+
+
+def check_stack_args(p, args, combos):
+    """Several runs (--seeds / --alpha lists): args.runs gets one namespace per run, its own seed, alpha (resolved
+    with the preset as a run alone would be) and folder under --out; a run folder with a checkpoint continues under
+    --resume, one without starts."""
+    if args.engine == "sequential":
+        p.error("--seeds / --alpha lists train the runs as one stack on the vectorized engine, not --engine sequential")
+    alpha_text = [a if a is not None else repr(args.resolved.settings["alpha"]) for _, a in combos]
+    names = args.run_names or [
+        stack_run_name(args.dataset, a, args.method, s) for (s, _), a in zip(combos, alpha_text, strict=True)
+    ]
+    if len(names) != len(combos):
+        p.error(f"--run-names: {len(names)} names for {len(combos)} runs (seeds x alphas)")
+    if len(set(names)) != len(names) or any(not n or os.sep in n or n in (".", "..") for n in names):
+        p.error("--run-names: names must be distinct plain folder names")
     if args.out is None:
-        args.out = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")
-    check_args(p, args)
-    return args
+        args.out = os.path.join("results", f"dnn-stack-{args.dataset}-{args.method}")
+    if os.path.lexists(args.out) and not os.path.isdir(args.out):
+        p.error(f"--out {args.out}: exists and is not a folder; choose another --out")
+    for (seed, alpha), name in zip(combos, names, strict=True):
+        run = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "runs"})
+        run.seed, run.out = seed, os.path.join(args.out, name)
+        run.alpha, run.alphas = (None, None) if alpha is None else (float(alpha), [alpha])
+        run.resume = args.resume and os.path.isfile(os.path.join(run.out, "checkpoint.pt"))
+        resolve_into(p, run)
+        check_args(p, run)
+        args.runs.append(run)
 
 
 # flags that a preset's setting or its method rows may supply (fedpm_dnn.presets.resolve): None = not given
@@ -239,7 +334,7 @@ SETTING_FLAGS = ("dataset", "alpha", "clients", "participants", "local_epochs", 
 HYPERPARAMETER_FLAGS = (
     *("lr", "clip", "weight_decay", "mu", "momentum", "server_lr", "momentum_form", "bias_correction", "damping"),
     *("batch_size", "refresh_every", "weighting", "precond_dtype", "param_dtype", "precond_codec", "clip_stage"),
-    "weight_decay_mode",
+    *("weight_decay_mode", "foof_apply"),
 )
 
 
@@ -323,10 +418,12 @@ def checkpoint_conflict(args) -> str | None:
 # engine: the checkpoint records the resolved engine (fedpm_dnn.checkpoint.fingerprint), not the flag, so that
 # "auto" and the engine it stands for resume each other
 # resolved: derived from the flags and the preset (run_fingerprint adds the alpha it resolved to)
+# gn_groups: the resolved group count is in the model's entry of the fingerprint (fedpm_dnn.checkpoint)
+# seeds, alphas, run_names, runs: how a stack is given (each run's fingerprint has its own seed and alpha), so a
+# stacked run and the same run alone resume each other
 NOT_IN_FINGERPRINT = {
-    *("out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "deadline", "resolved")
-    # gn_groups: the resolved group count is in the model's entry of the fingerprint (fedpm_dnn.checkpoint)
-    + ("gn_groups",)
+    *("out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "deadline", "resolved"),
+    *("gn_groups", "seeds", "alphas", "run_names", "runs"),
 }
 
 
@@ -599,10 +696,19 @@ def fail_run(args, exc):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    with common.holding_out(PROG, args.out, OUTPUT):
-        why = checkpoint_conflict(args)  # again, now that no other run can change it
-        if why:
-            common.fail(PROG, ValueError(why))
+    runs = args.runs or [args]
+    if args.runs:  # a stack: --out is the parent of its runs' folders, each held and checked as a run's own
+        try:
+            os.makedirs(args.out, exist_ok=True)
+        except OSError as exc:
+            common.fail(PROG, exc)
+    with contextlib.ExitStack() as held:
+        for r in runs:
+            held.enter_context(common.holding_out(PROG, r.out, OUTPUT))
+        for r in runs:
+            why = checkpoint_conflict(r)  # again, now that no other run can change it
+            if why:
+                common.fail(PROG, ValueError(why))
         return run(args, argv)
 
 
@@ -617,6 +723,8 @@ def run(args, argv) -> int:
     from fedpm_dnn.simulation import run_experiment
 
     command = PROG + " " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    if args.runs:
+        return main_stack(args, command)
     try:
         exp, desc = build(args)
     except (DatasetError, ValueError, OSError) as exc:
@@ -669,6 +777,80 @@ def run(args, argv) -> int:
         print(f"stopped at --deadline after {len(history)} of {args.rounds} rounds; --resume continues")
         return EXIT_PARTIAL
     return 0
+
+
+def main_stack(args, command) -> int:
+    """The runs of ``args.runs`` trained as one stack (``fedpm_dnn.run_stack``), each writing its own folder as a
+    single run does; a run that fails says why in one line and in its summary, the others go on."""
+    from fedpm_dnn.data import DatasetError
+    from fedpm_dnn.run_stack import run_stack
+
+    runs = args.runs
+    built = []
+    for run in runs:
+        if run.engine == "auto":
+            run.engine = "vectorized"
+        try:
+            exp, desc = build(run)
+        except (DatasetError, ValueError, OSError) as exc:
+            common.fail(PROG, exc)
+        exp.meta["fingerprint"] = run_fingerprint(run)
+        built.append((exp, {**desc, "stack": {"runs": [os.path.basename(r.out) for r in runs]}}))
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        opened = [open_out(run.out) for run in runs]
+    except OSError as exc:
+        common.fail(PROG, exc)
+    bar = Progress(args.rounds * len(runs), f"{args.method} x{len(runs)} runs", enabled=not args.quiet)
+
+    def on_round(run, desc):
+        def write(row, history):
+            bar.update(1, f"{os.path.basename(run.out)} round {row['round']} acc {row['test_acc']:.3f}")
+            write_outputs(run.out, history, summarize(desc, history, command))
+
+        return write
+
+    ckpts = [os.path.join(run.out, "checkpoint.pt") for run in runs]
+    start = time.perf_counter()
+    try:
+        with sigterm_as_exit():
+            results = run_stack(
+                [exp for exp, _ in built],
+                ckpts,
+                [run.resume for run in runs],
+                [on_round(r, d) for r, (_, d) in zip(runs, built, strict=True)],
+            )
+    except BaseException as exc:
+        for run, ck, state in zip(runs, ckpts, opened, strict=True):
+            if not os.path.exists(ck):
+                undo_open_out(run.out, state)
+        if isinstance(exc, KeyboardInterrupt):
+            raise type(exc)(f"{args.out}: every run keeps the rounds done so far; --resume continues") from None
+        raise
+    failed = 0
+    for run, (_, desc), ck, state, out in zip(runs, built, ckpts, opened, results, strict=True):
+        name = os.path.basename(run.out)
+        if isinstance(out, BaseException):
+            failed += 1
+            if not os.path.exists(ck):
+                undo_open_out(run.out, state)
+            summary_path = os.path.join(run.out, "summary.json")
+            if isinstance(out, ArithmeticError) and os.path.isfile(summary_path):
+                with open(summary_path) as fh:
+                    partial = json.load(fh)
+                partial["failed"] = str(out)
+                write_atomic(summary_path, json.dumps(partial, indent=2))
+            print(f"{PROG}: {name}: {out}", file=sys.stderr)
+            continue
+        summary = summarize(desc, out, command)
+        write_outputs(run.out, out, summary)
+        print(f"{name}: best test accuracy {summary['best_test_acc']:.4f}, final {summary['final_test_acc']:.4f}")
+    print(
+        f"{len(runs) - failed} of {len(runs)} runs done as one stack "
+        f"({time.perf_counter() - start:.1f}s); wrote {args.out}"
+    )
+    print(f"reproduce: {command}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

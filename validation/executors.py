@@ -41,7 +41,7 @@ def run_unit(unit, job: Job, round_seconds: dict) -> list[tuple[str, str]]:
     from validation import dnn, superlinear
     from validation.sweep import DONE, STALE, START_SECONDS, describe, status
 
-    outcomes = []
+    todo, outcomes = [], []
     for run in unit:
         folder = os.path.join(job.root, run.name)
         st = status(run, folder)
@@ -52,6 +52,26 @@ def run_unit(unit, job: Job, round_seconds: dict) -> list[tuple[str, str]]:
         if job.end is not None and time.time() + START_SECONDS + per_round > job.end:
             outcomes.append((run.name, NOT_STARTED))
             continue
+        todo.append(run)
+    if len(todo) > 1:  # a stack (validation.experiments.stacks): its runs in one validation.dnn call
+        from validation.experiments import stack_argv
+
+        per_round = max(round_seconds.get(r.name, 0.0) for r in todo)
+        argv = stack_argv(todo) + ["--data-dir", job.data_dir, "--out", job.root, "--quiet", "--device", job.device]
+        if any(os.path.isfile(os.path.join(job.root, r.name, "checkpoint.pt")) for r in todo):
+            argv.append("--resume")
+        if job.end is not None:
+            argv += ["--deadline", repr(job.end - per_round)]
+        code = _exit_code(dnn.main, argv)
+        for run in todo:
+            folder = os.path.join(job.root, run.name)
+            st = status(run, folder)
+            ok = code in (0, dnn.EXIT_PARTIAL) or st.state == DONE
+            outcomes.append((run.name, describe(run, st) if ok else f"failed (exit {code})"))
+        return outcomes
+    for run in todo:
+        folder = os.path.join(job.root, run.name)
+        per_round = round_seconds.get(run.name, 0.0)
         if run.kind == "superlinear":
             code = _exit_code(superlinear.main, list(run.argv) + ["--out", folder])
         else:

@@ -379,6 +379,69 @@ def data_available(dataset: str, data_dir: str | None) -> bool:
 REFERENCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reference")
 
 
+def _without(argv: tuple, flags: tuple) -> tuple:
+    """``argv`` without the given flags and their values."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = True
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+def _value(argv: tuple, flag: str, default=None):
+    return argv[argv.index(flag) + 1] if flag in argv else default
+
+
+def stacks(runs: list) -> list:
+    """The DNN runs grouped into stacks (``validation.dnn --seeds/--alpha``): runs equal but for seed and alpha, with
+    their (seed, alpha) pairs a full product (else one stack per alpha); every other run alone.  Order kept."""
+    groups, order = {}, []
+    for r in runs:
+        key = (r.kind, r.rounds, r.dataset, _without(r.argv, ("--seed", "--alpha"))) if r.kind == "dnn" else r
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(r)
+    out = []
+    for key in order:
+        group = groups[key]
+        if key is group[0] or len(group) == 1:
+            out.append(group)
+            continue
+        pairs = [(_value(r.argv, "--seed", "0"), _value(r.argv, "--alpha")) for r in group]
+        seeds, alphas = dict.fromkeys(p[0] for p in pairs), dict.fromkeys(p[1] for p in pairs)
+        if len(pairs) == len(seeds) * len(alphas) and len(set(pairs)) == len(pairs):
+            by = dict(zip(pairs, group, strict=True))
+            out.append([by[(s, a)] for s in seeds for a in alphas])  # validation.dnn's order: seeds x alphas
+        else:
+            for alpha in alphas:
+                out.append([r for r, p in zip(group, pairs, strict=True) if p[1] == alpha])
+    return out
+
+
+def stack_argv(group: list) -> list:
+    """validation.dnn's arguments for a stack of runs (``stacks``), without --data-dir, --out and --resume."""
+    first = group[0].argv
+    seeds = list(dict.fromkeys(_value(r.argv, "--seed", "0") for r in group))
+    alphas = list(dict.fromkeys(_value(r.argv, "--alpha") for r in group))
+    argv = list(_without(first, ("--seed", "--alpha"))) + ["--seeds", ",".join(seeds)]
+    if alphas != [None]:
+        argv += ["--alpha", ",".join(alphas)]
+    return argv + ["--run-names", ",".join(r.name for r in group)]
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 def seed_from_reference(profile: str, results: str = "results", reference: str = REFERENCE) -> list[str]:
     """Copy each shipped run of ``profile`` (reference/<profile>/<name>/ with a summary.json) to results/<profile>/
     where no folder of that name exists; returns the names copied.  A folder already there -- a run of the
@@ -405,10 +468,16 @@ def ensure(
     executor=None,
     device="auto",
     quiet=False,
+    stack: bool = True,
 ) -> dict:
     """Compute the missing and partial runs of ``profile`` in the sweep's priority order (validation/sweep.py),
     within ``budget`` (a sweep.Budget; None: no limit), on ``executor`` (default: here, one after another);
-    returns {run name: folder} of the runs that exist."""
+    returns {run name: folder} of the runs that exist.  ``stack``: the DNN runs that differ only in seed and
+    alpha are trained together (``stacks``, one unit of work) where validation.dnn's engine is the vectorized one
+    anyway (a GPU).  On a CPU every run stays alone on the sequential engine: a stack trains on the vectorized
+    engine, which is no faster there and rounds differently, so it could not continue an earlier run's
+    checkpoint."""
+    stack = stack and _cuda()
     from validation import sweep
     from validation.executors import NOT_STARTED, Job, LocalExecutor
 
@@ -437,7 +506,7 @@ def ensure(
     job = Job(root, data_dir or os.environ.get("FEDPM_DATA", ""), budget.end, device)
     bar = Progress(len(todo), f"{profile} runs", enabled=not quiet, unit="run")
     not_started = []
-    for _, outcomes in (executor or LocalExecutor()).map(sweep.units(todo), job, estimates):
+    for _, outcomes in (executor or LocalExecutor()).map(sweep.units(todo, stacks if stack else None), job, estimates):
         for name, outcome in outcomes:
             if outcome == NOT_STARTED:
                 not_started.append(name)
@@ -574,6 +643,12 @@ def main(argv=None) -> int:
     p.add_argument(
         "--only", action="append", metavar="GLOB", help="only the runs whose names match (repeatable; see --list)"
     )
+    p.add_argument(
+        "--no-stack",
+        action="store_true",
+        help="train every DNN run alone (default on a GPU: runs that differ only in seed and alpha train as one "
+        "stack; on a CPU runs are always alone)",
+    )
     args = p.parse_args(argv)
     by_seed = check_run_args(p, args)
     check_results_arg(p, args.results)
@@ -602,6 +677,7 @@ def main(argv=None) -> int:
             executor=executor(p, args),
             device=args.device,
             quiet=args.quiet,
+            stack=not args.no_stack,
         )
     except ValueError as exc:  # --executor ray without a cluster to reach
         common.fail("python -m validation.experiments", exc)

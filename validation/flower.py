@@ -236,23 +236,24 @@ def _fold_params(p, args, extra: dict, argv) -> None:
 
 def check_vocabulary(p, args) -> None:
     """--local-steps (logreg) / --local-epochs (cnn), --preset and --device, as one parser error each; sets
-    args.local_steps to what FlowerRunConfig carries (steps on logreg, epochs on the cnn)."""
+    args.local_steps to what FlowerRunConfig carries on the cnn (epochs; on logreg it stays as given, None for the
+    method's default, so that a method without local steps is not handed one)."""
     if args.device == "cuda":
         p.error("--device cuda: the Flower clients train on the CPU (logreg in NumPy, the cnn in CPU torch)")
     if args.problem == "logreg":
         for flag, value in (("--local-epochs", args.local_epochs), ("--preset", args.preset)):
             if value is not None:
                 p.error(f"{flag} applies to --problem cnn only")
-        args.local_steps = args.local_steps or 1
         return
     if args.local_steps is not None:  # it meant epochs on the cnn
         common.warn_deprecated(PROG, "--local-steps with --problem cnn", "--local-epochs")
-        args.local_epochs = args.local_epochs or args.local_steps
+        if args.local_epochs is None:
+            args.local_epochs = args.local_steps
     try:
         preset = preset_row(args.preset, args.method) if args.preset else {}
     except ValueError as exc:
         p.error(str(exc))
-    args.local_steps = args.local_epochs or preset.get("local_epochs", 1)
+    args.local_steps = args.local_epochs if args.local_epochs is not None else preset.get("local_epochs", 1)
 
 
 def preset_row(preset: str, method: str) -> dict:
@@ -457,7 +458,7 @@ def main(argv=None) -> int:
         clients=args.clients,
         rounds=args.rounds,
         lr=lr,
-        local_steps=args.local_steps,
+        local_steps=1 if args.local_steps is None else args.local_steps,
         lam=args.lam,
         seed=args.seed,
         precond_dtype=args.precond_dtype,

@@ -146,7 +146,8 @@ def import_pyplot():
 def _save_each(fig, paths) -> None:
     """``fig.savefig`` to every path; where the platform forks, the first path in a forked child while this
     process writes the others (each format draws the figure anew), else one after another.  A child
-    that fails leaves its path to this process, which then raises the error itself."""
+    that fails leaves its path to this process, which then raises the error itself; without a child every path is
+    tried and the first error raised after."""
     import threading
 
     # fork only a single-threaded process: a fork while other threads (BLAS, torch) hold locks can hang the child
@@ -159,15 +160,20 @@ def _save_each(fig, paths) -> None:
             code = 0
         finally:
             os._exit(code)
-    status = 0
+    status, failed = 0, None
     try:
         for p in paths[1:] if pid else paths:
-            fig.savefig(p, dpi=150)
+            try:  # every path that can be written is, whichever fails; the first failure is raised below
+                fig.savefig(p, dpi=150)
+            except Exception as exc:
+                failed = failed or exc
     finally:
         if pid:  # reaped whatever happens here, before the caller discards its folder
             status = os.waitpid(pid, 0)[1]
     if pid and status != 0:
         fig.savefig(paths[0], dpi=150)
+    if failed is not None:
+        raise failed
 
 
 def AtomicDir(path: str, kind=None):

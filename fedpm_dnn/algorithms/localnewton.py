@@ -5,7 +5,8 @@ Client: Theta <- Theta - lr (A + lam I)^{-1} G_Theta per block (``fedpm_dnn.foof
 the block's input over the client's data, computed at the end of each round (and once at the start of
 the first), optionally every ``refresh_every`` local steps.  Server: theta = mix_i(theta_i).
 
-paper symbol -> field: lam (damping term) -> damping; FOOF samples -> foof_samples (None: all local data).
+paper symbol -> field: lam (damping term) -> damping; FOOF samples -> foof_samples (None: all local data);
+how (A + lam I)^{-1} is applied each step -> foof_apply.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import ClassVar
 
 from fedconvex.mixing import simple_mix
 
+from .. import foof
 from ..foof import DEFAULT_DAMPING
 from .base import DnnAlgorithm, State, mixing_weights
 
@@ -28,6 +30,15 @@ class LocalNewton(DnnAlgorithm):
     damping: float = DEFAULT_DAMPING  # FOOF damping lambda, the same in local steps and mixing
     foof_samples: int | None = None  # None = the client's whole local dataset (paper)
     refresh_every: int | None = None  # recompute the matrices every s local steps (None: once per round)
+    # how a local step applies (A + lam I)^{-1}: 'solve' (two triangular solves with the Cholesky factor),
+    # 'inverse' (one product with the inverse formed once per refresh, as the paper's cost table counts) or
+    # 'auto' (fedpm_dnn.foof.resolve_apply's measured rule); the results agree within float32 round-off
+    foof_apply: str = "solve"
+
+    def __post_init__(self):
+        super().__post_init__()  # types and ranges (fedconvex.hyperparams), damping >= 0 among them
+        if self.foof_apply not in foof.APPLIES:
+            raise ValueError(f"foof_apply must be {' or '.join(foof.APPLIES)}, got {self.foof_apply!r}")
 
     def finish_reply(self, cs, local, steps, down, end_foof):
         cs["foof"] = end_foof  # matrices at the end of the round: mixing now, local steps next round

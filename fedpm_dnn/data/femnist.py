@@ -11,6 +11,7 @@ integer labels in range, each writer once per split.
 
 from __future__ import annotations
 
+import errno
 import glob
 import gzip
 import json
@@ -40,7 +41,8 @@ def _read_bounded(path):
         # O_NONBLOCK: opening a FIFO must not wait for a writer; the fstat below refuses it
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
-        raise DatasetError(f"{path}: cannot open ({exc.strerror})") from None
+        why = "a symbolic link loop" if exc.errno == errno.ELOOP else exc.strerror
+        raise DatasetError(f"{path}: cannot open ({why})") from None
     with os.fdopen(fd, "rb") as raw:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise DatasetError(f"{path}: not a regular file (a FIFO, device or folder)")

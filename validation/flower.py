@@ -307,29 +307,24 @@ def in_process(cfg):
     return state.theta
 
 
-def _simulate(cfg, quiet: bool = True) -> None:
+def _simulate(cfg, rounds_done=None) -> None:
     """The Flower simulation, in a process of its own (``simulate``): Ray starts in the process that calls
-    ``run_simulation`` and takes SIGTERM there for itself."""
+    ``run_simulation`` and takes SIGTERM there for itself.  ``rounds_done``: a pipe's end told of each round
+    (the parent draws the progress bar, on its own terminal)."""
     os.setsid()  # its own process group: the parent stops the simulation's whole tree at once
     os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"  # no C++ abort trace when it is stopped
     from flwr.simulation import run_simulation
 
     from fedpm_flower import apps
-    from validation.progress import Progress
 
-    # the ServerApp runs in this process: its round driver draws the bar (deployment: the SuperLink's log)
-    bar = Progress(cfg.rounds, f"{cfg.method} rounds", enabled=not quiet, unit="round")
-    apps.round_hook = lambda row, history: bar.update(1)
-    try:
-        run_simulation(
-            apps.make_server_app(cfg),
-            apps.make_client_app(cfg),
-            num_supernodes=cfg.clients,
-            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
-        )
-    finally:
-        apps.round_hook = None
-        bar.close()
+    if rounds_done is not None:  # the ServerApp runs in this process: its round driver reports each round
+        apps.round_hook = lambda row, history: rounds_done.send(1)
+    run_simulation(
+        apps.make_server_app(cfg),
+        apps.make_client_app(cfg),
+        num_supernodes=cfg.clients,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+    )
 
 
 RESULT_GRACE = 30.0  # seconds the simulation may take to shut down once its result is written
@@ -348,13 +343,19 @@ def simulate(cfg, quiet: bool = True) -> None:
 
     from fedpm_flower.config import progress_file
     from fedpm_flower.deploy import IDLE_GRACE, stop_tree
+    from validation.progress import Progress
 
-    child = multiprocessing.get_context("fork").Process(target=_simulate, args=(cfg, quiet), daemon=False)
+    ctx = multiprocessing.get_context("fork")
+    rounds_done, report = ctx.Pipe(duplex=False)
+    bar = Progress(cfg.rounds, f"{cfg.method} rounds", enabled=not quiet, unit="round")
+    child = ctx.Process(target=_simulate, args=(cfg, report), daemon=False)
     child.start()
     idle, last, written = 2 * cfg.timeout + IDLE_GRACE, time.time(), None
     try:
         while child.exitcode is None:
             child.join(0.5)
+            while rounds_done.poll():
+                bar.update(rounds_done.recv())
             now = time.time()
             try:
                 last = max(last, os.stat(progress_file(cfg.out)).st_mtime)
@@ -373,6 +374,9 @@ def simulate(cfg, quiet: bool = True) -> None:
         if child.exitcode is None:  # interrupted here: the simulation does not outlive the command
             stop_tree(child.pid)
             child.join()
+        while rounds_done.poll():
+            bar.update(rounds_done.recv())
+        bar.close()
 
 
 def run_flower(cfg, mode: str, timeout: float, secure: bool = True, quiet: bool = True) -> dict:

@@ -24,11 +24,9 @@ from validation.experiments import (
     PROFILES,
     add_run_args,
     add_sweep_args,
-    budget,
     check_results_arg,
     check_run_args,
-    ensure,
-    executor,
+    ensure_from_args,
     femnist_plan,
     is_done,
     plan,
@@ -286,16 +284,7 @@ def main(argv=None) -> int:
     if args.no_compute:
         seed_from_reference(args.profile, args.results)
     else:
-        ensure(
-            args.profile,
-            args.data_dir,
-            args.results,
-            only,
-            budget=budget(args, started),
-            executor=executor(p, args),
-            device=args.device,
-            quiet=args.quiet,
-        )
+        ensure_from_args(p, args, only, started)
     try:
         with exclusive(out):
             check_out(out, kind=OUTPUT)

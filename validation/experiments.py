@@ -571,6 +571,12 @@ def add_sweep_args(p) -> None:
     from validation.common import nonneg_float, positive_float, positive_int
 
     p.add_argument(
+        "--no-stack",
+        action="store_true",
+        help="train every DNN run alone (default on a GPU: runs that differ only in seed and alpha train as one "
+        "stack; on a CPU runs are always alone)",
+    )
+    p.add_argument(
         "--budget-minutes",
         type=positive_float,
         default=None,
@@ -623,7 +629,6 @@ def executor(p, args):
 
 
 def main(argv=None) -> int:
-    from validation import common
     from validation.common import OneLineParser
 
     started = time.time()  # the budget counts from here: loading torch and the data is part of it
@@ -643,12 +648,6 @@ def main(argv=None) -> int:
     p.add_argument(
         "--only", action="append", metavar="GLOB", help="only the runs whose names match (repeatable; see --list)"
     )
-    p.add_argument(
-        "--no-stack",
-        action="store_true",
-        help="train every DNN run alone (default on a GPU: runs that differ only in seed and alpha train as one "
-        "stack; on a CPU runs are always alone)",
-    )
     args = p.parse_args(argv)
     by_seed = check_run_args(p, args)
     check_results_arg(p, args.results)
@@ -667,8 +666,17 @@ def main(argv=None) -> int:
         seed_from_reference(args.profile, args.results)  # the shipped runs count as done
         print("\n".join(listing(list(filter(only, plan(args.profile))), os.path.join(args.results, args.profile))))
         return 0
+    ensure_from_args(p, args, only, started)
+    return 0
+
+
+def ensure_from_args(p, args, only, started: float) -> dict:
+    """``ensure`` with the flags of add_sweep_args / add_run_args (experiments, figures); a Ray cluster that
+    cannot be reached is one line."""
+    from validation import common
+
     try:
-        ensure(
+        return ensure(
             args.profile,
             args.data_dir,
             args.results,
@@ -680,8 +688,7 @@ def main(argv=None) -> int:
             stack=not args.no_stack,
         )
     except ValueError as exc:  # --executor ray without a cluster to reach
-        common.fail("python -m validation.experiments", exc)
-    return 0
+        common.fail(p.prog, exc)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# Handwriting is not mirror-symmetric (a flipped "b" is a "d") and LEAF's white background would be padded with
+# black: FEMNIST trains un-augmented, as LEAF's reference models do.  Natural images get the CIFAR pipelines'
+# crop and flip (RelaySum, MOON).  The paper does not say.
+UNAUGMENTED_DATASETS = ("femnist",)
+
+
+def default_augment(dataset: str) -> str:
+    """The augmentation a data set trains with unless told otherwise: ``"none"`` or ``"crop-flip"``."""
+    return "none" if dataset in UNAUGMENTED_DATASETS else "crop-flip"
+
 
 def to_unit(x_uint8):
     """uint8 pixels -> float in [0, 1]."""

@@ -25,6 +25,7 @@ import torch
 from fedconvex.driver import Delivery
 from fedpm_dnn import foof
 from fedpm_dnn.algorithms import applicable, make_method, method_class
+from fedpm_dnn.augment import default_augment
 from fedpm_dnn.client import ClientData, client_round
 from fedpm_dnn.data.synthetic import MEAN, STD, synthetic_task
 from fedpm_dnn.models import make_model
@@ -97,7 +98,10 @@ def client_data(cfg, partition, folder=None):
         key = ("data", folder)
         if key not in _CACHE:
             x, y, meta = prepared.load(folder, "train.npz")
-            _CACHE[key] = ClientData(torch.as_tensor(x), torch.as_tensor(y), tuple(meta["mean"]), tuple(meta["std"]))
+            augment = default_augment(str(meta.get("dataset", ""))) == "crop-flip"  # as validation.dnn's auto
+            _CACHE[key] = ClientData(
+                torch.as_tensor(x), torch.as_tensor(y), tuple(meta["mean"]), tuple(meta["std"]), augment=augment
+            )
         return _CACHE[key]
     x, y = task(cfg)[0][partition]
     return ClientData(torch.as_tensor(x), torch.as_tensor(y), MEAN, STD)

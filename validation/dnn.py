@@ -99,10 +99,11 @@ def build_parser():
     )
     p.add_argument(
         "--augment",
-        choices=("crop-flip", "none"),
-        default="crop-flip",
-        help="training-batch augmentation (default crop-flip: random 32-crop of the 4-padded image + "
-        "horizontal flip, as the RelaySum/MOON CIFAR pipelines; the paper is silent)",
+        choices=("auto", "crop-flip", "none"),
+        default="auto",
+        help="training-batch augmentation: crop-flip = random crop of the 4-padded image + horizontal flip, as "
+        "the RelaySum/MOON CIFAR pipelines; auto = crop-flip on CIFAR, none on FEMNIST (handwriting is not "
+        "mirror-symmetric; LEAF does not augment); the paper is silent",
     )
     p.add_argument(
         "--participants",
@@ -427,12 +428,24 @@ NOT_IN_FINGERPRINT = {
 }
 
 
+def resolved_augment(augment: str, dataset: str) -> str:
+    """``--augment auto`` made concrete for the data set (fedpm_dnn.augment.default_augment)."""
+    if augment != "auto":
+        return augment
+    from fedpm_dnn.augment import default_augment
+
+    return default_augment(dataset)
+
+
 def run_fingerprint(args) -> dict:
     """The flags that shape the run, for the checkpoint's fingerprint (fedpm_dnn.checkpoint).  The data set and
     alpha as the run uses them (their flags once defaulted to cifar10 and 0.1, a preset now supplies them); the
     other settings as given (None: from the preset or the default), as checkpoints have always recorded them,
     and the method's hyper-parameters as they are, in its config."""
     flags = {k: v for k, v in vars(args).items() if k not in NOT_IN_FINGERPRINT}
+    # the augmentation as trained: "auto" and the concrete name it stands for are one run (and checkpoints
+    # written before "auto" existed record the concrete name)
+    flags["augment"] = resolved_augment(args.augment, args.resolved.settings["dataset"])
     return dict(sorted({**flags, "alpha": args.resolved.settings["alpha"]}.items()))
 
 
@@ -556,7 +569,7 @@ def build(args):
     if participants and participants > len(parts):
         raise ValueError(f"--participants {participants} exceeds the {len(parts)} clients")
     to = lambda a: torch.as_tensor(a).to(device)  # noqa: E731
-    augment = args.augment == "crop-flip"
+    augment = resolved_augment(args.augment, data.name) == "crop-flip"
     clients = [ClientData(to(x[p]), to(y[p]), data.mean, data.std, augment=augment) for p in parts]
     exp = Experiment(
         cfg=cfg,
@@ -592,7 +605,7 @@ def build(args):
         # exp of the entropy of each client's class shares, averaged: 1 = one class per client, C = all alike
         "effective_classes_per_client": float(effective_classes(counts).mean()),
         "participants": participants or len(parts),
-        "augment": args.augment,
+        "augment": resolved_augment(args.augment, data.name),
         "client_sizes": [int(len(p)) for p in parts],
         "class_counts": counts.tolist(),
         "preset": args.preset,

@@ -123,6 +123,10 @@ def status(run, folder: str) -> Status:
     if "command" in summary and want is not None:
         argv = recorded_argv(summary)
         diff = first_difference(want, None if argv is None else _fingerprint(tuple(argv)))
+        # the augmentation the run trained with, as its summary records it: a command that gave none trained
+        # with the default of its version, which may not be this version's
+        if not diff and summary.get("augment") not in (None, want.get("augment")):
+            diff = f"--augment is {summary['augment']!r}, the profile's {want.get('augment')!r}"
         if diff:
             return Status(STALE, why=diff)
     try:

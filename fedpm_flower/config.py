@@ -10,9 +10,20 @@ from dataclasses import asdict, dataclass, fields
 
 
 def progress_file(out: str) -> str:
-    """Where the ServerApp shows it is alive (its mtime, fedpm_flower.apps.Heartbeat): beside its result
-    ``out``, named to be cleaned with the other .tmp files there."""
+    """Where the ServerApp shows it is alive (its mtime) and how many rounds it has done (its text), both kept by
+    fedpm_flower.apps.Heartbeat: beside its result ``out``, named to be cleaned with the other .tmp files there."""
     return out + ".progress.tmp"
+
+
+def rounds_done(out: str) -> int:
+    """The rounds the ServerApp writing ``out`` has done so far, from its progress file: 0 before the first (the
+    file absent or still empty).  The file is replaced whole, so a reader never sees half a number."""
+    try:
+        with open(progress_file(out)) as fh:
+            text = fh.read(32).strip()
+    except OSError:
+        return 0
+    return int(text) if text.isdigit() else 0
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from flower_loopback import LoopbackGrid  # noqa: E402
 from fedconvex.algorithms import REGISTRY  # noqa: E402
 from fedpm_flower import logreg, wire  # noqa: E402
 from fedpm_flower.apps import serve  # noqa: E402
-from fedpm_flower.config import FlowerRunConfig  # noqa: E402
+from fedpm_flower.config import FlowerRunConfig, rounds_done  # noqa: E402
 from validation.flower import in_process, run_flower  # noqa: E402
 
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
@@ -111,13 +111,42 @@ def test_simulation_gives_the_in_process_model(tmp_path, method):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["scaffold", "fednl"])
-def test_deployment_gives_the_in_process_model_and_stops_everything(tmp_path, method):
+def test_deployment_gives_the_in_process_model_and_stops_everything(tmp_path, method, monkeypatch):
+    """A secure deployment (TLS, authenticated SuperNodes); with stderr a terminal the command's bar counts
+    every round, which the ServerApp -- a process of the SuperLink's -- reports through its progress file."""
+    from test_cli_vocabulary import FakeTerminal
+
+    term = FakeTerminal()
+    monkeypatch.setattr("sys.stderr", term)
     before = set(live_flower_processes())
-    cfg = config(method, out=str(tmp_path / "r.json"))
-    result = run_flower(cfg, "deployment", 300)
+    cfg = config(method, rounds=3, out=str(tmp_path / "r.json"))
+    result = run_flower(cfg, "deployment", 300, quiet=False)
     np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)
     time.sleep(1)
     assert set(live_flower_processes()) <= before
+    bar = [ln for ln in term.getvalue().replace("\r", "\n").splitlines() if ln.startswith(f"{method} rounds")]
+    assert bar and "3/3" in bar[-1], term.getvalue()
+
+
+def test_the_server_writes_its_count_of_rounds_done_after_each_round(tmp_path):
+    """What the launcher's bar reads in either mode (the ServerApp is another process): round t's replies
+    arrive while the file says t - 1, and at the end it says every round."""
+    out = str(tmp_path / "r.json")
+    cfg = config("fedpm", rounds=3, out=out)
+    seen = []
+
+    def note(node, reply):
+        if reply.metadata.message_type == "train":
+            seen.append(rounds_done(out))
+        return reply
+
+    assert rounds_done(out) == 0  # no file yet
+    result = loopback(cfg, tamper=note)
+    assert seen == [0] * 3 + [1] * 3 + [2] * 3
+    assert rounds_done(out) == 3 == result["history"][-1]["round"]
+    with open(out + ".progress.tmp", "w") as fh:
+        fh.write("")  # created by the first heartbeat, before any round
+    assert rounds_done(out) == 0
 
 
 @pytest.mark.slow

@@ -73,9 +73,14 @@ def test_flower_help_lists_its_subcommands(monkeypatch, capsys):
 
 
 def test_method_takes_a_comma_list_and_methods_is_its_alias(tmp_path):
+    from validation import bench_dnn
+
     a = superlinear.parse_args(["--method", "fedpm,fedavg", "--out", str(tmp_path / "a")])
     b = superlinear.parse_args(["--methods", "fedpm,fedavg", "--out", str(tmp_path / "b")])
     assert a.methods == b.methods == ["fedpm", "fedavg"]
+    a, b = bench_dnn.parse_args(["--method", "fedpm,scaffold"]), bench_dnn.parse_args(["--methods", "fedpm,scaffold"])
+    assert a.methods == b.methods == ["fedpm", "scaffold"]
+    assert bench_dnn.parse_args([]).methods == ["fedavg", "fedpm"]  # the paper's ratio by default
 
 
 def test_backend_is_a_deprecated_alias_of_device(tmp_path, capsys):

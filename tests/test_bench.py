@@ -182,15 +182,22 @@ def test_dnn_benchmark_measures_only_the_engines_asked_for(capsys):
     assert "sequential - img/s" in capsys.readouterr().out
 
 
-def test_dnn_benchmark_times_the_methods_asked_for(capsys):
+def test_dnn_benchmark_times_the_methods_asked_for(capsys, monkeypatch):
     """--method: any registered method; a key named after FedAvg or FedPM only where that method was timed, and
-    FedPM/FedAvg only where both were (absent, not wrong); the per-method times are the named keys' own."""
+    FedPM/FedAvg only where both were (absent, not wrong); the per-method times are the named keys' own.  On a
+    terminal the bar counts each measured run."""
     pytest.importorskip("torch")
+    from test_cli_vocabulary import FakeTerminal, bar_lines
+
     from validation import bench_dnn
 
     argv = ["--models", "cnn", "--sizes", "2,20,1,2", "--repeats", "1", "--threads", "1", "--engines", "vectorized"]
     argv += ["--foof-applies", "solve"]
+    term = FakeTerminal()
+    monkeypatch.setattr("sys.stderr", term)
     assert bench_dnn.main(argv + ["--method", "fedpm,scaffold", "--json"]) == 0
+    monkeypatch.undo()
+    assert "2/2" in bar_lines(term, "cnn: ")[-1]  # one run of each method
     out = json.loads(capsys.readouterr().out)
     r = out["results"][0]
     times = r["round_seconds_by_method"]

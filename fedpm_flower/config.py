@@ -26,6 +26,20 @@ def rounds_done(out: str) -> int:
     return int(text) if text.isdigit() else 0
 
 
+class RoundsWatch:
+    """``watch()`` in a launcher's wait loop calls ``on_rounds(done)`` each time the count of rounds done of the
+    ServerApp writing ``out`` grows (fedpm_flower.deploy in deployment, validation.flower in simulation)."""
+
+    def __init__(self, out: str, on_rounds=None):
+        self.out, self.on_rounds, self.seen = out, on_rounds, 0
+
+    def __call__(self) -> None:
+        done = rounds_done(self.out) if self.out else 0
+        if self.on_rounds is not None and done > self.seen:
+            self.on_rounds(done)
+        self.seen = max(self.seen, done)
+
+
 @dataclass(frozen=True)
 class FlowerRunConfig:
     problem: str = "logreg"  # logreg

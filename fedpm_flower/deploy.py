@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from .config import FlowerRunConfig, progress_file, rounds_done
+from .config import FlowerRunConfig, RoundsWatch, progress_file
 
 APP_TOML = """[build-system]
 requires = ["hatchling"]
@@ -316,7 +316,7 @@ class LocalFederation:
     ) -> dict:
         """Submit the app with ``flwr run`` and wait for the ServerApp's result file.  ``on_rounds(done)`` each
         time the count of rounds done grows (a progress bar): the ServerApp runs in the SuperLink's processes and
-        writes the count to its progress file (fedpm_flower.config.rounds_done), polled here."""
+        writes the count to its progress file (fedpm_flower.config.RoundsWatch), polled here."""
         out = cfg.out or os.path.join(self.dir, "result.json")
         app = write_app(
             os.path.join(self.dir, "app"), FlowerRunConfig(**{**cfg.to_run_config(), "out": out}), clientapp
@@ -341,15 +341,7 @@ class LocalFederation:
         # the ServerApp marks each (apps.Heartbeat) and only a silence longer than one wait plus the server's
         # own work (start-up included) means it is stuck
         beat, idle = progress_file(out), 2 * timeout + IDLE_GRACE
-        last, seen = time.time(), 0
-
-        def count_rounds():
-            nonlocal seen
-            done = rounds_done(out)
-            if on_rounds is not None and done > seen:
-                on_rounds(done)
-            seen = max(seen, done)
-
+        last, count_rounds = time.time(), RoundsWatch(out, on_rounds)
         while not os.path.exists(out):
             count_rounds()
             dead = [p.args[0] for p in self.procs[:1] if p.poll() is not None]  # the SuperLink must live

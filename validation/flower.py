@@ -339,18 +339,10 @@ def simulate(cfg, on_rounds=None) -> None:
     the count of rounds done, which the ServerApp writes to its progress file, grows (as in deployment)."""
     import multiprocessing
 
-    from fedpm_flower.config import progress_file, rounds_done
+    from fedpm_flower.config import RoundsWatch, progress_file
     from fedpm_flower.deploy import IDLE_GRACE, stop_tree
 
-    seen = 0
-
-    def count_rounds():
-        nonlocal seen
-        done = rounds_done(cfg.out) if cfg.out else 0
-        if on_rounds is not None and done > seen:
-            on_rounds(done)
-        seen = max(seen, done)
-
+    count_rounds = RoundsWatch(cfg.out, on_rounds)
     ctx = multiprocessing.get_context("fork")
     child = ctx.Process(target=_simulate, args=(cfg,), daemon=False)
     child.start()

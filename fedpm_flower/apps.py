@@ -29,9 +29,6 @@ from .config import FlowerRunConfig, progress_file
 from .transport import FlowerTransport, numpy, records
 
 log = logging.getLogger("fedpm.server")
-# on_round(row, history) of the round driver, set by a launcher whose ServerApp runs in its own process
-# (simulation) to draw progress; a callable cannot travel in the run config
-round_hook = None
 
 
 def _wait_for_nodes(grid: Grid, n: int, timeout: float, every: bool = False) -> list:
@@ -52,7 +49,9 @@ def _wait_for_nodes(grid: Grid, n: int, timeout: float, every: bool = False) -> 
 
 class Heartbeat:
     """The grid, touching ``path`` each time a wait for the SuperNodes ends: the launcher's --timeout then
-    bounds one wait (a round's replies, an oracle question), not the whole run (fedpm_flower.deploy)."""
+    bounds one wait (a round's replies, an oracle question), not the whole run (fedpm_flower.deploy).  After
+    each round ``path`` holds the number of rounds done (``on_round``): the launcher's progress bar reads it
+    (fedpm_flower.config.rounds_done), as the ServerApp may run in another process than the command's."""
 
     def __init__(self, grid, path: str):
         self.grid, self.path = grid, path
@@ -61,6 +60,11 @@ class Heartbeat:
     def beat(self) -> None:
         with open(self.path, "a"):
             os.utime(self.path)
+
+    def on_round(self, row, history) -> None:
+        """The round driver's hook: the count replaces the file in one rename (a reader sees a whole number)."""
+        with replaced_atomically(self.path) as tmp, open(tmp, "w") as fh:
+            fh.write(f"{row['round']}\n")
 
     def get_node_ids(self):
         self.beat()
@@ -88,12 +92,14 @@ class _Collect(logging.Handler):
 
 
 def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
+    on_round = None
     if cfg.out:
         grid = Heartbeat(grid, progress_file(cfg.out))
+        on_round = grid.on_round
     collect = _Collect()
     log.addHandler(collect)
     try:
-        result = _serve(grid, cfg)
+        result = _serve(grid, cfg, on_round)
     finally:
         log.removeHandler(collect)
     result["server_warnings"] = collect.lines
@@ -104,24 +110,25 @@ def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
     return result
 
 
-def _serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
+def _serve(grid: Grid, cfg: FlowerRunConfig, on_round=None) -> dict:
     if cfg.problem == "cnn":
-        state, history = _serve_cnn(grid, cfg)
+        state, history = _serve_cnn(grid, cfg, on_round)
         from .cnn import flat_theta, test_accuracy
 
         result = {"theta": flat_theta(state.theta).tolist(), "history": history}
         if cfg.data_dir:  # a prepared data set: the final model's accuracy on the server's test set
             result["test_acc"] = test_accuracy(cfg, state.theta)
     else:
-        state, history = _serve_logreg(grid, cfg)
+        state, history = _serve_logreg(grid, cfg, on_round)
         result = {"theta": np.asarray(state.theta).tolist(), "history": history}
     result["config"] = cfg.to_run_config()
     return result
 
 
-def _drive(cfg, alg, view, transport, state, weights, finite, d=None):
+def _drive(cfg, alg, view, transport, state, weights, finite, d=None, on_round=None):
     """The round driver over the SuperNodes (own_clients=False: a round whose replies are all unusable is
-    skipped, not divergence); each history row also says how many replies the server used."""
+    skipped, not divergence); each history row also says how many replies the server used.  ``on_round(row,
+    history)`` after each round (Heartbeat.on_round)."""
     driver = Driver(
         alg,
         view,
@@ -136,13 +143,13 @@ def _drive(cfg, alg, view, transport, state, weights, finite, d=None):
         finite=finite,
         own_clients=False,
     )
-    state, history = driver.run(state, cfg.rounds, np.random.default_rng(cfg.seed), on_round=round_hook)
+    state, history = driver.run(state, cfg.rounds, np.random.default_rng(cfg.seed), on_round=on_round)
     for row in history[1:]:
         row["used"] = row["asked"] - row["dropped"] - row["rejected"]
     return state, history
 
 
-def _serve_logreg(grid: Grid, cfg: FlowerRunConfig):
+def _serve_logreg(grid: Grid, cfg: FlowerRunConfig, on_round=None):
     """Any registered method through the round driver: clients on the SuperNodes, state here."""
     alg = logreg.algorithm(cfg)
     d, counts = logreg.server_problem(cfg)
@@ -165,10 +172,11 @@ def _serve_logreg(grid: Grid, cfg: FlowerRunConfig):
         weights=lambda sel: view.client_weights[np.asarray(sel)],
         finite=lambda s: bool(np.all(np.isfinite(s.theta))),
         d=d,
+        on_round=on_round,
     )
 
 
-def _serve_cnn(grid: Grid, cfg: FlowerRunConfig):
+def _serve_cnn(grid: Grid, cfg: FlowerRunConfig, on_round=None):
     """Any registered fedpm_dnn method through the round driver: each client's state on its node, the
     server's state here -- with the client state entries the server's own steps write (FedPM's delta codec:
     its acknowledgements), which each client gets with its next 'train' (fedpm_flower.cnn.held_entries)."""
@@ -191,6 +199,7 @@ def _serve_cnn(grid: Grid, cfg: FlowerRunConfig):
         state,
         weights=lambda sel: alg.client_weights(transport.sizes, sel),
         finite=cnn.finite,
+        on_round=on_round,
     )
 
 

@@ -10,9 +10,34 @@ from dataclasses import asdict, dataclass, fields
 
 
 def progress_file(out: str) -> str:
-    """Where the ServerApp shows it is alive (its mtime, fedpm_flower.apps.Heartbeat): beside its result
-    ``out``, named to be cleaned with the other .tmp files there."""
+    """Where the ServerApp shows it is alive (its mtime) and how many rounds it has done (its text), both kept by
+    fedpm_flower.apps.Heartbeat: beside its result ``out``, named to be cleaned with the other .tmp files there."""
     return out + ".progress.tmp"
+
+
+def rounds_done(out: str) -> int:
+    """The rounds the ServerApp writing ``out`` has done so far, from its progress file: 0 before the first (the
+    file absent or still empty).  The file is replaced whole, so a reader never sees half a number."""
+    try:
+        with open(progress_file(out)) as fh:
+            text = fh.read(32).strip()
+    except OSError:
+        return 0
+    return int(text) if text.isdigit() else 0
+
+
+class RoundsWatch:
+    """``watch()`` in a launcher's wait loop calls ``on_rounds(done)`` each time the count of rounds done of the
+    ServerApp writing ``out`` grows (fedpm_flower.deploy in deployment, validation.flower in simulation)."""
+
+    def __init__(self, out: str, on_rounds=None):
+        self.out, self.on_rounds, self.seen = out, on_rounds, 0
+
+    def __call__(self) -> None:
+        done = rounds_done(self.out) if self.out else 0
+        if self.on_rounds is not None and done > self.seen:
+            self.on_rounds(done)
+        self.seen = max(self.seen, done)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from .config import FlowerRunConfig, progress_file
+from .config import FlowerRunConfig, RoundsWatch, progress_file
 
 APP_TOML = """[build-system]
 requires = ["hatchling"]
@@ -306,8 +306,17 @@ class LocalFederation:
                 pass
         p.wait()
 
-    def run(self, cfg: FlowerRunConfig, timeout: float = 600.0, on_submitted=None, clientapp: str = CLIENT_APP) -> dict:
-        """Submit the app with ``flwr run`` and wait for the ServerApp's result file."""
+    def run(
+        self,
+        cfg: FlowerRunConfig,
+        timeout: float = 600.0,
+        on_submitted=None,
+        clientapp: str = CLIENT_APP,
+        on_rounds=None,
+    ) -> dict:
+        """Submit the app with ``flwr run`` and wait for the ServerApp's result file.  ``on_rounds(done)`` each
+        time the count of rounds done grows (a progress bar): the ServerApp runs in the SuperLink's processes and
+        writes the count to its progress file (fedpm_flower.config.RoundsWatch), polled here."""
         out = cfg.out or os.path.join(self.dir, "result.json")
         app = write_app(
             os.path.join(self.dir, "app"), FlowerRunConfig(**{**cfg.to_run_config(), "out": out}), clientapp
@@ -332,8 +341,9 @@ class LocalFederation:
         # the ServerApp marks each (apps.Heartbeat) and only a silence longer than one wait plus the server's
         # own work (start-up included) means it is stuck
         beat, idle = progress_file(out), 2 * timeout + IDLE_GRACE
-        last = time.time()
+        last, count_rounds = time.time(), RoundsWatch(out, on_rounds)
         while not os.path.exists(out):
+            count_rounds()
             dead = [p.args[0] for p in self.procs[:1] if p.poll() is not None]  # the SuperLink must live
             if dead:
                 raise RuntimeError(
@@ -350,6 +360,7 @@ class LocalFederation:
                 )
             time.sleep(0.5)
         time.sleep(0.2)  # the ServerApp replaces the file atomically; let a just-written one settle
+        count_rounds()  # the last rounds, done since the last look
         with open(out) as fh:
             result = json.load(fh)
         if "error" in result:

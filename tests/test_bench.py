@@ -182,6 +182,36 @@ def test_dnn_benchmark_measures_only_the_engines_asked_for(capsys):
     assert "sequential - img/s" in capsys.readouterr().out
 
 
+def test_dnn_benchmark_times_the_methods_asked_for(capsys, monkeypatch):
+    """--method: any registered method; a key named after FedAvg or FedPM only where that method was timed, and
+    FedPM/FedAvg only where both were (absent, not wrong); the per-method times are the named keys' own.  On a
+    terminal the bar counts each measured run."""
+    pytest.importorskip("torch")
+    from test_cli_vocabulary import FakeTerminal, bar_lines
+
+    from validation import bench_dnn
+
+    argv = ["--models", "cnn", "--sizes", "2,20,1,2", "--repeats", "1", "--threads", "1", "--engines", "vectorized"]
+    argv += ["--foof-applies", "solve"]
+    term = FakeTerminal()
+    monkeypatch.setattr("sys.stderr", term)
+    assert bench_dnn.main(argv + ["--method", "fedpm,scaffold", "--json"]) == 0
+    monkeypatch.undo()
+    assert "2/2" in bar_lines(term, "cnn: ")[-1]  # one run of each method
+    out = json.loads(capsys.readouterr().out)
+    r = out["results"][0]
+    times = r["round_seconds_by_method"]
+    assert r["methods"] == ["fedpm", "scaffold"] and set(times["vectorized"]) == {"fedpm", "scaffold"}
+    assert times["vectorized"]["fedpm"] == r["fedpm_round_seconds_vectorized"] and times["vectorized"]["scaffold"] > 0
+    assert times["sequential"] == {"fedpm": None, "scaffold": None}  # an engine left out: null, as before
+    assert r["foof_seconds_share"] > 0 and set(r["peak_memory_mb_by_method"]) == {"fedpm", "scaffold"}
+    fedavg_keys = [k for k in {**r, **out} if "fedavg" in k or k.startswith("images_per_second")]
+    assert fedavg_keys == []
+    assert bench_dnn.main(argv + ["--method", "fedavgm"]) == 0  # neither FedAvg nor FedPM: the table still prints
+    text = capsys.readouterr().out
+    assert "round seconds, vectorized: fedavgm " in text and "FedPM" not in text and "img/s" not in text
+
+
 def test_the_paper_round_projection_scales_each_part_by_what_it_reads():
     from validation.bench_dnn import paper_round_seconds
 

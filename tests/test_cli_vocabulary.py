@@ -73,9 +73,14 @@ def test_flower_help_lists_its_subcommands(monkeypatch, capsys):
 
 
 def test_method_takes_a_comma_list_and_methods_is_its_alias(tmp_path):
+    from validation import bench_dnn
+
     a = superlinear.parse_args(["--method", "fedpm,fedavg", "--out", str(tmp_path / "a")])
     b = superlinear.parse_args(["--methods", "fedpm,fedavg", "--out", str(tmp_path / "b")])
     assert a.methods == b.methods == ["fedpm", "fedavg"]
+    a, b = bench_dnn.parse_args(["--method", "fedpm,scaffold"]), bench_dnn.parse_args(["--methods", "fedpm,scaffold"])
+    assert a.methods == b.methods == ["fedpm", "scaffold"]
+    assert bench_dnn.parse_args([]).methods == ["fedavg", "fedpm"]  # the paper's ratio by default
 
 
 def test_backend_is_a_deprecated_alias_of_device(tmp_path, capsys):
@@ -229,6 +234,36 @@ def test_bench_convex_all_methods_counts_every_method_on_its_bar(monkeypatch):
     assert len(rows) == n and f"{n}/{n}" in term.getvalue()
     same = ("label", "rounds_to_1e-9", "final_grad_norm")  # the bar changes no result
     assert [[r.get(k) for k in same] for r in rows] == [[r.get(k) for k in same] for r in quiet]
+
+
+def bar_lines(term, label: str) -> list:
+    return [ln for ln in term.getvalue().replace("\r", "\n").splitlines() if ln.startswith(label)]
+
+
+def test_dnn_draws_its_rounds_alone_and_stacked_and_counts_the_rounds_of_a_resumed_run(tmp_path, monkeypatch):
+    """One run and a stack of two, each resumed after its first round: the bar ends at every round of every run."""
+    torch = pytest.importorskip("torch")
+    from fake_cifar import cifar_pickle
+
+    from validation import dnn
+
+    cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"))
+    argv = ["--data-dir", str(tmp_path / "data"), "--clients", "3", "--local-epochs", "1", "--foof-samples", "64"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for label, extra in (("fedpm: ", []), ("fedpm x2 runs", ["--seeds", "0,1"])):
+            out = str(tmp_path / label.split(":")[0].replace(" ", "-"))
+            assert dnn.main(argv + extra + ["--rounds", "1", "--out", out, "--quiet"]) == 0
+            term = FakeTerminal()
+            monkeypatch.setattr("sys.stderr", term)
+            assert dnn.main(argv + extra + ["--rounds", "2", "--resume", "--out", out]) == 0
+            monkeypatch.undo()
+            total = 2 * (len(extra) or 1)
+            lines = bar_lines(term, label)
+            assert lines and f"{total}/{total}" in lines[-1] and re.search(r"<\d\d:\d\d", lines[-1]), term.getvalue()
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from flower_loopback import LoopbackGrid  # noqa: E402
 from fedconvex.algorithms import REGISTRY  # noqa: E402
 from fedpm_flower import logreg, wire  # noqa: E402
 from fedpm_flower.apps import serve  # noqa: E402
-from fedpm_flower.config import FlowerRunConfig  # noqa: E402
+from fedpm_flower.config import FlowerRunConfig, RoundsWatch, rounds_done  # noqa: E402
 from validation.flower import in_process, run_flower  # noqa: E402
 
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
@@ -35,7 +35,9 @@ def loopback(cfg, **kw):
     return serve(LoopbackGrid(cfg, **kw), cfg)
 
 
-def live_flower_processes():
+def live_flower_processes(mark: str):
+    """The live Flower processes whose environment holds ``mark`` (NAME=VALUE): a run started with it in the
+    environment passes it to every process it starts, and Flower runs of other programs on this machine have none."""
     out = subprocess.run(
         ["pgrep", "-f", "flower-superlink|flower-supernode|flwr-serverapp|flwr-clientapp"],
         capture_output=True,
@@ -45,8 +47,11 @@ def live_flower_processes():
     for pid in out:
         try:
             with open(f"/proc/{pid}/stat") as fh:
-                if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
-                    alive.append(int(pid))
+                zombie = fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                marked = mark.encode() in fh.read().split(b"\0")
+            if marked and not zombie:
+                alive.append(int(pid))
         except OSError:
             pass
     return alive
@@ -111,13 +116,56 @@ def test_simulation_gives_the_in_process_model(tmp_path, method):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["scaffold", "fednl"])
-def test_deployment_gives_the_in_process_model_and_stops_everything(tmp_path, method):
-    before = set(live_flower_processes())
-    cfg = config(method, out=str(tmp_path / "r.json"))
-    result = run_flower(cfg, "deployment", 300)
+def test_deployment_gives_the_in_process_model_and_stops_everything(tmp_path, method, monkeypatch):
+    """A secure deployment (TLS, authenticated SuperNodes); with stderr a terminal the command's bar counts
+    every round, which the ServerApp -- a process of the SuperLink's -- reports through its progress file."""
+    from test_cli_vocabulary import FakeTerminal
+
+    term = FakeTerminal()
+    monkeypatch.setattr("sys.stderr", term)
+    from validation.progress import Progress
+
+    monkeypatch.setenv("FEDPM_TEST_RUN", str(tmp_path))  # marks every process of this run (live_flower_processes)
+    mark, during, update = f"FEDPM_TEST_RUN={tmp_path}", [], Progress.update
+
+    def counted(bar, n=1, note=""):  # the bar moves while the federation runs: its processes, as the mark finds them
+        during.append(len(live_flower_processes(mark)))
+        update(bar, n, note)
+
+    monkeypatch.setattr(Progress, "update", counted)
+    cfg = config(method, rounds=3, out=str(tmp_path / "r.json"))
+    result = run_flower(cfg, "deployment", 300, quiet=False)
     np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)
     time.sleep(1)
-    assert set(live_flower_processes()) <= before
+    assert during and min(during) >= 4  # the SuperLink and 3 SuperNodes at least
+    assert live_flower_processes(mark) == []
+    bar = [ln for ln in term.getvalue().replace("\r", "\n").splitlines() if ln.startswith(f"{method} rounds")]
+    assert bar and "3/3" in bar[-1], term.getvalue()
+
+
+def test_the_server_writes_its_count_of_rounds_done_after_each_round(tmp_path):
+    """What the launcher's bar reads in either mode (the ServerApp is another process): round t's replies
+    arrive while the file says t - 1, and at the end it says every round; the launcher's watch reports each
+    count once, as it grows."""
+    out = str(tmp_path / "r.json")
+    cfg = config("fedpm", rounds=3, out=out)
+    seen, reported = [], []
+    watch = RoundsWatch(out, reported.append)
+
+    def note(node, reply):
+        if reply.metadata.message_type == "train":
+            seen.append(rounds_done(out))
+            watch()
+        return reply
+
+    assert rounds_done(out) == 0  # no file yet
+    result = loopback(cfg, tamper=note)
+    watch()
+    assert seen == [0] * 3 + [1] * 3 + [2] * 3 and reported == [1, 2, 3]
+    assert rounds_done(out) == 3 == result["history"][-1]["round"]
+    with open(out + ".progress.tmp", "w") as fh:
+        fh.write("")  # created by the first heartbeat, before any round
+    assert rounds_done(out) == 0
 
 
 @pytest.mark.slow

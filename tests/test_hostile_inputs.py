@@ -426,6 +426,7 @@ CASES = [
         "--sizes 99999999,99999999,1,1: 99999999 clients x 99999999 images need",
     ),
     ("bd-engines-none", bench_dnn, ["--engines", ","], "unknown engine(s) (none given)"),
+    ("bd-method", bench_dnn, ["--method", "fedpm,fednl"], "--method: unknown method(s) fednl; choose from fedavg"),
     # ---------------------------------------------------------------- validation.experiments, figures
     ("ex-profile", experiments, ["--profile", "huge"], "argument --profile: invalid choice: 'huge'"),
     ("ex-unknown-flag", experiments, ["--bogus"], "unrecognized arguments: --bogus"),

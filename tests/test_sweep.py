@@ -67,11 +67,28 @@ def data(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(data, tmp_path_factory):
-    """One uninterrupted local sweep: its results folder and histories."""
-    results = tmp_path_factory.mktemp("reference")
-    assert in_process(experiments.main, sweep_argv(data, results)) == 0
-    return results, histories(results)
+def reference_run(data, tmp_path_factory):
+    """One uninterrupted local sweep, its progress bar drawn (stderr a terminal): its results folder, histories
+    and what it wrote on stderr.  The sweeps compared with it draw none: the bar changes no result."""
+    from test_cli_vocabulary import FakeTerminal
+
+    results, term = tmp_path_factory.mktemp("reference"), FakeTerminal()
+    with contextlib.redirect_stderr(term):
+        assert in_process(experiments.main, sweep_argv(data, results)) == 0
+    return results, histories(results), term
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run):
+    return reference_run[:2]
+
+
+def test_the_sweep_draws_one_bar_over_its_runs(reference_run):
+    from test_cli_vocabulary import bar_lines
+
+    lines = bar_lines(reference_run[2], f"{PROFILE} runs")
+    n = len(RUNS)
+    assert lines and f"{n}/{n}" in lines[-1], reference_run[2].getvalue()
 
 
 def rounds_done(results) -> int:
@@ -159,6 +176,28 @@ def test_budget_starts_nothing_that_cannot_fit_and_keeps_the_priority_order(tmp_
     # an estimate that does not fit keeps the unit (and all after it) waiting, one that fits would start it
     later = Job(str(tmp_path), "", end=time.time() + 3600)
     assert run_unit(units[0], later, {units[0][0].name: 7200.0}) == [(units[0][0].name, NOT_STARTED)]
+
+
+def test_figures_compute_a_missing_run_on_the_sweeps_bar_to_its_history(data, reference, tmp_path, monkeypatch):
+    """`python -m figures` computes what is missing through the sweep, with its bar; the run equals the one of the
+    uninterrupted sweep.  (Drawing is tested in test_figures.py: here it is left out, it costs most of the time.)"""
+    from test_cli_vocabulary import FakeTerminal, bar_lines
+
+    from figures import __main__ as figures_main
+
+    ref_results, ref = reference
+    results = tmp_path / "results"
+    shutil.copytree(ref_results, results)
+    shutil.rmtree(results / PROFILE / RUNS[-1].name)
+    monkeypatch.setattr(figures_main, "build_all", lambda root, out, profile: [])
+    term = FakeTerminal()
+    monkeypatch.setattr("sys.stderr", term)
+    argv = sweep_argv(data, results) + ["--out", str(tmp_path / "figs")]
+    assert in_process(figures_main.main, argv) == 0
+    monkeypatch.undo()
+    lines = bar_lines(term, f"{PROFILE} runs")
+    assert lines and "1/1" in lines[-1], term.getvalue()
+    assert histories(results) == ref
 
 
 def test_listing_says_done_partial_missing_and_stale(data, reference, tmp_path):

@@ -6,6 +6,7 @@
     python -m validation.bench_dnn --sizes 10,128,2,2 --repeats 1   # smaller: clients,images,epochs,rounds
     python -m validation.bench_dnn --engines vectorized --repeats 3  # one engine (the other's numbers null)
     python -m validation.bench_dnn --models cnn --stack 3 --json      # + 3 runs stacked against one alone
+    python -m validation.bench_dnn --method fedpm,scaffold --models cnn  # other methods (default fedavg,fedpm)
 
 Measured in one run on the current device, on synthetic CIFAR-shaped data (the speed does not
 depend on pixel values), for SimpleCNN at CIFAR-10 size and ResNet18-GN at CIFAR-100 size:
@@ -24,6 +25,12 @@ FedPM is measured with each ``--foof-applies`` (default solve and inverse, side 
 the vectorized engine, the round time of one run alone and of S runs stacked (``fedpm_dnn.run_stack``, seeds
 0..S-1): ``runs_stacked``, ``seconds_per_round_single``, ``seconds_per_round_stacked`` and ``stack_speedup``
 (S x single / stacked).
+
+``--method`` (a comma list of registered fedpm_dnn methods, default fedavg,fedpm) picks the methods timed; each
+one's median round time per engine is in ``round_seconds_by_method`` (FOOF methods once per ``--foof-applies``
+value, labelled ``method-apply`` beyond solve).  The keys named after FedAvg (throughput, ``fedavg_*``) or FedPM
+(``fedpm_*``, FOOF share, peak memory, projections) are present only when that method is timed, and
+``fedpm_over_fedavg*`` only when both are.
 """
 
 from __future__ import annotations
@@ -188,6 +195,19 @@ def paper_round_seconds(parts: dict, clients: int, per_client: int, epochs: int)
 
 
 ENGINES = ("sequential", "vectorized")
+METHODS = ("fedavg", "fedpm")  # timed by default: the paper's ratio is FedPM's round over FedAvg's
+
+
+def variants(methods, applies) -> list:
+    """(label, method, foof_apply) of every timed configuration: a FOOF method once per apply (solve's label is
+    the method's name), any other method once."""
+    from fedpm_dnn.algorithms import method_class
+
+    return [
+        (m if a == "solve" else f"{m}-{a}", m, a)
+        for m in methods
+        for a in (applies if method_class(m).uses_foof else ("solve",))
+    ]
 
 
 def measure(
@@ -200,88 +220,111 @@ def measure(
     seed=0,
     quiet=True,
     applies=("solve", "inverse"),
+    methods=METHODS,
 ):
     """The benchmark's numbers for one model; an engine left out of ``engines`` gets null numbers (a GPU
-    run short of time measures the vectorized engine's FedPM/FedAvg over more rounds instead).  FedPM runs
-    with each of ``applies`` (its first, solve, gives the plain keys)."""
+    run short of time measures the vectorized engine's FedPM/FedAvg over more rounds instead).  A FOOF method
+    runs with each of ``applies`` (its first, solve, gives the plain keys).  Keys named after FedAvg or FedPM
+    are left out when that method is not among ``methods``."""
     if repeats is None:  # ResNet rounds on a CPU take minutes: one repeat there
         repeats = 1 if (model == "resnet18gn" and not device.startswith("cuda")) else 2
     size = sizes or SIZES[(model, "cuda" if device.startswith("cuda") else "cpu")]
     clients, per_client, epochs, _ = size
-    variants = [("fedavg", "fedavg", "solve")] + [
-        ("fedpm" if a == "solve" else f"fedpm-{a}", "fedpm", a) for a in applies
-    ]
-    times = {(e, label): [] for e in engines for label, _, _ in variants}
+    runs = variants(methods, applies)
+    times = {(e, label): [] for e in engines for label, _, _ in runs}
     fedpm_parts = {e: [] for e in engines}
-    foof_share, peak, used = [], 0.0, None
-    reported = "vectorized" if "vectorized" in engines else "sequential"  # FOOF share and peak memory of its FedPM
-    bar = Progress(repeats * len(engines) * len(variants), model, enabled=not quiet, unit="run")
+    foof_share, peak, used = [], {}, {}
+    reported = "vectorized" if "vectorized" in engines else "sequential"  # FOOF share and peak memory of its runs
+    bar = Progress(repeats * len(engines) * len(runs), model, enabled=not quiet, unit="run")
     for _ in range(repeats):  # alternate engines and methods so machine drift hits all alike
         for engine in engines:
-            for label, method, apply in variants:
+            for label, method, apply in runs:
                 parts, mb, ch = _rounds(model, method, device, size, engine, chunk, seed, apply)
                 bar.update(1, f"{engine} {label}")
                 times[(engine, label)] += [p["seconds"] for p in parts]
                 if label == "fedpm":
                     fedpm_parts[engine] += parts
-                if label == "fedpm" and engine == reported:
-                    foof_share += [(p["statistics"] + p["factorisations"]) / p["seconds"] for p in parts]
-                    peak, used = max(peak, mb), (ch if engine == "vectorized" else None)
+                if engine == reported:
+                    if label == "fedpm":
+                        foof_share += [(p["statistics"] + p["factorisations"]) / p["seconds"] for p in parts]
+                    peak[label] = max(peak.get(label, 0.0), mb)
+                    used[label] = ch if engine == "vectorized" else None
     med = {k: float(np.median(v)) for k, v in times.items()}
-    med.update({(e, label): None for e in ENGINES if e not in engines for label, _, _ in variants})
+    med.update({(e, label): None for e in ENGINES if e not in engines for label, _, _ in runs})
 
     images = clients * per_client * epochs
     # each part's median over the FedPM rounds (reported; the projection projects every round, then takes the median)
-    part_med = {e: {k: float(np.median([p[k] for p in ps])) for k in ps[0]} for e, ps in fedpm_parts.items()}
+    part_med = {e: {k: float(np.median([p[k] for p in ps])) for k in ps[0]} for e, ps in fedpm_parts.items() if ps}
 
     def ratio(a, b):
         return None if a is None or b is None else a / b
 
     def by_apply(engine):  # FedPM / FedAvg with each apply, side by side
-        return {a: ratio(med[(engine, label)], med[(engine, "fedavg")]) for label, m, a in variants if m == "fedpm"}
+        return {a: ratio(med[(engine, label)], med[(engine, "fedavg")]) for label, m, a in runs if m == "fedpm"}
 
     def projected(engine):  # 100 rounds of the paper's setting, FedPM: each measured round projected, then the median
-        if engine not in fedpm_parts:
+        if engine not in part_med:
             return None
         rounds = [paper_round_seconds(p, clients, per_client, epochs) for p in fedpm_parts[engine]]
         return PAPER_ROUNDS * float(np.median(rounds)) / 60
 
-    return {
+    out = {
         "model": model,
         "dataset_size_of": "cifar10" if model == "cnn" else "cifar100",
         "clients": clients,
         "samples_per_client": per_client,
         "local_epochs": epochs,
-        "client_chunk": used,
+        # the vectorized engine's clients per chunk (of FedPM's runs where timed: it sizes the chunk by memory)
+        "client_chunk": used.get("fedpm", next(iter(used.values()))),
         "engines": list(engines),
+        "methods": list(methods),
         "timed_rounds_per_method": repeats * max(size[3] - 1, 1),
-        "images_per_second_sequential": ratio(images, med[("sequential", "fedavg")]),
-        "images_per_second_vectorized": ratio(images, med[("vectorized", "fedavg")]),
-        "vectorized_speedup": ratio(med[("sequential", "fedavg")], med[("vectorized", "fedavg")]),
-        "fedavg_round_seconds_sequential": med[("sequential", "fedavg")],
-        "fedpm_round_seconds_sequential": med[("sequential", "fedpm")],
-        "fedavg_round_seconds_vectorized": med[("vectorized", "fedavg")],
-        "fedpm_round_seconds_vectorized": med[("vectorized", "fedpm")],
-        "fedpm_over_fedavg": ratio(med[("vectorized", "fedpm")], med[("vectorized", "fedavg")]),
-        "fedpm_over_fedavg_sequential": ratio(med[("sequential", "fedpm")], med[("sequential", "fedavg")]),
-        "fedpm_over_fedavg_by_apply": by_apply("vectorized"),
-        "fedpm_over_fedavg_sequential_by_apply": by_apply("sequential"),
-        "fedpm_round_seconds_vectorized_by_apply": {
-            a: med[("vectorized", label)] for label, m, a in variants if m == "fedpm"
-        },
+        "round_seconds_by_method": {e: {label: med[(e, label)] for label, _, _ in runs} for e in ENGINES},
+        "peak_memory_mb_by_method": peak,
         "paper_ratio": PAPER[model],
-        "foof_seconds_share": float(np.median(foof_share)),
-        "peak_memory_mb": peak,
-        "projected_100_round_minutes": projected("vectorized"),
-        "projected_100_round_minutes_sequential": projected("sequential"),
-        "fedpm_round_parts_seconds": {e: part_med.get(e) for e in ENGINES},
-        "projected_100_round_minutes_per_image": {  # the earlier rule: the whole round scaled by images x epochs
-            e: PAPER_ROUNDS * part_med[e]["seconds"] * PAPER_IMAGES * PAPER_EPOCHS / images / 60
-            if e in part_med
-            else None
-            for e in ENGINES
-        },
     }
+    if "fedavg" in methods:
+        out.update(
+            {
+                "images_per_second_sequential": ratio(images, med[("sequential", "fedavg")]),
+                "images_per_second_vectorized": ratio(images, med[("vectorized", "fedavg")]),
+                "vectorized_speedup": ratio(med[("sequential", "fedavg")], med[("vectorized", "fedavg")]),
+                "fedavg_round_seconds_sequential": med[("sequential", "fedavg")],
+                "fedavg_round_seconds_vectorized": med[("vectorized", "fedavg")],
+            }
+        )
+    if "fedpm" in methods:
+        out.update(
+            {
+                "fedpm_round_seconds_sequential": med[("sequential", "fedpm")],
+                "fedpm_round_seconds_vectorized": med[("vectorized", "fedpm")],
+                "fedpm_round_seconds_vectorized_by_apply": {
+                    a: med[("vectorized", label)] for label, m, a in runs if m == "fedpm"
+                },
+                "foof_seconds_share": float(np.median(foof_share)),
+                "peak_memory_mb": peak["fedpm"],
+                "projected_100_round_minutes": projected("vectorized"),
+                "projected_100_round_minutes_sequential": projected("sequential"),
+                "fedpm_round_parts_seconds": {e: part_med.get(e) for e in ENGINES},
+                # the earlier rule: the whole round scaled by images x epochs
+                "projected_100_round_minutes_per_image": {
+                    e: PAPER_ROUNDS * part_med[e]["seconds"] * PAPER_IMAGES * PAPER_EPOCHS / images / 60
+                    if e in part_med
+                    else None
+                    for e in ENGINES
+                },
+            }
+        )
+    if "fedavg" in methods and "fedpm" in methods:
+        out.update(
+            {
+                "fedpm_over_fedavg": ratio(med[("vectorized", "fedpm")], med[("vectorized", "fedavg")]),
+                "fedpm_over_fedavg_sequential": ratio(med[("sequential", "fedpm")], med[("sequential", "fedavg")]),
+                "fedpm_over_fedavg_by_apply": by_apply("vectorized"),
+                "fedpm_over_fedavg_sequential_by_apply": by_apply("sequential"),
+            }
+        )
+    return out
 
 
 def _stack_round_seconds(model, method, device, size, runs, chunk=None, foof_apply="solve") -> list:
@@ -325,11 +368,20 @@ def measure_stack(model, device, size, runs, repeats, chunk=None, method="fedpm"
     }
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
+    """The flags, checked; ``args.models``, ``engines``, ``applies``, ``methods`` and ``sizes`` parsed."""
+    from fedpm_dnn.algorithms import METHODS as REGISTERED
     from validation.common import OneLineParser, add_quiet_arg, add_seed_arg
 
     p = OneLineParser(prog="python -m validation.bench_dnn", doc=__doc__)
     p.add_argument("--models", default="cnn,resnet18gn", help=f"comma-separated, from {', '.join(CLASSES)}")
+    p.add_argument(
+        "--method",
+        "--methods",
+        dest="methods",
+        default=",".join(METHODS),
+        help=f"comma-separated methods to time, from {', '.join(REGISTERED)} (FedPM/FedAvg needs both)",
+    )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     p.add_argument("--client-chunk", type=int, default=None, help="vectorized: clients per chunk (default: auto)")
@@ -366,15 +418,14 @@ def main(argv=None) -> int:
             )
         return names
 
-    models = listed("--models", "model", args.models, CLASSES)
+    args.models = listed("--models", "model", args.models, CLASSES)
     chosen = listed("--engines", "engine", args.engines, ENGINES)
-    applies = listed("--foof-applies", "apply", args.foof_applies, ("solve", "inverse"))
-    if applies[0] != "solve":
+    args.applies = listed("--foof-applies", "apply", args.foof_applies, ("solve", "inverse"))
+    if args.applies[0] != "solve":
         p.error("--foof-applies: solve first (its numbers are the plain keys)")
-    from fedpm_dnn.algorithms import METHODS
-
-    listed("--stack-method", "method", args.stack_method, METHODS)
-    engines = tuple(e for e in ENGINES if e in chosen)  # sequential first, as the alternation runs them
+    args.methods = list(dict.fromkeys(listed("--method", "method", args.methods, REGISTERED)))  # once each
+    listed("--stack-method", "method", args.stack_method, REGISTERED)
+    args.engines = tuple(e for e in ENGINES if e in chosen)  # sequential first, as the alternation runs them
     try:
         sizes = tuple(int(v) for v in args.sizes.split(",")) if args.sizes else None
     except ValueError:
@@ -404,7 +455,15 @@ def main(argv=None) -> int:
         p.error("torch is not installed: pip install -e '.[dnn]'")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is visible to torch")
+    args.sizes = sizes
+    return args
 
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    models, engines, sizes = args.models, args.engines, args.sizes
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     device = (
         "cuda"
@@ -420,7 +479,18 @@ def main(argv=None) -> int:
         "torch": torch.__version__,
         "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "results": [
-            measure(m, device, sizes, args.repeats, args.client_chunk, engines, args.seed, args.quiet, applies)
+            measure(
+                m,
+                device,
+                sizes,
+                args.repeats,
+                args.client_chunk,
+                engines,
+                args.seed,
+                args.quiet,
+                args.applies,
+                args.methods,
+            )
             for m in models
         ],
     }
@@ -448,6 +518,7 @@ def main(argv=None) -> int:
                         else ()
                     ),
                 )
+                if k in cnn  # a key of a method that was not timed stays absent
             }
         )
     if args.json:
@@ -459,20 +530,38 @@ def main(argv=None) -> int:
 
     print(f"device: {name}, torch threads pinned to {out['torch_threads']}")
     for r in out["results"]:
+        said = []  # each clause only where its methods were timed
+        if "images_per_second_sequential" in r:
+            said.append(
+                f"local training sequential {f(r['images_per_second_sequential'], '.0f')} img/s, vectorized "
+                f"{f(r['images_per_second_vectorized'], '.0f')} img/s ({f(r['vectorized_speedup'], '.2f')}x)"
+            )
+        if "fedpm_over_fedavg" in r:
+            said.append(
+                f"FedPM/FedAvg vectorized {f(r['fedpm_over_fedavg'], '.2f')}x, sequential "
+                f"{f(r['fedpm_over_fedavg_sequential'], '.2f')}x (paper {r['paper_ratio']:.2f}x)"
+            )
+        if "foof_seconds_share" in r:
+            said.append(
+                f"FOOF share {r['foof_seconds_share']:.0%}; peak {r['peak_memory_mb']:.0f} MB; projected 100-round "
+                f"{r['dataset_size_of']} run {f(r['projected_100_round_minutes'], '.0f')} min vectorized, "
+                f"{f(r['projected_100_round_minutes_sequential'], '.0f')} min sequential"
+            )
         print(
             f"{r['model']:<11} {r['clients']} clients x {r['samples_per_client']} images x {r['local_epochs']} epochs "
-            f"(client chunk {r['client_chunk']}): local training sequential "
-            f"{f(r['images_per_second_sequential'], '.0f')} "
-            f"img/s, vectorized {f(r['images_per_second_vectorized'], '.0f')} img/s "
-            f"({f(r['vectorized_speedup'], '.2f')}x); FedPM/FedAvg vectorized {f(r['fedpm_over_fedavg'], '.2f')}x, "
-            f"sequential {f(r['fedpm_over_fedavg_sequential'], '.2f')}x (paper {r['paper_ratio']:.2f}x); FOOF share "
-            f"{r['foof_seconds_share']:.0%}; peak {r['peak_memory_mb']:.0f} MB; projected 100-round "
-            f"{r['dataset_size_of']} run {f(r['projected_100_round_minutes'], '.0f')} min vectorized, "
-            f"{f(r['projected_100_round_minutes_sequential'], '.0f')} min sequential"
+            f"(client chunk {r['client_chunk']}): " + "; ".join(said)
         )
+        if "fedpm_over_fedavg_by_apply" in r:
+            print(
+                "  FedPM/FedAvg vectorized by --foof-apply: "
+                + ", ".join(f"{a} {f(v, '.2f')}x" for a, v in r["fedpm_over_fedavg_by_apply"].items())
+            )
+        for e in r["engines"]:
+            times = r["round_seconds_by_method"][e]
+            print(f"  round seconds, {e}: " + ", ".join(f"{label} {v:.3f}" for label, v in times.items()))
         print(
-            "  FedPM/FedAvg vectorized by --foof-apply: "
-            + ", ".join(f"{a} {f(v, '.2f')}x" for a, v in r["fedpm_over_fedavg_by_apply"].items())
+            f"  peak MB, {r['engines'][-1]}: "
+            + ", ".join(f"{label} {v:.0f}" for label, v in r["peak_memory_mb_by_method"].items())
         )
         if "runs_stacked" in r:
             print(
@@ -480,7 +569,7 @@ def main(argv=None) -> int:
                 f"{r['seconds_per_round_stacked']:.2f} s a round "
                 f"against {r['seconds_per_round_single']:.2f} s alone (stack speed-up {r['stack_speedup']:.2f}x)"
             )
-        for e, pm in r["fedpm_round_parts_seconds"].items():
+        for e, pm in r.get("fedpm_round_parts_seconds", {}).items():
             if pm is not None:
                 print(
                     f"  FedPM round, {e}: {pm['seconds']:.2f} s = FOOF statistics {pm['statistics']:.2f} + "

@@ -817,7 +817,11 @@ def main_stack(args, command) -> int:
     bar = Progress(args.rounds * len(runs), f"{args.method} x{len(runs)} runs", enabled=not args.quiet)
 
     def on_round(run, desc):
+        first = {"round": True}
+
         def write(row, history):
+            if first.pop("round", False):  # the rounds a resumed run did before this process: counted, not timed
+                bar.done = bar.done + row["round"] - 1
             bar.update(1, f"{os.path.basename(run.out)} round {row['round']} acc {row['test_acc']:.3f}")
             write_outputs(run.out, history, summarize(desc, history, command))
 

@@ -307,18 +307,15 @@ def in_process(cfg):
     return state.theta
 
 
-def _simulate(cfg, rounds_done=None) -> None:
+def _simulate(cfg) -> None:
     """The Flower simulation, in a process of its own (``simulate``): Ray starts in the process that calls
-    ``run_simulation`` and takes SIGTERM there for itself.  ``rounds_done``: a pipe's end told of each round
-    (the parent draws the progress bar, on its own terminal)."""
+    ``run_simulation`` and takes SIGTERM there for itself."""
     os.setsid()  # its own process group: the parent stops the simulation's whole tree at once
     os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"  # no C++ abort trace when it is stopped
     from flwr.simulation import run_simulation
 
     from fedpm_flower import apps
 
-    if rounds_done is not None:  # the ServerApp runs in this process: its round driver reports each round
-        apps.round_hook = lambda row, history: rounds_done.send(1)
     run_simulation(
         apps.make_server_app(cfg),
         apps.make_client_app(cfg),
@@ -330,7 +327,7 @@ def _simulate(cfg, rounds_done=None) -> None:
 RESULT_GRACE = 30.0  # seconds the simulation may take to shut down once its result is written
 
 
-def simulate(cfg, quiet: bool = True) -> None:
+def simulate(cfg, on_rounds=None) -> None:
     """Run the simulation in a child process and wait for it.  Ray, in the process that starts it, answers
     SIGTERM with an abort (exit 134, no cleanup) or an exit while the ServerApp's thread keeps the process
     alive; here this process keeps the command's own SIGTERM and Ctrl-C (one line, exit 143 / 130, the
@@ -338,24 +335,22 @@ def simulate(cfg, quiet: bool = True) -> None:
 
     --timeout as in deployment (fedpm_flower.deploy): the ServerApp's waits for replies are bounded by it and
     marked as they end; a silence of 2 x --timeout + 60 s is a stuck simulation, and once the result is written a
-    slow client's unfinished work does not hold the command beyond RESULT_GRACE."""
+    slow client's unfinished work does not hold the command beyond RESULT_GRACE.  ``on_rounds(done)`` each time
+    the count of rounds done, which the ServerApp writes to its progress file, grows (as in deployment)."""
     import multiprocessing
 
-    from fedpm_flower.config import progress_file
+    from fedpm_flower.config import RoundsWatch, progress_file
     from fedpm_flower.deploy import IDLE_GRACE, stop_tree
-    from validation.progress import Progress
 
+    count_rounds = RoundsWatch(cfg.out, on_rounds)
     ctx = multiprocessing.get_context("fork")
-    rounds_done, report = ctx.Pipe(duplex=False)
-    bar = Progress(cfg.rounds, f"{cfg.method} rounds", enabled=not quiet, unit="round")
-    child = ctx.Process(target=_simulate, args=(cfg, report), daemon=False)
+    child = ctx.Process(target=_simulate, args=(cfg,), daemon=False)
     child.start()
     idle, last, written = 2 * cfg.timeout + IDLE_GRACE, time.time(), None
     try:
         while child.exitcode is None:
             child.join(0.5)
-            while rounds_done.poll():
-                bar.update(rounds_done.recv())
+            count_rounds()
             now = time.time()
             try:
                 last = max(last, os.stat(progress_file(cfg.out)).st_mtime)
@@ -374,15 +369,23 @@ def simulate(cfg, quiet: bool = True) -> None:
         if child.exitcode is None:  # interrupted here: the simulation does not outlive the command
             stop_tree(child.pid)
             child.join()
-        while rounds_done.poll():
-            bar.update(rounds_done.recv())
-        bar.close()
+        count_rounds()
 
 
 def run_flower(cfg, mode: str, timeout: float, secure: bool = True, quiet: bool = True) -> dict:
+    """The run in ``mode``, with a bar over its rounds on a terminal unless ``quiet``: the ServerApp runs in
+    another process in either mode and writes its count of rounds done beside its result (Heartbeat.on_round),
+    which the waits below read."""
+    from validation.progress import Progress
+
+    with Progress(cfg.rounds, f"{cfg.method} rounds", enabled=not quiet, unit="round") as bar:
+        return _run_flower(cfg, mode, timeout, secure, lambda done: bar.update(done - bar.done))
+
+
+def _run_flower(cfg, mode: str, timeout: float, secure: bool, on_rounds) -> dict:
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
     if mode == "simulation":
-        simulate(cfg, quiet)
+        simulate(cfg, on_rounds)
         if not os.path.isfile(cfg.out):
             raise RuntimeError("the Flower simulation ended without a result (its log is above)")
         with open(cfg.out) as fh:
@@ -393,7 +396,7 @@ def run_flower(cfg, mode: str, timeout: float, secure: bool = True, quiet: bool 
     from fedpm_flower.deploy import LocalFederation
 
     with LocalFederation(cfg.clients, data_dir=cfg.data_dir or None, secure=secure) as fed:
-        return fed.run(cfg, timeout=timeout)
+        return fed.run(cfg, timeout=timeout, on_rounds=on_rounds)
 
 
 def main(argv=None) -> int:

@@ -15,6 +15,8 @@ shape (d, k), which is how a DNN layer block [W b]^T is mixed.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .backend import asarray_like, eye_like, is_torch, namespace
 from .screening import dtype_problem
 
@@ -94,21 +96,91 @@ def precond_mix(P, X, weights=None, damping: float = 0.0):
     _real("X", X)
     # written with array-API functions (xp.sum, xp.matmul, ...) so any conforming library works
     w = _weights(xp, weights, n, X)
-    # sum_i w_i (P_i + lam I) X_i = sum_i w_i P_i X_i + lam * sum_i w_i X_i: damping added once
+    # sum_i w_i (P_i + lam I) X_i = sum_i P_i (w_i X_i) + lam * sum_i w_i X_i: damping added once
+    wX = w[:, None, None] * Xm  # (N, d, k): scaling X, not P, leaves no (N, d, d) temporary
     if structured:
         rhs, Pbar = P.weighted_apply_sum(w, Xm), P.weighted_sum(w)
     else:
-        rhs = xp.sum(w[:, None, None] * xp.matmul(P, Xm), axis=0)
-        Pbar = xp.sum(w[:, None, None] * P, axis=0)
+        rhs = xp.sum(xp.matmul(P, wX), axis=0)
+        # sum_i w_i P_i in one pass over the stack (torch names the contraction count dims, the array API axes)
+        Pbar = xp.tensordot(w, P, dims=1) if is_torch(xp) else xp.tensordot(w, P, axes=1)
     if damping:
-        rhs = rhs + damping * xp.sum(w[:, None, None] * Xm, axis=0)
-        Pbar = Pbar + damping * eye_like(xp, d, X)
+        rhs = rhs + damping * xp.sum(wX, axis=0)
+        Pbar = _add_to_diagonal(xp, Pbar, damping)
     Pbar = 0.5 * (Pbar + Pbar.T)  # symmetrise: round-off in the sum must not leak into the solve
     if not bool(xp.all(xp.isfinite(Pbar))) or not bool(xp.all(xp.isfinite(rhs))):  # (d, d) and (d, k): cheap
         raise ValueError("precond_mix: the preconditioners or parameters contain NaN or Inf")
-    # explicit (d, k) right-hand side: NumPy 2 changed solve's vector broadcasting rule
-    out = xp.linalg.solve(Pbar, rhs)
+    out = cholesky_solve(xp, Pbar, rhs)
+    if out is None:  # semidefinite (undamped PSD stacks are legal input), or no Cholesky solve in this library
+        out = _symmetric_solve(xp, Pbar, rhs)
     return out[:, 0] if was_vector else out
+
+
+def _symmetric_solve(xp, A, B):
+    """A^{-1} B for a symmetric A without a Cholesky factor: the general LU solve (the kernel's only solve before
+    the Cholesky path, so such stacks mix as they always did); for an exactly singular A, where LU has no answer, the
+    minimum-norm solution from A's eigendecomposition, eigenvalues below d * eps * max|eigenvalue| taken as zero."""
+    errors = tuple({np.linalg.LinAlgError, getattr(xp.linalg, "LinAlgError", np.linalg.LinAlgError)})
+    try:
+        # explicit (d, k) right-hand side: NumPy 2 changed solve's vector broadcasting rule
+        out = xp.linalg.solve(A, B)
+        if bool(xp.all(xp.isfinite(out))):  # CuPy may report a zero pivot as Inf/NaN, not an error
+            return out
+    except errors:
+        pass
+    vals, vecs = xp.linalg.eigh(A)
+    top = float(xp.max(xp.abs(vals)))
+    keep = xp.abs(vals) > A.shape[0] * _eps(A) * top
+    inv = xp.where(keep, 1.0 / xp.where(keep, vals, xp.ones_like(vals)), xp.zeros_like(vals))
+    return xp.matmul(vecs, inv[:, None] * xp.matmul(vecs.T, B))
+
+
+def _eps(A) -> float:
+    return float(np.finfo(str(A.dtype).split(".")[-1]).eps)
+
+
+def _add_to_diagonal(xp, A, value: float):
+    """A + value I; in place on a (d, d) A this module owns, where the library allows it (NumPy, CuPy, torch)."""
+    if is_torch(xp):
+        A.diagonal().add_(value)
+        return A
+    if xp.__name__ in ("numpy", "cupy"):
+        A[xp.arange(A.shape[0]), xp.arange(A.shape[0])] += value
+        return A
+    return A + value * eye_like(xp, A.shape[0], A)
+
+
+def cholesky_solve(xp, A, B):
+    """A^{-1} B for a symmetric (d, d) A by its Cholesky factor (half an LU's flops, and the project's rule for
+    symmetric positive definite systems), or None when A has no Cholesky factor (semidefinite, indefinite) or the
+    library offers no triangular solve (array-API libraries other than NumPy, CuPy and torch).  Only A's lower
+    triangle is read."""
+    if xp is np:
+        from scipy.linalg import get_lapack_funcs
+
+        potrf, potrs = get_lapack_funcs(("potrf", "potrs"), (A, B))
+        # A is symmetric, so its transpose is the same matrix in LAPACK's column-major order: no copy
+        L, info = potrf(A.T, lower=0, clean=0, overwrite_a=0)
+        if info != 0:
+            return None
+        X, info = potrs(L, B, lower=0)
+        return X if info == 0 else None
+    if is_torch(xp):
+        L, info = xp.linalg.cholesky_ex(A)
+        if int(info) != 0:
+            return None
+        return xp.cholesky_solve(B, L)
+    if xp.__name__ == "cupy":
+        from cupyx.scipy.linalg import solve_triangular
+
+        try:
+            L = xp.linalg.cholesky(A)
+        except xp.linalg.LinAlgError:
+            return None
+        if not bool(xp.all(xp.isfinite(L))):  # CuPy may report a failed factorisation as NaN, not an error
+            return None
+        return solve_triangular(L, solve_triangular(L, B, lower=True), lower=True, trans="T")
+    return None
 
 
 def simple_mix(X, weights=None):

@@ -96,24 +96,93 @@ def precond_mix(P, X, weights=None, damping: float = 0.0):
     _real("X", X)
     # written with array-API functions (xp.sum, xp.matmul, ...) so any conforming library works
     w = _weights(xp, weights, n, X)
-    # sum_i w_i (P_i + lam I) X_i = sum_i P_i (w_i X_i) + lam * sum_i w_i X_i: damping added once
-    wX = w[:, None, None] * Xm  # (N, d, k): scaling X, not P, leaves no (N, d, d) temporary
     if structured:
-        rhs, Pbar = P.weighted_apply_sum(w, Xm), P.weighted_sum(w)
-    else:
-        rhs = xp.sum(xp.matmul(P, wX), axis=0)
-        # sum_i w_i P_i in one pass over the stack (torch names the contraction count dims, the array API axes)
+        Pbar = P.weighted_sum(w)
+    else:  # sum_i w_i P_i in one pass over the stack (torch names the contraction count dims, the array API axes)
         Pbar = xp.tensordot(w, P, dims=1) if is_torch(xp) else xp.tensordot(w, P, axes=1)
     if damping:
-        rhs = rhs + damping * xp.sum(wX, axis=0)
         Pbar = _add_to_diagonal(xp, Pbar, damping)
     Pbar = 0.5 * (Pbar + Pbar.T)  # symmetrise: round-off in the sum must not leak into the solve
-    if not bool(xp.all(xp.isfinite(Pbar))) or not bool(xp.all(xp.isfinite(rhs))):  # (d, d) and (d, k): cheap
+    if not bool(xp.all(xp.isfinite(Pbar))) or not bool(xp.all(xp.isfinite(Xm))):  # (d, d) and (N, d, k): cheap
         raise ValueError("precond_mix: the preconditioners or parameters contain NaN or Inf")
-    out = cholesky_solve(xp, Pbar, rhs)
-    if out is None:  # semidefinite (undamped PSD stacks are legal input), or no Cholesky solve in this library
+    factor = cholesky_factor(xp, Pbar)
+    if factor is not None and not structured:
+        # theta = X_0 + Pbar^{-1} sum_{i>0} w_i (P_i + lam I) (X_i - X_0), the same mix since sum_i w_i = 1: one
+        # (d, d) x (d, k) product fewer than sum_i w_i (P_i + lam I) X_i (half of them with two clients, all of
+        # them with one), and identical clients give back X_0 exactly
+        out = Xm[0] + 0  # a new array, not a view of the input
+        if n > 1:
+            wD = w[1:, None, None] * (Xm[1:] - Xm[0])  # (N - 1, d, k); P[1:] is a view: no (N, d, d) copy
+            out = out + cholesky_solve(xp, factor, _damped_sum(xp, P[1:], wD, damping))
+        return out[:, 0] if was_vector else out
+    # sum_i w_i (P_i + lam I) X_i = sum_i P_i (w_i X_i) + lam * sum_i w_i X_i: damping added once
+    wX = w[:, None, None] * Xm
+    if structured:
+        rhs = P.weighted_apply_sum(w, Xm)
+        rhs = rhs + damping * xp.sum(wX, axis=0) if damping else rhs
+    else:
+        rhs = _damped_sum(xp, P, wX, damping)
+    if factor is not None:
+        out = cholesky_solve(xp, factor, rhs)
+    else:  # semidefinite (undamped PSD stacks are legal input), or no Cholesky factorisation in this library
         out = _symmetric_solve(xp, Pbar, rhs)
     return out[:, 0] if was_vector else out
+
+
+def _damped_sum(xp, P, wX, damping: float):
+    """sum_i (P_i + damping I) wX_i for an (M, d, d) stack P and weighted (M, d, k) blocks wX."""
+    out = xp.sum(xp.matmul(P, wX), axis=0)
+    return out + damping * xp.sum(wX, axis=0) if damping else out
+
+
+def _add_to_diagonal(xp, A, value: float):
+    """A + value I; in place on a (d, d) A this module owns, where the library allows it (NumPy, CuPy, torch)."""
+    if is_torch(xp):
+        A.diagonal().add_(value)
+        return A
+    if xp.__name__ in ("numpy", "cupy"):
+        A[xp.arange(A.shape[0]), xp.arange(A.shape[0])] += value
+        return A
+    return A + value * eye_like(xp, A.shape[0], A)
+
+
+def cholesky_factor(xp, A):
+    """The Cholesky factor of a symmetric (d, d) A (only its lower triangle is read), in the form
+    ``cholesky_solve`` takes, or None when A has none (semidefinite, indefinite) or the library offers no
+    triangular solve (array-API libraries other than NumPy, CuPy and torch).  Half an LU's flops, and the
+    project's rule for symmetric positive definite systems."""
+    if xp is np:
+        from scipy.linalg import get_lapack_funcs
+
+        potrf = get_lapack_funcs("potrf", (A,))
+        # A is symmetric, so its transpose is the same matrix in LAPACK's column-major order: no copy
+        U, info = potrf(A.T, lower=0, clean=0, overwrite_a=0)
+        return U if info == 0 else None
+    if is_torch(xp):
+        L, info = xp.linalg.cholesky_ex(A)
+        return L if int(info) == 0 else None
+    if xp.__name__ == "cupy":
+        try:
+            L = xp.linalg.cholesky(A)
+        except np.linalg.LinAlgError:  # what CuPy raises
+            return None
+        # CuPy may report a failed factorisation as NaN, not an error
+        return L if bool(xp.all(xp.isfinite(L))) else None
+    return None
+
+
+def cholesky_solve(xp, factor, B):
+    """A^{-1} B from ``cholesky_factor(xp, A)``."""
+    if xp is np:
+        from scipy.linalg import get_lapack_funcs
+
+        potrs = get_lapack_funcs("potrs", (factor, B))
+        return potrs(factor, B, lower=0)[0]
+    if is_torch(xp):
+        return xp.cholesky_solve(B, factor)
+    from cupyx.scipy.linalg import solve_triangular
+
+    return solve_triangular(factor, solve_triangular(factor, B, lower=True), lower=True, trans="T")
 
 
 def _symmetric_solve(xp, A, B):
@@ -137,50 +206,6 @@ def _symmetric_solve(xp, A, B):
 
 def _eps(A) -> float:
     return float(np.finfo(str(A.dtype).split(".")[-1]).eps)
-
-
-def _add_to_diagonal(xp, A, value: float):
-    """A + value I; in place on a (d, d) A this module owns, where the library allows it (NumPy, CuPy, torch)."""
-    if is_torch(xp):
-        A.diagonal().add_(value)
-        return A
-    if xp.__name__ in ("numpy", "cupy"):
-        A[xp.arange(A.shape[0]), xp.arange(A.shape[0])] += value
-        return A
-    return A + value * eye_like(xp, A.shape[0], A)
-
-
-def cholesky_solve(xp, A, B):
-    """A^{-1} B for a symmetric (d, d) A by its Cholesky factor (half an LU's flops, and the project's rule for
-    symmetric positive definite systems), or None when A has no Cholesky factor (semidefinite, indefinite) or the
-    library offers no triangular solve (array-API libraries other than NumPy, CuPy and torch).  Only A's lower
-    triangle is read."""
-    if xp is np:
-        from scipy.linalg import get_lapack_funcs
-
-        potrf, potrs = get_lapack_funcs(("potrf", "potrs"), (A, B))
-        # A is symmetric, so its transpose is the same matrix in LAPACK's column-major order: no copy
-        L, info = potrf(A.T, lower=0, clean=0, overwrite_a=0)
-        if info != 0:
-            return None
-        X, info = potrs(L, B, lower=0)
-        return X if info == 0 else None
-    if is_torch(xp):
-        L, info = xp.linalg.cholesky_ex(A)
-        if int(info) != 0:
-            return None
-        return xp.cholesky_solve(B, L)
-    if xp.__name__ == "cupy":
-        from cupyx.scipy.linalg import solve_triangular
-
-        try:
-            L = xp.linalg.cholesky(A)
-        except xp.linalg.LinAlgError:
-            return None
-        if not bool(xp.all(xp.isfinite(L))):  # CuPy may report a failed factorisation as NaN, not an error
-            return None
-        return solve_triangular(L, solve_triangular(L, B, lower=True), lower=True, trans="T")
-    return None
 
 
 def simple_mix(X, weights=None):

@@ -236,8 +236,8 @@ def test_one_round_of_the_mixed_model_agrees_with_solve_within_the_propagated_bo
 
     so ||Theta' - Theta||_F <= sum_i w_i ||Pbar^{-1} M_i||_2 delta_i + ||Pbar^{-1}||_2 sum_i w_i ||A_i' - A_i||_2
     ||Theta_i' - Theta'||_F, plus each path's own float64 solve (<= 4 d kappa(Pbar) eps_64 ||Theta||) and its
-    rounding to float32 (u ||Theta||).  ||Pbar^{-1} M_i||_2 <= kappa-like factor: the reply bound propagates with
-    Pbar's conditioning."""
+    rounding to float32 (u ||Theta||).  ||Pbar^{-1} M_i||_2 is at most about kappa(Pbar): the reply bound propagates
+    with Pbar's conditioning.  The model is mixed by fedpm_dnn.mixing.mix, the server's kernel (mix_blocks)."""
     torch.set_num_threads(1)
     task, down, r_solve = one_round(model, "solve", damping, "vectorized")
     _, _, r_inv = one_round(model, "inverse", damping, "vectorized")

@@ -6,7 +6,9 @@ foof_mixing)::
     theta = (sum_i w_i (P_i + lam I))^{-1}  sum_i w_i (P_i + lam I) X_i
 
 with w_i = 1/N by default.  The same damping lam must be used here as in the clients'
-local steps, otherwise identical clients would not reproduce their own model.
+local steps, otherwise identical clients would not reproduce their own model.  The
+symmetric system is solved by Cholesky (LU, then a minimum-norm solve, only for a
+sum without a Cholesky factor), for theta - X_0 on dense stacks.
 
 Both kernels are backend-agnostic: they run unchanged on NumPy, CuPy and torch arrays
 (the namespace is inferred from the inputs) and accept matrix right-hand sides X_i of

@@ -6,7 +6,9 @@ foof_mixing)::
     theta = (sum_i w_i (P_i + lam I))^{-1}  sum_i w_i (P_i + lam I) X_i
 
 with w_i = 1/N by default.  The same damping lam must be used here as in the clients'
-local steps, otherwise identical clients would not reproduce their own model.
+local steps, otherwise identical clients would not reproduce their own model.  The
+symmetric system is solved by Cholesky (LU, then a minimum-norm solve, only for a
+sum without a Cholesky factor), for theta - X_0 on dense stacks.
 
 Both kernels are backend-agnostic: they run unchanged on NumPy, CuPy and torch arrays
 (the namespace is inferred from the inputs) and accept matrix right-hand sides X_i of
@@ -14,6 +16,8 @@ shape (d, k), which is how a DNN layer block [W b]^T is mixed.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from .backend import asarray_like, eye_like, is_torch, namespace
 from .screening import dtype_problem
@@ -94,21 +98,116 @@ def precond_mix(P, X, weights=None, damping: float = 0.0):
     _real("X", X)
     # written with array-API functions (xp.sum, xp.matmul, ...) so any conforming library works
     w = _weights(xp, weights, n, X)
-    # sum_i w_i (P_i + lam I) X_i = sum_i w_i P_i X_i + lam * sum_i w_i X_i: damping added once
     if structured:
-        rhs, Pbar = P.weighted_apply_sum(w, Xm), P.weighted_sum(w)
-    else:
-        rhs = xp.sum(w[:, None, None] * xp.matmul(P, Xm), axis=0)
-        Pbar = xp.sum(w[:, None, None] * P, axis=0)
+        Pbar = P.weighted_sum(w)
+    else:  # sum_i w_i P_i in one pass over the stack (torch names the contraction count dims, the array API axes)
+        Pbar = xp.tensordot(w, P, dims=1) if is_torch(xp) else xp.tensordot(w, P, axes=1)
     if damping:
-        rhs = rhs + damping * xp.sum(w[:, None, None] * Xm, axis=0)
-        Pbar = Pbar + damping * eye_like(xp, d, X)
+        Pbar = _add_to_diagonal(xp, Pbar, damping)
     Pbar = 0.5 * (Pbar + Pbar.T)  # symmetrise: round-off in the sum must not leak into the solve
-    if not bool(xp.all(xp.isfinite(Pbar))) or not bool(xp.all(xp.isfinite(rhs))):  # (d, d) and (d, k): cheap
+    if not bool(xp.all(xp.isfinite(Pbar))) or not bool(xp.all(xp.isfinite(Xm))):  # (d, d) and (N, d, k): cheap
         raise ValueError("precond_mix: the preconditioners or parameters contain NaN or Inf")
-    # explicit (d, k) right-hand side: NumPy 2 changed solve's vector broadcasting rule
-    out = xp.linalg.solve(Pbar, rhs)
+    factor = cholesky_factor(xp, Pbar)
+    if factor is not None and not structured:
+        # theta = X_0 + Pbar^{-1} sum_{i>0} w_i (P_i + lam I) (X_i - X_0), the same mix since sum_i w_i = 1: one
+        # (d, d) x (d, k) product fewer than sum_i w_i (P_i + lam I) X_i (half of them with two clients, all of
+        # them with one), and identical clients give back X_0 exactly
+        out = Xm[0] + 0  # a new array, not a view of the input
+        if n > 1:
+            wD = w[1:, None, None] * (Xm[1:] - Xm[0])  # (N - 1, d, k); P[1:] is a view: no (N, d, d) copy
+            out = out + cholesky_solve(xp, factor, _damped_sum(xp, P[1:], wD, damping))
+        return out[:, 0] if was_vector else out
+    # sum_i w_i (P_i + lam I) X_i = sum_i P_i (w_i X_i) + lam * sum_i w_i X_i: damping added once
+    wX = w[:, None, None] * Xm
+    if structured:
+        rhs = P.weighted_apply_sum(w, Xm)
+        rhs = rhs + damping * xp.sum(wX, axis=0) if damping else rhs
+    else:
+        rhs = _damped_sum(xp, P, wX, damping)
+    if factor is not None:
+        out = cholesky_solve(xp, factor, rhs)
+    else:  # semidefinite (undamped PSD stacks are legal input), or no Cholesky factorisation in this library
+        out = _symmetric_solve(xp, Pbar, rhs)
     return out[:, 0] if was_vector else out
+
+
+def _damped_sum(xp, P, wX, damping: float):
+    """sum_i (P_i + damping I) wX_i for an (M, d, d) stack P and weighted (M, d, k) blocks wX."""
+    out = xp.sum(xp.matmul(P, wX), axis=0)
+    return out + damping * xp.sum(wX, axis=0) if damping else out
+
+
+def _add_to_diagonal(xp, A, value: float):
+    """A + value I; in place on a (d, d) A this module owns, where the library allows it (NumPy, CuPy, torch)."""
+    if is_torch(xp):
+        A.diagonal().add_(value)
+        return A
+    if xp.__name__ in ("numpy", "cupy"):
+        A[xp.arange(A.shape[0]), xp.arange(A.shape[0])] += value
+        return A
+    return A + value * eye_like(xp, A.shape[0], A)
+
+
+def cholesky_factor(xp, A):
+    """The Cholesky factor of a symmetric (d, d) A (only its lower triangle is read), in the form
+    ``cholesky_solve`` takes, or None when A has none (semidefinite, indefinite) or the library offers no
+    triangular solve (array-API libraries other than NumPy, CuPy and torch).  Half an LU's flops, and the
+    project's rule for symmetric positive definite systems."""
+    if xp is np:
+        from scipy.linalg import get_lapack_funcs
+
+        potrf = get_lapack_funcs("potrf", (A,))
+        # A is symmetric, so its transpose is the same matrix in LAPACK's column-major order: no copy
+        U, info = potrf(A.T, lower=0, clean=0, overwrite_a=0)
+        return U if info == 0 else None
+    if is_torch(xp):
+        L, info = xp.linalg.cholesky_ex(A)
+        return L if int(info) == 0 else None
+    if xp.__name__ == "cupy":
+        try:
+            L = xp.linalg.cholesky(A)
+        except np.linalg.LinAlgError:  # what CuPy raises
+            return None
+        # CuPy may report a failed factorisation as NaN, not an error
+        return L if bool(xp.all(xp.isfinite(L))) else None
+    return None
+
+
+def cholesky_solve(xp, factor, B):
+    """A^{-1} B from ``cholesky_factor(xp, A)``."""
+    if xp is np:
+        from scipy.linalg import get_lapack_funcs
+
+        potrs = get_lapack_funcs("potrs", (factor, B))
+        return potrs(factor, B, lower=0)[0]
+    if is_torch(xp):
+        return xp.cholesky_solve(B, factor)
+    from cupyx.scipy.linalg import solve_triangular
+
+    return solve_triangular(factor, solve_triangular(factor, B, lower=True), lower=True, trans="T")
+
+
+def _symmetric_solve(xp, A, B):
+    """A^{-1} B for a symmetric A without a Cholesky factor: the general LU solve (the kernel's only solve before
+    the Cholesky path, so such stacks mix as they always did); for an exactly singular A, where LU has no answer, the
+    minimum-norm solution from A's eigendecomposition, eigenvalues below d * eps * max|eigenvalue| taken as zero."""
+    errors = tuple({np.linalg.LinAlgError, getattr(xp.linalg, "LinAlgError", np.linalg.LinAlgError)})
+    try:
+        # explicit (d, k) right-hand side: NumPy 2 changed solve's vector broadcasting rule
+        out = xp.linalg.solve(A, B)
+        if bool(xp.all(xp.isfinite(out))):  # CuPy may report a zero pivot as Inf/NaN, not an error
+            return out
+    except errors:
+        pass
+    vals, vecs = xp.linalg.eigh(A)
+    top = float(xp.max(xp.abs(vals)))
+    keep = xp.abs(vals) > A.shape[0] * _eps(A) * top
+    inv = xp.where(keep, 1.0 / xp.where(keep, vals, xp.ones_like(vals)), xp.zeros_like(vals))
+    return xp.matmul(vecs, inv[:, None] * xp.matmul(vecs.T, B))
+
+
+def _eps(A) -> float:
+    return float(np.finfo(str(A.dtype).split(".")[-1]).eps)
 
 
 def simple_mix(X, weights=None):

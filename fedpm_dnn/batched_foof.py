@@ -118,7 +118,7 @@ def stacked_foof(
 
 def factorize_stacked(A: dict, damping: float, dtype) -> dict:
     """Batched Cholesky factors of A + damping I (float64, cast to ``dtype``); a matrix whose
-    factorisation fails goes through ``foof.factorize`` (nearest-PSD repair or the same error)."""
+    factorisation fails goes straight to ``foof.repaired_factor`` (nearest-PSD repair or the same error)."""
     out = {}
     for name, M in A.items():
         M64 = foof.finite_float64(name, M)
@@ -126,6 +126,6 @@ def factorize_stacked(A: dict, damping: float, dtype) -> dict:
         L, info = torch.linalg.cholesky_ex(M64 + damping * eye)
         bad = torch.nonzero(info).flatten().tolist()
         for i in bad:
-            L[i] = foof.factorize({name: M64[i]}, damping, torch.float64)[name]
+            L[i] = foof.repaired_factor(name, M64[i], damping)
         out[name] = L.to(dtype)
     return out

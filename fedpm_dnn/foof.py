@@ -381,16 +381,20 @@ def factorize(A: dict, damping: float, dtype=None) -> dict:
         M64 = finite_float64(name, M)
         eye = torch.eye(M.shape[0], dtype=torch.float64, device=M.device)
         L, info = torch.linalg.cholesky_ex(M64 + damping * eye)
-        if int(info) != 0:
-            w, V = torch.linalg.eigh(M64)
-            psd = (V * w.clamp(min=0)) @ V.T
-            L, info = torch.linalg.cholesky_ex(0.5 * (psd + psd.T) + damping * eye)
-        if int(info) != 0:
-            raise ArithmeticError(
-                f"FOOF matrix of {name} + damping {damping:g} is not positive definite; raise --damping"
-            )
-        out[name] = L.to(dtype or M.dtype)
+        out[name] = (L if int(info) == 0 else repaired_factor(name, M64, damping)).to(dtype or M.dtype)
     return out
+
+
+def repaired_factor(name: str, M64: torch.Tensor, damping: float) -> torch.Tensor:
+    """The float64 Cholesky factor of nearest-PSD(M64) + damping I, for a (d, d) M64 whose plain factorisation
+    failed (``factorize``); an ArithmeticError naming the block if even that has none."""
+    eye = torch.eye(M64.shape[0], dtype=torch.float64, device=M64.device)
+    w, V = torch.linalg.eigh(M64)
+    psd = (V * w.clamp(min=0)) @ V.T
+    L, info = torch.linalg.cholesky_ex(0.5 * (psd + psd.T) + damping * eye)
+    if int(info) != 0:
+        raise ArithmeticError(f"FOOF matrix of {name} + damping {damping:g} is not positive definite; raise --damping")
+    return L
 
 
 def damped_inverses(A: dict, damping: float, dtype=None) -> dict:

@@ -27,6 +27,7 @@ import torch.nn.functional as F  # noqa: E402
 from fedpm_dnn import foof  # noqa: E402
 from fedpm_dnn.algorithms import make_method  # noqa: E402
 from fedpm_dnn.client import ClientData  # noqa: E402
+from fedpm_dnn.mixing import mix  # noqa: E402
 from fedpm_dnn.models import ResNet18GN, make_model  # noqa: E402
 from fedpm_dnn.simulation import Experiment  # noqa: E402
 from fedpm_dnn.task import DnnTask  # noqa: E402
@@ -208,6 +209,67 @@ def test_one_round_of_replies_agrees_with_solve_within_the_bound(model, damping,
             allowed = LR * bound(G[bname], M) + 2 * U * (float(t0.norm()) + step)
             assert float((ti - ts).norm()) <= allowed, (model, damping, engine, k, bname)
             assert step > 10 * allowed or damping < 1  # at lam = 1 the step itself is far above the bound
+
+
+def reply_bound(task, down, reply, G, A, bname, damping):
+    """The previous test's bound on ||Theta_inverse - Theta_solve||_F for one client's solve ``reply``, block
+    ``bname``, from that client's gradient G and FOOF matrices A at the broadcast model."""
+    t0, ts = (block_theta(task, bname, p) for p in (down["params"], reply["params"]))
+    M = A[bname] + damping * torch.eye(A[bname].shape[0], dtype=torch.float64)
+    return LR * bound(G[bname], M) + 2 * U * (float(t0.norm()) + float((t0 - ts).norm()))
+
+
+def block_theta(task, bname, params):
+    block = task.blocks[bname]
+    wn, bn = foof.param_name(bname, "weight"), foof.param_name(bname, "bias")
+    return foof.get_theta(block, params[wn], params[bn] if block.has_bias else None).double()
+
+
+@pytest.mark.parametrize("model", ["cnn", "resnet18gn-w8"])
+@pytest.mark.parametrize("damping", [1.0, 1e-4])
+def test_one_round_of_the_mixed_model_agrees_with_solve_within_the_propagated_bound(model, damping):
+    """The server mixes in float64: per block Theta = Pbar^{-1} sum_i w_i M_i Theta_i, M_i = A_i + lam I, Pbar =
+    sum_i w_i M_i, with A_i the FOOF matrix each client sends from the end of its round.  Between the two applies
+    the replies differ in Theta_i (bounded above: delta_i) and, through the changed activations, in A_i.  Exactly,
+
+        Theta' - Theta = Pbar^{-1} [ sum_i w_i M_i (Theta_i' - Theta_i) + sum_i w_i (A_i' - A_i) (Theta_i' - Theta') ]
+
+    so ||Theta' - Theta||_F <= sum_i w_i ||Pbar^{-1} M_i||_2 delta_i + ||Pbar^{-1}||_2 sum_i w_i ||A_i' - A_i||_2
+    ||Theta_i' - Theta'||_F, plus each path's own float64 solve (<= 4 d kappa(Pbar) eps_64 ||Theta||) and its
+    rounding to float32 (u ||Theta||).  ||Pbar^{-1} M_i||_2 is at most about kappa(Pbar): the reply bound propagates
+    with Pbar's conditioning.  The model is mixed by fedpm_dnn.mixing.mix, the server's kernel (mix_blocks)."""
+    torch.set_num_threads(1)
+    task, down, r_solve = one_round(model, "solve", damping, "vectorized")
+    _, _, r_inv = one_round(model, "inverse", damping, "vectorized")
+    w = [0.5, 0.5]  # FedPM's uniform 1/N
+    mixed = {
+        apply: mix([r["params"] for r in replies], [r["foof"] for r in replies], damping=damping)
+        for apply, replies in (("solve", r_solve), ("inverse", r_inv))
+    }
+    eps64 = float(np.finfo(np.float64).eps)
+    at_start = [gradient_and_matrices(task, down["params"], task.clients[k]) for k in range(2)]
+    for bname in task.blocks:
+        A = [[r[k]["foof"][bname].double() for k in range(2)] for r in (r_solve, r_inv)]
+        eye = torch.eye(A[0][0].shape[0], dtype=torch.float64)
+        M = [a + damping * eye for a in A[0]]
+        Pbar = sum(wi * m for wi, m in zip(w, M, strict=True))
+        Pbar = 0.5 * (Pbar + Pbar.T)
+        evals = torch.linalg.eigvalsh(Pbar)
+        theta_s, theta_i = (block_theta(task, bname, mixed[a]) for a in ("solve", "inverse"))
+        allowed = 0.0
+        for k in range(2):
+            through_theta = float(torch.linalg.matrix_norm(torch.linalg.solve(Pbar, M[k]), ord=2))
+            allowed += w[k] * through_theta * reply_bound(task, down, r_solve[k], *at_start[k], bname, damping)
+            dA = float(torch.linalg.matrix_norm(A[1][k] - A[0][k], ord=2))
+            spread = float((block_theta(task, bname, r_inv[k]["params"]) - theta_i).norm())
+            allowed += w[k] * dA * spread / float(evals[0])
+        kappa = float(evals[-1] / evals[0])
+        allowed += (2 * 4 * Pbar.shape[0] * kappa * eps64 + 2 * U) * float(theta_s.norm())
+        diff = float((theta_i - theta_s).norm())
+        assert diff <= allowed, (model, damping, bname, diff, allowed)
+        if damping == 1.0:  # not vacuous: the round moved the block far more than the bound allows
+            moved = float((theta_s - block_theta(task, bname, down["params"])).norm())
+            assert moved > 10 * allowed, (model, bname, moved, allowed)
 
 
 def test_auto_follows_the_stated_rule():

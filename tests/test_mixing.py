@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedconvex.backend import to_numpy
 from fedconvex.blocks import ActiveBlocks
 from fedconvex.mixing import precond_mix, simple_mix
 
@@ -211,3 +212,100 @@ def test_simple_mix_refuses_malformed_input():
         simple_mix(np.zeros((0, 3)))
     with pytest.raises(ValueError, match="got a 0-d array"):
         simple_mix(np.float64(1.0))
+
+
+# ------------------------------------------------------------------ the solve: Cholesky, and its fallback
+try:
+    import cupy
+
+    cupy.cuda.runtime.getDeviceCount()
+except Exception:  # not installed, or no usable GPU
+    cupy = None
+SOLVE_LIBS = [
+    "numpy",
+    pytest.param("torch", marks=pytest.mark.skipif(torch is None, reason="torch not installed")),
+    pytest.param("cupy", marks=pytest.mark.skipif(cupy is None, reason="needs CuPy and a GPU")),
+]
+
+
+def _lib(name, a):
+    return {"torch": lambda: torch.asarray(a), "cupy": lambda: cupy.asarray(a)}.get(name, lambda: a)()
+
+
+def _reference(P, X, w, damping):
+    """The damped, symmetrised system precond_mix solves, and np.linalg.solve's (LU) answer to it."""
+    d = P.shape[1]
+    A = np.einsum("n,nij->ij", w, P) + damping * np.eye(d)
+    A = 0.5 * (A + A.T)
+    b = np.einsum("n,nij,njk->ik", w, P + damping * np.eye(d), X)
+    return A, np.linalg.solve(A, b)
+
+
+@pytest.mark.parametrize("name", SOLVE_LIBS)
+@pytest.mark.parametrize("cond", [1e1, 1e5, 1e10])
+@pytest.mark.parametrize("damping", [0.0, 1e-4])
+def test_cholesky_solve_agrees_with_lu_within_the_conditioning_bound(name, cond, damping, monkeypatch):
+    """Both solves are backward stable: LU's answer is within about 4 d cond(A) eps ||theta|| of the exact one
+    (Frobenius norm); precond_mix solves for theta - X_0 (module code), so its error is within 4 d cond(A) eps
+    (||theta|| + ||X_0||) plus the rounding of the final addition.  The bound used is the sum of the two."""
+    rng = np.random.default_rng(int(np.log10(cond)))
+    n, d, k = 3, 40, 5
+    Q = np.linalg.qr(rng.normal(size=(d, d)))[0]
+    base = Q @ np.diag(np.geomspace(1.0, 1.0 / cond, d)) @ Q.T  # shared spectrum: Pbar's conditioning is ~cond
+    P = np.stack([base + 1e-3 / cond * (lambda B: B @ B.T)(rng.normal(size=(d, d))) for _ in range(n)])
+    X, w = rng.normal(size=(n, d, k)), rng.random(n) + 0.1
+    w = w / w.sum()
+    A, ref = _reference(P, X, w, damping)
+    kappa = np.linalg.cond(A)
+
+    def no_lu(*a, **kw):
+        raise AssertionError("the LU fallback ran on a positive definite system")
+
+    monkeypatch.setattr({"torch": torch, "cupy": cupy}.get(name, np).linalg, "solve", no_lu)
+    out = to_numpy(precond_mix(_lib(name, P), _lib(name, X), _lib(name, w), damping=damping))
+    scale = 2 * np.linalg.norm(ref) + np.linalg.norm(X[0])
+    err = np.linalg.norm(out - ref)
+    assert err <= (4 * d * kappa + 1) * np.finfo(np.float64).eps * scale, (err, kappa)
+
+
+@pytest.mark.parametrize("name", SOLVE_LIBS)
+def test_identical_clients_and_a_single_client_are_returned_exactly(name):
+    rng = np.random.default_rng(3)
+    P, x = spd_stack(rng, 3, 5), rng.normal(size=(5, 2))
+    for stack, X in ((P, np.stack([x] * 3)), (P[:1], x[None])):
+        out = precond_mix(_lib(name, stack), _lib(name, X), damping=0.1)
+        np.testing.assert_array_equal(to_numpy(out), x)
+
+
+@pytest.mark.parametrize("name", SOLVE_LIBS)
+def test_indefinite_stack_falls_back_to_the_lu_solve(name):
+    # symmetric but indefinite (no Cholesky factor) and nonsingular: the general solve's answer
+    rng = np.random.default_rng(1)
+    d = 6
+    Q = np.linalg.qr(rng.normal(size=(d, d)))[0]
+    P = np.stack([Q @ np.diag([3.0, 2.0, 1.0, 0.5, -0.2, -1.0]) @ Q.T] * 2)
+    X, w = rng.normal(size=(2, d, 3)), np.array([0.5, 0.5])
+    A, ref = _reference(P, X, w, 0.0)
+    assert np.linalg.eigvalsh(A).min() < 0
+    out = to_numpy(precond_mix(_lib(name, P), _lib(name, X), _lib(name, w)))
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("name", SOLVE_LIBS)
+def test_singular_undamped_stack_gets_the_minimum_norm_mix(name):
+    """Undamped PSD preconditioners that all vanish on the same directions (a feature no client uses) leave Pbar
+    exactly singular: Cholesky and LU both fail, and the mix is the minimum-norm solution of the consistent system,
+    zero on the unused directions."""
+    rng = np.random.default_rng(2)
+    n, d, unused = 3, 7, [2, 5]
+    B = rng.normal(size=(n, d, d))
+    B[:, unused, :] = 0.0
+    P = B @ B.transpose(0, 2, 1)  # rows and columns of the unused features exactly zero
+    X, w = rng.normal(size=(n, d, 2)), np.array([0.2, 0.3, 0.5])
+    A = np.einsum("n,nij->ij", w, P)
+    b = np.einsum("n,nij,njk->ik", w, P, X)
+    assert np.linalg.matrix_rank(A) == d - len(unused)
+    out = to_numpy(precond_mix(_lib(name, P), _lib(name, X), _lib(name, w)))
+    np.testing.assert_allclose(out, np.linalg.lstsq(A, b, rcond=None)[0], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(out[unused], 0.0, atol=1e-12)
+    np.testing.assert_allclose(A @ out, b, rtol=1e-9, atol=1e-12)

@@ -109,7 +109,7 @@ def _experiment(
 class FoofTimer:
     """Wall time spent in FOOF statistics and in factorisations (both engines' entry points wrapped), apart:
     the statistics pass reads every image of a client, a factorisation costs the same whatever the data.  A
-    wrapped call inside another (the per-client repair inside the batched factorisation) counts once."""
+    wrapped call inside another counts once."""
 
     def __init__(self, device):
         self.device, self.saved, self.depth = device, [], 0

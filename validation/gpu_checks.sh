@@ -6,7 +6,7 @@
 #      --device cuda and the fedconvex tests that touch CuPy,
 #   3. runs as a batch axis and the FOOF inverse (docs/stacking.md): the --foof-apply tests on CUDA, the stack
 #      benchmark at S = 1, 3, 6, 12 for SimpleCNN with CUDA graphs on and off, ResNet18-GN's FedPM/FedAvg with
-#      both applies,
+#      both applies, the server mixing's earlier form against the Cholesky kernel on ResNet18-GN's blocks,
 #   4. FedPM and FedAvg on CIFAR-10 alpha=0.1, seeds 0-2, 100 rounds, full data, paper preset, as two stacks,
 #      to the deadline,
 #   5. the paper sweep, budgeted, with whatever time is left.
@@ -66,7 +66,7 @@ timeout 200 $PY -m validation.bench_convex --device cuda --all-methods --json > 
     || echo "bench_convex cupy failed rc=$?"
 cat "$OUT/bench_convex_cupy.json"; echo
 step "fedconvex tests that touch CuPy"
-timeout 90 $PY -m pytest -q -p no:cacheprovider tests/test_every_method.py tests/test_generic_backend.py -k "cupy or backend" \
+timeout 90 $PY -m pytest -q -p no:cacheprovider tests/test_every_method.py tests/test_generic_backend.py tests/test_mixing.py -k "cupy or backend" \
     || echo "cupy tests failed rc=$?"
 
 step "DNN benchmark on CUDA: ResNet18-GN at CIFAR-100 size (10 clients, 200 images each, 1 epoch)"
@@ -87,6 +87,13 @@ step "FOOF apply per block on CUDA: python benchmarks/foof_apply.py --device cud
 if ! done_ foof_apply_bench; then
     timeout 120 $PY benchmarks/foof_apply.py --device cuda --clients 10 --json "$OUT/foof_apply_cuda.json" \
         && mark foof_apply_bench || echo "foof apply benchmark failed rc=$?"
+fi
+
+step "FedPM's server mixing on CUDA, earlier form against precond_mix now: python benchmarks/mixing_solve_forms.py --device cuda --clients 10"
+if ! done_ mixing_forms; then
+    timeout 150 $PY benchmarks/mixing_solve_forms.py --device cuda --clients 10 --repeats 3 --json \
+        > "$OUT/mixing_solve_forms_cuda.json" && mark mixing_forms || echo "mixing forms benchmark failed rc=$?"
+    cat "$OUT/mixing_solve_forms_cuda.json"; echo
 fi
 
 # runs as a batch axis: SimpleCNN at the paper's size, one run alone against S stacked, CUDA graphs on and off

@@ -211,6 +211,15 @@ def read_regular(path: str, limit: int | None = None, error=NotARegularFile) -> 
     return data
 
 
+def memory_bytes() -> int:
+    """The machine's physical memory (16 GiB where the platform does not say): what sizes read from a file
+    are bounded by."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 * 2**30
+
+
 class DamagedFile(ValueError):
     """A file of ours (a result, a cache) that cannot be what it should be; the message names it and why."""
 

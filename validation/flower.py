@@ -124,7 +124,8 @@ def parse_args(argv=None):
         type=common.positive_float,
         default=300.0,
         help="seconds the server waits for the SuperNodes' replies in a round (or to a question); a node that "
-        "has not answered by then is left out of that round.  Bounds each wait, not the whole run",
+        "has not answered by then is left out of that round.  Bounds each wait, not the whole run (the first "
+        "question to a node, which starts its ClientApp, waits 30 s more)",
     )
     p.add_argument(
         "--max-ratio",

@@ -98,6 +98,17 @@ class HeldFolder:
             return "was replaced by another folder"
         return None
 
+    def move_in(self, src: str) -> str:
+        """Move the finished file ``src`` (written elsewhere on the same file system) into this folder under its
+        own name, replacing one there; FolderSwapped when the path no longer names the folder.  Returns its path."""
+        self.check()
+        name = os.path.basename(src)
+        if self.fd is None:
+            os.replace(src, os.path.join(self.path, name))
+        else:
+            os.rename(src, name, dst_dir_fd=self.fd)  # replaces on POSIX, as os.replace
+        return os.path.join(self.path, name)
+
     def check(self) -> None:
         why = self.problem()
         if why:

@@ -11,11 +11,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_hostile_files import dnn_args, one_line  # noqa: E402
+from test_hostile_files import _results, dnn_args, one_line  # noqa: E402
 from test_hostile_inputs import base, one_thread, snapshot  # noqa: E402, F401  (fixtures)
 
 from fedconvex.files import FolderSwapped, held_folder, written_atomically  # noqa: E402
 from fedpm_dnn import checkpoint as ck  # noqa: E402
+from figures import __main__ as figures_main  # noqa: E402
 from validation import dnn, outputs  # noqa: E402
 
 
@@ -144,3 +145,37 @@ def test_a_diverged_run_records_its_cause_in_its_summary(base, tmp_path, capsys,
     assert line.endswith("error: fedavg diverged at round 2 (injected)")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["failed"] == "fedavg diverged at round 2 (injected)" and summary["rounds_done"] == 1
+
+
+@pytest.mark.parametrize("swap", [_swap_for_link, _swap_for_folder], ids=["link", "folder"])
+def test_figures_out_swapped_while_drawing_is_never_written_through(base, tmp_path, monkeypatch, swap):
+    """The figures are drawn file by file (matplotlib writes by path) into a private sibling, then moved into the
+    folder --out named when the command took it (figures.__main__.draw_into, what main runs): none reaches a
+    swapped --out, and main reports FolderSwapped as its one line."""
+    _results(base, tmp_path / "results")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("my thesis\n")
+    out = tmp_path / "figs"
+    out.mkdir()
+    outputs.mark(str(out), figures_main.PROG)
+    real = figures_main.build_all
+
+    def build_all(root, into, profile, log=print):
+        drawn = real(root, into, profile, log)
+        assert drawn  # something to write
+        swap(str(out), theirs)
+        return drawn
+
+    monkeypatch.setattr(figures_main, "build_all", build_all)
+    with pytest.raises(FolderSwapped) as exc:
+        figures_main.draw_into(str(out), str(tmp_path / "results" / "quick"), "quick")
+    what = "a symbolic link" if swap is _swap_for_link else "another folder"
+    assert str(exc.value).startswith(f"--out {out}: was replaced by {what} while this run was writing into it")
+    mine = out if swap is _swap_for_folder else theirs
+    assert sorted(os.listdir(mine)) == ["notes.txt"] and (mine / "notes.txt").read_text() == "my thesis\n"
+    assert sorted(os.listdir(tmp_path / "figs.moved")) == [outputs.MARKER]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no temporary sibling left
+    assert (
+        FolderSwapped in figures_main.main.__code__.co_consts or "FolderSwapped" in figures_main.main.__code__.co_names
+    )

@@ -176,3 +176,17 @@ def test_figures_out_swapped_while_drawing_is_never_written_through(base, tmp_pa
     assert sorted(os.listdir(mine)) == ["notes.txt"] and (mine / "notes.txt").read_text() == "my thesis\n"
     assert sorted(os.listdir(tmp_path / "figs.moved")) == [outputs.MARKER]
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no temporary sibling left
+
+
+def test_a_sigterm_while_the_temporary_result_folder_is_made_leaves_nothing(tmp_path, monkeypatch):
+    """SIGTERM (raised as SystemExit by sigterm_as_exit) between making the private sibling and marking it: the
+    sibling goes too (under load a SIGTERM sent as soon as the sibling appeared once left it behind)."""
+
+    def interrupted(folder, command=""):
+        raise SystemExit(143)
+
+    monkeypatch.setattr(outputs, "mark", interrupted)
+    with pytest.raises(SystemExit):
+        with outputs.ResultDir(str(tmp_path / "o")):
+            pass
+    assert os.listdir(tmp_path) == []

@@ -53,10 +53,122 @@ def replaced_atomically(path: str, tmp: str | None = None):
             os.remove(tmp)
         except OSError:
             pass
-        raised = write_error(path, exc)
-        if raised is exc:
-            raise
-        raise raised from None
+        _raise_write_error(path, exc)
+
+
+def _raise_write_error(path: str, exc: BaseException):
+    raised = write_error(path, exc)
+    if raised is exc:
+        raise exc
+    raise raised from None
+
+
+class FolderSwapped(ValueError):
+    """An output folder held by ``held_folder`` no longer stands at its path (replaced by a link or another
+    folder, moved, removed); the message names it."""
+
+
+_DIR_FDS = {os.open, os.rename, os.unlink} <= os.supports_dir_fd and hasattr(os, "O_DIRECTORY")
+
+
+class HeldFolder:
+    """An output folder pinned by identity (device, inode) and, where the platform allows, by a descriptor held
+    open: writes go into this folder whatever its path names later."""
+
+    def __init__(self, path: str, flag: str):
+        self.path, self.flag = path, flag
+        nofollow = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            raise FolderSwapped(f"{flag} {path}: is not a folder (a symbolic link?); give the real folder")
+        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | nofollow) if _DIR_FDS else None
+        if self.fd is not None:
+            st = os.fstat(self.fd)
+        self.identity = (st.st_dev, st.st_ino)
+
+    def problem(self) -> str | None:
+        """What happened to the folder's path since it was held, or None while it still names the folder."""
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            return "was moved or removed"
+        if stat.S_ISLNK(st.st_mode):
+            return "was replaced by a symbolic link"
+        if (st.st_dev, st.st_ino) != self.identity:
+            return "was replaced by another folder"
+        return None
+
+    def move_in(self, src: str) -> str:
+        """Move the finished file ``src`` (written elsewhere on the same file system) into this folder under its
+        own name, replacing one there; FolderSwapped when the path no longer names the folder.  Returns its path."""
+        self.check()
+        name = os.path.basename(src)
+        if self.fd is None:
+            os.replace(src, os.path.join(self.path, name))
+        else:
+            os.rename(src, name, dst_dir_fd=self.fd)  # replaces on POSIX, as os.replace
+        return os.path.join(self.path, name)
+
+    def check(self) -> None:
+        why = self.problem()
+        if why:
+            raise FolderSwapped(
+                f"{self.flag} {self.path}: {why} while this run was writing into it; stopped without writing "
+                "there (what this run wrote stays in the folder it began in)"
+            )
+
+
+_HELD: dict = {}  # absolute path -> HeldFolder, for written_atomically
+
+
+@contextmanager
+def held_folder(path: str, flag: str = "--out"):
+    """Within the block ``path`` is a held output folder: every ``written_atomically`` into it (also from deep
+    in a library, e.g. a round driver's checkpoint) first checks that ``path`` still names the folder it named
+    when the block began and writes through the descriptor held on it, so a path swapped under a running command
+    for a link or someone else's folder is never followed: the write is refused with FolderSwapped instead.
+    Yields the HeldFolder."""
+    key = os.path.abspath(path)
+    folder = HeldFolder(path, flag)
+    _HELD[key] = folder
+    try:
+        yield folder
+    finally:
+        if _HELD.get(key) is folder:
+            del _HELD[key]
+        if folder.fd is not None:
+            os.close(folder.fd)
+
+
+@contextmanager
+def written_atomically(path: str, mode: str = "w"):
+    """``with written_atomically(path, mode) as fh:`` the file object to write the new contents of ``path``
+    into; they replace ``path`` in one rename when the block ends (``replaced_atomically``).  Into a folder held
+    by ``held_folder`` the write is checked and made through its descriptor (O_NOFOLLOW)."""
+    folder = _HELD.get(os.path.dirname(os.path.abspath(path)))
+    if folder is None:
+        with replaced_atomically(path) as tmp, open(tmp, mode) as fh:
+            yield fh
+        return
+    folder.check()
+    if folder.fd is None:  # no descriptor-relative calls here: the check above is all there is
+        with replaced_atomically(path) as tmp, open(tmp, mode) as fh:
+            yield fh
+        return
+    name = os.path.basename(path)
+    tmp = f"{name}.{os.getpid()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        with os.fdopen(os.open(tmp, flags, 0o666, dir_fd=folder.fd), mode) as fh:
+            yield fh
+        folder.check()
+        os.rename(tmp, name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)  # replaces on POSIX, as os.replace
+    except BaseException as exc:
+        try:
+            os.unlink(tmp, dir_fd=folder.fd)
+        except OSError:
+            pass
+        _raise_write_error(path, exc)
 
 
 class NotARegularFile(ValueError):
@@ -108,6 +220,15 @@ def read_regular(path: str, limit: int | None = None, error=NotARegularFile) -> 
     if limit is not None and len(data) > limit:  # grew since it was checked
         raise error(f"{path}: more than the {limit} bytes such a file may hold")
     return data
+
+
+def memory_bytes() -> int:
+    """The machine's physical memory (16 GiB where the platform does not say): what sizes read from a file
+    are bounded by."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 * 2**30
 
 
 class DamagedFile(ValueError):

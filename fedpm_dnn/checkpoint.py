@@ -21,7 +21,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from fedconvex.files import replaced_atomically
+from fedconvex.files import written_atomically
 
 FORMAT = 2
 
@@ -109,7 +109,7 @@ def first_difference(saved: dict, now: dict) -> str | None:
 def save(path: str, payload: dict) -> None:
     """Write atomically (a kill leaves the previous checkpoint or the new one, never half of one; a full disk or a
     Ctrl-C, which torch's zip writer reports as its own RuntimeError, is raised as itself: replaced_atomically)."""
-    with replaced_atomically(path) as tmp, open(tmp, "wb") as fh:
+    with written_atomically(path, "wb") as fh:  # into a held --out only while it stands (fedconvex.files)
         torch.save(payload, fh)
         fh.flush()
         os.fsync(fh.fileno())

@@ -22,6 +22,10 @@ from fedconvex.messages import client_problem, concat
 from . import wire
 
 log = logging.getLogger("fedpm.server")
+# a node's first answer (the setup's 'hello') includes starting its ClientApp -- a Ray worker in a simulation, which
+# takes tens of seconds on a busy machine -- so that one wait gets this much beyond --timeout; it stays below the
+# launchers' watchdog (2 x --timeout + deploy.IDLE_GRACE), so a node that never answers is still found stuck
+START_GRACE = 30.0
 
 
 def records(arrays: dict) -> ArrayRecord:
@@ -104,7 +108,7 @@ class FlowerTransport:
             )
             for node in nodes
         ]
-        for reply in self.grid.send_and_receive(msgs, timeout=self.cfg.timeout):
+        for reply in self.grid.send_and_receive(msgs, timeout=self.cfg.timeout + START_GRACE):
             src = reply.metadata.src_node_id
             if reply.has_error():
                 log.warning("setup: node %s failed: %s", src, reply.error.reason)

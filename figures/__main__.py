@@ -14,10 +14,12 @@ message.  Output: figures/out/<profile>/*.png|pdf, tables also as .md and .tex.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
 
-from fedconvex.files import DamagedFile, hidden_cause
+from fedconvex.files import DamagedFile, FolderSwapped, held_folder, hidden_cause
 from validation.common import OneLineParser, check_out_arg, fail
 from validation.experiments import (
     DNN_METHODS,
@@ -32,7 +34,7 @@ from validation.experiments import (
     plan,
     seed_from_reference,
 )
-from validation.outputs import Kind, OutputError, check_out, exclusive, mark
+from validation.outputs import Kind, OutputError, check_out, clean_stale, exclusive, mark
 
 from . import compression, draw
 from .results import best_by_seed, read_summary, runs_matching
@@ -266,6 +268,28 @@ def femnist_table(root, out, profile, note, log=print):
     )
 
 
+def draw_into(out, root, profile) -> list:
+    """``build_all`` into a private temporary sibling of ``out``, each file then moved into the folder ``out``
+    named when it was held: files drawn by path (matplotlib) never follow ``out`` swapped for a link or someone
+    else's folder meanwhile (FolderSwapped instead).  The sibling is removed on every exit; after a kill -9 the
+    next run removes it (validation.outputs.clean_stale)."""
+    parent = os.path.dirname(os.path.abspath(out))
+    clean_stale(parent)
+    with held_folder(out) as held:
+        tmp = tempfile.mkdtemp(prefix=f".partial-{os.getpid()}-", dir=parent)
+        try:
+            drawn = build_all(root, tmp, profile)
+            moved = {name: held.move_in(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))}
+        except Exception as exc:  # a disk error names --out (main), not the temporary sibling that is removed
+            cause = hidden_cause(exc)
+            if isinstance(cause, OSError) and str(cause.filename or "").startswith(tmp):
+                raise OSError(cause.errno, cause.strerror) from None
+            raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return [moved[os.path.basename(f)] for f in drawn]
+
+
 def main(argv=None) -> int:
     started = time.time()  # the budget counts from here
     p = OneLineParser(prog="python -m figures", doc=__doc__)
@@ -290,8 +314,8 @@ def main(argv=None) -> int:
             check_out(out, kind=OUTPUT)
             os.makedirs(out, exist_ok=True)
             mark(out, PROG)  # before the first figure: a run that stops half-way leaves a folder a rerun may take
-            produced = build_all(os.path.join(args.results, args.profile), out, args.profile)
-    except (DamagedFile, OutputError) as exc:
+            produced = draw_into(out, os.path.join(args.results, args.profile), args.profile)
+    except (DamagedFile, OutputError, FolderSwapped) as exc:
         fail(PROG, exc)
     except Exception as exc:  # a full disk, a read-only folder, also as a writer's own error (matplotlib's PDF)
         cause = hidden_cause(exc)

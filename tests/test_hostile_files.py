@@ -469,6 +469,18 @@ def test_experiments_list_names_a_damaged_summary_and_keeps_it(base, tmp_path, c
     assert not out.err and (run / "summary.json").read_text() == '{"best_test_acc": 0.3,'
 
 
+def test_experiments_list_names_a_fifo_in_place_of_a_summary_at_once(base, tmp_path, capsys):
+    """A FIFO named summary.json: a plain open would wait forever for a writer."""
+    run = _results(base, tmp_path / "results")
+    os.remove(run / "summary.json")
+    os.mkfifo(run / "summary.json")
+    capsys.readouterr()
+    with at_most(20):
+        assert experiments.main(["--list", "--results", str(tmp_path / "results")]) == 0
+    (row,) = [ln for ln in capsys.readouterr().out.splitlines() if run.name in ln]
+    assert row.startswith("stale: summary.json does not parse") and "is a FIFO, not a regular file" in row
+
+
 def _hidden_enospc(*a, **k):
     """What matplotlib's PDF writer raises on a full disk: its own AttributeError, the OSError behind it."""
     try:

@@ -148,6 +148,30 @@ FLAG_CASES = [
         ["--problem", "cnn", "--method", "fedavg", "--precond-codec", "sym"],
         "--precond-codec does not apply: fedavg has no",
     ),
+    (
+        "fl-dtype-fedavg",
+        "flower",
+        ["--method", "fedavg", "--precond-dtype", "float32"],
+        "--precond-dtype does not apply: fedavg sends no preconditioner",
+    ),
+    (
+        "fl-dtype-fednl",
+        "flower",
+        ["--method", "fednl", "--precond-dtype", "float16"],
+        "--precond-dtype does not apply: fednl sends no preconditioner",
+    ),
+    (
+        "fl-cnn-dtype-fedavg",
+        "flower",
+        ["--problem", "cnn", "--method", "fedavg", "--precond-dtype", "float16"],
+        "--precond-dtype does not apply: fedavg has no hyper-parameter precond_dtype",
+    ),
+    (
+        "fl-cnn-dtype-float64",
+        "flower",
+        ["--problem", "cnn", "--method", "fedpm", "--precond-dtype", "float64"],
+        "--precond-dtype float64: the cnn's preconditioners travel as float32 (its default) or float16",
+    ),
 ]
 
 
@@ -167,6 +191,24 @@ def test_a_flag_that_cannot_apply_is_one_clear_line(tmp_path, capsys, name, modu
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert rc == 2 and len(lines) == 1, lines
     assert lines[0].startswith(f"{PROGS[mod]}: error: ") and fragment in lines[0], lines[0]
+
+
+def test_flower_precond_dtype_is_taken_exactly_by_the_methods_whose_reply_carries_preconditioner_blocks():
+    """The rule behind the fl-dtype cases, checked against the wire: --precond-dtype casts the blocks of a logreg
+    reply (fedpm_flower.wire.flatten), so it is accepted for a method iff its reply template has blocks."""
+    from fedconvex.algorithms import REGISTRY, make_algorithm
+    from fedpm_flower.logreg import templates
+    from validation import flower
+
+    for method in sorted(REGISTRY):
+        sends = any(kind == "blocks" for kind, _, _ in templates(make_algorithm(method), 4, 1e-3)["train"].values())
+        argv = ["--method", method, "--precond-dtype", "float16", "--out", "unused"]
+        try:
+            flower.parse_args(argv)
+            taken = True
+        except SystemExit:
+            taken = False
+        assert taken == sends, method
 
 
 def test_the_driver_refuses_a_guard_below_one():

@@ -27,6 +27,7 @@ from fedconvex.data import (
     sequential_split,
     shuffled_split,
 )
+from fedconvex.files import memory_bytes
 from fedconvex.problem import DEFAULT_LAM, FederatedLogReg
 from fedconvex.reference import initial_point, solve_optimum
 
@@ -307,13 +308,6 @@ def check_problem_args(parser, args) -> None:
         parser.error(
             f"--dataset {args.dataset}: is a folder; give a bundled name ({', '.join(BUNDLED)}) or a LibSVM file"
         )
-
-
-def memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 16 * 2**30
 
 
 def check_fits(ds, dataset: str) -> None:

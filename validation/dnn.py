@@ -28,7 +28,14 @@ import time
 
 import numpy as np
 
-from fedconvex.files import replaced_atomically
+from fedconvex.files import (
+    DamagedFile,
+    FolderSwapped,
+    NotARegularFile,
+    held_folder,
+    read_json_object,
+    written_atomically,
+)
 from validation import common
 from validation.outputs import Kind, mark, sigterm_as_exit, written_by
 from validation.progress import Progress
@@ -629,7 +636,7 @@ def build(args):
 
 
 def write_atomic(path, text):
-    with replaced_atomically(path) as tmp, open(tmp, "w") as fh:
+    with written_atomically(path) as fh:  # into a held --out only while it stands there (run)
         fh.write(text)
 
 
@@ -676,11 +683,14 @@ def open_out(out) -> str:
     return "ours"
 
 
-def undo_open_out(out, state: str) -> None:
+def undo_open_out(out, state: str, held) -> None:
     """A run that ended before its first round leaves ``out`` as it found it: a folder it created is removed,
-    the marker it put into an empty folder too."""
+    the marker it put into an empty folder too; nothing when ``out`` no longer names the ``held`` folder (it was
+    swapped for someone else's)."""
     from validation.outputs import MARKER
 
+    if held.problem():
+        return
     if state == "created":
         shutil.rmtree(out, ignore_errors=True)
     elif state == "marked" and os.listdir(out) == [MARKER]:
@@ -689,6 +699,8 @@ def undo_open_out(out, state: str) -> None:
 
 def fail_run(args, exc):
     # keep what the run reached, and say why it stopped (a re-run would stop the same way)
+    if isinstance(exc, ArithmeticError):
+        common.fail(PROG, ArithmeticError(note_failure(os.path.join(args.out, "summary.json"), exc)))
     if isinstance(exc, OSError):  # a full disk, a folder made read-only: each file is replaced whole
         kept = os.path.isfile(os.path.join(args.out, "checkpoint.pt"))
         common.fail(
@@ -698,13 +710,20 @@ def fail_run(args, exc):
                 + (f"{args.out} keeps the rounds done so far (--resume continues)" if kept else "nothing was written")
             ),
         )
-    summary_path = os.path.join(args.out, "summary.json")
-    if isinstance(exc, ArithmeticError) and os.path.isfile(summary_path):
-        with open(summary_path) as fh:
-            partial = json.load(fh)
-        partial["failed"] = str(exc)
-        write_atomic(summary_path, json.dumps(partial, indent=2))
     common.fail(PROG, exc)
+
+
+def note_failure(summary_path, exc) -> str:
+    """Record a diverged run's cause in its summary.json (the rounds before it stay); the line that reports it,
+    which also names the summary when it is damaged or its folder was swapped (it is then left as it is)."""
+    if not os.path.isfile(summary_path):
+        return str(exc)
+    try:
+        partial = read_json_object(summary_path)
+        write_atomic(summary_path, json.dumps({**partial, "failed": str(exc)}, indent=2))
+    except (DamagedFile, NotARegularFile, FolderSwapped, OSError) as why:
+        return f"{exc}; not recorded in the summary: {why}"
+    return str(exc)
 
 
 def main(argv=None) -> int:
@@ -733,7 +752,6 @@ def run(args, argv) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     from fedpm_dnn.data import DatasetError
-    from fedpm_dnn.simulation import run_experiment
 
     command = PROG + " " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     if args.runs:
@@ -746,11 +764,18 @@ def run(args, argv) -> int:
     if warning:
         print(warning, file=sys.stderr)
     exp.meta["fingerprint"] = run_fingerprint(args)
-    ckpt = os.path.join(args.out, "checkpoint.pt")
     try:
         opened = open_out(args.out)
     except OSError as exc:
         common.fail(PROG, exc)
+    with held_folder(args.out) as held:  # every write below goes into this folder, never through a swapped path
+        return run_held(args, exp, desc, command, opened, held)
+
+
+def run_held(args, exp, desc, command, opened, held) -> int:
+    from fedpm_dnn.simulation import run_experiment
+
+    ckpt = os.path.join(args.out, "checkpoint.pt")
     bar = Progress(args.rounds, f"{args.method}", enabled=not args.quiet)
 
     def on_round(row, history):
@@ -766,8 +791,8 @@ def run(args, argv) -> int:
             history = run_experiment(exp, checkpoint=ckpt, resume=args.resume, on_round=on_round, stop=past_deadline)
     except BaseException as exc:
         # no round completed: leave --out as it was found, as if never started
-        if not os.path.exists(ckpt):
-            undo_open_out(args.out, opened)
+        if not held.problem() and not os.path.exists(ckpt):
+            undo_open_out(args.out, opened, held)
         if isinstance(exc, KeyboardInterrupt) and os.path.exists(ckpt):  # said in one line (run_command)
             raise type(exc)(f"{args.out} keeps the rounds done so far; --resume continues") from None
         if not isinstance(exc, (ArithmeticError, ValueError, OSError)):
@@ -778,7 +803,7 @@ def run(args, argv) -> int:
         write_outputs(args.out, history, summary)
     except KeyboardInterrupt as exc:  # each file is replaced whole: the last round's files stand
         raise type(exc)(f"{args.out} keeps the rounds done so far; --resume continues") from None
-    except OSError as exc:
+    except (OSError, FolderSwapped) as exc:
         fail_run(args, exc)
     print(
         f"{args.method}: best test accuracy {summary['best_test_acc']:.4f}, final {summary['final_test_acc']:.4f} "
@@ -796,7 +821,6 @@ def main_stack(args, command) -> int:
     """The runs of ``args.runs`` trained as one stack (``fedpm_dnn.run_stack``), each writing its own folder as a
     single run does; a run that fails says why in one line and in its summary, the others go on."""
     from fedpm_dnn.data import DatasetError
-    from fedpm_dnn.run_stack import run_stack
 
     runs = args.runs
     built = []
@@ -814,6 +838,15 @@ def main_stack(args, command) -> int:
         opened = [open_out(run.out) for run in runs]
     except OSError as exc:
         common.fail(PROG, exc)
+    with contextlib.ExitStack() as stack:  # each run writes into its folder, never through a swapped path
+        held = [stack.enter_context(held_folder(run.out)) for run in runs]
+        return stack_held(args, command, built, opened, held)
+
+
+def stack_held(args, command, built, opened, held) -> int:
+    from fedpm_dnn.run_stack import run_stack
+
+    runs = args.runs
     bar = Progress(args.rounds * len(runs), f"{args.method} x{len(runs)} runs", enabled=not args.quiet)
 
     def on_round(run, desc):
@@ -838,29 +871,29 @@ def main_stack(args, command) -> int:
                 [on_round(r, d) for r, (_, d) in zip(runs, built, strict=True)],
             )
     except BaseException as exc:
-        for run, ck, state in zip(runs, ckpts, opened, strict=True):
-            if not os.path.exists(ck):
-                undo_open_out(run.out, state)
+        for run, ck, state, h in zip(runs, ckpts, opened, held, strict=True):
+            if not h.problem() and not os.path.exists(ck):
+                undo_open_out(run.out, state, h)
         if isinstance(exc, KeyboardInterrupt):
             raise type(exc)(f"{args.out}: every run keeps the rounds done so far; --resume continues") from None
         raise
     failed = 0
-    for run, (_, desc), ck, state, out in zip(runs, built, ckpts, opened, results, strict=True):
+    for run, (_, desc), ck, state, h, out in zip(runs, built, ckpts, opened, held, results, strict=True):
         name = os.path.basename(run.out)
+        if not isinstance(out, BaseException):
+            summary = summarize(desc, out, command)
+            try:
+                write_outputs(run.out, out, summary)
+            except (OSError, FolderSwapped) as exc:
+                out = exc
         if isinstance(out, BaseException):
             failed += 1
-            if not os.path.exists(ck):
-                undo_open_out(run.out, state)
-            summary_path = os.path.join(run.out, "summary.json")
-            if isinstance(out, ArithmeticError) and os.path.isfile(summary_path):
-                with open(summary_path) as fh:
-                    partial = json.load(fh)
-                partial["failed"] = str(out)
-                write_atomic(summary_path, json.dumps(partial, indent=2))
+            if not h.problem() and not os.path.exists(ck):
+                undo_open_out(run.out, state, h)
+            if isinstance(out, ArithmeticError):
+                out = note_failure(os.path.join(run.out, "summary.json"), out)
             print(f"{PROG}: {name}: {out}", file=sys.stderr)
             continue
-        summary = summarize(desc, out, command)
-        write_outputs(run.out, out, summary)
         print(f"{name}: best test accuracy {summary['best_test_acc']:.4f}, final {summary['final_test_acc']:.4f}")
     print(
         f"{len(runs) - failed} of {len(runs)} runs done as one stack "

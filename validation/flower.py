@@ -124,7 +124,8 @@ def parse_args(argv=None):
         type=common.positive_float,
         default=300.0,
         help="seconds the server waits for the SuperNodes' replies in a round (or to a question); a node that "
-        "has not answered by then is left out of that round.  Bounds each wait, not the whole run",
+        "has not answered by then is left out of that round.  Bounds each wait, not the whole run (the first "
+        "question to a node, which starts its ClientApp, waits 30 s more)",
     )
     p.add_argument(
         "--max-ratio",
@@ -156,13 +157,22 @@ def parse_args(argv=None):
         _fold_params(p, args, extra, argv)
     check_vocabulary(p, args)  # after --params: a key there may set --local-epochs
     common.check_max_ratio(p, args)
-    # on the cnn every method takes --local-steps (as local_epochs); --precond-codec only FedPM
+    # on the cnn every method takes --local-steps (as local_epochs); --precond-codec and --precond-dtype only the
+    # methods that send a preconditioner
     if args.problem == "logreg" and args.method in REGISTRY:
         common.refuse_foreign(p, REGISTRY, [args.method], args, ("precond_codec", "local_steps"))
+        # a logreg preconditioner travels as the blocks its codec encodes (fedpm_flower.wire.flatten casts those
+        # alone): a method without a preconditioner codec sends none for --precond-dtype to apply to
+        if args.precond_dtype != p.get_default("precond_dtype") and "precond_codec" not in REGISTRY.hyperparameters(
+            args.method
+        ):
+            p.error(f"--precond-dtype does not apply: {args.method} sends no preconditioner")
     elif args.method in DNN_METHODS:
         from fedpm_dnn.algorithms import REGISTRY as DNN_REGISTRY
 
-        common.refuse_foreign(p, DNN_REGISTRY, [args.method], args, ("precond_codec",))
+        if "precond_dtype" in p.given(argv if argv is not None else sys.argv[1:]) and args.precond_dtype == "float64":
+            p.error("--precond-dtype float64: the cnn's preconditioners travel as float32 (its default) or float16")
+        common.refuse_foreign(p, DNN_REGISTRY, [args.method], args, ("precond_codec", "precond_dtype"))
     if args.participants is not None and args.participants > args.clients:
         p.error(f"--participants {args.participants} exceeds --clients {args.clients}")
     if args.write_app is not None and not args.write_app.strip():

@@ -239,6 +239,21 @@ def sigterm_as_exit():
         signal.signal(signal.SIGTERM, old)
 
 
+@contextlib.contextmanager
+def signals_deferred():
+    """Within the block SIGINT and SIGTERM wait (they are delivered, and their handlers run, once it ends): for a
+    step whose result must be known to be cleaned up (main thread only; elsewhere, or without signal masks, the
+    block runs as it is)."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class ResultDir:
     """``with ResultDir(out) as tmp:`` write into ``tmp``; on success it becomes ``out``.
 
@@ -262,13 +277,17 @@ class ResultDir:
         self._lock = exclusive(self.path, self.flag)
         try:
             self._lock.__enter__()
+            self.tmp = None
             try:
                 parent = os.path.dirname(self.path)
                 clean_stale(parent)
-                self.tmp = tempfile.mkdtemp(prefix=f".partial-{os.getpid()}-", dir=parent)
+                with signals_deferred():  # a SIGTERM or Ctrl-C here would leave a folder nobody knows the name of
+                    self.tmp = tempfile.mkdtemp(prefix=f".partial-{os.getpid()}-", dir=parent)
                 if self.marked:
                     mark(self.tmp, self.kind.command if self.kind else "")
             except BaseException:
+                if self.tmp:
+                    shutil.rmtree(self.tmp, ignore_errors=True)
                 self._lock.__exit__(None, None, None)
                 raise
         except BaseException:

@@ -20,13 +20,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import json
 import math
 import os
 import re
 import shlex
 import time
 from dataclasses import dataclass
+
+from fedconvex.files import read_json_object
 
 DONE, PARTIAL, MISSING, STALE = "done", "partial", "missing", "stale"
 
@@ -107,14 +108,11 @@ def status(run, folder: str) -> Status:
     """What ``folder`` holds of ``run`` (see the module's docstring)."""
     summary_path = os.path.join(folder, "summary.json")
     resumable = os.path.isfile(os.path.join(folder, "checkpoint.pt"))
-    try:
-        with open(summary_path) as fh:
-            summary = json.load(fh)
-        if not isinstance(summary, dict):
-            raise ValueError("not an object")
-    except FileNotFoundError:
+    if not os.path.lexists(summary_path):
         return Status(PARTIAL if resumable else MISSING)
-    except (OSError, ValueError) as exc:
+    try:
+        summary = read_json_object(summary_path)  # a regular file (a FIFO would block a plain open) of one object
+    except ValueError as exc:
         return Status(STALE, why=f"summary.json does not parse ({exc})")
     if run.kind != "dnn":
         return Status(DONE)

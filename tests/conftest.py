@@ -27,3 +27,12 @@ def a9a_paper(a9a):
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+@pytest.fixture(scope="session")
+def deployment_runs(tmp_path_factory):
+    """Every run of the one shared secure deployment (tests/flower_deployment.py), done once for all modules."""
+    pytest.importorskip("flwr")
+    from flower_deployment import run_all
+
+    return run_all(tmp_path_factory.mktemp("deployment"))

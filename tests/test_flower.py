@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from fedconvex.algorithms import REGISTRY  # noqa: E402
 from fedpm_flower import logreg, wire  # noqa: E402
 from fedpm_flower.apps import serve  # noqa: E402
 from fedpm_flower.config import FlowerRunConfig  # noqa: E402
-from validation.flower import in_process, run_flower  # noqa: E402
+from validation.flower import in_process  # noqa: E402
 
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 METHODS = sorted(REGISTRY)
@@ -100,35 +99,52 @@ def test_per_client_state_lives_on_the_nodes():
     assert all(x.shape == (1, 123) for x in c) and not np.allclose(c[0], c[1])  # each node its own c_i
 
 
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory):
+    """Every method's run, and the CNN's stateful SCAFFOLD, in one Flower simulation (tests/flower_multirun.py):
+    {name: (config, result)}."""
+    from flower_multirun import simulate_runs
+
+    cfgs = {**{m: config(m) for m in METHODS}, "cnn-scaffold": cnn_config("scaffold")}
+    results = simulate_runs(cfgs, tmp_path_factory.mktemp("simulation"))
+    return {name: (cfgs[name], results[name]) for name in cfgs}
+
+
+def simulated_run(simulated, name):
+    cfg, result = simulated[name]
+    if "error" in result:
+        raise RuntimeError(f"the ServerApp failed: {result['error']}")
+    return cfg, result
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
-def test_simulation_gives_the_in_process_model(tmp_path, method):
-    cfg = config(method, out=str(tmp_path / f"{method}.json"))
-    result = run_flower(cfg, "simulation", 300)
+def test_simulation_gives_the_in_process_model(simulated, method):
+    cfg, result = simulated_run(simulated, method)
     np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)
     assert [h["used"] for h in result["history"][1:]] == [3, 3]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["scaffold", "fednl"])
-def test_deployment_gives_the_in_process_model_and_stops_everything(tmp_path, method):
-    before = set(live_flower_processes())
-    cfg = config(method, out=str(tmp_path / "r.json"))
-    result = run_flower(cfg, "deployment", 300)
+def test_deployment_gives_the_in_process_model_and_stops_everything(deployment_runs, method):
+    """A real secure deployment (the one shared by the deployment tests, tests/flower_deployment.py): the
+    in-process model, and no Flower process or private folder is left once the federation stops."""
+    from flower_deployment import result_of
+
+    result, cfg = result_of(deployment_runs, method), deployment_runs["configs"][method]
     np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)
-    time.sleep(1)
-    assert set(live_flower_processes()) <= before
+    assert not deployment_runs["procs_left"] and not deployment_runs["private_left"]
 
 
 @pytest.mark.slow
-def test_a_supernode_dropping_out_is_tolerated(tmp_path):
-    from fedpm_flower.deploy import LocalFederation
+def test_a_supernode_dropping_out_is_tolerated(deployment_runs):
+    """A run submitted while SuperNode 2 is dead (tests/flower_deployment.py)."""
+    from flower_deployment import result_of
 
-    cfg = config("fedpm", timeout=20, out=str(tmp_path / "r.json"))
-    with LocalFederation(3) as fed:
-        result = fed.run(cfg, timeout=240, on_submitted=lambda f: f.kill_node(2))
+    result = result_of(deployment_runs, "dead")
     history = result["history"][1:]
-    # whether the killed node had registered (then it is counted as dropped) or not, every round
+    # whether the killed node is still registered (then it is counted as dropped) or not, every round
     # completes with the two that remain
     assert len(history) == 2 and all(h["used"] == 2 for h in history)
     assert np.all(np.isfinite(result["theta"]))
@@ -467,21 +483,21 @@ def test_cnn_malformed_metrics_and_spoofed_ids_are_rejected(caplog):
 
 
 @pytest.mark.slow
-def test_cnn_simulation_gives_the_in_process_model(tmp_path):
+def test_cnn_simulation_gives_the_in_process_model(simulated):
     """Flower's simulation engine (one process per node run, Context.state kept by Flower): a stateful method."""
     from fedpm_flower.cnn import in_process as cnn_in_process
 
-    cfg = cnn_config("scaffold", out=str(tmp_path / "r.json"))
-    result = run_flower(cfg, "simulation", 300)
+    cfg, result = simulated_run(simulated, "cnn-scaffold")
     np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
-def test_cnn_deployment_gives_the_in_process_model(tmp_path):
+def test_cnn_deployment_gives_the_in_process_model(deployment_runs):
+    from flower_deployment import result_of
+
     from fedpm_flower.cnn import in_process as cnn_in_process
 
-    cfg = cnn_config("fedpm", out=str(tmp_path / "r.json"))
-    result = run_flower(cfg, "deployment", 300)
+    result, cfg = result_of(deployment_runs, "cnn"), deployment_runs["configs"]["cnn"]
     np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg), rtol=1e-5, atol=1e-6)
     assert result["history"][-1]["bytes_up"] > result["history"][-1]["bytes_down"]
 

@@ -555,16 +555,15 @@ def test_cnn_on_prepared_data_trains_each_node_on_its_own_folder(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["scaffold", "fednl"])
-def test_the_check_command_passes_and_writes_the_one_history_format(tmp_path, method):
+def test_the_check_command_passes_and_writes_the_one_history_format(flower_check_runs, method):
     """The documented commands: `python -m validation.flower --problem logreg --method M --mode simulation
     --check` exits 0, and history.csv holds the very rows of result.json's history (fedconvex.history)."""
     import json
 
     from fedconvex.history import read_run
-    from validation.flower import main
 
-    out = tmp_path / method
-    assert main(["--problem", "logreg", "--method", method, "--mode", "simulation", "--check", "--out", str(out)]) == 0
+    code, out, _ = flower_check_runs[method]
+    assert code == 0
     result = json.loads((out / "result.json").read_text())
     assert result["max_abs_diff_vs_in_process"] <= 1e-9
     rows = read_run(out / "history.csv")

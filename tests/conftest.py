@@ -27,3 +27,35 @@ def a9a_paper(a9a):
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+@pytest.fixture(scope="session")
+def deployment_runs(tmp_path_factory):
+    """Every run of the one shared secure deployment (tests/flower_deployment.py), done once for all modules."""
+    pytest.importorskip("flwr")
+    from flower_deployment import run_all
+
+    return run_all(tmp_path_factory.mktemp("deployment"))
+
+
+@pytest.fixture(scope="session")
+def flower_check_runs(tmp_path_factory):
+    """The documented `python -m validation.flower --problem logreg --method M --mode simulation --check` for SCAFFOLD
+    and FedNL, each with a terminal as its stderr: {method: (exit code, its --out folder, what it drew there)}.
+    Shared by the check command's tests and the progress bar's: each simulation starts Ray (tens of seconds)."""
+    pytest.importorskip("flwr")
+    from test_cli_vocabulary import FakeTerminal
+
+    from validation.flower import main
+
+    runs = {}
+    for method in ("scaffold", "fednl"):
+        out = tmp_path_factory.mktemp("check") / method
+        term = FakeTerminal()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("sys.stderr", term)
+            code = main(
+                ["--problem", "logreg", "--method", method, "--mode", "simulation", "--check", "--out", str(out)]
+            )
+        runs[method] = (code, out, term.getvalue())
+    return runs

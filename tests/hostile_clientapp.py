@@ -1,6 +1,8 @@
 """A ClientApp for tests of a real deployment: it runs our ClientApp and then, when its SuperNode's node
-config says ``hostile=MODE``, falsifies the 'train' reply as an attacker controlling that SuperNode could.
-Each mode is a reply our server must reject with a stated reason (fedconvex.screening, fedpm_flower.wire)."""
+config says ``hostile=MODE``, falsifies the 'train' reply as an attacker controlling that SuperNode could;
+``hostile="MODE1,MODE2,..."`` falsifies round t's reply the t-th way (cycling), so that one node shows every way
+in one run.  Each mode is a reply our server must reject with a stated reason (fedconvex.screening,
+fedpm_flower.wire)."""
 
 import numpy as np
 from flwr.app import Context, Message
@@ -42,10 +44,11 @@ app = ClientApp()
 @app.train()
 def _train(msg: Message, context: Context) -> Message:
     reply = apps.train(msg, context, FlowerRunConfig.from_mapping(context.run_config))
-    mode = context.node_config.get("hostile")
-    if mode:
+    modes = str(context.node_config.get("hostile", "")).split(",")
+    if modes != [""]:
+        mode = modes[(int(msg.content["config"]["round"]) - 1) % len(modes)]
         metrics = reply.content["metrics"]
-        reply.content["arrays"] = records(_tamper(str(mode), numpy(reply.content["arrays"]), metrics))
+        reply.content["arrays"] = records(_tamper(mode, numpy(reply.content["arrays"]), metrics))
     return reply
 
 

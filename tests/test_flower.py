@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from fedconvex.algorithms import REGISTRY  # noqa: E402
 from fedpm_flower import logreg, wire  # noqa: E402
 from fedpm_flower.apps import serve  # noqa: E402
 from fedpm_flower.config import FlowerRunConfig, RoundsWatch, rounds_done  # noqa: E402
-from validation.flower import in_process, run_flower  # noqa: E402
+from validation.flower import in_process  # noqa: E402
 
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 METHODS = sorted(REGISTRY)
@@ -105,42 +104,57 @@ def test_per_client_state_lives_on_the_nodes():
     assert all(x.shape == (1, 123) for x in c) and not np.allclose(c[0], c[1])  # each node its own c_i
 
 
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory):
+    """Every method's run, and the CNN's stateful SCAFFOLD, in one Flower simulation (tests/flower_multirun.py):
+    {name: (config, result)}."""
+    from flower_multirun import simulate_runs
+
+    cfgs = {**{m: config(m) for m in METHODS}, "cnn-scaffold": cnn_config("scaffold")}
+    results = simulate_runs(cfgs, tmp_path_factory.mktemp("simulation"))
+    return {name: (cfgs[name], results[name]) for name in cfgs}
+
+
+def simulated_run(simulated, name):
+    cfg, result = simulated[name]
+    if "error" in result:
+        raise RuntimeError(f"the ServerApp failed: {result['error']}")
+    return cfg, result
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
-def test_simulation_gives_the_in_process_model(tmp_path, method):
-    cfg = config(method, out=str(tmp_path / f"{method}.json"))
-    result = run_flower(cfg, "simulation", 300)
+def test_simulation_gives_the_in_process_model(simulated, method):
+    cfg, result = simulated_run(simulated, method)
     np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)
     assert [h["used"] for h in result["history"][1:]] == [3, 3]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["scaffold", "fednl"])
-def test_deployment_gives_the_in_process_model_and_stops_everything(tmp_path, method, monkeypatch):
-    """A secure deployment (TLS, authenticated SuperNodes); with stderr a terminal the command's bar counts
-    every round, which the ServerApp -- a process of the SuperLink's -- reports through its progress file."""
-    from test_cli_vocabulary import FakeTerminal
+def test_deployment_gives_the_in_process_model_and_stops_everything(deployment_runs, method):
+    """A real secure deployment (the one shared by the deployment tests, tests/flower_deployment.py): the
+    in-process model, and no Flower process or private folder is left once the federation stops."""
+    from flower_deployment import result_of
 
-    term = FakeTerminal()
-    monkeypatch.setattr("sys.stderr", term)
-    from validation.progress import Progress
-
-    monkeypatch.setenv("FEDPM_TEST_RUN", str(tmp_path))  # marks every process of this run (live_flower_processes)
-    mark, during, update = f"FEDPM_TEST_RUN={tmp_path}", [], Progress.update
-
-    def counted(bar, n=1, note=""):  # the bar moves while the federation runs: its processes, as the mark finds them
-        during.append(len(live_flower_processes(mark)))
-        update(bar, n, note)
-
-    monkeypatch.setattr(Progress, "update", counted)
-    cfg = config(method, rounds=3, out=str(tmp_path / "r.json"))
-    result = run_flower(cfg, "deployment", 300, quiet=False)
+    result, cfg = result_of(deployment_runs, method), deployment_runs["configs"][method]
     np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)
-    time.sleep(1)
-    assert during and min(during) >= 4  # the SuperLink and 3 SuperNodes at least
-    assert live_flower_processes(mark) == []
-    bar = [ln for ln in term.getvalue().replace("\r", "\n").splitlines() if ln.startswith(f"{method} rounds")]
-    assert bar and "3/3" in bar[-1], term.getvalue()
+    assert not deployment_runs["procs_left"] and not deployment_runs["private_left"]
+
+
+@pytest.mark.slow
+def test_a_deployments_bar_counts_every_round_while_the_federation_runs(deployment_runs):
+    """The launcher learns of each round from the ServerApp (a process of the SuperLink's) through its progress
+    file: the bar of the shared deployment's FedNL run ends at every round, each count reported once and in
+    order while the SuperLink and the 3 SuperNodes are alive."""
+    from flower_deployment import result_of
+
+    result, cfg = result_of(deployment_runs, "fednl"), deployment_runs["configs"]["fednl"]
+    seen = deployment_runs["rounds_seen"]
+    assert [done for done, _ in seen] == list(range(1, cfg.rounds + 1)) == [h["round"] for h in result["history"][1:]]
+    assert min(alive for _, alive in seen) >= 4
+    bar = [ln for ln in deployment_runs["bar"].replace("\r", "\n").splitlines() if ln.startswith("fednl rounds")]
+    assert bar and f"{cfg.rounds}/{cfg.rounds}" in bar[-1], deployment_runs["bar"]
 
 
 def test_the_server_writes_its_count_of_rounds_done_after_each_round(tmp_path):
@@ -169,14 +183,13 @@ def test_the_server_writes_its_count_of_rounds_done_after_each_round(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_supernode_dropping_out_is_tolerated(tmp_path):
-    from fedpm_flower.deploy import LocalFederation
+def test_a_supernode_dropping_out_is_tolerated(deployment_runs):
+    """A run submitted while SuperNode 2 is dead (tests/flower_deployment.py)."""
+    from flower_deployment import result_of
 
-    cfg = config("fedpm", timeout=20, out=str(tmp_path / "r.json"))
-    with LocalFederation(3) as fed:
-        result = fed.run(cfg, timeout=240, on_submitted=lambda f: f.kill_node(2))
+    result = result_of(deployment_runs, "dead")
     history = result["history"][1:]
-    # whether the killed node had registered (then it is counted as dropped) or not, every round
+    # whether the killed node is still registered (then it is counted as dropped) or not, every round
     # completes with the two that remain
     assert len(history) == 2 and all(h["used"] == 2 for h in history)
     assert np.all(np.isfinite(result["theta"]))
@@ -515,21 +528,21 @@ def test_cnn_malformed_metrics_and_spoofed_ids_are_rejected(caplog):
 
 
 @pytest.mark.slow
-def test_cnn_simulation_gives_the_in_process_model(tmp_path):
+def test_cnn_simulation_gives_the_in_process_model(simulated):
     """Flower's simulation engine (one process per node run, Context.state kept by Flower): a stateful method."""
     from fedpm_flower.cnn import in_process as cnn_in_process
 
-    cfg = cnn_config("scaffold", out=str(tmp_path / "r.json"))
-    result = run_flower(cfg, "simulation", 300)
+    cfg, result = simulated_run(simulated, "cnn-scaffold")
     np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
-def test_cnn_deployment_gives_the_in_process_model(tmp_path):
+def test_cnn_deployment_gives_the_in_process_model(deployment_runs):
+    from flower_deployment import result_of
+
     from fedpm_flower.cnn import in_process as cnn_in_process
 
-    cfg = cnn_config("fedpm", out=str(tmp_path / "r.json"))
-    result = run_flower(cfg, "deployment", 300)
+    result, cfg = result_of(deployment_runs, "cnn"), deployment_runs["configs"]["cnn"]
     np.testing.assert_allclose(np.asarray(result["theta"]), cnn_in_process(cfg), rtol=1e-5, atol=1e-6)
     assert result["history"][-1]["bytes_up"] > result["history"][-1]["bytes_down"]
 
@@ -587,16 +600,15 @@ def test_cnn_on_prepared_data_trains_each_node_on_its_own_folder(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["scaffold", "fednl"])
-def test_the_check_command_passes_and_writes_the_one_history_format(tmp_path, method):
+def test_the_check_command_passes_and_writes_the_one_history_format(flower_check_runs, method):
     """The documented commands: `python -m validation.flower --problem logreg --method M --mode simulation
     --check` exits 0, and history.csv holds the very rows of result.json's history (fedconvex.history)."""
     import json
 
     from fedconvex.history import read_run
-    from validation.flower import main
 
-    out = tmp_path / method
-    assert main(["--problem", "logreg", "--method", method, "--mode", "simulation", "--check", "--out", str(out)]) == 0
+    code, out, _ = flower_check_runs[method]
+    assert code == 0
     result = json.loads((out / "result.json").read_text())
     assert result["max_abs_diff_vs_in_process"] <= 1e-9
     rows = read_run(out / "history.csv")

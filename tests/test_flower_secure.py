@@ -8,8 +8,6 @@ import glob
 import os
 import re
 import stat
-import tempfile
-import time
 
 import numpy as np
 import pytest
@@ -19,6 +17,7 @@ flwr = pytest.importorskip("flwr")
 from cryptography import x509  # noqa: E402
 from cryptography.hazmat.primitives import serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
+from flower_deployment import HOSTILE, result_of  # noqa: E402
 
 from fedpm_flower.credentials import write_credentials  # noqa: E402
 
@@ -133,53 +132,30 @@ def in_process_without(cfg, absent=lambda t: ()):
     return np.asarray(state.theta)
 
 
-def log_of(fed, name):
-    with open(os.path.join(fed.log_dir, f"{name}.log"), errors="replace") as fh:
-        return fh.read()
-
-
 @pytest.mark.slow
-def test_secure_run_equals_in_process_and_keeps_intruders_out(tmp_path):
+def test_secure_run_equals_in_process_and_keeps_intruders_out(deployment_runs):
     """TLS + authentication by default; a SuperNode with an unregistered key and one that does not trust
     the CA never get a node id, so no reply of theirs can reach the server; the run equals the in-process
-    run; the private folder with every credential is gone afterwards."""
-    from fedpm_flower.deploy import LocalFederation
+    run (the shared deployment's SCAFFOLD run, tests/flower_deployment.py); the private folder with every
+    credential is gone afterwards."""
+    runs = deployment_runs
+    result, cfg = result_of(runs, "scaffold"), runs["configs"]["scaffold"]
+    superlink = runs["superlink_args"]
+    assert "--insecure" not in superlink and "--enable-supernode-auth" in superlink
+    from validation.flower import in_process
 
-    strangers = write_credentials(str(tmp_path / "strangers"), 2)
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "fedpm-flower-*")))
-    cfg = config(out=str(tmp_path / "r.json"))
-    with LocalFederation(2) as fed:
-        superlink = fed.procs[0].args
-        assert "--insecure" not in superlink and "--enable-supernode-auth" in superlink
-        # our CA, a key that was never registered
-        fed.start_node(
-            "unregistered",
-            "partition-id=0",
-            ["--root-certificates", fed.creds.ca_cert] + ["--auth-supernode-private-key", strangers.node_key(0)],
-        )
-        # a registered key, but a CA of its own: it cannot verify the SuperLink's certificate
-        fed.start_node(
-            "untrusting",
-            "partition-id=1",
-            ["--root-certificates", strangers.ca_cert] + ["--auth-supernode-private-key", fed.creds.node_key(1)],
-        )
-        result = fed.run(cfg, timeout=400)
-        private = fed.dir
-        unregistered, untrusting = log_of(fed, "unregistered"), log_of(fed, "untrusting")
-        superlink_log = log_of(fed, "superlink")
-    np.testing.assert_allclose(np.asarray(result["theta"]), in_process_without(cfg), rtol=1e-10, atol=1e-12)
-    assert [h["used"] for h in result["history"][1:]] == [2, 2]
-    for text in (unregistered, untrusting):  # each tried, was turned away, and never got a node id
+    np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)
+    assert [h["used"] for h in result["history"][1:]] == [3, 3]
+    logs = runs["logs"]
+    for text in (logs["unregistered"], logs["untrusting"]):  # each tried, was turned away, never got a node id
         assert "Connection attempt failed" in text
         assert "SuperNode ID" not in text and "Receiving: train message" not in text
     # the unregistered key reached the SuperLink and was refused there; the other failed in the TLS handshake
-    assert "No SuperNode found with the given public key" in superlink_log
-    assert re.search(r'"POST /v1/fleet/activate-node HTTP/1.1" 4\d\d', superlink_log)
-    assert not os.path.exists(private)
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "fedpm-flower-*"))) <= before
+    assert "No SuperNode found with the given public key" in logs["superlink"]
+    assert re.search(r'"POST /v1/fleet/activate-node HTTP/1.1" 4\d\d', logs["superlink"])
+    assert not runs["private_left"] and not runs["dirs_left"]
 
 
-HOSTILE = ("spoof", "nan", "huge", "dtype", "shape", "oversized", "codec")
 REASONS = {
     "spoof": "claims client id 0",
     "nan": "theta contains NaN or Inf",
@@ -192,55 +168,30 @@ REASONS = {
 
 
 @pytest.mark.slow
-def test_hostile_supernodes_are_each_rejected_with_their_reason(tmp_path, monkeypatch):
-    """Seven SuperNodes falsify their replies, one per way, and two are honest: every falsified reply is
-    rejected with its reason in the server's warnings (kept in result.json), and the model equals the
-    in-process run in which only the two honest clients took part."""
-    from fedpm_flower.deploy import LocalFederation
-
-    monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    n = 2 + len(HOSTILE)
-    # nobody is expected to miss a round: the timeout only has to outlast ten ClientApps starting at once
-    cfg = config(clients=n, rounds=2, precond_codec="sym", timeout=900, out=str(tmp_path / "r.json"))
-
-    class Federation(LocalFederation):
-        def node_config(self, i):
-            conf = super().node_config(i)
-            return conf + (f' hostile="{HOSTILE[i - 2]}"' if i >= 2 else "")
-
-    with Federation(n) as fed:
-        result = fed.run(cfg, timeout=1800, clientapp="hostile_clientapp:app")
+def test_hostile_supernodes_are_each_rejected_with_their_reason(deployment_runs):
+    """A SuperNode falsifies its replies, round t the t-th way (one round per way), beside two honest ones:
+    every falsified reply is rejected with its reason in the server's warnings (kept in result.json), and
+    the model equals the in-process run in which only the two honest clients took part."""
+    result, cfg = result_of(deployment_runs, "hostile"), deployment_runs["configs"]["hostile"]
+    assert set(REASONS) == set(HOSTILE)
     warnings = result["server_warnings"]
     rounds = result["history"][1:]
-    assert [(h["used"], h["rejected"], h["dropped"]) for h in rounds] == [(2, len(HOSTILE), 0)] * 2, warnings
-    for i, mode in enumerate(HOSTILE):
-        for t in (1, 2):
-            assert any(
-                w.startswith(f"round {t}: client {i + 2} rejected: ") and REASONS[mode] in w for w in warnings
-            ), (mode, warnings)
-    hostile = set(range(2, n))
-    reference = in_process_without(cfg, lambda t: hostile)
+    assert [(h["used"], h["rejected"], h["dropped"]) for h in rounds] == [(2, 1, 0)] * len(HOSTILE), warnings
+    for t, mode in enumerate(HOSTILE, start=1):
+        assert any(w.startswith(f"round {t}: client 2 rejected: ") and REASONS[mode] in w for w in warnings), (
+            mode,
+            warnings,
+        )
+    reference = in_process_without(cfg, lambda t: {2})
     np.testing.assert_allclose(np.asarray(result["theta"]), reference, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.slow
-def test_a_supernode_killed_mid_round_is_dropped_and_reported(tmp_path):
+def test_a_supernode_killed_mid_round_is_dropped_and_reported(deployment_runs):
     """SuperNode 2 is killed by its pid once it has received round 2's message: round 2 ends at the
     timeout without it, the history and the warnings say so, and the model equals the in-process run in
     which client 2 took no part in round 2 (the round timeout, 30 s, is what the run waits for it)."""
-    from fedpm_flower.deploy import LocalFederation
-
-    cfg = config(clients=3, rounds=2, timeout=30, out=str(tmp_path / "r.json"))
-
-    def kill_in_round_2(fed):
-        deadline = time.time() + 600
-        while log_of(fed, "supernode-2").count("Receiving: train message") < 2:
-            assert time.time() < deadline, "the node never reached round 2"
-            time.sleep(0.1)
-        fed.kill_node(2)
-
-    with LocalFederation(3) as fed:
-        result = fed.run(cfg, timeout=900, on_submitted=kill_in_round_2)
+    result, cfg = result_of(deployment_runs, "killed"), deployment_runs["configs"]["killed"]
     rounds = result["history"][1:]
     assert [(h["used"], h["dropped"]) for h in rounds] == [(3, 0), (2, 1)], result["server_warnings"]
     assert any(w.startswith("round 2: 1 of 3 clients did not reply") for w in result["server_warnings"])

@@ -1,0 +1,163 @@
+"""One real secure deployment (fedpm_flower.deploy.LocalFederation: a SuperLink and three SuperNodes on loopback,
+TLS and SuperNode authentication) shared by the deployment tests of several modules: starting the processes is
+most of a deployment test's time, and a federation serves any number of ``flwr run`` submissions, each a run
+with its own node contexts.  ``deployment_runs`` (tests/conftest.py) does every run once, in this order:
+
+* two intruders are started beside the three SuperNodes (an unregistered key; a registered key with a CA of its
+  own) and must never get a node id;
+* ``scaffold``, ``fednl`` and ``cnn`` (FedPM on the CNN): plain runs, each to equal its in-process run; the
+  launcher draws ``fednl``'s progress bar on a terminal from the ServerApp's count of rounds done;
+* ``hostile``: SuperNode 2 runs tests/hostile_clientapp.py and falsifies round t's reply the t-th of the
+  ``HOSTILE`` ways, one round each; SuperNodes 0 and 1 are honest;
+* ``killed``: SuperNode 2 is killed once it has received round 2's message;
+* ``dead``: a run submitted with SuperNode 2 dead from the start (a node dropping out); the launcher's timeout
+  is the round's (``cfg.timeout``), so it must bound each wait, not the whole run.
+
+A run that fails keeps its exception, raised again by the tests that assert on that run alone."""
+
+import glob
+import os
+import sys
+import tempfile
+import time
+
+from fedpm_flower.config import FlowerRunConfig
+from fedpm_flower.credentials import write_credentials
+from fedpm_flower.deploy import LocalFederation
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+NODES = 3
+HOSTILE = ("spoof", "nan", "huge", "dtype", "shape", "oversized", "codec")
+MARK = "FEDPM_TEST_RUN"  # in the environment of every process of this federation (live_flower_processes)
+KILL_TIMEOUT = 30.0  # the round's wait for the node killed mid-run
+DEAD_TIMEOUT = 20.0  # each wait for the dead node, and the launcher's timeout of that run
+
+
+def logreg(method, **kw):
+    from fedconvex.algorithms import REGISTRY
+
+    lr = REGISTRY[method].__dataclass_fields__["lr"].default
+    return FlowerRunConfig(**{"method": method, "dataset": "a9a", "clients": NODES, "rounds": 2, "lr": lr, **kw})
+
+
+def configs(folder):
+    """The runs, in the order they are submitted."""
+    out = lambda name: os.path.join(folder, f"{name}.json")  # noqa: E731
+    return {
+        "scaffold": logreg("scaffold", out=out("scaffold")),
+        "fednl": logreg("fednl", out=out("fednl")),
+        "cnn": FlowerRunConfig(problem="cnn", method="fedpm", clients=NODES, rounds=2, lr=0.1, out=out("cnn")),
+        "hostile": logreg("fedpm", rounds=len(HOSTILE), precond_codec="sym", out=out("hostile")),
+        "killed": logreg("fedpm", timeout=KILL_TIMEOUT, out=out("killed")),
+        "dead": logreg("fedpm", timeout=DEAD_TIMEOUT, out=out("dead")),
+    }
+
+
+def log_of(fed, name):
+    with open(os.path.join(fed.log_dir, f"{name}.log"), errors="replace") as fh:
+        return fh.read()
+
+
+class Federation(LocalFederation):
+    """SuperNode 2 carries the hostile modes in its node config; only the hostile ClientApp reads them."""
+
+    def node_config(self, i):
+        return super().node_config(i) + (f' hostile="{",".join(HOSTILE)}"' if i == 2 else "")
+
+
+def run_all(folder) -> dict:
+    from test_flower import live_flower_processes
+
+    folder = str(folder)
+    cfgs = configs(folder)
+    found = {"configs": cfgs, "errors": {}}
+    strangers = write_credentials(os.path.join(folder, "strangers"), 2)
+    old_mark = os.environ.get(MARK)
+    os.environ[MARK] = folder
+    mark = f"{MARK}={folder}"
+    found["mark"] = mark
+    dirs_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "fedpm-flower-*")))
+    old_path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = TESTS + os.pathsep + (old_path or "")  # the ClientApps import hostile_clientapp
+    try:
+        with Federation(NODES) as fed:
+            found["superlink_args"] = list(fed.procs[0].args)
+            found["private"] = fed.dir
+            # our CA, a key that was never registered
+            fed.start_node(
+                "unregistered",
+                "partition-id=0",
+                ["--root-certificates", fed.creds.ca_cert, "--auth-supernode-private-key", strangers.node_key(0)],
+            )
+            # a registered key, but a CA of its own: it cannot verify the SuperLink's certificate
+            fed.start_node(
+                "untrusting",
+                "partition-id=1",
+                ["--root-certificates", strangers.ca_cert, "--auth-supernode-private-key", fed.creds.node_key(1)],
+            )
+            for name, cfg in cfgs.items():
+                start = time.time()
+                try:
+                    found[name] = _submit(fed, name, cfg, found)
+                    found[name]["seconds"] = time.time() - start
+                except Exception as exc:  # kept for the tests of this run; the other runs go on
+                    found["errors"][name] = exc
+                print(f"deployment run {name}: {time.time() - start:.1f} s", file=sys.stderr)
+            found["logs"] = {name: log_of(fed, name) for name in ("unregistered", "untrusting", "superlink")}
+    finally:
+        for name, value in (("PYTHONPATH", old_path), (MARK, old_mark)):
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    time.sleep(1)
+    found["private_left"] = os.path.exists(found.get("private", ""))
+    found["dirs_left"] = set(glob.glob(os.path.join(tempfile.gettempdir(), "fedpm-flower-*"))) - dirs_before
+    found["procs_left"] = live_flower_processes(mark)
+    return found
+
+
+def _submit(fed, name, cfg, found):
+    if name == "fednl":  # as validation.flower's run_flower draws it, on a terminal
+        return _with_bar(fed, cfg, found)
+    if name == "hostile":
+        return fed.run(cfg, timeout=600, clientapp="hostile_clientapp:app")
+    if name == "dead":
+        return fed.run(cfg, timeout=cfg.timeout)
+    if name != "killed":
+        return fed.run(cfg, timeout=600)
+    seen = log_of(fed, "supernode-2").count("Receiving: train message")  # from the earlier runs
+
+    def kill_in_round_2(fed):
+        deadline = time.time() + 600
+        while log_of(fed, "supernode-2").count("Receiving: train message") < seen + 2:
+            assert time.time() < deadline, "the node never reached round 2"
+            time.sleep(0.1)
+        fed.kill_node(2)
+
+    return fed.run(cfg, timeout=600, on_submitted=kill_in_round_2)
+
+
+def _with_bar(fed, cfg, found):
+    from test_cli_vocabulary import FakeTerminal
+    from test_flower import live_flower_processes
+
+    from validation.progress import Progress
+
+    term, seen = FakeTerminal(), []
+    with Progress(cfg.rounds, f"{cfg.method} rounds", stream=term, unit="round") as bar:
+
+        def on_rounds(done):  # the federation's processes are alive while the bar moves
+            seen.append((done, len(live_flower_processes(found["mark"]))))
+            bar.update(done - bar.done)
+
+        result = fed.run(cfg, timeout=600, on_rounds=on_rounds)
+    found["bar"], found["rounds_seen"] = term.getvalue(), seen
+    return result
+
+
+def result_of(runs: dict, name: str) -> dict:
+    """Run ``name``'s result, or its failure raised again."""
+    if name in runs["errors"]:
+        raise runs["errors"][name]
+    return runs[name]

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import subprocess
 import sys
 import tempfile
 import threading
@@ -30,22 +32,6 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-def round_fields(history: list) -> dict:
-    """Seconds and clients used of each round, from a run's history (its cumulative ``seconds`` column; the first
-    row is the initial model)."""
-    cumulative = [h["seconds"] for h in history[1:]]
-    per_round = [b - a for a, b in zip([0.0] + cumulative[:-1], cumulative, strict=True)]
-    return {"round_seconds": [round(s, 2) for s in per_round], "used_per_round": [h["used"] for h in history[1:]]}
-
-
-def emit(report: dict, out: str | None) -> None:
-    """Print the measurement and write it to ``out`` as JSON."""
-    print(json.dumps(report, indent=1))
-    if out:
-        with open(out, "w") as fh:
-            json.dump(report, fh, indent=1)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--nodes", type=int, default=20)
@@ -58,7 +44,6 @@ def main(argv=None) -> int:
     from fedconvex.algorithms import REGISTRY
     from fedpm_flower.config import FlowerRunConfig
     from fedpm_flower.deploy import LocalFederation
-    from validation.common import provenance
 
     lr = REGISTRY[args.method].__dataclass_fields__["lr"].default
     with tempfile.TemporaryDirectory() as tmp:
@@ -88,6 +73,10 @@ def main(argv=None) -> int:
             run_seconds = time.perf_counter() - t1
             stop.set()
             sampler.join()
+    history = result["history"][1:]
+    cumulative = [h["seconds"] for h in history]
+    per_round = [b - a for a, b in zip([0.0] + cumulative[:-1], cumulative, strict=True)]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     report = {
         "command": "python benchmarks/flower_deployment_scale.py " + " ".join(argv or sys.argv[1:]),
         "nodes": args.nodes,
@@ -96,12 +85,18 @@ def main(argv=None) -> int:
         "secure": not args.insecure,
         "startup_seconds": round(started, 2),
         "submit_to_result_seconds": round(run_seconds, 2),
-        **round_fields(result["history"]),
+        "round_seconds": [round(s, 2) for s in per_round],
+        "used_per_round": [h["used"] for h in history],
         "peak_rss_mib": round(peak[0] / 2**20, 1),
-        **provenance(),
+        "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": commit,
     }
-    emit(report, args.out)
+    print(json.dumps(report, indent=1))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(report, fh, indent=1)
     return 0
 
 

@@ -22,8 +22,6 @@ import tempfile
 import threading
 import time
 
-from flower_deployment_scale import emit, round_fields  # the sibling script: run from benchmarks/
-
 
 def _proc_table() -> dict:
     """pid -> (ppid, sid, rss bytes) of every readable process."""
@@ -112,7 +110,9 @@ def main(argv=None) -> int:
             return 1
         with open(os.path.join(run_out, "result.json")) as fh:
             result = json.load(fh)
-    rounds = round_fields(result["history"])
+    history = result["history"][1:]
+    cumulative = [h["seconds"] for h in history]
+    per_round = [b - a for a, b in zip([0.0] + cumulative[:-1], cumulative, strict=True)]
     report = {
         "command": "python benchmarks/flower_simulation_scale.py " + " ".join(argv or sys.argv[1:]),
         "clients": args.clients,
@@ -121,15 +121,19 @@ def main(argv=None) -> int:
         "method": args.method,
         "preset": args.preset,
         "command_wall_seconds": round(wall, 2),
-        "outside_rounds_seconds": round(wall - result["history"][-1]["seconds"], 2),
-        **rounds,
+        "outside_rounds_seconds": round(wall - cumulative[-1], 2),
+        "round_seconds": [round(s, 2) for s in per_round],
+        "used_per_round": [h["used"] for h in history],
         "test_acc": result.get("test_acc"),
         "peak_rss_mib": round(peak[0] / 2**20, 1),
         **provenance(),
         "cores": os.cpu_count(),
         "threads": "OMP_NUM_THREADS=" + os.environ.get("OMP_NUM_THREADS", "unset"),
     }
-    emit(report, args.out)
+    print(json.dumps(report, indent=1))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(report, fh, indent=1)
     return 0
 
 

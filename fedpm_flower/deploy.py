@@ -157,12 +157,17 @@ class LocalFederation:
             self.creds = write_credentials(os.path.join(self.dir, "credentials"), self.clients)
         # flwr 1.42 serves the Runtime, Control and Fleet APIs on one HTTP address
         port = free_port()
+        # the SuperLink's state in memory, by flwr's own name for it: any other name is a SQLite file, whose
+        # writers wait at most 5 s for its lock -- with many nodes on few cores a reply's write then fails
+        # ("database is locked", HTTP 500), the node drops the reply and the ServerApp waits out --timeout
+        from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
+
         self.fleet = self.control = port
         self._start(
             "superlink",
             [executable("flower-superlink")]
             + (self.creds.superlink_args() if self.secure else ["--insecure"])
-            + ["--host", "127.0.0.1", "--port", str(port), "--database", ":flwr-in-memory-state:"],
+            + ["--host", "127.0.0.1", "--port", str(port), "--database", FLWR_IN_MEMORY_DB_NAME],
         )
         self._wait_listening(port, 60.0)
         with open(os.path.join(self.env["FLWR_HOME"], "config.toml"), "w") as fh:

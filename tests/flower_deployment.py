@@ -104,6 +104,7 @@ def run_all(folder) -> dict:
                     found["errors"][name] = exc
                 print(f"deployment run {name}: {time.time() - start:.1f} s", file=sys.stderr)
             found["logs"] = {name: log_of(fed, name) for name in ("unregistered", "untrusting", "superlink")}
+            found["sqlite_files"] = sqlite_files(fed.dir)
     finally:
         for name, value in (("PYTHONPATH", old_path), (MARK, old_mark)):
             if value is None:
@@ -114,6 +115,20 @@ def run_all(folder) -> dict:
     found["private_left"] = os.path.exists(found.get("private", ""))
     found["dirs_left"] = set(glob.glob(os.path.join(tempfile.gettempdir(), "fedpm-flower-*"))) - dirs_before
     found["procs_left"] = live_flower_processes(mark)
+    return found
+
+
+def sqlite_files(folder) -> list:
+    """The SQLite databases below ``folder`` (by their header, whatever their names)."""
+    found = []
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                with open(os.path.join(root, name), "rb") as fh:
+                    if fh.read(16) == b"SQLite format 3\x00":
+                        found.append(os.path.relpath(os.path.join(root, name), folder))
+            except OSError:
+                continue
     return found
 
 

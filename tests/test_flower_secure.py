@@ -156,6 +156,15 @@ def test_secure_run_equals_in_process_and_keeps_intruders_out(deployment_runs):
     assert not runs["private_left"] and not runs["dirs_left"]
 
 
+@pytest.mark.slow
+def test_the_superlink_keeps_its_state_in_memory(deployment_runs):
+    """After six runs the private folder holds no SQLite database: a database file's writers wait at most 5 s for
+    its lock, and with many SuperNodes on few cores a reply's write failed ("database is locked"), so its node
+    dropped the reply and the round waited out its timeout."""
+    assert deployment_runs["sqlite_files"] == []
+    assert "--database" in deployment_runs["superlink_args"]
+
+
 REASONS = {
     "spoof": "claims client id 0",
     "nan": "theta contains NaN or Inf",

@@ -15,6 +15,7 @@ flwr = pytest.importorskip("flwr")
 
 from flower_loopback import AppGrid  # noqa: E402
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict  # noqa: E402
+from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME  # noqa: E402
 
 from fedpm_dnn import FOOF, mix  # noqa: E402
 from fedpm_flower.client import fedpm_fit  # noqa: E402
@@ -213,7 +214,7 @@ def _flwr_run(app, data_dir, out, rounds, nodes, home):
     }
     link = subprocess.Popen(
         [executable("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1", "--port", str(port)]
-        + ["--database", ":flwr-in-memory-state:", "--disable-runtime-dependency-installation"],
+        + ["--database", FLWR_IN_MEMORY_DB_NAME, "--disable-runtime-dependency-installation"],
         env=env,
         cwd=home,
         stdout=open(os.path.join(home, "superlink.log"), "w"),

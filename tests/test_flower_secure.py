@@ -162,7 +162,10 @@ def test_the_superlink_keeps_its_state_in_memory(deployment_runs):
     its lock, and with many SuperNodes on few cores a reply's write failed ("database is locked"), so its node
     dropped the reply and the round waited out its timeout."""
     assert deployment_runs["sqlite_files"] == []
-    assert "--database" in deployment_runs["superlink_args"]
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
+
+    args = deployment_runs["superlink_args"]
+    assert args[args.index("--database") + 1] == FLWR_IN_MEMORY_DB_NAME
 
 
 REASONS = {

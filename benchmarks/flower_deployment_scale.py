@@ -32,6 +32,19 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+def settings(argv) -> list:
+    """The command's arguments without ``--out``'s value: where the report went is not part of it."""
+    args, skip = [], False
+    for a in argv if argv is not None else sys.argv[1:]:
+        if skip or a.startswith("--out="):
+            skip = False
+            continue
+        skip = a == "--out"
+        if not skip:
+            args.append(a)
+    return args
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--nodes", type=int, default=20)
@@ -69,7 +82,7 @@ def main(argv=None) -> int:
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
             t1 = time.perf_counter()
-            result = fed.run(cfg, timeout=1800)
+            result = fed.run(cfg, timeout=cfg.timeout)  # the launcher's watchdog, as validation.flower sets it
             run_seconds = time.perf_counter() - t1
             stop.set()
             sampler.join()
@@ -78,7 +91,7 @@ def main(argv=None) -> int:
     per_round = [b - a for a, b in zip([0.0] + cumulative[:-1], cumulative, strict=True)]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     report = {
-        "command": "python benchmarks/flower_deployment_scale.py " + " ".join(argv or sys.argv[1:]),
+        "command": " ".join(["python benchmarks/flower_deployment_scale.py"] + settings(argv)),
         "nodes": args.nodes,
         "rounds": args.rounds,
         "method": args.method,

@@ -22,15 +22,17 @@ from fedpm_flower.config import FlowerRunConfig  # noqa: E402
 from validation import dnn, flower  # noqa: E402
 
 WRITERS = 12
+MANY = 300  # the scale of the FEMNIST sample: 300 writers, 10 sampled a round
 
 
-def leaf(root, seed=0):
-    """12 writers of unequal sizes (4..15 images), 62 classes, LEAF JSON gzip-compressed as the shared copy."""
+def leaf(root, seed=0, writers=WRITERS):
+    """``writers`` writers of unequal sizes (4..15 images), 62 classes, LEAF JSON gzip-compressed as the shared
+    copy."""
     g = np.random.default_rng(seed)
     for split, scale in (("train", 1), ("test", 0.3)):
         os.makedirs(os.path.join(root, split))
-        users = [f"f{i:04d}_{i % 7:02d}" for i in range(WRITERS)]
-        sizes = [max(1, int((4 + i) * scale)) for i in range(WRITERS)]
+        users = [f"f{i:04d}_{i % 7:02d}" for i in range(writers)]
+        sizes = [max(1, int((4 + i % 12) * scale)) for i in range(writers)]
         data = {
             "users": users,
             "num_samples": sizes,
@@ -51,6 +53,15 @@ def parts(tmp_path_factory):
         flower.main(["prepare", "--dataset", "femnist", "--data-dir", str(root / "leaf"), "--out", str(root / "p")])
         == 0
     )
+    return root
+
+
+@pytest.fixture(scope="module")
+def many_parts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("femnist-300")
+    leaf(str(root / "leaf"), seed=1, writers=MANY)
+    argv = ["prepare", "--dataset", "femnist", "--data-dir", str(root / "leaf"), "--out", str(root / "p")]
+    assert flower.main(argv) == 0
     return root
 
 
@@ -135,12 +146,14 @@ def test_fedpm_on_flower_with_writers_as_clients_is_the_in_process_run(parts, tm
 
 
 @pytest.mark.slow
-def test_fedpm_on_flowers_simulation_engine_with_writers_as_clients(parts, tmp_path, one_thread):
-    """Flower's simulation engine (one ClientApp per writer, reading its writer's folder): the in-process model."""
+def test_fedpm_on_flowers_simulation_engine_with_300_writers_as_clients(many_parts, tmp_path, one_thread):
+    """Flower's simulation engine with 300 virtual clients, 10 sampled a round (one ClientApp per writer, reading
+    its writer's folder): the in-process model."""
+    parts = many_parts
     cfg = FlowerRunConfig(
         problem="cnn",
         method="fedpm",
-        clients=WRITERS,
+        clients=MANY,
         participants=10,
         rounds=2,
         lr=0.1,

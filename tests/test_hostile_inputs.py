@@ -859,6 +859,57 @@ def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def _sleep_then_pid(seconds):
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def test_ctrl_c_reaches_a_tuning_worker_only_inside_a_task():
+    """A terminal's Ctrl-C goes to every process of the group: a worker waiting for its next task must outlive it
+    (it died with a traceback on stderr, a race the test above met once in a while), and a task in progress
+    ends with KeyboardInterrupt, so the command stops at once."""
+    with superlinear.worker_pool(1) as pool:
+        pid = pool.submit(os.getpid).result(timeout=60)  # the worker as it starts, before any interruptible task
+        os.kill(pid, signal.SIGINT)  # idle
+        time.sleep(0.5)
+        assert pool.submit(superlinear.interruptible, os.getpid).result(timeout=60) == pid
+        busy = pool.submit(superlinear.interruptible, _sleep_then_pid, 60)
+        time.sleep(1.0)
+        start = time.time()
+        os.kill(pid, signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            busy.result(timeout=30)
+        assert time.time() - start < 10
+        assert pool.submit(superlinear.interruptible, os.getpid).result(timeout=60) == pid
+
+
+@pytest.mark.parametrize(
+    "signal_exc,code,said",
+    [(KeyboardInterrupt, 130, "interrupted (Ctrl-C)"), (common.Terminated, 143, "terminated (SIGTERM)")],
+)
+def test_a_signal_where_it_cannot_propagate_still_ends_the_command_in_one_line(capsys, signal_exc, code, said):
+    """Ctrl-C or SIGTERM raised where Python cannot propagate it (a __del__, a weakref callback, an import's lock
+    clean-up) is 'Exception ignored' with a traceback, and the command would run on: it is raised again at the
+    next ordinary point."""
+    ran_on = []
+
+    class Collected:
+        def __del__(self):
+            raise signal_exc
+
+    def main():
+        Collected()  # collected at once: its exception goes to sys.unraisablehook
+        for _ in range(200):
+            time.sleep(0.01)
+        ran_on.append(True)
+        return 0
+
+    assert common.run_command("python -m validation.superlinear", main) == code
+    err = capsys.readouterr().err
+    assert err == f"python -m validation.superlinear: error: {said}; nothing was written\n", err
+    assert not ran_on
+
+
 def test_ctrl_c_while_a_checkpoint_is_written_keeps_the_old_one_and_no_temporary_file(tmp_path, monkeypatch):
     """torch's zip writer turns a Ctrl-C inside torch.save into a RuntimeError ('unexpected pos'): it must
     still end the run as a Ctrl-C (one line), leave the previous checkpoint and no checkpoint.pt.tmp."""

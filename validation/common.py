@@ -427,6 +427,15 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (``kill PID``, a scheduler, ``Popen.terminate``), unwound through the same cleanup as Ctrl-C."""
 
 
+INTERRUPT = signal.default_int_handler  # SIGINT raises KeyboardInterrupt (Python's own handler, not ignored)
+
+
+def _send_soon(signum: int, delay: float = 0.05) -> None:
+    timer = threading.Timer(delay, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
+
+
 def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> int:
     """A command's ``__main__``: ``sys.exit(run_command(PROG, main))``.  Ctrl-C ends it with one line and exit
     130 (128 + SIGINT, as a shell reports it) instead of a traceback; SIGTERM likewise with exit 143: it is
@@ -438,10 +447,14 @@ def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> i
         raise Terminated()
 
     def redeliver(unraisable):
-        # raised where an exception cannot propagate (a __del__, a weakref or logging callback), SIGTERM would
-        # be lost and the command run on: send it again, to be raised at the next ordinary point
+        # raised where an exception cannot propagate (a __del__, a weakref or logging callback, an import's lock
+        # clean-up), SIGTERM or Ctrl-C would be printed as "Exception ignored" with a traceback and lost: send it
+        # again, to be raised at the next ordinary point -- from another thread, a moment later: sent from here,
+        # its handler would run inside this hook and be lost the same way
         if isinstance(unraisable.exc_value, Terminated):
-            os.kill(os.getpid(), signal.SIGTERM)
+            _send_soon(signal.SIGTERM)
+        elif isinstance(unraisable.exc_value, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is INTERRUPT:
+            _send_soon(signal.SIGINT)
         else:
             hook(unraisable)
 

@@ -16,6 +16,7 @@ import multiprocessing as mp
 import os
 import platform
 import shlex
+import signal
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -223,6 +224,24 @@ def _run_candidate(method, i):
 COST_RANK = ("fedns", "localnewton", "fedadam", "fedavgm", "fedpm", "fednl", "scaffold", "fedavg")
 
 
+def worker_pool(jobs: int) -> ProcessPoolExecutor:
+    """``jobs`` forked workers that Ctrl-C interrupts only inside a task (``interruptible``).  A terminal sends
+    SIGINT to the whole process group: a worker waiting for its next task would die of it with a traceback on
+    stderr, while the command itself stops with one line (common.run_command)."""
+    return ProcessPoolExecutor(
+        jobs, mp_context=mp.get_context("fork"), initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
+    )
+
+
+def interruptible(fn, *args):
+    """Worker: ``fn(*args)`` with Ctrl-C raised as KeyboardInterrupt (the task's exception, sent to the command)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return fn(*args)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _race_in_pool(jobs, methods, bar):
     """Every method's tuning as candidate runs over ``jobs`` worker processes, all busy to the end.
 
@@ -251,11 +270,12 @@ def _race_in_pool(jobs, methods, bar):
         ready = [m for m in waiting if not running[m]]
         return (ready or waiting or [None])[0]
 
-    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")) as pool:
+    with worker_pool(jobs) as pool:
         while True:
             while len(in_flight) < jobs and (m := next_method()) is not None:
                 i = started[m]
-                in_flight.add(pool.submit(_run_candidate, m, i) if m in grid else pool.submit(_run_method, m))
+                task = (_run_candidate, m, i) if m in grid else (_run_method, m)
+                in_flight.add(pool.submit(interruptible, *task))
                 started[m] += 1
                 running[m] += 1
             if not in_flight:

@@ -904,7 +904,13 @@ def test_a_signal_where_it_cannot_propagate_still_ends_the_command_in_one_line(c
         ran_on.append(True)
         return 0
 
-    assert common.run_command("python -m validation.superlinear", main) == code
+    # a command's process has Python's own SIGINT handler; this test process may not (Flower and Ray, run in it
+    # earlier, install theirs)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert common.run_command("python -m validation.superlinear", main) == code
+    finally:
+        signal.signal(signal.SIGINT, before)
     err = capsys.readouterr().err
     assert err == f"python -m validation.superlinear: error: {said}; nothing was written\n", err
     assert not ran_on

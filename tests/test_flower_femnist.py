@@ -149,7 +149,6 @@ def test_fedpm_on_flower_with_writers_as_clients_is_the_in_process_run(parts, tm
 def test_fedpm_on_flowers_simulation_engine_with_300_writers_as_clients(many_parts, tmp_path, one_thread):
     """Flower's simulation engine with 300 virtual clients, 10 sampled a round (one ClientApp per writer, reading
     its writer's folder): the in-process model."""
-    parts = many_parts
     cfg = FlowerRunConfig(
         problem="cnn",
         method="fedpm",
@@ -157,7 +156,7 @@ def test_fedpm_on_flowers_simulation_engine_with_300_writers_as_clients(many_par
         participants=10,
         rounds=2,
         lr=0.1,
-        data_dir=str(parts / "p"),
+        data_dir=str(many_parts / "p"),
         out=str(tmp_path / "r.json"),
     )
     result = flower.run_flower(cfg, "simulation", 300)

@@ -427,9 +427,6 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (``kill PID``, a scheduler, ``Popen.terminate``), unwound through the same cleanup as Ctrl-C."""
 
 
-INTERRUPT = signal.default_int_handler  # SIGINT raises KeyboardInterrupt (Python's own handler, not ignored)
-
-
 def _send_soon(signum: int, delay: float = 0.05) -> None:
     timer = threading.Timer(delay, os.kill, (os.getpid(), signum))
     timer.daemon = True
@@ -451,9 +448,10 @@ def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> i
         # clean-up), SIGTERM or Ctrl-C would be printed as "Exception ignored" with a traceback and lost: send it
         # again, to be raised at the next ordinary point -- from another thread, a moment later: sent from here,
         # its handler would run inside this hook and be lost the same way
-        if isinstance(unraisable.exc_value, Terminated):
+        exc = unraisable.exc_value
+        if isinstance(exc, Terminated):
             _send_soon(signal.SIGTERM)
-        elif isinstance(unraisable.exc_value, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is INTERRUPT:
+        elif isinstance(exc, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             _send_soon(signal.SIGINT)
         else:
             hook(unraisable)

@@ -73,6 +73,8 @@ def fingerprint(exp) -> dict:
 
 
 def _show(key: str) -> str:
+    if key == "run.lr_schedule":  # resolved from two flags, milestones as rounds of --rounds
+        return "learning-rate schedule (--lr-warmup-rounds, --lr-milestones as rounds of --rounds)"
     if key.startswith("run."):
         return "--" + key[4:].replace("_", "-")
     if key.startswith("config."):

@@ -30,6 +30,10 @@ class StackFailed(RuntimeError):
     """Another run of the stack failed inside the shared call; this one stops too."""
 
 
+class _TrainAlone(Exception):
+    """The runs of one shared call cannot train together."""
+
+
 class RunStack:
     """One vectorized engine over every run's clients, and the rendezvous of the runs' rounds."""
 
@@ -93,6 +97,8 @@ class RunStack:
         gens = [g for r in reqs for g in r[4]]
         drawn = [g.get_state() for g in gens]  # the generators as submitted, for a retry run by run
         try:
+            if any(r[0] != cfg for r in reqs):  # runs at rounds of different learning rates (a schedule, resumed
+                raise _TrainAlone  # from different rounds): each trains alone, as it would outside the stack
             out = self.engine.round(cfg, sel, states, downs, gens)
         except Exception:  # train each run alone: the error goes to its own run, the others go on
             for g, state in zip(gens, drawn, strict=True):

@@ -11,6 +11,8 @@ running in its own process (a Flower SuperNode) draws exactly what it draws here
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -78,10 +80,15 @@ class DnnTask:
         self.n_clients = len(clients)
         self.sizes = np.array([len(c) for c in clients], dtype=np.float64)
         self.round = 1
+        self.lr_schedule = None  # fedpm_dnn.schedule.LrSchedule: the local learning rate's factor per round
         self.engine_state = None
         self.last_chunk = None
 
     def train(self, alg, down: dict, states: list, sel) -> list:
+        if self.lr_schedule is not None:  # the round's local rate (fedpm_dnn.schedule); 1.0 leaves alg as it is
+            factor = self.lr_schedule.factor(self.round)
+            if factor != 1.0:
+                alg = dataclasses.replace(alg, lr=alg.lr * factor)
         return ENGINES[self.engine](self, alg, down, states, sel)
 
     def initial_params(self) -> dict:

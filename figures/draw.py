@@ -209,7 +209,11 @@ def data_distribution(folders: dict, out_dir, note=""):
             f"{eff.mean():.2f} effective classes per client (exp of the class-share entropy)",
             fontsize=9,
         )
-    how = {"relaysum": "RelaySum Dirichlet split, Vogels et al. 2021", "dirichlet": "plain per-class Dirichlet split"}
+    how = {
+        "relaysum": "RelaySum Dirichlet split, Vogels et al. 2021",
+        "relaysum-even": "RelaySum Dirichlet draw re-cut into equal clients (its distribute_evenly)",
+        "dirichlet": "plain per-class Dirichlet split",
+    }
     fig.suptitle(
         "Data distribution over clients ("
         + "; ".join(how.get(s, s) for s in sorted(splits))

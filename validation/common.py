@@ -170,6 +170,13 @@ def positive_int(text):
     return v
 
 
+def nonneg_int(text):
+    v = _number(text, int)
+    if not 0 <= v <= MAX_INT:
+        raise argparse.ArgumentTypeError(f"must be an integer in 0..{MAX_INT}, got {text}")
+    return v
+
+
 def seed_int(text):
     """A random seed: an integer in 0 .. 2**32 - 1 (what NumPy and torch accept alike)."""
     v = _number(text, int)

@@ -93,10 +93,11 @@ def build_parser():
     )
     p.add_argument(
         "--split",
-        choices=("relaysum", "dirichlet"),
+        choices=("relaysum", "relaysum-even", "dirichlet"),
         default="relaysum",
         help="relaysum: the paper's Dirichlet split (Vogels et al. 2021; capped shares, every client >= 50%% "
-        "of the mean size); dirichlet: plain per-class Dir(alpha)",
+        "of the mean size); relaysum-even: the same draw re-cut into equal clients, as RelaySum's CIFAR task "
+        "trains (its distribute_evenly); dirichlet: plain per-class Dir(alpha) (default: relaysum)",
     )
     p.add_argument(
         "--clients",
@@ -120,6 +121,20 @@ def build_parser():
     )
     p.add_argument("--rounds", type=common.positive_int, default=100)
     p.add_argument("--local-epochs", type=common.positive_int, default=None, help="default: the preset's, else 5")
+    p.add_argument(
+        "--lr-warmup-rounds",
+        type=common.nonneg_int,
+        default=None,
+        help="local learning rate warmed up linearly over the first W rounds (round t: t/W of it; default: none; "
+        "docs/presets.md)",
+    )
+    p.add_argument(
+        "--lr-milestones",
+        type=milestones_arg,
+        default=None,
+        help="PERCENT:FACTOR,...: the local learning rate times FACTOR once PERCENT %% of the rounds are done, e.g. "
+        "75:0.1,90:0.1 as RelaySum's CIFAR runs (default: none; docs/presets.md)",
+    )
     p.add_argument(
         "--seed", type=common.seed_int, default=None, help="model initialisation, batches, client sampling (default 0)"
     )
@@ -287,6 +302,24 @@ def resolve_into(p, args) -> None:
     args.dataset = args.resolved.settings["dataset"]
 
 
+def milestones_arg(text):
+    """--lr-milestones: checked here (fedpm_dnn.schedule.parse_milestones), kept as given."""
+    from fedpm_dnn.schedule import parse_milestones
+
+    try:
+        parse_milestones(text)
+    except ValueError as exc:
+        raise common.argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def lr_schedule(args):
+    """The run's fedpm_dnn.schedule.LrSchedule (milestones made absolute for --rounds), or None."""
+    from fedpm_dnn.schedule import schedule_for
+
+    return schedule_for(args.lr_warmup_rounds, args.lr_milestones, args.rounds)
+
+
 def alpha_list(text):
     """--alpha: one Dirichlet concentration or a comma-separated list (kept as typed: they name run folders)."""
     parts = text.split(",")
@@ -401,6 +434,10 @@ def check_args(p, args):
             p.error(f"--gn-groups applies to --model resnet18gn, not to --model {args.model}")
         if 64 % args.gn_groups:
             p.error(f"--gn-groups {args.gn_groups}: must divide 64, the channels of ResNet18-GN's first layer")
+    schedule = lr_schedule(args)
+    for first, _ in schedule.milestones if schedule else ():
+        if first > args.rounds:
+            p.error(f"--lr-milestones {args.lr_milestones}: a milestone starts at round {first}, after the last round")
     if args.client_chunk is not None and args.engine == "sequential":
         p.error("--client-chunk applies to --engine vectorized (or auto on a GPU), not to --engine sequential")
     common.check_out_arg(p, args.out, kind=OUTPUT)
@@ -432,6 +469,7 @@ def checkpoint_conflict(args) -> str | None:
 NOT_IN_FINGERPRINT = {
     *("out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "deadline", "resolved"),
     *("gn_groups", "seeds", "alphas", "run_names", "runs"),
+    *("lr_warmup_rounds", "lr_milestones"),  # in the fingerprint as the resolved lr_schedule (run_fingerprint)
 }
 
 
@@ -453,6 +491,11 @@ def run_fingerprint(args) -> dict:
     # the augmentation as trained: "auto" and the concrete name it stands for are one run (and checkpoints
     # written before "auto" existed record the concrete name)
     flags["augment"] = resolved_augment(args.augment, args.resolved.settings["dataset"])
+    # the schedule with its milestones as rounds: --rounds is not in the fingerprint (a run can be extended), but
+    # milestones given in per cent of it move with it, and a run resumed under other milestones is another run.
+    # None (no schedule) is how checkpoints written before the flags existed read.
+    schedule = lr_schedule(args)
+    flags["lr_schedule"] = schedule.as_dict() if schedule else None
     return dict(sorted({**flags, "alpha": args.resolved.settings["alpha"]}.items()))
 
 
@@ -597,6 +640,7 @@ def build(args):
         client_chunk=args.client_chunk,
         max_ratio=args.max_ratio or None,
         gn_groups=args.gn_groups or 2,
+        lr_schedule=lr_schedule(args),
     )
     counts = partition_table(y, parts, data.num_classes)
     desc = {
@@ -625,6 +669,7 @@ def build(args):
         "device": device,
         "engine": engine,
         "config": {"name": cfg.name, **cfg.hyperparameters()},
+        "lr_schedule": exp.lr_schedule.as_dict() if exp.lr_schedule else None,
     }
     if args.model == "resnet18gn":
         desc["gn_groups"] = exp.gn_groups

@@ -3,7 +3,7 @@
     python -m validation.flower prepare --dataset cifar10 --data-dir DATA --clients 3 --out DIR
     python -m validation.flower prepare --dataset femnist --data-dir LEAF --out DIR
 
-The split is validation.dnn's (RelaySum's capped Dirichlet, --alpha, --seed); --train-subset /
+The split is validation.dnn's (--split: RelaySum's capped Dirichlet by default, --alpha, --seed); --train-subset /
 --test-subset take class-balanced subsets first (CPU-sized runs), as in validation.dnn.  FEMNIST's
 clients are its writers, in the loader's order (client-i holds writer i's training images alone;
 --clients N keeps the first N writers, as validation.dnn; the test set is every writer's).  Then start
@@ -27,7 +27,7 @@ def parse_args(argv):
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--clients", type=common.positive_int, default=None, help="default 3; FEMNIST: every writer")
     p.add_argument("--alpha", type=common.positive_float, default=None, help="Dirichlet concentration (default 0.1)")
-    p.add_argument("--split", choices=("relaysum", "dirichlet"), default=None, help="default relaysum")
+    p.add_argument("--split", choices=("relaysum", "relaysum-even", "dirichlet"), default=None, help="default relaysum")
     p.add_argument("--seed", type=common.seed_int, default=0)
     p.add_argument("--train-subset", type=common.positive_int, default=None)
     p.add_argument("--test-subset", type=common.positive_int, default=None)

@@ -1,11 +1,12 @@
 """How heterogeneous a seed's Dirichlet split is: effective classes per client over a range of split seeds.
 
-    python -m validation.splits --dataset cifar10 --data-dir DATA --alpha 0.1 --seeds 0-19
+    python -m validation.splits --dataset cifar10 --data-dir DATA --alpha 0.1,1.0 --split all --seeds 0-19
 
 Prints, per split seed, the mean over clients of exp(entropy of the client's class shares) -- 1 when every
-client holds one class, C when every client holds all C classes alike -- its rank from the most heterogeneous
-split, and the mean +- std over the seeds.  The split is validation.dnn's (same labels, clients, alpha,
---train-subset draw): a run's summary.json records the same number for its --split-seed.
+client holds one class, C when every client holds all C classes alike -- for every split rule and alpha asked
+for (one column each), then the mean +- std over the seeds.  With one column it also ranks the seeds from the
+most heterogeneous split.  The split is validation.dnn's (same labels, clients, alpha, --train-subset draw): a
+run's summary.json records the same number for its --split-seed.  ``--markdown`` prints the table as Markdown.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 from validation import common
 
 PROG = "python -m validation.splits"
+RULES = ("relaysum", "relaysum-even", "dirichlet")  # fedpm_dnn.data.partition.SPLITS, without importing torch
 
 
 def seed_range(text):
@@ -29,43 +31,121 @@ def seed_range(text):
     return range(a, b + 1)
 
 
+def split_list(text):
+    """'all' or a comma-separated list of split rules."""
+    names = list(RULES) if text == "all" else text.split(",")
+    for name in names:
+        if name not in RULES:
+            raise common.argparse.ArgumentTypeError(f"unknown split {name!r}; choose from {', '.join(RULES)} or all")
+    if len(set(names)) != len(names):
+        raise common.argparse.ArgumentTypeError(f"a split is named twice in {text!r}")
+    return names
+
+
+def alpha_list(text):
+    values = [common.positive_float(t) for t in text.split(",")]
+    if len(set(values)) != len(values):
+        raise common.argparse.ArgumentTypeError(f"an alpha is named twice in {text!r}")
+    return values
+
+
 def parse_args(argv=None):
     p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--dataset", choices=("cifar10", "cifar100"), default="cifar10")
     p.add_argument("--data-dir", default=None, help="data folder (default: $FEDPM_DATA)")
     p.add_argument("--cache-dir", default=None, help="decoded-JPEG cache (default: $FEDPM_CACHE or ~/.cache/fedpm)")
-    p.add_argument("--alpha", type=common.positive_float, default=0.1)
+    p.add_argument("--alpha", type=alpha_list, default=[0.1], help="Dirichlet concentration(s), comma-separated")
     p.add_argument("--clients", type=common.positive_int, default=10)
-    p.add_argument("--split", choices=("relaysum", "dirichlet"), default="relaysum")
+    p.add_argument(
+        "--split", type=split_list, default=["relaysum"], help=f"{', '.join(RULES)}, a comma list of them, or all"
+    )
     p.add_argument("--train-subset", type=common.positive_int, default=None)
     p.add_argument("--seeds", type=seed_range, default=range(20), help="split seeds, A-B inclusive (default 0-19)")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     return p.parse_args(argv)
+
+
+def check_sizes(args, n_images: int, num_classes: int) -> None:
+    """The sizes validation.dnn would refuse, refused before any split is drawn."""
+    if args.train_subset is not None and not num_classes <= args.train_subset <= n_images:
+        raise ValueError(
+            f"--train-subset {args.train_subset}: must be between the {num_classes} classes and the "
+            f"{n_images} training images"
+        )
+    n = args.train_subset or n_images
+    if args.clients > n:
+        raise ValueError(f"--clients {args.clients}: more clients than the {n} training images")
+
+
+def table(args, labels, num_classes) -> dict:
+    """(split, alpha) -> {seed: mean effective classes per client}."""
+    from fedpm_dnn.data import effective_classes, partition_table
+    from fedpm_dnn.data.partition import make_partition
+    from validation.dnn import balanced_subset
+
+    out = {}
+    for split in args.split:
+        for alpha in args.alpha:
+            col = {}
+            for seed in args.seeds:
+                y = labels
+                if args.train_subset:
+                    y = y[balanced_subset(y, args.train_subset, num_classes, seed)]
+                parts = make_partition(split, y, args.clients, alpha, seed=seed)
+                col[seed] = float(effective_classes(partition_table(y, parts, num_classes)).mean())
+            out[split, alpha] = col
+    return out
+
+
+def render(args, cols: dict, n_images: int) -> str:
+    keys = list(cols)
+    heads = [f"{s} a={a:g}" for s, a in keys]
+    lines = [
+        f"{args.dataset}, {args.clients} clients, {n_images} images: effective classes per client "
+        "(exp of the class-share entropy, mean over clients)"
+    ]
+    single = len(keys) == 1
+    if single:
+        order = sorted(cols[keys[0]], key=cols[keys[0]].get)
+    if args.markdown:
+        lines += ["", "| split seed | " + " | ".join(heads) + " |", "|---:|" + "---:|" * len(heads)]
+        for seed in args.seeds:
+            lines.append(f"| {seed} | " + " | ".join(f"{cols[k][seed]:.2f}" for k in keys) + " |")
+        stats = [np.array(list(cols[k].values())) for k in keys]
+        lines.append("| mean +- std | " + " | ".join(f"{v.mean():.2f} +- {_std(v):.2f}" for v in stats) + " |")
+        return "\n".join(lines)
+    width = max(12, *(len(h) for h in heads))
+    lines.append(
+        "split seed" + "".join(f"  {h:>{width}}" for h in heads) + ("  rank (1 = most heterogeneous)" * single)
+    )
+    for seed in args.seeds:
+        row = f"{seed:>10}" + "".join(f"  {cols[k][seed]:>{width}.2f}" for k in keys)
+        if single:
+            row += f"  {order.index(seed) + 1:>3} of {len(order)}"
+        lines.append(row)
+    stats = [np.array(list(cols[k].values())) for k in keys]
+    lines.append(
+        f"mean +- std over {len(args.seeds)} seeds: "
+        + ", ".join(f"{h} {v.mean():.2f} +- {_std(v):.2f}" for h, v in zip(heads, stats, strict=True))
+    )
+    return "\n".join(lines)
+
+
+def _std(values) -> float:
+    return float(values.std(ddof=1)) if len(values) > 1 else 0.0
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from fedpm_dnn.data import effective_classes, load_image_dataset, partition_table
-    from fedpm_dnn.data.partition import make_partition
-    from validation.dnn import balanced_subset
+    from fedpm_dnn.data import load_image_dataset
 
     try:
         data, _ = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
+        check_sizes(args, len(data.y_train), data.num_classes)
+        cols = table(args, data.y_train, data.num_classes)
     except (ValueError, OSError) as exc:
         common.fail(PROG, exc)
-    means = {}
-    for seed in args.seeds:
-        y = data.y_train
-        if args.train_subset:
-            y = y[balanced_subset(y, args.train_subset, data.num_classes, seed)]
-        parts = make_partition(args.split, y, args.clients, args.alpha, seed=seed)
-        means[seed] = float(effective_classes(partition_table(y, parts, data.num_classes)).mean())
-    order = sorted(means, key=means.get)
-    print(f"{args.dataset}, {args.split} split, alpha {args.alpha:g}, {args.clients} clients, {len(y)} images")
-    print("split seed  effective classes per client  rank (1 = most heterogeneous)")
-    for seed, value in means.items():
-        print(f"{seed:>10}  {value:>28.2f}  {order.index(seed) + 1:>3} of {len(means)}")
-    values = np.array(list(means.values()))
-    print(f"mean +- std over {len(values)} seeds: {values.mean():.2f} +- {values.std(ddof=1):.2f}")
+    print(render(args, cols, args.train_subset or len(data.y_train)))
     return 0
 
 

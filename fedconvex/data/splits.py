@@ -87,19 +87,8 @@ def dirichlet_split(
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in out]
 
 
-def relaysum_split(
-    labels, clients: int, alpha: float, seed: int = 0, min_fraction: float = 0.5, max_tries: int = 10_000
-) -> list[np.ndarray]:
-    """The Dirichlet split as the paper cites it (Vogels et al. 2021, RelaySum, whose code uses
-    Tao Lin's partitioner): classes are dealt one after another, each by proportions
-    p ~ Dir(alpha * 1_K) over the K clients, except that a client already holding >= n/K samples
-    gets no further share (its proportion is zeroed, the rest renormalised).  The whole draw is
-    repeated (from the same seeded stream) until every client holds >= ``min_fraction`` * n/K
-    samples.  Sizes stay unequal; every sample goes to exactly one client.
-
-    The cap can never exclude every client: until the last class is dealt, fewer than n samples
-    are held, so at least one client holds fewer than n/K.
-    """
+def _relaysum_draw(labels, clients: int, alpha: float, seed: int, min_fraction: float, max_tries: int):
+    """The accepted draw of ``relaysum_split``: per client, its class chunks in the order they were dealt."""
     labels = np.asarray(labels)
     n = len(labels)
     _integers(clients=clients, max_tries=max_tries)
@@ -129,11 +118,40 @@ def relaysum_split(
                 parts[i].append(chunk)
                 sizes[i] += len(chunk)
         if sizes.min() >= floor:
-            return [np.sort(np.concatenate(p)) for p in parts]
+            return [np.concatenate(p) for p in parts]
     raise DataError(
         f"no Dirichlet(alpha={alpha:g}) split of {n} samples over {clients} clients gave every client "
         f">= {min_fraction:g} of the mean size in {max_tries} draws; raise alpha or use fewer clients"
     )
+
+
+def relaysum_split(
+    labels, clients: int, alpha: float, seed: int = 0, min_fraction: float = 0.5, max_tries: int = 10_000
+) -> list[np.ndarray]:
+    """The Dirichlet split as the paper cites it (Vogels et al. 2021, RelaySum, whose code uses
+    Tao Lin's partitioner): classes are dealt one after another, each by proportions
+    p ~ Dir(alpha * 1_K) over the K clients, except that a client already holding >= n/K samples
+    gets no further share (its proportion is zeroed, the rest renormalised).  The whole draw is
+    repeated (from the same seeded stream) until every client holds >= ``min_fraction`` * n/K
+    samples.  Sizes stay unequal; every sample goes to exactly one client.
+
+    The cap can never exclude every client: until the last class is dealt, fewer than n samples
+    are held, so at least one client holds fewer than n/K.
+    """
+    return [np.sort(p) for p in _relaysum_draw(labels, clients, alpha, seed, min_fraction, max_tries)]
+
+
+def relaysum_even_split(
+    labels, clients: int, alpha: float, seed: int = 0, min_fraction: float = 0.5, max_tries: int = 10_000
+) -> list[np.ndarray]:
+    """RelaySum's ``dirichlet_split`` with ``distribute_evenly=True``, the default its CIFAR task trains with:
+    the ``relaysum_split`` draw, its clients' samples concatenated (client 0's first, each client's in the order
+    they were dealt: class by class, shuffled within a class) and cut into K consecutive pieces of equal size
+    (``np.array_split``: the first n mod K pieces one sample larger).  Every client holds n/K samples, and a
+    client mixes the tail of one drawn client with the head of the next, so it holds more classes than a
+    ``relaysum`` client: at alpha = 0.1 this is the milder split (``validation.splits`` tabulates it)."""
+    drawn = _relaysum_draw(labels, clients, alpha, seed, min_fraction, max_tries)
+    return [np.sort(p) for p in np.array_split(np.concatenate(drawn), clients)]
 
 
 def client_class_counts(labels, parts) -> np.ndarray:

@@ -1,17 +1,24 @@
 """Client partitions: Dirichlet label skew, shared with fedconvex.
 
 ``relaysum`` (the paper's, and the default of Test 2) is the split of Vogels et al. 2021 with its
-cap on full clients and its 50 %-of-mean floor; ``dirichlet`` is the plain per-class Dir(alpha)
-split, whose clients can hold 17 images next to 12,790.
+cap on full clients and its 50 %-of-mean floor; ``relaysum-even`` is the same draw re-cut into K
+equal clients, as RelaySum's own CIFAR task trains (``distribute_evenly=True``); ``dirichlet`` is the
+plain per-class Dir(alpha) split, whose clients can hold 17 images next to 12,790.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from fedconvex.data.splits import client_class_counts, dirichlet_split, effective_classes, relaysum_split
+from fedconvex.data.splits import (
+    client_class_counts,
+    dirichlet_split,
+    effective_classes,
+    relaysum_even_split,
+    relaysum_split,
+)
 
-SPLITS = ("relaysum", "dirichlet")
+SPLITS = ("relaysum", "relaysum-even", "dirichlet")
 
 
 def dirichlet_partition(labels, clients: int, alpha: float, seed: int = 0):
@@ -27,6 +34,8 @@ def relaysum_partition(labels, clients: int, alpha: float, seed: int = 0):
 def make_partition(split: str, labels, clients: int, alpha: float, seed: int = 0):
     if split == "relaysum":
         return relaysum_partition(labels, clients, alpha, seed)
+    if split == "relaysum-even":
+        return relaysum_even_split(labels, clients, alpha, seed=seed)
     if split == "dirichlet":
         return dirichlet_partition(labels, clients, alpha, seed)
     raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")

@@ -166,6 +166,44 @@ def test_the_seed_table_gives_the_runs_own_effective_classes(tmp_path, data_dir,
         assert round(desc["effective_classes_per_client"], 2) == value
 
 
+def test_the_table_of_several_rules_and_alphas_gives_each_runs_own_effective_classes(tmp_path, data_dir, capsys):
+    from validation import splits
+
+    argv = ["--data-dir", data_dir, "--clients", "3", "--alpha", "0.3,2", "--split", "all", "--seeds", "4-5"]
+    assert splits.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:2] == ["split", "seed"] and len(lines[1].split()) == 2 + 2 * 6  # "rule a=alpha" x 6
+    rows = {int(ln.split()[0]): [float(v) for v in ln.split()[1:]] for ln in lines[2:4]}
+    for seed, values in rows.items():
+        col = 0
+        for rule in ("relaysum", "relaysum-even", "dirichlet"):
+            for alpha in ("0.3", "2"):
+                desc, _ = built(tmp_path, data_dir, "--split-seed", str(seed), "--split", rule, "--alpha", alpha)
+                assert desc["partition"] == rule and round(desc["effective_classes_per_client"], 2) == values[col]
+                col += 1
+        even = built(tmp_path, data_dir, "--split-seed", str(seed), "--split", "relaysum-even")[0]["client_sizes"]
+        assert max(even) - min(even) <= 1
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--train-subset", "5"], "between the 10 classes"),
+        (["--train-subset", "999999"], "between the 10 classes"),
+        (["--clients", "500"], "more clients than the"),
+        (["--split", "relaysum,nope"], "unknown split 'nope'"),
+        (["--alpha", "0.1,0.1"], "named twice"),
+    ],
+)
+def test_the_seed_table_refuses_sizes_a_run_would_refuse_in_one_line(data_dir, capsys, argv, fragment):
+    from validation import splits
+
+    with pytest.raises(SystemExit) as exc:
+        splits.main(["--data-dir", data_dir, "--seeds", "0-1", *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_a_checkpoint_from_before_a_new_flag_resumes_while_the_flag_is_not_given():
     from fedpm_dnn.checkpoint import first_difference
 

@@ -548,13 +548,33 @@ def command_fingerprint(argv) -> dict:
     return fp
 
 
+def subset_problem(n, labels, num_classes) -> str | None:
+    """Why a class-balanced subset of ``n`` of ``labels`` cannot be drawn exactly (it never rounds), or None."""
+    if not num_classes <= n <= len(labels):
+        return f"must be between the {num_classes} classes and the {len(labels)} images"
+    if n % num_classes:
+        lo = n - n % num_classes
+        return (
+            f"a class-balanced subset takes the same number of each of the {num_classes} classes: "
+            f"{lo} or {lo + num_classes}"
+        )
+    short = [c for c in range(num_classes) if np.count_nonzero(labels == c) < n // num_classes]
+    if short:
+        return f"class {short[0]} has fewer than the {n // num_classes} images a class-balanced subset takes of it"
+    return None
+
+
 def balanced_subset(labels, n, num_classes, seed):
+    """``n`` indices of ``labels``, n / num_classes of each class (``subset_problem`` says when that cannot be)."""
+    why = subset_problem(n, labels, num_classes)
+    if why:
+        raise ValueError(f"subset of {n}: {why}")
     rng = np.random.default_rng(seed)
     per = n // num_classes
     idx = []
     for c in range(num_classes):
         pool = np.flatnonzero(labels == c)
-        idx.append(rng.choice(pool, min(per, len(pool)), replace=False))
+        idx.append(rng.choice(pool, per, replace=False))
     return np.sort(np.concatenate(idx))
 
 
@@ -596,11 +616,9 @@ def build(args):
         parts = natural[:n_clients] if n_clients else natural
     else:
         if args.train_subset:
-            if not data.num_classes <= args.train_subset <= len(y):
-                raise ValueError(
-                    f"--train-subset {args.train_subset}: must be between the {data.num_classes} "
-                    f"classes and the {len(y)} training images"
-                )
+            why = subset_problem(args.train_subset, y, data.num_classes)
+            if why:
+                raise ValueError(f"--train-subset {args.train_subset}: {why.replace('images', 'training images')}")
             keep = balanced_subset(y, args.train_subset, data.num_classes, split_seed)
             x, y = x[keep], y[keep]
         parts = make_partition(args.split, y, n_clients or DEFAULT_CLIENTS, settings["alpha"], seed=split_seed)
@@ -609,11 +627,9 @@ def build(args):
         participants = None  # the preset samples more clients than this run has: everyone takes part
     xt, yt = data.x_test, data.y_test
     if args.test_subset:
-        if not data.num_classes <= args.test_subset <= len(yt):
-            raise ValueError(
-                f"--test-subset {args.test_subset}: must be between the {data.num_classes} "
-                f"classes and the {len(yt)} test images"
-            )
+        why = subset_problem(args.test_subset, yt, data.num_classes)
+        if why:
+            raise ValueError(f"--test-subset {args.test_subset}: {why.replace('images', 'test images')}")
         keep = balanced_subset(yt, args.test_subset, data.num_classes, split_seed)
         xt, yt = xt[keep], yt[keep]
     if participants and participants > len(parts):

@@ -66,17 +66,18 @@ def prepare(args) -> None:
     from fedpm_dnn.data import effective_classes, load_image_dataset, partition_table
     from fedpm_dnn.data.partition import make_partition
     from fedpm_flower import prepared
-    from validation.dnn import balanced_subset
+    from validation.dnn import balanced_subset, subset_problem
     from validation.outputs import ResultDir
 
     data, natural = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
     x, y, xt, yt = data.x_train, data.y_train, data.x_test, data.y_test
-    for flag, n, have, what in (
-        ("--train-subset", args.train_subset, len(y), "training"),
-        ("--test-subset", args.test_subset, len(yt), "test"),
+    for flag, n, labels, what in (
+        ("--train-subset", args.train_subset, y, "training"),
+        ("--test-subset", args.test_subset, yt, "test"),
     ):
-        if n and not data.num_classes <= n <= have:  # as validation.dnn
-            raise ValueError(f"{flag} {n}: must be between the {data.num_classes} classes and the {have} {what} images")
+        why = subset_problem(n, labels, data.num_classes) if n else None  # as validation.dnn
+        if why:
+            raise ValueError(f"{flag} {n}: {why.replace('images', what + ' images')}")
     if args.train_subset:
         keep = balanced_subset(y, args.train_subset, data.num_classes, args.seed)
         x, y = x[keep], y[keep]

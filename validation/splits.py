@@ -65,13 +65,14 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def check_sizes(args, n_images: int, num_classes: int) -> None:
+def check_sizes(args, labels, num_classes: int) -> None:
     """The sizes validation.dnn would refuse, refused before any split is drawn."""
-    if args.train_subset is not None and not num_classes <= args.train_subset <= n_images:
-        raise ValueError(
-            f"--train-subset {args.train_subset}: must be between the {num_classes} classes and the "
-            f"{n_images} training images"
-        )
+    from validation.dnn import subset_problem
+
+    why = subset_problem(args.train_subset, labels, num_classes) if args.train_subset is not None else None
+    if why:
+        raise ValueError(f"--train-subset {args.train_subset}: {why.replace('images', 'training images')}")
+    n_images = len(labels)
     n = args.train_subset or n_images
     if args.clients > n:
         raise ValueError(f"--clients {args.clients}: more clients than the {n} training images")
@@ -141,7 +142,7 @@ def main(argv=None) -> int:
 
     try:
         data, _ = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
-        check_sizes(args, len(data.y_train), data.num_classes)
+        check_sizes(args, data.y_train, data.num_classes)
         cols = table(args, data.y_train, data.num_classes)
     except (ValueError, OSError) as exc:
         common.fail(PROG, exc)

@@ -203,11 +203,23 @@ class _Source:
         return key
 
     def images(self, split):
-        out = []
+        """[(class, name)] of ``<split>/<class>/<image>``, sorted.  Entries a system or a tool leaves beside the
+        images are not images of the data set: any path with a hidden part (``.ipynb_checkpoints/``, ``._x.jpg``)
+        or macOS's ``__MACOSX/`` copy.  The split's folder must stand at one place: two ``train/`` folders (a copy
+        inside the folder) would train on some images twice."""
+        out, roots = [], set()
         for n in self.names:
             parts = n.split("/")
+            if any(p.startswith(".") or p == "__MACOSX" for p in parts):
+                continue
             if len(parts) >= 3 and parts[-3] == split and parts[-1].lower().endswith((".jpg", ".jpeg", ".png")):
                 out.append((parts[-2], n))
+                roots.add("/".join(parts[:-2]))
+        if len(roots) > 1:
+            first, second = sorted(roots)[:2]
+            raise DatasetError(
+                f"{self.path}: {split} images under two folders, {first}/ and {second}/; keep one of them"
+            )
         return sorted(out)
 
 
@@ -299,6 +311,11 @@ def load_cifar_jpeg(train: str, test: str | None = None, cache_dir: str | None =
     if not te:
         raise DatasetError(f"{test or train}: no test/<class>/*.jpg images")
     classes = tuple(sorted({c for c, _ in tr}))
+    foreign = [c for c in classes if c not in CIFAR10_CLASSES]
+    if foreign:  # a folder beside the classes would silently become a class of its own
+        raise DatasetError(
+            f"{train}: train/{foreign[0]}/ is not a CIFAR-10 class ({', '.join(CIFAR10_CLASSES)}); move it out"
+        )
     unknown = {c for c, _ in te} - set(classes)
     if unknown:
         raise DatasetError(f"{test or train}: test classes {sorted(unknown)} have no training images")

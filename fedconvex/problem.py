@@ -114,16 +114,40 @@ def _check_lam_resolves(lam: float, X) -> None:
         )
 
 
+def _real_dtype(a, name: str) -> None:
+    """DataError for complex entries (a cast to float64 drops the imaginary part with only a warning), TypeError
+    for any other kind that is not a number; booleans and integers are real numbers and are cast exactly."""
+    kind = getattr(getattr(a, "dtype", None), "kind", None)
+    if kind == "c":
+        raise DataError(f"{name} is complex ({a.dtype}); pass its real part ({name}.real) if that is what you mean")
+    if kind is not None and kind not in "biuf":
+        raise TypeError(f"{name} must be real numbers, got {type(a).__name__} of {a.dtype}")
+
+
+def _canonical_csr(X):
+    """X as CSR float64 in SciPy's canonical form: duplicate entries summed (what they mean: ``toarray`` sums
+    them), column indices sorted, no stored zeros.  The problem's index plans assume one stored entry per place,
+    and the finiteness check below sees every entry as the matrix holds it (inf + -inf duplicates are NaN)."""
+    X = sp.csr_matrix(X, dtype=np.float64, copy=True)
+    X.sum_duplicates()
+    X.eliminate_zeros()
+    return X
+
+
 def _checked_data(X, y):
-    """X as CSR float64 and y as float64 labels, or one clear error: X 2-D, finite, with a column; y 1-D, one
-    label a row, every label -1 or +1 (the loss is log(1 + exp(-y x^T theta)); ``parse_libsvm`` maps a file's
-    two labels to these)."""
+    """X as canonical CSR float64 and y as float64 labels, or one clear error: X 2-D, real, finite, with a
+    column; y 1-D, real, one label a row, every label -1 or +1 (the loss is log(1 + exp(-y x^T theta));
+    ``parse_libsvm`` maps a file's two labels to these)."""
     try:
         if not sp.issparse(X):
-            X = np.asarray(X, dtype=np.float64)
+            X = np.asarray(X)
+            _real_dtype(X, "X")
+            X = X.astype(np.float64)
             if X.ndim != 2:
                 raise DataError(f"X must be 2-D (rows x features), got shape {X.shape}")
-        X = sp.csr_matrix(X, dtype=np.float64)
+        else:
+            _real_dtype(X, "X")
+        X = _canonical_csr(X)
     except (TypeError, ValueError) as exc:
         if isinstance(exc, DataError):
             raise
@@ -144,8 +168,12 @@ def _checked_data(X, y):
             "overflow float64 in the gradients and Hessians; rescale the features"
         )
     try:
-        y = np.asarray(y, dtype=np.float64)
-    except (TypeError, ValueError):
+        y = np.asarray(y)
+        _real_dtype(y, "y")
+        y = y.astype(np.float64)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, DataError):
+            raise
         raise TypeError(
             f"y must be numeric labels -1 and +1, got {type(y).__name__}"
             f"{' of ' + str(y.dtype) if hasattr(y, 'dtype') else ''}"

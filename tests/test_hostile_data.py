@@ -87,3 +87,63 @@ def test_a_class_short_of_its_share_is_named():
         dnn.balanced_subset(labels, 6, 2, seed=0)
     got = dnn.balanced_subset(np.repeat([0, 1], 5), 6, 2, seed=0)
     assert np.bincount(np.repeat([0, 1], 5)[got]).tolist() == [3, 3]
+
+
+# ---- arrays given to the convex problem ------------------------------------------------------------------------
+
+
+def _dense_problem(seed=0, n=12, d=4):
+    g = np.random.default_rng(seed)
+    X = g.normal(size=(n, d)) * (g.random((n, d)) < 0.6)
+    y = np.where(g.random(n) < 0.5, -1.0, 1.0)
+    return X, y, [np.arange(0, 6), np.arange(6, n)]
+
+
+@pytest.mark.parametrize("where", ["X dense", "X sparse", "y"])
+def test_complex_data_is_refused_not_cast_to_its_real_part(where):
+    import scipy.sparse as sp
+
+    from fedconvex.data.libsvm import DataError
+    from fedconvex.problem import FederatedLogReg
+
+    X, y, parts = _dense_problem()
+    if where == "X dense":
+        X = X + 1j
+    elif where == "X sparse":
+        X = sp.csr_matrix(X.astype(np.complex128))
+    else:
+        y = y.astype(np.complex128)
+    with pytest.raises(DataError, match=r"is complex \(complex128\); pass its real part"):
+        FederatedLogReg(X, y, parts)
+
+
+def test_a_non_canonical_sparse_matrix_means_what_scipy_says_it_means():
+    """Duplicate entries (summed by toarray) and unsorted column indices: the problem equals the one on the dense
+    matrix they stand for; and an inf + -inf pair is the NaN it sums to, refused."""
+    import scipy.sparse as sp
+
+    from fedconvex.data.libsvm import DataError
+    from fedconvex.problem import FederatedLogReg
+
+    X, y, parts = _dense_problem()
+    dup = sp.coo_matrix(X)
+    dup = sp.coo_matrix(
+        (np.r_[dup.data / 2, dup.data / 2], (np.r_[dup.row, dup.row], np.r_[dup.col, dup.col])), X.shape
+    )
+    csr = sp.csr_matrix(X)
+    data, indices = [], []  # each row's entries stored twice as halves, columns in reverse order
+    for r in range(X.shape[0]):
+        lo, hi = csr.indptr[r], csr.indptr[r + 1]
+        data += [csr.data[lo:hi][::-1] / 2] * 2
+        indices += [csr.indices[lo:hi][::-1]] * 2
+    raw = sp.csr_matrix((np.concatenate(data), np.concatenate(indices), 2 * csr.indptr), shape=X.shape)
+    assert not raw.has_canonical_format and np.allclose(raw.toarray(), X)  # stored as given: not summed, not sorted
+    theta = np.random.default_rng(1).normal(size=(2, X.shape[1]))
+    ref = FederatedLogReg(X, y, parts)
+    for M in (dup, raw):
+        got = FederatedLogReg(M, y, parts)
+        assert np.allclose(got.values(theta), ref.values(theta), rtol=1e-13, atol=0)
+        assert np.allclose(got.gradients(theta), ref.gradients(theta), rtol=1e-12, atol=1e-15)
+    bad = sp.csr_matrix((np.array([np.inf, -np.inf, 1.0]), np.array([0, 0, 1]), np.array([0, 2, 3])), shape=(2, 2))
+    with pytest.raises(DataError, match="NaN or Inf"):
+        FederatedLogReg(bad, np.array([1.0, -1.0]), [np.array([0]), np.array([1])])

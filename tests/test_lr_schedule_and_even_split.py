@@ -182,3 +182,26 @@ def test_a_milestone_after_the_last_round_is_refused(capsys):
     err = capsys.readouterr().err
     assert "round 11" in err and len(err.strip().splitlines()) == 1
     assert not os.path.exists("unused-folder-never-written")
+
+
+def test_a_stack_with_a_schedule_trains_each_run_as_alone(tmp_path):
+    import csv
+
+    from fake_cifar import cifar_pickle
+
+    from validation import dnn
+
+    cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"), n=24)
+    base = ["--dataset", "cifar10", "--data-dir", str(tmp_path / "data"), "--method", "fedavg", "--clients", "2"]
+    base += ["--local-epochs", "1", "--batch-size", "16", "--quiet", "--threads", "1", "--rounds", "2"]
+    base += ["--lr-warmup-rounds", "2", "--lr-milestones", "50:0.1"]
+    assert dnn.main(base + ["--seeds", "0,1", "--out", str(tmp_path / "stack")]) == 0
+    alone = str(tmp_path / "alone")
+    assert dnn.main(base + ["--seed", "1", "--engine", "vectorized", "--out", alone]) == 0
+    rows = [
+        list(csv.DictReader(open(os.path.join(d, "history.csv"))))
+        for d in (str(tmp_path / "stack" / "main-cifar10-a0.1-fedavg-s1"), alone)
+    ]
+    for a, b in zip(*rows, strict=True):
+        for c in ("round", "test_acc", "train_loss"):
+            assert float(a[c]) == pytest.approx(float(b[c]), rel=1e-5), c

@@ -8,7 +8,9 @@
   the test set, and whatever the caller adds in ``Experiment.meta["fingerprint"]`` -- the CLI adds
   its flags: dataset, split, alpha, subsets, ...).  Resuming with any difference is refused with
   the first differing entry named.  The number of rounds is not part of it: a finished run may be
-  extended.
+  extended.  A caller's entry that a checkpoint holds and the caller no longer records is passed over: the
+  command line now records its hyper-parameters and client counts resolved, in the entries above, where older
+  checkpoints also hold the flags as given.
 * A truncated, corrupted or structurally wrong file is one ``CheckpointError`` naming the file.
 """
 
@@ -24,6 +26,7 @@ import torch
 from fedconvex.files import written_atomically
 
 FORMAT = 2
+ENGINE_ADVICE = "resume with --engine {}"  # what first_difference advises when only the engine differs
 
 
 class CheckpointError(ValueError):
@@ -92,18 +95,22 @@ def first_difference(saved: dict, now: dict) -> str | None:
         saved = {**{k: v for k, v in saved.items() if k != "run.engine"}, "engine": saved["run.engine"]}
     if "config.damping" in saved and "config.foof_apply" not in saved:  # written before --foof-apply: solves
         saved = {**saved, "config.foof_apply": "solve"}
+    if saved.get("run.split_seed") is not None and saved.get("run.split_seed") == saved.get("seed"):
+        saved = {**saved, "run.split_seed": None}  # spelled out as the --seed it defaults to: recorded so since
     # a flag added since the checkpoint was written, and not given now, is the same run as before it existed
     saved = {**{k: None for k, v in now.items() if k.startswith("run.") and v is None and k not in saved}, **saved}
     order = list(now) + [k for k in saved if k not in now]
     for key in order:
         if key.startswith("run.") and key not in saved and now[key] is None:
             continue  # a flag added since the checkpoint was written, not given now: the run it wrote
+        if key.startswith("run.") and key not in now:
+            continue  # recorded as the flag was given; now compared resolved, in the run's own entries
         a, b = saved.get(key, "(absent)"), now.get(key, "(absent)")
         if a != b:
             if key == "data_hash":
                 return f"{_show(key)} differ"
             if key == "engine":
-                return f"engine: checkpoint has {a!r}, this run {b!r} (resume with --engine {a})"
+                return f"engine: checkpoint has {a!r}, this run {b!r} ({ENGINE_ADVICE.format(a)})"
             return f"{_show(key)}: checkpoint has {a!r}, this run {b!r}"
     return None
 
@@ -135,6 +142,15 @@ def load(path: str, map_location=None) -> dict:
             f"{path}: not a checkpoint of this version (no fingerprint); remove it or choose another --out"
         )
     return ck
+
+
+def stored(path: str, exp) -> tuple[int, str | None]:
+    """What the checkpoint at ``path`` holds, for a run of ``exp`` not asked to resume it: the rounds it has done,
+    and the first difference between its run and ``exp`` (None: it is this run); CheckpointError if unusable."""
+    ck = load(path, map_location="cpu")
+    if not isinstance(ck.get("history"), list):
+        raise CheckpointError(f"{path}: damaged checkpoint (no history); remove it or choose another --out")
+    return len(ck["history"]), first_difference(ck["fingerprint"], fingerprint(exp))
 
 
 def check_structure(path: str, ck: dict, fresh_state: dict, n_clients: int) -> None:

@@ -131,10 +131,11 @@ class StackMember:
         return self.stack.submit(self.run, cfg, sel, states, down, gens)
 
 
-def run_stack(exps: list, checkpoints: list, resume: list, on_rounds: list) -> list:
+def run_stack(exps: list, checkpoints: list, resume: list, on_rounds: list, stop=None) -> list:
     """``simulation.run_experiment`` for every run of ``exps`` (vectorized engine), trained as one stack; returns
     per run its history, or the exception that stopped it (a Ctrl-C or SIGTERM is re-raised after every run
-    stopped)."""
+    stopped).  ``stop(row) -> bool``, asked after each of a run's rounds, ends that run there (checkpointed), as it
+    ends a run alone (e.g. a deadline)."""
     from .simulation import run_experiment
 
     stack = RunStack(exps)
@@ -144,7 +145,12 @@ def run_stack(exps: list, checkpoints: list, resume: list, on_rounds: list) -> l
         error = None
         try:
             out[r] = run_experiment(
-                exps[r], checkpoint=checkpoints[r], resume=resume[r], on_round=on_rounds[r], engine=stack.member(r)
+                exps[r],
+                checkpoint=checkpoints[r],
+                resume=resume[r],
+                on_round=on_rounds[r],
+                engine=stack.member(r),
+                stop=stop,
             )
         except BaseException as exc:  # kept for the caller; the stack must not wait for this run
             out[r] = error = exc

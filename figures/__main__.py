@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tempfile
 import time
 
 from fedconvex.files import DamagedFile, FolderSwapped, held_folder, hidden_cause
@@ -34,7 +33,7 @@ from validation.experiments import (
     plan,
     seed_from_reference,
 )
-from validation.outputs import Kind, OutputError, check_out, clean_stale, exclusive, mark
+from validation.outputs import TEMP_MARKER, Kind, OutputError, check_out, clean_stale, exclusive, mark, temp_folder
 
 from . import compression, draw
 from .results import best_by_seed, read_summary, runs_matching
@@ -276,10 +275,12 @@ def draw_into(out, root, profile) -> list:
     parent = os.path.dirname(os.path.abspath(out))
     clean_stale(parent)
     with held_folder(out) as held:
-        tmp = tempfile.mkdtemp(prefix=f".partial-{os.getpid()}-", dir=parent)
+        tmp = temp_folder(parent, "partial", os.path.basename(os.path.abspath(out)))
         try:
             drawn = build_all(root, tmp, profile)
-            moved = {name: held.move_in(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))}
+            moved = {
+                name: held.move_in(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp)) if name != TEMP_MARKER
+            }
         except Exception as exc:  # a disk error names --out (main), not the temporary sibling that is removed
             cause = hidden_cause(exc)
             if isinstance(cause, OSError) and str(cause.filename or "").startswith(tmp):

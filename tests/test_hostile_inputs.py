@@ -320,7 +320,12 @@ CASES = [
     ),
     ("dnn-threads-0", dnn, D + OUT + ["--threads", "0"], "--threads: must be a positive integer"),
     ("dnn-resume-nothing", dnn, D + OUT + ["--resume"], "--resume: {W}/out/checkpoint.pt does not exist"),
-    ("dnn-checkpoint-no-resume", dnn, D + ["--out", "{W}/run"], "exists: pass --resume"),
+    (
+        "dnn-checkpoint-no-resume",
+        dnn,
+        D + ["--out", "{W}/run", "--alpha", "0.5"],
+        "--out {W}/run: holds another run (--alpha: checkpoint has 0.1, this run 0.5); choose another --out",
+    ),
     (
         "dnn-checkpoint-folder",
         dnn,
@@ -759,11 +764,14 @@ def test_a_folder_without_the_marker_is_not_ours_and_a_stale_partial_of_a_dead_p
     dead.wait()
     stale = tmp_path / f".partial-{dead.pid}-abc"
     stale.mkdir()
+    (stale / outputs.TEMP_MARKER).write_text(json.dumps({"pid": dead.pid, "start": None}))
+    unproven = tmp_path / f".partial-{dead.pid}-def"  # the name alone proves nothing
+    unproven.mkdir()
     foreign = tmp_path / ".partial-notours"
     foreign.mkdir()
     with outputs.ResultDir(str(tmp_path / "new")) as tmp:
         open(os.path.join(tmp, "a"), "w").write("a")
-    assert not stale.exists() and foreign.exists()
+    assert not stale.exists() and foreign.exists() and unproven.exists()
 
 
 def _killed(*task):

@@ -37,7 +37,7 @@ from fedconvex.files import (
     written_atomically,
 )
 from validation import common
-from validation.outputs import Kind, mark, sigterm_as_exit, written_by
+from validation.outputs import Kind, mark, reserved_name, sigterm_as_exit, written_by
 from validation.progress import Progress
 
 PROG = "python -m validation.dnn"
@@ -202,8 +202,18 @@ def build_parser():
         default=None,
         help="vectorized: clients per chunk (default: as many as fit in the free device memory)",
     )
-    p.add_argument("--out", default=None, help="output folder (default results/dnn-<dataset>-<method>-s<seed>)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default results/dnn-<preset or dataset>-<method>-s<seed>-r<rounds>, then what else "
+        "differs from the preset: -train<N> -test<N> -a<alpha>, a digest of any other setting; see docs/dnn.md)",
+    )
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="discard the run --out holds (its checkpoint, history and summary) and start over",
+    )
     p.add_argument(
         "--deadline",
         type=common.positive_float,
@@ -283,14 +293,75 @@ def parse_args(argv=None):
     combos = list(itertools.product(seeds, args.alphas or [None]))
     check_preset(p, args)
     resolve_into(p, args)
+    check_natural_split(p, args, p.given(sys.argv[1:] if argv is None else argv))
+    if args.resume and args.overwrite:
+        p.error("--resume and --overwrite exclude each other")
     args.runs = []
     if len(combos) > 1 or args.seeds is not None or args.run_names is not None:
         check_stack_args(p, args, combos)
     else:
         if args.out is None:
-            args.out = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")
+            args.out = default_out(args)
         check_args(p, args)
     return args
+
+
+def check_natural_split(p, args, given: set) -> None:
+    """FEMNIST's clients are its writers: the Dirichlet split's flags would change nothing it computes (yet enter
+    its fingerprint), so one given explicitly is refused.  --split-seed still draws a --test-subset."""
+    if args.dataset != "femnist":
+        return
+    for dest in ("alpha", "split", "split_seed"):
+        if dest in given and not (dest == "split_seed" and args.test_subset):
+            flag = "--" + dest.replace("_", "-")
+            p.error(
+                f"{flag} does not apply to --dataset femnist: its clients are its writers, not a Dirichlet split"
+                + (" (--split-seed draws only a --test-subset)" if dest == "split_seed" else "")
+            )
+
+
+def default_out(args, stack: bool = False) -> str:
+    """The default --out: results/dnn-<preset or dataset>[-<model>]-<method>-s<seed>-r<rounds>, then
+    -train<N> -test<N>, -a<alpha> when alpha is not the preset's (or the default 0.1), and a digest of every other
+    resolved setting that differs from what the preset (or the defaults) give.  Commands that compute different
+    runs get different folders; a flag repeating the preset's value does not change the name.  A stack's folder
+    (``stack``) names neither seed nor alpha (each run's folder does)."""
+    import hashlib
+
+    head = [f"dnn{'-stack' if stack else ''}", args.preset or args.dataset]
+    if args.model != "cnn":
+        head.append(args.model)
+    head.append(args.method)
+    base = ["--method", args.method, "--model", args.model] + (
+        ["--preset", args.preset] if args.preset else ["--dataset", args.dataset]
+    )
+    if not stack:
+        head.append(f"s{args.seed}")
+        base += ["--seed", str(args.seed)]
+    head.append(f"r{args.rounds}")
+    for flag, value, tag in (
+        ("--train-subset", args.train_subset, "train"),
+        ("--test-subset", args.test_subset, "test"),
+    ):
+        if value:
+            head.append(f"{tag}{value}")
+            base += [flag, str(value)]
+    want, plain = resolved_fingerprint(args), command_fingerprint(base)
+    want["gn_groups"], plain["gn_groups"] = args.gn_groups or 2, 2
+    differs = sorted(k for k in set(want) | set(plain) if want.get(k) != plain.get(k))
+    if stack:
+        differs = [k for k in differs if k not in ("seed", "alpha")]
+    if "alpha" in differs:
+        head.append("a" + (args.alphas[0] if args.alphas else repr(args.resolved.settings["alpha"])))
+        differs.remove("alpha")
+    if differs:
+        text = json.dumps({k: want.get(k) for k in differs}, sort_keys=True, default=str)
+        head.append(hashlib.sha256(text.encode()).hexdigest()[:8])
+    name = os.path.join("results", "-".join(head))
+    legacy = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")  # the earlier default
+    if not stack and args.resume and not os.path.exists(name) and os.path.isfile(os.path.join(legacy, "checkpoint.pt")):
+        return legacy
+    return name
 
 
 def resolve_into(p, args) -> None:
@@ -356,18 +427,43 @@ def check_stack_args(p, args, combos):
         p.error(f"--run-names: {len(names)} names for {len(combos)} runs (seeds x alphas)")
     if len(set(names)) != len(names) or any(not n or os.sep in n or n in (".", "..") for n in names):
         p.error("--run-names: names must be distinct plain folder names")
+    for n in names:
+        why = reserved_name(n)
+        if why:
+            p.error(f"--run-names: {why}")
     if args.out is None:
-        args.out = os.path.join("results", f"dnn-stack-{args.dataset}-{args.method}")
-    if os.path.lexists(args.out) and not os.path.isdir(args.out):
-        p.error(f"--out {args.out}: exists and is not a folder; choose another --out")
+        args.out = default_out(args, stack=True)
+    check_stack_out(p, args.out)
     for (seed, alpha), name in zip(combos, names, strict=True):
         run = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "runs"})
         run.seed, run.out = seed, os.path.join(args.out, name)
         run.alpha, run.alphas = (None, None) if alpha is None else (float(alpha), [alpha])
         run.resume = args.resume and os.path.isfile(os.path.join(run.out, "checkpoint.pt"))
+        run.overwrite = args.overwrite
         resolve_into(p, run)
         check_args(p, run)
         args.runs.append(run)
+
+
+def check_stack_out(p, out) -> None:
+    """A stack's --out is the parent of its runs' folders: a real folder (not a link), never a run's own result
+    folder (a run nested there could no longer be resumed), under a name this tool does not reserve."""
+    if not out or not out.strip():
+        p.error("--out: empty path")
+    why = reserved_name(os.path.basename(os.path.abspath(out)))
+    if why:
+        p.error(f"--out {out}: {why}")
+    if os.path.islink(out):
+        p.error(f"--out {out}: is a symbolic link; give the real folder")
+    if os.path.lexists(out) and not os.path.isdir(out):
+        p.error(f"--out {out}: exists and is not a folder; choose another --out")
+    if os.path.isdir(out):
+        writer = written_by(out)
+        if writer is not None or any(os.path.lexists(os.path.join(out, f)) for f in OUTPUT.files):
+            p.error(
+                f"--out {out}: is the result folder of {writer or 'a run'}; a stack's --out is the parent of its "
+                "runs' folders: choose another --out"
+            )
 
 
 # flags that a preset's setting or its method rows may supply (fedpm_dnn.presets.resolve): None = not given
@@ -454,9 +550,71 @@ def checkpoint_conflict(args) -> str | None:
         return f"{ckpt}: {what}, not a checkpoint file; move it away or choose another --out"
     if args.resume and not os.path.isfile(ckpt):
         return f"--resume: {ckpt} does not exist; drop --resume to start a new run"
-    if not args.resume and os.path.exists(ckpt):
-        return f"{ckpt} exists: pass --resume to continue it, or choose another --out"
-    return None
+    return None  # a checkpoint not asked to resume: settled once the run is built (settle_previous)
+
+
+def settle_previous(run, exp, stacked: bool = False) -> str | None:
+    """For a run whose --out holds a checkpoint it was not asked to resume: with --overwrite the previous run's
+    files are removed (None); when the checkpoint is this very run (the fingerprint compared resolved) with its
+    rounds done, the line saying so (nothing to compute); else one line refusing it (exit 2): another run, or this
+    one unfinished (--resume continues it)."""
+    from fedpm_dnn import checkpoint as ck
+
+    path = os.path.join(run.out, "checkpoint.pt")
+    if run.resume or not os.path.lexists(path):
+        return None
+    if run.overwrite:
+        for name in OUTPUT.files:  # a folder of ours holding only these (check_args, under the lock)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(run.out, name))
+        return None
+    try:
+        done, diff = ck.stored(path, exp)
+    except ck.CheckpointError as exc:
+        common.fail(PROG, ValueError(f"{exc}, or --overwrite to replace it"))
+    if diff:
+        common.fail(
+            PROG,
+            ValueError(
+                f"--out {run.out}: holds another run ({stack_advice(diff, run) if stacked else diff}); choose "
+                "another --out, or --overwrite to replace it"
+            ),
+        )
+    if done < run.rounds:
+        common.fail(
+            PROG,
+            ValueError(
+                f"--out {run.out}: holds {done} of the {run.rounds} rounds of this run; pass --resume to continue "
+                "it, or --overwrite to start over"
+            ),
+        )
+    best = ""
+    with contextlib.suppress(ValueError, OSError, TypeError, KeyError):
+        summary = read_json_object(os.path.join(run.out, "summary.json"))
+        best = f", best test accuracy {float(summary['best_test_acc']):.4f}"
+    rounds = f"{done} round{'s' if done != 1 else ''}"
+    return (
+        f"{run.out} already holds this run ({rounds}{best}); nothing to compute (--overwrite recomputes it, "
+        "--resume with more --rounds extends it)"
+    )
+
+
+def stack_advice(why: str, run) -> str:
+    """``why`` (a checkpoint's difference) with the engine advice made one a stack can follow: a stack trains on
+    the vectorized engine, so a run checkpointed by another engine continues alone."""
+    import re
+
+    from fedpm_dnn.checkpoint import ENGINE_ADVICE
+
+    pattern = re.escape(ENGINE_ADVICE).replace(re.escape("{}"), r"(\w+)")
+    return re.sub(
+        pattern,
+        lambda m: (
+            f"a stack trains on the vectorized engine: resume this run alone, with --engine {m.group(1)} "
+            f"--out {run.out}"
+        ),
+        why,
+    )
 
 
 # flags that do not change what a run computes (where it writes, how it reports, how many rounds)
@@ -466,9 +624,16 @@ def checkpoint_conflict(args) -> str | None:
 # gn_groups: the resolved group count is in the model's entry of the fingerprint (fedpm_dnn.checkpoint)
 # seeds, alphas, run_names, runs: how a stack is given (each run's fingerprint has its own seed and alpha), so a
 # stacked run and the same run alone resume each other
+# overwrite: what happens to --out's previous run, not what this run computes
+# the hyper-parameters and the settings a preset supplies enter the fingerprint resolved, not as flags: the method's
+# configuration (config.* in fedpm_dnn.checkpoint.fingerprint) and the client and participant counts the run uses
+# (n_clients, participants), so that a flag repeating the preset's value or a default is no difference, and a real
+# difference is named by what differs (checkpoints that recorded these flags still resume: fedpm_dnn.checkpoint)
 NOT_IN_FINGERPRINT = {
     *("out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "deadline", "resolved"),
-    *("gn_groups", "seeds", "alphas", "run_names", "runs"),
+    *("gn_groups", "seeds", "alphas", "run_names", "runs", "overwrite"),
+    *HYPERPARAMETER_FLAGS,
+    *("local_epochs", "foof_samples", "clients", "participants"),
     *("lr_warmup_rounds", "lr_milestones"),  # in the fingerprint as the resolved lr_schedule (run_fingerprint)
 }
 
@@ -483,14 +648,17 @@ def resolved_augment(augment: str, dataset: str) -> str:
 
 
 def run_fingerprint(args) -> dict:
-    """The flags that shape the run, for the checkpoint's fingerprint (fedpm_dnn.checkpoint).  The data set and
-    alpha as the run uses them (their flags once defaulted to cifar10 and 0.1, a preset now supplies them); the
-    other settings as given (None: from the preset or the default), as checkpoints have always recorded them,
-    and the method's hyper-parameters as they are, in its config."""
+    """The flags that shape the run, for the checkpoint's fingerprint (fedpm_dnn.checkpoint), as the run uses
+    them: the data set and alpha resolved (their flags once defaulted to cifar10 and 0.1, a preset now supplies
+    them), --split-seed None where it is the --seed it defaults to (as checkpoints have always recorded it), the
+    other flags as given; the method's hyper-parameters and the client counts are in the checkpoint's own entries
+    (NOT_IN_FINGERPRINT)."""
     flags = {k: v for k, v in vars(args).items() if k not in NOT_IN_FINGERPRINT}
     # the augmentation as trained: "auto" and the concrete name it stands for are one run (and checkpoints
     # written before "auto" existed record the concrete name)
     flags["augment"] = resolved_augment(args.augment, args.resolved.settings["dataset"])
+    if flags.get("split_seed") == args.seed:
+        flags["split_seed"] = None
     # the schedule with its milestones as rounds: --rounds is not in the fingerprint (a run can be extended), but
     # milestones given in per cent of it move with it, and a run resumed under other milestones is another run.
     # None (no schedule) is how checkpoints written before the flags existed read.
@@ -499,38 +667,23 @@ def run_fingerprint(args) -> dict:
     return dict(sorted({**flags, "alpha": args.resolved.settings["alpha"]}.items()))
 
 
-# flags whose effect is the method's configuration: compared through the method they give (method_of)
-METHOD_FLAGS = {
-    "lr",
-    "clip",
-    "weight_decay",
-    "mu",
-    "momentum",
-    "server_lr",
-    "damping",
-    "batch_size",
-    "refresh_every",
-    "weighting",
-    "precond_dtype",
-    "param_dtype",
-    "precond_codec",
-    "clip_stage",
-    "weight_decay_mode",
-    "local_epochs",
-    "foof_samples",
-}
-
-
 def command_fingerprint(argv) -> dict:
-    """What a command line computes, resolved without reading data: its flags, with the defaults build() fills
-    in (DEFAULT_CLIENTS, the preset's participants) and the hyper-parameters replaced by the method's configuration
-    they give, so that a flag repeating a default or a preset's value changes nothing.  The sweep compares a
-    profile's run with the command a result folder's summary.json records this way (validation/sweep.py)."""
+    """What a command line computes, resolved without reading data (``resolved_fingerprint``).  The sweep compares
+    a profile's run with the command a result folder's summary.json records this way (validation/sweep.py)."""
     args = build_parser().parse_args(list(argv))
     args.resolved = resolve(args)
     args.dataset = args.resolved.settings["dataset"]
+    if args.seed is None:
+        args.seed = 0
+    return resolved_fingerprint(args)
+
+
+def resolved_fingerprint(args) -> dict:
+    """The run's flags (``run_fingerprint``) with the defaults build() fills in (DEFAULT_CLIENTS, the preset's
+    participants) and the method's configuration the hyper-parameters give, so that a flag repeating a default or
+    a preset's value changes nothing."""
     settings = args.resolved.settings
-    fp = {k: v for k, v in run_fingerprint(args).items() if k not in METHOD_FLAGS}
+    fp = run_fingerprint(args)
     fp["clients"] = settings["clients"]
     if fp["clients"] is None and args.dataset != "femnist":
         fp["clients"] = DEFAULT_CLIENTS
@@ -790,11 +943,8 @@ def note_failure(summary_path, exc) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     runs = args.runs or [args]
-    if args.runs:  # a stack: --out is the parent of its runs' folders, each held and checked as a run's own
-        try:
-            os.makedirs(args.out, exist_ok=True)
-        except OSError as exc:
-            common.fail(PROG, exc)
+    # a stack: --out is the parent of its runs' folders, each held and checked as a run's own; the lock creates
+    # the parent and removes it again when the stack leaves it empty
     with contextlib.ExitStack() as held:
         for r in runs:
             held.enter_context(common.holding_out(PROG, r.out, OUTPUT))
@@ -825,6 +975,10 @@ def run(args, argv) -> int:
     if warning:
         print(warning, file=sys.stderr)
     exp.meta["fingerprint"] = run_fingerprint(args)
+    done = settle_previous(args, exp)
+    if done:
+        print(done)
+        return 0
     try:
         opened = open_out(args.out)
     except OSError as exc:
@@ -884,7 +1038,7 @@ def main_stack(args, command) -> int:
     from fedpm_dnn.data import DatasetError
 
     runs = args.runs
-    built = []
+    built, finished = [], []
     for run in runs:
         if run.engine == "auto":
             run.engine = "vectorized"
@@ -893,7 +1047,19 @@ def main_stack(args, command) -> int:
         except (DatasetError, ValueError, OSError) as exc:
             common.fail(PROG, exc)
         exp.meta["fingerprint"] = run_fingerprint(run)
+        done = settle_previous(run, exp, stacked=True)
+        if done:  # nothing to compute: it stays out of the stack
+            finished.append((run, done))
+            continue
         built.append((exp, {**desc, "stack": {"runs": [os.path.basename(r.out) for r in runs]}}))
+    for warning in dict.fromkeys(preset_warning(run) for run in runs):  # as a single run, once per distinct line
+        if warning:
+            print(warning, file=sys.stderr)
+    for _, line in finished:
+        print(line)
+    runs = args.runs = [run for run in runs if all(run is not f for f, _ in finished)]
+    if not runs:
+        return 0
     try:
         os.makedirs(args.out, exist_ok=True)
         opened = [open_out(run.out) for run in runs]
@@ -923,6 +1089,7 @@ def stack_held(args, command, built, opened, held) -> int:
 
     ckpts = [os.path.join(run.out, "checkpoint.pt") for run in runs]
     start = time.perf_counter()
+    past_deadline = (lambda row: time.time() >= args.deadline) if args.deadline else None  # noqa: E731
     try:
         with sigterm_as_exit():
             results = run_stack(
@@ -930,6 +1097,7 @@ def stack_held(args, command, built, opened, held) -> int:
                 ckpts,
                 [run.resume for run in runs],
                 [on_round(r, d) for r, (_, d) in zip(runs, built, strict=True)],
+                stop=past_deadline,
             )
     except BaseException as exc:
         for run, ck, state, h in zip(runs, ckpts, opened, held, strict=True):
@@ -938,7 +1106,7 @@ def stack_held(args, command, built, opened, held) -> int:
         if isinstance(exc, KeyboardInterrupt):
             raise type(exc)(f"{args.out}: every run keeps the rounds done so far; --resume continues") from None
         raise
-    failed = 0
+    failed, stopped = 0, []
     for run, (_, desc), ck, state, h, out in zip(runs, built, ckpts, opened, held, results, strict=True):
         name = os.path.basename(run.out)
         if not isinstance(out, BaseException):
@@ -953,15 +1121,17 @@ def stack_held(args, command, built, opened, held) -> int:
                 undo_open_out(run.out, state, h)
             if isinstance(out, ArithmeticError):
                 out = note_failure(os.path.join(run.out, "summary.json"), out)
-            print(f"{PROG}: {name}: {out}", file=sys.stderr)
+            print(f"{PROG}: {name}: {stack_advice(str(out), run)}", file=sys.stderr)
             continue
+        if len(out) < run.rounds:  # only --deadline ends a run early
+            stopped.append(f"{name} after {len(out)}")
         print(f"{name}: best test accuracy {summary['best_test_acc']:.4f}, final {summary['final_test_acc']:.4f}")
-    print(
-        f"{len(runs) - failed} of {len(runs)} runs done as one stack "
-        f"({time.perf_counter() - start:.1f}s); wrote {args.out}"
-    )
+    done = len(runs) - failed - len(stopped)
+    print(f"{done} of {len(runs)} runs done as one stack ({time.perf_counter() - start:.1f}s); wrote {args.out}")
     print(f"reproduce: {command}")
-    return 1 if failed else 0
+    if stopped:
+        print(f"stopped at --deadline: {', '.join(stopped)} of {args.rounds} rounds; --resume continues")
+    return 1 if failed else (EXIT_PARTIAL if stopped else 0)
 
 
 if __name__ == "__main__":

@@ -10,19 +10,24 @@ an exclusive lock (``exclusive``) while it writes, and the second is refused.
 Results are written into a hidden sibling ``.partial-<pid>-*`` and moved into place only when
 complete; the previous result is moved aside (``.old-<pid>-*``) and removed only after the new
 one is in place.  The temporary folders are removed on every exit path Python sees (an error,
-Ctrl-C, SIGTERM); after a kill -9 the next run in the same parent folder removes those whose
-process no longer exists, and the lock file nobody holds.
+Ctrl-C, SIGTERM); after a kill -9 the next run in the same parent folder removes those it can prove a process
+of this tool made and left: a temporary folder holding a marker (``.fedpm-temp``) with the pid and start time of
+a process that no longer runs (a previous result moved aside is put back first when nothing stands in its
+place), and a lock file nobody holds that names a pid.  Anything else of such a name is left alone, and these
+names are refused as ``--out`` (``reserved_name``).  A lock file is never opened through a symbolic link.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import json
 import os
 import re
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -33,8 +38,11 @@ except ImportError:  # no advisory locks on this platform: runs are not serialis
     fcntl = None
 
 MARKER = ".fedpm-result"
+TEMP_MARKER = ".fedpm-temp"  # inside a temporary folder: the process that made it (temp_folder)
 _TEMP = re.compile(r"^\.(partial|old)-(\d+)-")
 _LOCK = re.compile(r"^\..+\.fedpm-lock$")
+LOCK_SUFFIX = ".fedpm-lock"
+NAME_MAX = 255  # bytes in one path component on the usual file systems
 
 
 class OutputError(ValueError):
@@ -92,11 +100,26 @@ def _in_the_way(path: str, flag: str, kind: Kind | None) -> str | None:
     return None
 
 
+def reserved_name(name: str) -> str | None:
+    """Why ``name`` (one path component) may not name a result folder, or None: the names of this tool's
+    temporary folders, lock files and markers (which its clean-up may remove), and names too long for the lock
+    file beside them."""
+    if _TEMP.match(name) or _LOCK.match(name) or name in (MARKER, TEMP_MARKER):
+        return f"{name}: a name this tool reserves for its temporary folders, locks and markers; choose another"
+    room = NAME_MAX - len("." + LOCK_SUFFIX)
+    if len(os.fsencode(name)) > room:
+        return f"{name[:20]}...: a name of {len(os.fsencode(name))} bytes; at most {room} (its lock file must fit)"
+    return None
+
+
 def check_out(path: str, flag: str = "--out", kind: Kind | None = None) -> None:
     """Raise OutputError unless ``path`` may receive ``kind``'s results: absent, empty, or a previous result of the
     same command holding only its own files (``kind`` None: any folder of ours)."""
     if not path or not str(path).strip():
         raise OutputError(f"{flag}: empty path")
+    why = reserved_name(os.path.basename(os.path.abspath(path)))
+    if why:
+        raise OutputError(f"{flag} {path}: {why}")
     if os.path.islink(path):
         raise OutputError(f"{flag} {path}: is a symbolic link; give the real folder")
     if os.path.lexists(path) and not os.path.isdir(path):
@@ -121,13 +144,77 @@ def _lock_path(path: str) -> str:
 
 
 _HELD: dict = {}  # lock path -> how many blocks of this process hold it (a command's run, then its ResultDir)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+def start_time(pid: int) -> str | None:
+    """When process ``pid`` started (Linux: field 22 of /proc/<pid>/stat, clock ticks since boot), telling it from a
+    later process given the same pid; None where the platform does not say or no such process runs."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+        return data[data.rindex(b")") + 2 :].split()[19].decode()
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _stamp() -> str:
+    """This process, as a lock file and a temporary folder's marker record it."""
+    return json.dumps({"pid": os.getpid(), "start": start_time(os.getpid())})
+
+
+def _runs(pid: int, start) -> bool:
+    """Whether the process ``pid`` that started at ``start`` (None: unknown) still runs."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    now = start_time(pid)
+    return start is None or now is None or now == start
+
+
+def _made_dirs(folder: str) -> list:
+    """Create ``folder`` and its missing parents; the ones this call created, deepest first."""
+    missing = []
+    while folder and not os.path.lexists(folder):
+        missing.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    if missing:
+        os.makedirs(missing[0], exist_ok=True)
+    return missing
+
+
+def _open_lock(lock: str, path: str, flag: str) -> int:
+    """The lock file's descriptor: created if absent, never through a symbolic link, and only a regular file of
+    one link (a hard link to someone's file would be truncated below)."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+    except OSError as exc:
+        if os.path.islink(lock) or exc.errno == errno.ELOOP:
+            raise OutputError(
+                f"{flag} {path}: its lock file {lock} is a symbolic link, never followed; remove the link"
+            ) from None
+        raise OutputError(f"{flag} {path}: its lock file {lock} cannot be opened ({exc.strerror})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        what = "has other hard links" if stat.S_ISREG(st.st_mode) else "is not a regular file"
+        raise OutputError(f"{flag} {path}: its lock file {lock} {what}; it is not this tool's: remove it")
+    os.set_blocking(fd, True)
+    return fd
 
 
 @contextlib.contextmanager
 def exclusive(path: str, flag: str = "--out"):
     """Within the block this process alone writes ``path``: a second run asking for the same folder is refused
-    with OutputError naming the process that holds it.  The lock (``flock`` on a hidden file beside ``path``) ends
-    with the process however it ends; the file is removed on exit, or by the next run after a kill -9.  A block
+    with OutputError naming the process that holds it.  The lock (``flock`` on a hidden file beside ``path``,
+    never opened through a link) ends with the process however it ends; the file is removed on exit, or by the
+    next run after a kill -9, and so are the parent folders the block created when they are left empty.  A block
     within one of the same process that holds it already just goes on."""
     lock = _lock_path(path)
     if fcntl is None or _HELD.get(lock, (None, 0))[0] == os.getpid():
@@ -139,46 +226,65 @@ def exclusive(path: str, flag: str = "--out"):
             if fcntl is not None:
                 _HELD[lock] = (os.getpid(), _HELD[lock][1] - 1)
         return
-    os.makedirs(os.path.dirname(lock), exist_ok=True)
-    while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
-            os.close(fd)
-            raise OutputError(
-                f"{flag} {path}: another run (pid {holder}) is writing into it; wait for it to end or choose "
-                f"another {flag}"
-            ) from None
-        try:  # its previous holder may have removed the file between our open and our lock: take the new one
-            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        _HELD[lock] = (os.getpid(), 1)
-        yield
+        made = _made_dirs(os.path.dirname(lock))
+    except OSError as exc:
+        raise OutputError(f"{flag} {path}: its folder cannot be created ({exc.strerror})") from None
+    try:
+        while True:
+            fd = _open_lock(lock, path, flag)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                held_by = os.read(fd, 256).decode("ascii", "replace").strip()
+                os.close(fd)
+                try:
+                    holder = json.loads(held_by)["pid"]
+                except (ValueError, TypeError, KeyError):
+                    holder = held_by or "?"
+                raise OutputError(
+                    f"{flag} {path}: another run (pid {holder}) is writing into it; wait for it to end or choose "
+                    f"another {flag}"
+                ) from None
+            try:  # its previous holder may have removed the file between our open and our lock: take the new one
+                same = os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{_stamp()}\n".encode())
+            _HELD[lock] = (os.getpid(), 1)
+            yield
+        finally:
+            _HELD.pop(lock, None)
+            with contextlib.suppress(OSError):
+                os.remove(lock)
+            os.close(fd)
     finally:
-        _HELD.pop(lock, None)
-        with contextlib.suppress(OSError):
-            os.remove(lock)
-        os.close(fd)
+        for folder in made:  # deepest first; a folder that now holds anything stays
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
 
 
 def _remove_unheld_lock(path: str) -> None:
-    """A lock file that no process holds (its run was killed with -9) is removed, as ``exclusive`` would."""
+    """A lock file of ours that no process holds (its run was killed with -9) is removed, as ``exclusive`` would:
+    only a regular file of one link (never a link's target) that names a pid."""
     try:
-        fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDWR | _NOFOLLOW)
     except OSError:
         return
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            return
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if os.stat(path).st_ino == os.fstat(fd).st_ino:
+        text = os.read(fd, 256).decode("ascii", "replace").strip()
+        if not (text.isdigit() or _stamped(text)):  # a pid (earlier versions) or _stamp's record
+            return
+        if os.stat(path, follow_symlinks=False).st_ino == st.st_ino:
             os.remove(path)
     except OSError:
         pass
@@ -186,26 +292,84 @@ def _remove_unheld_lock(path: str) -> None:
         os.close(fd)
 
 
-def _alive(pid: int) -> bool:
+def _stamped(text: str):
+    """The (pid, start) of a ``_stamp`` record (also within a temporary folder's marker), or None when ``text`` is
+    not one."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        info = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(info, dict) or type(info.get("pid")) is not int:
+        return None
+    if info.get("start") is not None and not isinstance(info["start"], str):
+        return None
+    return info["pid"], info.get("start")
+
+
+def temp_folder(parent: str, kind: str, target: str | None = None) -> str:
+    """A new private folder ``.<kind>-<pid>-*`` in ``parent`` (kind: partial, old) holding the marker that proves
+    this process made it (``TEMP_MARKER``: its pid and start time, and the name of the folder it stands for), so
+    that after a kill -9 the next run removes it (``clean_stale``) and nothing else of such a name."""
+    with signals_deferred():  # a SIGTERM or Ctrl-C here would leave a folder nobody knows the name of
+        folder = tempfile.mkdtemp(prefix=f".{kind}-{os.getpid()}-", dir=parent)
+        try:
+            with open(os.path.join(folder, TEMP_MARKER), "x") as fh:
+                fh.write(json.dumps({**json.loads(_stamp()), "target": target}) + "\n")
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+    return folder
+
+
+def _left_by_dead_process(folder: str, pid: int):
+    """The marker of ``folder`` when it proves the folder a temporary one of a process ``pid`` that no longer runs
+    (a real folder, not a link, whose regular marker file names that pid), else None."""
+    try:
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            return None
+        fd = os.open(os.path.join(folder, TEMP_MARKER), os.O_RDONLY | _NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = os.read(fd, 4096).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+    who = _stamped(text)
+    if who is None or who[0] != pid or _runs(*who):
+        return None
+    return json.loads(text)
 
 
 def clean_stale(parent: str) -> None:
-    """Remove temporary folders of ours left by processes that no longer exist (kill -9)."""
+    """Remove what killed runs of this tool left in ``parent``: temporary folders whose marker names a process that
+    no longer runs (a previous result moved aside is first put back where nothing stands in its place), and lock
+    files nobody holds."""
     try:
         names = os.listdir(parent)
     except OSError:
         return
     for name in names:
         m = _TEMP.match(name)
-        if m and int(m.group(2)) != os.getpid() and not _alive(int(m.group(2))):
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        if m:
+            folder = os.path.join(parent, name)
+            info = _left_by_dead_process(folder, int(m.group(2)))
+            if info is None:
+                continue
+            target = info.get("target")
+            previous = os.path.join(folder, "previous")
+            if (
+                m.group(1) == "old"
+                and isinstance(target, str)
+                and target == os.path.basename(target)
+                and target not in ("", ".", "..")
+                and os.path.isdir(previous)
+                and not os.path.lexists(os.path.join(parent, target))
+            ):
+                with contextlib.suppress(OSError):  # killed between moving the old result aside and the new in
+                    os.rename(previous, os.path.join(parent, target))
+            shutil.rmtree(folder, ignore_errors=True)
         elif fcntl is not None and _LOCK.match(name):
             _remove_unheld_lock(os.path.join(parent, name))
 
@@ -281,8 +445,7 @@ class ResultDir:
             try:
                 parent = os.path.dirname(self.path)
                 clean_stale(parent)
-                with signals_deferred():  # a SIGTERM or Ctrl-C here would leave a folder nobody knows the name of
-                    self.tmp = tempfile.mkdtemp(prefix=f".partial-{os.getpid()}-", dir=parent)
+                self.tmp = temp_folder(parent, "partial", os.path.basename(self.path))
                 if self.marked:
                     mark(self.tmp, self.kind.command if self.kind else "")
             except BaseException:
@@ -314,9 +477,10 @@ class ResultDir:
 
     def commit(self) -> None:
         check_out(self.shown, self.flag, self.kind)  # it may have changed while we computed
+        os.remove(os.path.join(self.tmp, TEMP_MARKER))  # the result itself holds only what its command writes
         old = None
         if os.path.lexists(self.path):
-            old = tempfile.mkdtemp(prefix=f".old-{os.getpid()}-", dir=os.path.dirname(self.path))
+            old = temp_folder(os.path.dirname(self.path), "old", os.path.basename(self.path))
             aside = os.path.join(old, "previous")
             os.rename(self.path, aside)
             try:

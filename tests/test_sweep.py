@@ -179,8 +179,9 @@ def test_budget_starts_nothing_that_cannot_fit_and_keeps_the_priority_order(tmp_
 
 
 def test_figures_compute_a_missing_run_on_the_sweeps_bar_to_its_history(data, reference, tmp_path, monkeypatch):
-    """`python -m figures` computes what is missing through the sweep, with its bar; the run equals the one of the
-    uninterrupted sweep.  (Drawing is tested in test_figures.py: here it is left out, it costs most of the time.)"""
+    """`python -m figures --compute` computes what is missing through the sweep, with its bar; the run equals the
+    one of the uninterrupted sweep.  (Drawing is tested in test_figures.py: here it is left out, it costs most of
+    the time.)"""
     from test_cli_vocabulary import FakeTerminal, bar_lines
 
     from figures import __main__ as figures_main
@@ -189,10 +190,10 @@ def test_figures_compute_a_missing_run_on_the_sweeps_bar_to_its_history(data, re
     results = tmp_path / "results"
     shutil.copytree(ref_results, results)
     shutil.rmtree(results / PROFILE / RUNS[-1].name)
-    monkeypatch.setattr(figures_main, "build_all", lambda root, out, profile: [])
+    monkeypatch.setattr(figures_main, "draw_into", lambda out, root, profile: [os.path.join(out, "t.md")])
     term = FakeTerminal()
     monkeypatch.setattr("sys.stderr", term)
-    argv = sweep_argv(data, results) + ["--out", str(tmp_path / "figs")]
+    argv = sweep_argv(data, results) + ["--out", str(tmp_path / "figs"), "--compute"]
     assert in_process(figures_main.main, argv) == 0
     monkeypatch.undo()
     lines = bar_lines(term, f"{PROFILE} runs")

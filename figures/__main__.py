@@ -361,9 +361,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.compute and args.no_compute:
         p.error("--compute and --no-compute exclude each other")
+    only = check_run_args(p, args)  # a seed the profile does not run, --device cuda without one: as computing says
     if not args.compute:
         check_draw_only(p, args)
-    only = check_run_args(p, args)
     check_results_arg(p, args.results)
     check_profile_folder(p, args.results, args.profile)
     out = args.out or os.path.join("figures", "out", args.profile)

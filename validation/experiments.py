@@ -632,7 +632,7 @@ def add_sweep_args(p) -> None:
         "--max-retries",
         type=positive_int,
         default=None,
-        help="--executor ray: retries of a run whose worker died (default 3)",
+        help="--executor ray: retries of a run whose worker died (default: 3)",
     )
 
 

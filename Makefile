@@ -1,8 +1,10 @@
 PYTHON ?= python
 PROFILE ?= quick
-# image data for the DNN figures: a folder with the CIFAR files (see docs/dnn.md); Test 1 needs none
-DATA ?= $(FEDPM_DATA)
-# minutes of computing for the missing runs (empty: all of them); EXECUTOR=ray spreads them over the GPUs
+# make figures draws from the runs that exist; COMPUTE=1 first computes the profile's missing runs
+COMPUTE ?=
+# COMPUTE=1: image data for the DNN runs, a folder with the CIFAR files (see docs/dnn.md; empty: $$FEDPM_DATA);
+# minutes of computing (empty: all of it); EXECUTOR=ray spreads the runs over the GPUs
+DATA ?=
 BUDGET ?=
 EXECUTOR ?= local
 
@@ -19,8 +21,9 @@ test:
 	$(PYTHON) -m pytest -q
 
 figures:
-	$(PYTHON) -m figures --profile $(PROFILE) $(if $(DATA),--data-dir $(DATA),) $(if $(BUDGET),--budget-minutes $(BUDGET),) \
-		--executor $(EXECUTOR)
+	$(if $(COMPUTE),,$(if $(DATA)$(BUDGET),$(error DATA and BUDGET apply to COMPUTE=1 (make figures only draws without it))))
+	$(PYTHON) -m figures --profile $(PROFILE) $(if $(COMPUTE),--compute --executor $(EXECUTOR) \
+		$(if $(DATA),--data-dir $(DATA),) $(if $(BUDGET),--budget-minutes $(BUDGET),),)
 
 superlinear:
 	$(PYTHON) -m validation.superlinear --dataset w8a

@@ -1,13 +1,13 @@
-"""Regenerate every figure and table of the paper from saved results.
+"""Draw every figure and table of the paper from saved results.
 
-    make figures                       # quick profile (CPU, ~15 min the first time, seconds afterwards)
-    make figures PROFILE=paper         # the paper's sizes, for a GPU
-    make figures PROFILE=paper BUDGET=9  # at most 9 minutes of computing, then the figures of what exists
-    python -m figures --profile quick --data-dir DATA [--no-compute]
+    make figures                               # the quick profile's figures from the runs that exist (seconds)
+    make figures COMPUTE=1 DATA=DIR            # first compute its missing runs (CPU, ~15 min the first time)
+    make figures PROFILE=paper COMPUTE=1 BUDGET=9  # at most 9 minutes of computing, then the figures of what exists
+    python -m figures --profile quick [--compute --data-dir DATA]
 
 Results come from results/<profile>/ (validation/experiments.py lists the runs), where the runs shipped in
-reference/<profile>/ are copied first if missing; a run still missing is computed unless --no-compute.  A figure whose
-data is missing is skipped with a
+reference/<profile>/ are copied first if missing.  Nothing is computed unless --compute is given: the runs still
+missing are named, with the command that computes them, and a figure whose data is missing is skipped with a
 message.  Output: figures/out/<profile>/*.png|pdf, tables also as .md and .tex.
 """
 
@@ -25,6 +25,7 @@ from validation.experiments import (
     PROFILES,
     add_run_args,
     add_sweep_args,
+    check_profile_folder,
     check_results_arg,
     check_run_args,
     ensure_from_args,
@@ -32,12 +33,24 @@ from validation.experiments import (
     is_done,
     plan,
     seed_from_reference,
+    shipped_runs,
 )
 from validation.outputs import TEMP_MARKER, Kind, OutputError, check_out, clean_stale, exclusive, mark, temp_folder
 
 from . import compression, draw
 from .results import best_by_seed, read_summary, runs_matching
-from .tables import LABELS, PAPER, accuracy_table, max_pvalue, mean_std, pvalues, to_latex, to_markdown, versus_paper
+from .tables import (
+    LABELS,
+    PAPER,
+    PAPER_SEEDS,
+    accuracy_table,
+    max_pvalue,
+    mean_std,
+    pvalues,
+    to_latex,
+    to_markdown,
+    versus_paper,
+)
 
 PROG = "python -m figures"
 OUTPUT = Kind(PROG, ("*.png", "*.pdf", "*.md", "*.tex"))  # what a run writes into --out
@@ -79,16 +92,25 @@ def incomplete(root, profile, prefix, log=print) -> str:
     )
 
 
-def versus_paper_table(root, out, note="") -> list:
-    """Table 3 and FEMNIST's table from whatever runs exist, beside the paper's values (figures.tables.versus_paper);
+def versus_paper_table(root, out, note="", profile=None) -> list:
+    """Table 3 and FEMNIST's table from whatever runs exist, beside the paper's values (figures.tables.versus_paper):
+    seeds counted against the profile's own, gaps in the paper's σ only for a profile in the paper's setting;
     [] when there are no main-* runs."""
     columns = {key: best_by_seed(root, f"main-{key}", DNN_METHODS) for key in PAPER}
     if not any(columns.values()):
         return []
-    header, rows = versus_paper(columns, DNN_METHODS)
+    setting = PROFILES.get(profile, {})
+    seeds = len(setting.get("seeds", ())) or PAPER_SEEDS
+    gaps = setting.get("papers_setting", profile not in PROFILES)
+    header, rows = versus_paper(columns, DNN_METHODS, seeds=seeds, gaps=gaps)
     caption = (
-        "Best test accuracy [%], ours (mean ± std over the seeds present) beside the paper's Table 3 and FEMNIST "
-        "table; gap = (ours − paper) / paper's σ" + (f" ({note})" if note else "")
+        "Best test accuracy [%], ours (mean ± std over the seeds present) beside the paper's Table 3 and FEMNIST table"
+        + (
+            "; gap = (ours − paper) / paper's σ"
+            if gaps
+            else "; no gaps in the paper's σ: these runs do not have the paper's setting"
+        )
+        + (f" ({note})" if note else "")
     )
     return write_table(out, "table3_vs_paper", header, rows, caption, "tab:versus_paper")
 
@@ -175,7 +197,7 @@ def build_all(root, out, profile, log=print):
         )
     else:
         log(f"skipped Table 3 and the p-value table: no main-* results under {root}")
-    produced += versus_paper_table(root, out, note)
+    produced += versus_paper_table(root, out, note, profile)
     add(draw.local_epochs(root, out, note)[0], "the local-epochs figure")
     add(draw.client_sampling(root, out, note)[0], "the client-sampling figure")
     add(draw.foof_samples(root, out, note)[0], "the FOOF sample-count figure")
@@ -291,25 +313,73 @@ def draw_into(out, root, profile) -> list:
     return [moved[os.path.basename(f)] for f in drawn]
 
 
+# the flags that only shape computing (python -m validation.experiments's), refused without --compute
+COMPUTE_FLAGS = ("data_dir", "budget_minutes", "ray_address", "gpus_per_task", "max_retries", "seed")
+
+
+def check_draw_only(p, args) -> None:
+    """Drawing reads --results alone: a flag of computing given without --compute is one parser error (it would
+    do nothing)."""
+    given = [f"--{d.replace('_', '-')}" for d in COMPUTE_FLAGS if getattr(args, d) is not None]
+    given += ["--executor"] * (args.executor != "local") + ["--no-stack"] * args.no_stack
+    given += ["--device"] * (args.device != "auto")
+    if given:
+        p.error(f"{given[0]} applies to --compute (drawing reads only --results)")
+
+
+def not_done(results: str, profile: str) -> list:
+    """The names of the profile's runs not done under results/<profile>, in the sweep's priority order."""
+    from validation.sweep import DONE, priority, statuses
+
+    runs = priority(plan(profile))
+    states = statuses(runs, os.path.join(results, profile))
+    return [r.name for r in runs if states[r.name].state != DONE]
+
+
+def compute_hint(profile: str) -> str:
+    return (
+        f"compute them with: make figures PROFILE={profile} COMPUTE=1 DATA=DIR (python -m figures --profile {profile} "
+        f"--compute --data-dir DIR; python -m validation.experiments --profile {profile} --list shows each run)"
+    )
+
+
 def main(argv=None) -> int:
     started = time.time()  # the budget counts from here
     p = OneLineParser(prog="python -m figures", doc=__doc__)
     p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
-    p.add_argument("--data-dir", default=None, help="image data (default $FEDPM_DATA); Test 1 needs none")
+    p.add_argument("--data-dir", default=None, help="--compute: image data (default $FEDPM_DATA); Test 1 needs none")
     p.add_argument("--results", default="results")
     p.add_argument("--out", default=None, help="default figures/out/<profile>")
-    p.add_argument("--no-compute", action="store_true", help="only draw what exists")
+    p.add_argument(
+        "--compute",
+        action="store_true",
+        help="first compute the profile's missing runs (python -m validation.experiments); without it the figures "
+        "are drawn from the runs that exist",
+    )
+    p.add_argument("--no-compute", action="store_true", help="only draw what exists (the default)")
     add_sweep_args(p)
     add_run_args(p)
     args = p.parse_args(argv)
-    only = check_run_args(p, args)
+    if args.compute and args.no_compute:
+        p.error("--compute and --no-compute exclude each other")
+    only = check_run_args(p, args)  # a seed the profile does not run, --device cuda without one: as computing says
+    if not args.compute:
+        check_draw_only(p, args)
     check_results_arg(p, args.results)
+    check_profile_folder(p, args.results, args.profile)
     out = args.out or os.path.join("figures", "out", args.profile)
     check_out_arg(p, out, kind=OUTPUT)  # figures are written file by file into it: only ever into a folder of ours
-    if args.no_compute:
-        seed_from_reference(args.profile, args.results)
+    code = 0
+    if args.compute:
+        result = ensure_from_args(p, args, only, started)
+        code = result.exit_code()
+        if result.summary():
+            sys.stderr.write(f"{PROG}: {result.summary()}\n")
     else:
-        ensure_from_args(p, args, only, started)
+        try:
+            seed_from_reference(args.profile, args.results)
+        except OSError as exc:  # a read-only or full results folder: the figures of what is there are still drawn
+            sys.stderr.write(f"{PROG}: warning: {exc}; the figures lack those runs\n")
     try:
         with exclusive(out):
             check_out(out, kind=OUTPUT)
@@ -323,10 +393,27 @@ def main(argv=None) -> int:
         if not isinstance(cause, OSError):
             raise
         fail(PROG, cause if cause.filename else OSError(f"--out {out}: cannot be written ({cause.strerror or cause})"))
+    if not produced:
+        root = os.path.join(args.results, args.profile)
+        why = f"{root} holds no run of the {args.profile} profile that a figure draws"
+        if not shipped_runs(args.profile):
+            why += (
+                f", and this copy ships none in reference/{args.profile} (a package installed with pip carries no "
+                "reference/ folder)"
+            )
+        sys.stderr.write(f"{PROG}: wrote 0 files under {out}: {why}; {compute_hint(args.profile)}\n")
+        return 1
     print(f"wrote {len(produced)} files under {out}:")
     for f in produced:
         print("  " + f)
-    return 0
+    if not args.compute:
+        missing = not_done(args.results, args.profile)
+        if missing:
+            sys.stderr.write(
+                f"{PROG}: {len(missing)} of the {args.profile} profile's {len(plan(args.profile))} runs are not done "
+                f"(next: {missing[0]}): the figures lack them; {compute_hint(args.profile)}\n"
+            )
+    return code
 
 
 if __name__ == "__main__":

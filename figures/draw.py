@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import textwrap
 
 import matplotlib
 
@@ -225,17 +226,41 @@ def data_distribution(folders: dict, out_dir, note=""):
     return save(fig, out_dir, "data_distribution"), fig
 
 
+CELL_CHARS = 44  # a cell's text is wrapped at this many characters (a verdict runs to ~90)
+FONT_PT = 8
+
+
+def _wrap(text: str, width: int) -> str:
+    return "\n".join(textwrap.fill(part, width) or part for part in text.split("\n"))
+
+
 def table_figure(header, rows, title, out_dir, stem):
-    """A table rendered as PNG/PDF (Markdown and LaTeX are written beside it)."""
-    fig, ax = plt.subplots(figsize=(1.6 + 1.7 * len(header), 0.5 + 0.35 * (len(rows) + 1)))
-    ax.axis("off")
-    table = ax.table(
-        cellText=[[c.replace("**", "") for c in r] for r in rows], colLabels=header, loc="center", cellLoc="center"
+    """A table rendered as PNG/PDF (Markdown and LaTeX are written beside it).  Every column is as wide as its
+    longest line, long cells are wrapped (CELL_CHARS) and rows are as tall as their most wrapped cell, and the title
+    is wrapped to the table's width: no text runs over a cell's border or into another text."""
+    bold = [[c.startswith("**") for c in r] for r in rows]
+    body = [[_wrap(c.replace("**", ""), CELL_CHARS) for c in r] for r in rows]
+    head = [_wrap(h, 18) for h in header]
+    lines = [head] + body
+    chars = [max(len(line) for r in lines for line in r[j].split("\n")) for j in range(len(header))]
+    heights = [max(c.count("\n") + 1 for c in r) for r in lines]
+    char_in = 0.62 * FONT_PT / 72  # a character's mean width in inches, generous for DejaVu Sans
+    widths = [char_in * n + 0.25 for n in chars]  # + the cell's padding on both sides
+    line_in = 1.5 * FONT_PT / 72
+    table_w, table_h = sum(widths), sum(line_in * h + 0.08 for h in heights)
+    title = _wrap(title, max(40, int(table_w / (char_in * 9 / FONT_PT))))
+    title_h = (title.count("\n") + 1) * 1.5 * 9 / 72 + 0.15
+    fig = plt.figure(figsize=(table_w + 0.2, table_h + title_h + 0.2))
+    ax = fig.add_axes(
+        (0.1 / (table_w + 0.2), 0.1 / fig.get_figheight(), table_w / (table_w + 0.2), table_h / fig.get_figheight())
     )
+    ax.axis("off")
+    table = ax.table(cellText=body, colLabels=head, cellLoc="center", colWidths=widths, bbox=(0, 0, 1, 1))
     table.auto_set_font_size(False)
-    table.set_fontsize(8)
+    table.set_fontsize(FONT_PT)
     for (i, j), cell in table.get_celld().items():
-        if i > 0 and rows[i - 1][j].startswith("**"):
+        cell.set_height(line_in * heights[i] + 0.08)  # relative: the bbox scales the rows to the axes
+        if i > 0 and bold[i - 1][j]:
             cell.set_text_props(fontweight="bold")
-    ax.set_title(title, fontsize=9)
+    fig.suptitle(title, fontsize=9, y=1 - 0.08 / fig.get_figheight(), va="top")
     return save(fig, out_dir, stem), fig

@@ -144,28 +144,31 @@ COLUMN_LABELS = {
 VERSUS_HEADER = ["Column", "Method", "ours [%]", "seeds", "paper [%]", "gap [paper σ]"]
 
 
-def column_verdict(ours: dict, paper: dict) -> str:
+def column_verdict(ours: dict, paper: dict, gaps: bool = True) -> str:
     """How a column compares: the best method (ours, the paper's), Kendall's τ between the two orderings of the
-    methods we have, and the largest gap in units of the paper's σ."""
+    methods we have, and (``gaps``) the largest gap in units of the paper's σ."""
     have = [m for m in paper if m in ours]
     if not have:
         return "no results"
     means = {m: mean_std(ours[m])[0] for m in have}
-    gaps = {m: (means[m] - paper[m][0]) / paper[m][1] for m in have}
     best, paper_best = max(have, key=means.get), max(paper, key=lambda m: paper[m][0])
     parts = [f"best {LABELS.get(best, best)} (paper {LABELS.get(paper_best, paper_best)})"]
     if len(have) > 1:
         tau = kendalltau([means[m] for m in have], [paper[m][0] for m in have])[0]
         parts.append(f"Kendall τ {tau:.2f} over {len(have)} methods")
-    worst = max(have, key=lambda m: abs(gaps[m]))
-    parts.append(f"largest gap {gaps[worst]:+.1f}σ ({LABELS.get(worst, worst)})")  # no "|": a Markdown cell
+    if gaps:
+        gap = {m: (means[m] - paper[m][0]) / paper[m][1] for m in have}
+        worst = max(have, key=lambda m: abs(gap[m]))
+        parts.append(f"largest gap {gap[worst]:+.1f}σ ({LABELS.get(worst, worst)})")  # no "|": a Markdown cell
     return "; ".join(parts)
 
 
-def versus_paper(columns: dict, methods, paper=PAPER, seeds: int = PAPER_SEEDS):
+def versus_paper(columns: dict, methods, paper=PAPER, seeds: int = PAPER_SEEDS, gaps: bool = True):
     """columns: {column key: {method: [best acc per seed]}} -> (header, rows): every method of every column the
-    paper reports, ours as mean ± std over the seeds present ('n of 3 seeds', INCOMPLETE below 3), the paper's
-    value and our gap to it in units of the paper's σ; then a verdict row per column (column_verdict)."""
+    paper reports, ours as mean ± std over the seeds present ('n of N seeds' against the ``seeds`` the profile
+    runs, INCOMPLETE below), the paper's value and, with ``gaps`` (only where the runs have the paper's setting:
+    a gap between 4-round and 100-round accuracies measures the rounds, not the method), our gap to it in units of
+    the paper's σ; then a verdict row per column (column_verdict)."""
     rows = []
     for key, ref in paper.items():
         ours = columns.get(key, {})
@@ -182,7 +185,8 @@ def versus_paper(columns: dict, methods, paper=PAPER, seeds: int = PAPER_SEEDS):
                 cell = f"{mu:.1f} ± {sd:.1f}" if n > 1 else f"{mu:.1f}"  # one seed has no spread to show
                 gap = f"{round((mu - mu_p) / sd_p, 1) + 0.0:+.1f}"  # no "-0.0"
             note = f"{n} of {seeds} seeds" + (" (INCOMPLETE)" if n < seeds else "")
-            rows.append([label, LABELS.get(m, m), cell, note, f"{mu_p:.1f} ± {sd_p:.1f}", gap])
-        verdict = column_verdict(ours, ref)
-        rows.append([label, "verdict", verdict, f"{incomplete} cells incomplete" if incomplete else "complete", "", ""])
-    return VERSUS_HEADER, rows
+            rows.append([label, LABELS.get(m, m), cell, note, f"{mu_p:.1f} ± {sd_p:.1f}"] + [gap] * gaps)
+        verdict = column_verdict(ours, ref, gaps)
+        done = f"{incomplete} cells incomplete" if incomplete else "complete"
+        rows.append([label, "verdict", verdict, done, ""] + [""] * gaps)
+    return (VERSUS_HEADER if gaps else VERSUS_HEADER[:-1]), rows

@@ -234,7 +234,9 @@ def test_the_femnist_profile_is_the_papers_table_and_only_selects_runs(tmp_path,
         assert args["--preset"] == "femnist" and args["--rounds"] == "100" and args["--threads"] == "1"
         assert r.rounds == 100 and r.dataset == "femnist"
     calls = []
-    monkeypatch.setattr(ex, "ensure", lambda profile, data_dir, results, only=None, **kw: calls.append(only))
+    monkeypatch.setattr(
+        ex, "ensure", lambda profile, data_dir, results, only=None, **kw: calls.append(only) or ex.Outcome()
+    )
     assert ex.main(["--profile", "femnist", "--results", str(tmp_path), "--only", "femnist-fedpm-*"]) == 0
     assert [r.name for r in runs if calls[0](r)] == ["femnist-fedpm-s0", "femnist-fedpm-s1", "femnist-fedpm-s2"]
     ex.main(["--profile", "femnist", "--results", str(tmp_path), "--list", "--only", "*-s2"])
@@ -243,3 +245,66 @@ def test_the_femnist_profile_is_the_papers_table_and_only_selects_runs(tmp_path,
     with pytest.raises(SystemExit):
         ex.main(["--profile", "femnist", "--only", "femnist-fedpn-*"])
     assert "matches no run of profile femnist" in capsys.readouterr().err
+
+
+def _text_boxes(fig):
+    """(text, window extent) of every visible text of a drawn figure, the table's cells included, and the cells'
+    own extents by text."""
+    import matplotlib.text
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.table import Table
+
+    canvas = FigureCanvasAgg(fig)  # the figure was closed after saving: draw it again
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    (table,) = [a for ax in fig.axes for a in ax.get_children() if isinstance(a, Table)]
+    cells = [c for c in table.get_celld().values() if c.get_text().get_text().strip()]
+    texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()]
+    texts += [c.get_text() for c in cells]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    return boxes, [(c.get_text().get_text(), c.get_window_extent(renderer)) for c in cells], fig.bbox
+
+
+def test_the_table_beside_the_paper_is_drawn_without_overlapping_or_clipped_text(tmp_path):
+    """Every text box of table3_vs_paper (the title, each cell's text) measured in the drawn figure: no two
+    overlap, each cell's text lies within its cell, and everything lies within the figure -- with the longest
+    verdicts a column can have."""
+    from figures.tables import PAPER, versus_paper
+
+    ours = {
+        key: {m: [mu / 100 + 0.01 * k for k in range(2)] for m, (mu, sd) in ref.items()} for key, ref in PAPER.items()
+    }
+    header, rows = versus_paper(ours, list(PAPER["cifar10-a0.1"]))
+    title = "Best test accuracy [%], ours beside the paper's Table 3 and FEMNIST table; gap = (ours − paper) / σ " * 2
+    _, fig = draw.table_figure(header, rows, title, str(tmp_path), "t")
+    boxes, cells, figure = _text_boxes(fig)
+    assert len(cells) == sum(bool(c.strip()) for r in [header] + rows for c in r)  # every text of the table measured
+    for i, (a, box_a) in enumerate(boxes):
+        assert figure.x0 <= box_a.x0 and box_a.x1 <= figure.x1 and figure.y0 <= box_a.y0 and box_a.y1 <= figure.y1, a
+        for b, box_b in boxes[i + 1 :]:
+            assert not box_a.overlaps(box_b), (a, b)
+    for (text, cell), (_, box) in zip(cells, boxes[-len(cells) :], strict=True):
+        assert cell.x0 <= box.x0 and box.x1 <= cell.x1 and cell.y0 <= box.y0 and box.y1 <= cell.y1, text
+
+
+def test_a_profile_of_two_seeds_and_few_rounds_is_neither_incomplete_nor_measured_in_the_papers_sigma(tmp_path):
+    """The quick profile runs 2 seeds of 4 rounds by design: its table counts seeds against 2 and gives no gap in
+    the paper's σ (those measure 4 rounds against 100); the paper profile's table does."""
+    from figures.__main__ import versus_paper_table
+    from validation.experiments import PROFILES
+
+    root = str(tmp_path / "results")
+    for m in ("fedavg", "fedpm"):
+        for s in PROFILES["quick"]["seeds"]:
+            _dnn_run(root, f"main-cifar10-a0.1-{m}-s{s}", 0.3 + 0.01 * s, rounds=4)
+    for profile in ("quick", "paper"):
+        out = tmp_path / profile
+        out.mkdir()
+        versus_paper_table(root, str(out), "", profile)
+        md = (out / "table3_vs_paper.md").read_text()
+        fedpm = next(ln for ln in md.splitlines() if ln.startswith("| CIFAR-10 α=0.1 | FedPM |"))
+        if profile == "quick":
+            assert "2 of 2 seeds |" in fedpm and "INCOMPLETE" not in fedpm and "gap" not in md.splitlines()[2]
+            assert "σ" not in fedpm and "largest gap" not in md
+        else:
+            assert "2 of 3 seeds (INCOMPLETE)" in fedpm and md.splitlines()[2].endswith("gap [paper σ] |")

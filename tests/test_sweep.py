@@ -179,8 +179,9 @@ def test_budget_starts_nothing_that_cannot_fit_and_keeps_the_priority_order(tmp_
 
 
 def test_figures_compute_a_missing_run_on_the_sweeps_bar_to_its_history(data, reference, tmp_path, monkeypatch):
-    """`python -m figures` computes what is missing through the sweep, with its bar; the run equals the one of the
-    uninterrupted sweep.  (Drawing is tested in test_figures.py: here it is left out, it costs most of the time.)"""
+    """`python -m figures --compute` computes what is missing through the sweep, with its bar; the run equals the
+    one of the uninterrupted sweep.  (Drawing is tested in test_figures.py: here it is left out, it costs most of
+    the time.)"""
     from test_cli_vocabulary import FakeTerminal, bar_lines
 
     from figures import __main__ as figures_main
@@ -189,10 +190,10 @@ def test_figures_compute_a_missing_run_on_the_sweeps_bar_to_its_history(data, re
     results = tmp_path / "results"
     shutil.copytree(ref_results, results)
     shutil.rmtree(results / PROFILE / RUNS[-1].name)
-    monkeypatch.setattr(figures_main, "build_all", lambda root, out, profile: [])
+    monkeypatch.setattr(figures_main, "draw_into", lambda out, root, profile: [os.path.join(out, "t.md")])
     term = FakeTerminal()
     monkeypatch.setattr("sys.stderr", term)
-    argv = sweep_argv(data, results) + ["--out", str(tmp_path / "figs")]
+    argv = sweep_argv(data, results) + ["--out", str(tmp_path / "figs"), "--compute"]
     assert in_process(figures_main.main, argv) == 0
     monkeypatch.undo()
     lines = bar_lines(term, f"{PROFILE} runs")
@@ -373,3 +374,39 @@ def test_a_budget_ending_mid_run_leaves_it_partial_and_the_next_call_finishes_it
     monkeypatch.setattr(Driver, "round", one_round)
     in_process(experiments.ensure, PROFILE, str(data), str(tmp_path), log=messages.append)
     assert histories(tmp_path) == ref
+
+
+def _imports(path: str, package: str) -> set:
+    """The modules a file imports, at its top or inside functions ('validation.sweep', 'validation.dnn', ...)."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.ImportFrom):
+            base = package if node.level == 1 else (node.module or "")
+            module = f"{package}.{node.module}" if node.level == 1 and node.module else base
+            found |= {module} | {f"{module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found
+
+
+def test_the_sweeps_modules_import_one_another_without_a_circle():
+    """validation/ and figures/ as a graph of imports (those inside functions too): no module reaches itself.  The
+    sweep's planner (validation/sweep.py) owns the grouping and the method order; the executors import it, the
+    experiments import both, nothing imports back."""
+    graph = {}
+    for package in ("validation", "figures"):
+        for f in os.listdir(os.path.join(ROOT, package)):
+            if f.endswith(".py"):
+                graph[f"{package}.{f[:-3]}"] = _imports(os.path.join(ROOT, package, f), package)
+    graph = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
+
+    def reaches(start, target, seen):
+        return any(
+            d == target or (d not in seen and not seen.add(d) and reaches(d, target, seen)) for d in graph[start]
+        )
+
+    circles = sorted(m for m in graph if reaches(m, m, set()))
+    assert circles == [], circles
+    assert "validation.experiments" not in graph["validation.sweep"] | graph["validation.executors"]

@@ -32,11 +32,12 @@ import fnmatch
 import os
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
-from fedpm_dnn.algorithms import METHODS
 from validation.progress import Progress
+from validation.sweep import DNN_METHODS, stack_argv, stacks  # noqa: F401  (stack_argv: this module's API)
 
 # FedPM preconditioner codecs measured on the CNN (fedconvex/codecs.py).  lowrank:0.02, lowrank:1 and the
 # 2 % delta codecs are the ones whose bytes can stay within 25 % of uncompressed FedPM's upload (the parameters
@@ -79,7 +80,6 @@ def param_slug(dtype: str) -> str:
     return "" if dtype == "float32" else f"-params-{dtype}"
 
 
-DNN_METHODS = METHODS  # the DNN registry's methods, in the paper's order
 ABLATION_METHODS = ("fedavg", "localnewton", "fedpm")
 
 
@@ -108,6 +108,7 @@ PROFILES = {
         datasets=("cifar10", "cifar100"),
         epoch_budget=100,
         label="paper profile: full data, 100 rounds, 3 seeds",
+        papers_setting=True,  # Table 3's sizes: our accuracies compare with the paper's in its σ
     ),
     "cpu-full": dict(
         seeds=(0,),
@@ -376,62 +377,8 @@ def data_available(dataset: str, data_dir: str | None) -> bool:
         return False
 
 
+EXIT_PARTIAL = 75  # validation.dnn's status of a run stopped with rounds left (sysexits' EX_TEMPFAIL)
 REFERENCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reference")
-
-
-def _without(argv: tuple, flags: tuple) -> tuple:
-    """``argv`` without the given flags and their values."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a in flags:
-            skip = True
-        else:
-            out.append(a)
-    return tuple(out)
-
-
-def _value(argv: tuple, flag: str, default=None):
-    return argv[argv.index(flag) + 1] if flag in argv else default
-
-
-def stacks(runs: list) -> list:
-    """The DNN runs grouped into stacks (``validation.dnn --seeds/--alpha``): runs equal but for seed and alpha, with
-    their (seed, alpha) pairs a full product (else one stack per alpha); every other run alone.  Order kept."""
-    groups, order = {}, []
-    for r in runs:
-        key = (r.kind, r.rounds, r.dataset, _without(r.argv, ("--seed", "--alpha"))) if r.kind == "dnn" else r
-        if key not in groups:
-            groups[key] = []
-            order.append(key)
-        groups[key].append(r)
-    out = []
-    for key in order:
-        group = groups[key]
-        if key is group[0] or len(group) == 1:
-            out.append(group)
-            continue
-        pairs = [(_value(r.argv, "--seed", "0"), _value(r.argv, "--alpha")) for r in group]
-        seeds, alphas = dict.fromkeys(p[0] for p in pairs), dict.fromkeys(p[1] for p in pairs)
-        if len(pairs) == len(seeds) * len(alphas) and len(set(pairs)) == len(pairs):
-            by = dict(zip(pairs, group, strict=True))
-            out.append([by[(s, a)] for s in seeds for a in alphas])  # validation.dnn's order: seeds x alphas
-        else:
-            for alpha in alphas:
-                out.append([r for r, p in zip(group, pairs, strict=True) if p[1] == alpha])
-    return out
-
-
-def stack_argv(group: list) -> list:
-    """validation.dnn's arguments for a stack of runs (``stacks``), without --data-dir, --out and --resume."""
-    first = group[0].argv
-    seeds = list(dict.fromkeys(_value(r.argv, "--seed", "0") for r in group))
-    alphas = list(dict.fromkeys(_value(r.argv, "--alpha") for r in group))
-    argv = list(_without(first, ("--seed", "--alpha"))) + ["--seeds", ",".join(seeds)]
-    if alphas != [None]:
-        argv += ["--alpha", ",".join(alphas)]
-    return argv + ["--run-names", ",".join(r.name for r in group)]
 
 
 def _cuda() -> bool:
@@ -442,19 +389,51 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def seed_from_reference(profile: str, results: str = "results", reference: str = REFERENCE) -> list[str]:
-    """Copy each shipped run of ``profile`` (reference/<profile>/<name>/ with a summary.json) to results/<profile>/
-    where no folder of that name exists; returns the names copied.  A folder already there -- a run of the
-    user's, finished or not -- is left as it is."""
-    src_root = os.path.join(reference, profile)
-    if not os.path.isdir(src_root):
+def shipped_runs(profile: str, reference: str | None = None) -> dict:
+    """{name: folder} of the runs of ``profile`` this copy ships (reference/<profile>/<name>/ holding a
+    summary.json); {} where it ships none (a package installed with pip carries no reference/)."""
+    src_root = os.path.join(REFERENCE if reference is None else reference, profile)
+    try:
+        names = sorted(os.listdir(src_root))
+    except OSError:
+        return {}
+    return {n: os.path.join(src_root, n) for n in names if os.path.isfile(os.path.join(src_root, n, "summary.json"))}
+
+
+def seed_from_reference(profile: str, results: str = "results", reference: str | None = None) -> list[str]:
+    """Copy each shipped run of ``profile`` (``shipped_runs``) to results/<profile>/ where no folder of that name
+    exists; returns the names copied.  A folder already there -- a run of the user's, finished or not -- is left
+    as it is.  Each run is copied into a temporary sibling and renamed into place whole, so a copy cut short (a
+    full disk, a kill) never leaves a half-copied run, and two calls copying at once both end with one copy.
+    A copy that fails is an OSError naming --results and the cause (the temporary copy removed)."""
+    from validation.outputs import clean_stale
+
+    shipped = shipped_runs(profile, reference)
+    root = os.path.join(results, profile)
+    wanted = [n for n in shipped if not os.path.lexists(os.path.join(root, n))]
+    if not wanted:
         return []
     copied = []
-    for name in sorted(os.listdir(src_root)):
-        src, dst = os.path.join(src_root, name), os.path.join(results, profile, name)
-        if os.path.isfile(os.path.join(src, "summary.json")) and not os.path.lexists(dst):
-            shutil.copytree(src, dst)
-            copied.append(name)
+    try:
+        os.makedirs(root, exist_ok=True)
+        clean_stale(root)  # temporary copies of calls killed before their rename
+        for name in wanted:
+            tmp = tempfile.mkdtemp(prefix=f".partial-{os.getpid()}-", dir=root)
+            try:
+                shutil.copytree(shipped[name], os.path.join(tmp, name))
+                dst = os.path.join(root, name)
+                if not os.path.lexists(dst):  # another call may have copied it meanwhile: its copy stays
+                    os.rename(os.path.join(tmp, name), dst)
+                    copied.append(name)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        if isinstance(exc, shutil.Error) and exc.args and exc.args[0]:  # copytree's list of (src, dst, why)
+            why = str(exc.args[0][0][-1])
+        raise OSError(
+            f"--results {results}: cannot copy the runs shipped in reference/{profile} into {root}: {why}"
+        ) from None
     return copied
 
 
@@ -469,17 +448,18 @@ def ensure(
     device="auto",
     quiet=False,
     stack: bool = True,
-) -> dict:
+) -> Outcome:
     """Compute the missing and partial runs of ``profile`` in the sweep's priority order (validation/sweep.py),
     within ``budget`` (a sweep.Budget; None: no limit), on ``executor`` (default: here, one after another);
-    returns {run name: folder} of the runs that exist.  ``stack``: the DNN runs that differ only in seed and
+    returns an ``Outcome``: {run name: folder} of the runs that exist, and which runs are done and which not, and
+    why.  ``stack``: the DNN runs that differ only in seed and
     alpha are trained together (``stacks``, one unit of work) where validation.dnn's engine is the vectorized one
     anyway (a GPU).  On a CPU every run stays alone on the sequential engine: a stack trains on the vectorized
     engine, which is no faster there and rounds differently, so it could not continue an earlier run's
     checkpoint."""
     stack = stack and _cuda()
     from validation import sweep
-    from validation.executors import NOT_STARTED, Job, LocalExecutor
+    from validation.executors import BUSY, NOT_STARTED, Job, LocalExecutor
 
     seed_from_reference(profile, results)
     root = os.path.join(results, profile)
@@ -505,22 +485,74 @@ def ensure(
     estimates = sweep.round_seconds(runs, states, sweep.this_device())
     job = Job(root, data_dir or os.environ.get("FEDPM_DATA", ""), budget.end, device)
     bar = Progress(len(todo), f"{profile} runs", enabled=not quiet, unit="run")
-    not_started = []
-    for _, outcomes in (executor or LocalExecutor()).map(sweep.units(todo, stacks if stack else None), job, estimates):
-        for name, outcome in outcomes:
-            if outcome == NOT_STARTED:
-                not_started.append(name)
-            elif outcome.startswith("failed"):
-                log(f"run {name} {outcome}; its figures will lack it")
-            bar.update(1, f"{name}: {outcome}")
+    seen = {}
+    done_units = (executor or LocalExecutor()).map(sweep.units(todo, stacks if stack else None), job, estimates)
+    try:
+        for _, outcomes in done_units:
+            for name, outcome in outcomes:
+                seen[name] = outcome
+                if outcome.startswith("failed"):
+                    log(f"run {name} {outcome}; its figures will lack it")
+                elif outcome.startswith(BUSY):
+                    log(f"run {name} is {outcome}: left to it; a later call reads its result")
+                bar.update(1, f"{name}: {outcome}")
+    finally:  # on every exit (an error, SIGTERM, Ctrl-C) the executor's clean-up (Ray's shutdown) runs at once
+        getattr(done_units, "close", lambda: None)()
+    not_started = [n for n, o in seen.items() if o == NOT_STARTED]
     if not_started:
         log(
             f"budget spent: {len(not_started)} runs not started (next: {not_started[0]}); the same command "
             "continues them"
         )
-    return {
-        r.name: os.path.join(root, r.name) for r in runs if os.path.isfile(os.path.join(root, r.name, "summary.json"))
-    }
+    result = Outcome(
+        {r.name: os.path.join(root, r.name) for r in runs if os.path.isfile(os.path.join(root, r.name, "summary.json"))}
+    )
+    final = sweep.statuses(runs, root)
+    for r in runs:
+        st, outcome = final[r.name], seen.get(r.name, "")
+        if st.state == sweep.DONE:
+            result.done.append(r.name)
+        elif outcome.startswith("failed"):
+            result.failed.append(r.name)
+        elif st.state == sweep.STALE:
+            result.stale.append(r.name)
+        elif r.kind == "dnn" and not have_data.get(r.dataset, True):
+            result.no_data.append(r.name)
+        else:  # not started (budget), stopped at its deadline, or computed by another process
+            result.unfinished.append(r.name)
+    return result
+
+
+class Outcome(dict):
+    """What a sweep call leaves: {run name: folder} of the runs with a result (as ``ensure`` always returned), and
+    the runs asked for by state: done, failed, stale (kept, not recomputed), no_data (skipped: no data) and
+    unfinished (not started within the budget, stopped at its deadline, computed by another process)."""
+
+    def __init__(self, folders=()):
+        super().__init__(folders)
+        self.done, self.failed, self.stale, self.no_data, self.unfinished = [], [], [], [], []
+
+    def exit_code(self) -> int:
+        """0: every run asked for is done; 1: some need the user (failed, stale, no data); else 75 (EX_TEMPFAIL,
+        validation.dnn's "partial"): the same command continues the rest."""
+        if self.failed or self.stale or self.no_data:
+            return 1
+        return EXIT_PARTIAL if self.unfinished else 0
+
+    def summary(self) -> str:
+        """One line: how many runs are done, and which are not and why ('' when all are)."""
+        parts = [
+            f"{len(names)} {what} ({names[0]}{', ...' if len(names) > 1 else ''})"
+            for what, names in (
+                ("failed", self.failed),
+                ("stale (kept; move them away to recompute)", self.stale),
+                ("without data (--data-dir)", self.no_data),
+                ("unfinished (the same command continues them)", self.unfinished),
+            )
+            if names
+        ]
+        total = len(self.done) + sum(len(n) for n in (self.failed, self.stale, self.no_data, self.unfinished))
+        return f"partial result: {len(self.done)} of {total} runs done; " + "; ".join(parts) if parts else ""
 
 
 def run_seed(run: Run) -> int:
@@ -599,8 +631,8 @@ def add_sweep_args(p) -> None:
     p.add_argument(
         "--max-retries",
         type=positive_int,
-        default=3,
-        help="--executor ray: retries of a run whose worker died",
+        default=None,
+        help="--executor ray: retries of a run whose worker died (default: 3)",
     )
 
 
@@ -615,17 +647,26 @@ def budget(args, started: float):
 
 
 def executor(p, args):
-    """The executor the flags name (None: local); --ray-* flags without --executor ray are refused."""
+    """The executor the flags name (None: local); --ray-address, --gpus-per-task and --max-retries without
+    --executor ray are refused."""
     if args.executor == "ray":
         from validation.executors import RayExecutor
 
-        return RayExecutor(args.ray_address, args.gpus_per_task, args.max_retries)
-    given = [
-        f for f, v in (("--ray-address", args.ray_address), ("--gpus-per-task", args.gpus_per_task)) if v is not None
-    ]
+        return RayExecutor(args.ray_address, args.gpus_per_task, 3 if args.max_retries is None else args.max_retries)
+    flags = (("--ray-address", args.ray_address), ("--gpus-per-task", args.gpus_per_task))
+    given = [f for f, v in flags + (("--max-retries", args.max_retries),) if v is not None]
     if given:
         p.error(f"{given[0]} applies to --executor ray")
     return None
+
+
+def check_profile_folder(parser, results: str, profile: str) -> None:
+    """results/<profile> must be a folder, or not exist yet (it is made): a file or a link to nothing in its place
+    is one parser error."""
+    root = os.path.join(results, profile)
+    if os.path.lexists(root) and not os.path.isdir(root):
+        what = "a symbolic link to nothing" if os.path.islink(root) else "not a folder"
+        parser.error(f"--results {results}: {root} is {what}; the runs of profile {profile} are kept in a folder")
 
 
 def main(argv=None) -> int:
@@ -641,7 +682,7 @@ def main(argv=None) -> int:
         "--list",
         action="store_true",
         help="list the runs in the order they are computed: done, partial (rounds done) or missing, and the "
-        "estimated time left on this device",
+        "estimated time left on this device (writes nothing; the shipped runs are read where they are)",
     )
     add_sweep_args(p)
     add_run_args(p)
@@ -651,6 +692,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     by_seed = check_run_args(p, args)
     check_results_arg(p, args.results)
+    check_profile_folder(p, args.results, args.profile)
     by_name = None
     if args.only:
         names = [r.name for r in plan(args.profile)]
@@ -663,16 +705,19 @@ def main(argv=None) -> int:
     if args.list:
         from validation.sweep import listing
 
-        seed_from_reference(args.profile, args.results)  # the shipped runs count as done
-        print("\n".join(listing(list(filter(only, plan(args.profile))), os.path.join(args.results, args.profile))))
+        executor(p, args)  # the sweep's flags are checked alike
+        root = os.path.join(args.results, args.profile)
+        print("\n".join(listing(list(filter(only, plan(args.profile))), root, shipped=shipped_runs(args.profile))))
         return 0
-    ensure_from_args(p, args, only, started)
-    return 0
+    result = ensure_from_args(p, args, only, started)
+    if result.summary():
+        sys.stderr.write(f"{p.prog}: {result.summary()}\n")
+    return result.exit_code()
 
 
-def ensure_from_args(p, args, only, started: float) -> dict:
+def ensure_from_args(p, args, only, started: float) -> Outcome:
     """``ensure`` with the flags of add_sweep_args / add_run_args (experiments, figures); a Ray cluster that
-    cannot be reached is one line."""
+    cannot be reached, or shipped runs that cannot be copied into --results, is one line."""
     from validation import common
 
     try:
@@ -687,7 +732,7 @@ def ensure_from_args(p, args, only, started: float) -> dict:
             quiet=args.quiet,
             stack=not args.no_stack,
         )
-    except ValueError as exc:  # --executor ray without a cluster to reach
+    except (ValueError, OSError) as exc:  # --executor ray without a cluster to reach; a results folder not writable
         common.fail(p.prog, exc)
 
 

@@ -28,6 +28,9 @@ import time
 from dataclasses import dataclass
 
 from fedconvex.files import read_json_object
+from fedpm_dnn.algorithms import METHODS
+
+DNN_METHODS = METHODS  # the DNN registry's methods, in the paper's order (the plan's and the priority's)
 
 DONE, PARTIAL, MISSING, STALE = "done", "partial", "missing", "stale"
 
@@ -51,7 +54,6 @@ class Status:
 
 def priority(runs) -> list:
     """``runs`` in the order a sweep computes them (stable: the plan's order within a group)."""
-    from validation.experiments import DNN_METHODS
 
     def key(item):
         index, run = item
@@ -77,6 +79,61 @@ def units(runs, group=None) -> list[tuple]:
     return sorted(groups, key=lambda u: min(rank[r.name] for r in u))
 
 
+def _without(argv: tuple, flags: tuple) -> tuple:
+    """``argv`` without the given flags and their values."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = True
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+def _value(argv: tuple, flag: str, default=None):
+    return argv[argv.index(flag) + 1] if flag in argv else default
+
+
+def stacks(runs: list) -> list:
+    """The DNN runs grouped into stacks (``validation.dnn --seeds/--alpha``): runs equal but for seed and alpha, with
+    their (seed, alpha) pairs a full product (else one stack per alpha); every other run alone.  Order kept."""
+    groups, order = {}, []
+    for r in runs:
+        key = (r.kind, r.rounds, r.dataset, _without(r.argv, ("--seed", "--alpha"))) if r.kind == "dnn" else r
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(r)
+    out = []
+    for key in order:
+        group = groups[key]
+        if key is group[0] or len(group) == 1:
+            out.append(group)
+            continue
+        pairs = [(_value(r.argv, "--seed", "0"), _value(r.argv, "--alpha")) for r in group]
+        seeds, alphas = dict.fromkeys(p[0] for p in pairs), dict.fromkeys(p[1] for p in pairs)
+        if len(pairs) == len(seeds) * len(alphas) and len(set(pairs)) == len(pairs):
+            by = dict(zip(pairs, group, strict=True))
+            out.append([by[(s, a)] for s in seeds for a in alphas])  # validation.dnn's order: seeds x alphas
+        else:
+            for alpha in alphas:
+                out.append([r for r, p in zip(group, pairs, strict=True) if p[1] == alpha])
+    return out
+
+
+def stack_argv(group: list) -> list:
+    """validation.dnn's arguments for a stack of runs (``stacks``), without --data-dir, --out and --resume."""
+    first = group[0].argv
+    seeds = list(dict.fromkeys(_value(r.argv, "--seed", "0") for r in group))
+    alphas = list(dict.fromkeys(_value(r.argv, "--alpha") for r in group))
+    argv = list(_without(first, ("--seed", "--alpha"))) + ["--seeds", ",".join(seeds)]
+    if alphas != [None]:
+        argv += ["--alpha", ",".join(alphas)]
+    return argv + ["--run-names", ",".join(r.name for r in group)]
+
+
 @functools.lru_cache(maxsize=4096)
 def _fingerprint(argv: tuple) -> dict | None:
     from validation import dnn
@@ -89,8 +146,15 @@ def _fingerprint(argv: tuple) -> dict | None:
 
 
 def recorded_argv(summary: dict) -> list | None:
-    """The runner's arguments in summary.json's ``command`` ("python -m validation.dnn ARGS")."""
-    words = shlex.split(summary.get("command", ""))
+    """The runner's arguments in summary.json's ``command`` ("python -m validation.dnn ARGS"); None for a command
+    that is not such a line (not text, an unbalanced quote: a file read back is untrusted input)."""
+    command = summary.get("command", "")
+    if not isinstance(command, str):
+        return None
+    try:
+        words = shlex.split(command)
+    except ValueError:  # "No closing quotation", "No escaped character"
+        return None
     return words[3:] if words[:3] == ["python", "-m", "validation.dnn"] else None
 
 
@@ -134,8 +198,9 @@ def status(run, folder: str) -> Status:
     except (OSError, ValueError, KeyError) as exc:
         return Status(PARTIAL if resumable else MISSING, why=f"history.csv does not parse ({exc})")
     done = len(rows)
-    seconds = float(rows[-1]["wall_seconds"]) / done if done else None
-    measured = dict(rounds_done=done, round_seconds=seconds, device=summary.get("device"))
+    measured = dict(rounds_done=done, round_seconds=_seconds_per_round(rows), device=summary.get("device"))
+    if not isinstance(measured["device"], str):
+        measured["device"] = None
     if "failed" in summary:  # diverged: a re-run would diverge at the same round
         return Status(DONE, why="diverged", **measured)
     if done >= run.rounds:
@@ -143,8 +208,26 @@ def status(run, folder: str) -> Status:
     return Status(PARTIAL if resumable else MISSING, **measured)
 
 
-def statuses(runs, root: str) -> dict:
-    return {r.name: status(r, os.path.join(root, r.name)) for r in runs}
+def _seconds_per_round(rows) -> float | None:
+    """The wall seconds per round a history measured; None where it holds none usable (no rows, no or a bad
+    wall_seconds cell: an estimate is left out rather than made up)."""
+    try:
+        seconds = float(rows[-1]["wall_seconds"]) / len(rows)
+    except (IndexError, KeyError, TypeError, ValueError, OverflowError):
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
+
+
+def statuses(runs, root: str, shipped: dict | None = None) -> dict:
+    """{run name: Status} of the runs' folders under ``root``; a run without a folder there is read from
+    ``shipped`` ({name: folder}, the runs the repository ships) where that has it."""
+    shipped = shipped or {}
+
+    def folder(name):
+        here = os.path.join(root, name)
+        return shipped[name] if name in shipped and not os.path.lexists(here) else here
+
+    return {r.name: status(r, folder(r.name)) for r in runs}
 
 
 def this_device() -> str:
@@ -222,11 +305,12 @@ def hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
 
 
-def listing(runs, root: str, device: str | None = None) -> list[str]:
-    """--list: every run in priority order with its state, then the counts and the estimated time left."""
+def listing(runs, root: str, device: str | None = None, shipped: dict | None = None) -> list[str]:
+    """--list: every run in priority order with its state, then the counts and the estimated time left.  A run
+    with no folder under ``root`` is read where the repository ships it (``shipped``): nothing is written."""
     device = device or this_device()
     ordered = priority(runs)
-    states = statuses(ordered, root)
+    states = statuses(ordered, root, shipped)
     est = round_seconds(ordered, states, device)
     lines = []
     for r in ordered:

@@ -14,7 +14,9 @@ are removed with it.  ``keys`` (validation/flower_keys.py) writes the same files
 ``--check`` runs the same algorithm in-process (each client with its own random stream, as a SuperNode)
 and fails when the models differ beyond round-off.  ``prepare`` (validation/flower_prepare.py) writes each
 client's image partition to its own folder.  Writes OUT/result.json (final parameters, per-round history,
-configuration, wall time) and OUT/history.csv (the history in the one format of fedconvex.history).
+configuration, wall time), OUT/history.csv (the history in the one format of fedconvex.history) and OUT/logs/
+(Flower's and Ray's output, kept out of the terminal: flower.log of a simulation, one log per process of a
+deployment).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from validation import common
 from validation.outputs import Kind
 
 PROG = "python -m validation.flower"
-OUTPUT = Kind(PROG, ("result.json", "history.csv"))  # what a run writes into --out
+OUTPUT = Kind(PROG, ("result.json", "history.csv", "logs"))  # what a run writes into --out
 COMMANDS = {
     "prepare": "write each client's image partition to its own folder (prepare --help)",
     "keys": "write TLS certificates and SuperNode keys for a deployment across machines (keys --help)",
@@ -375,21 +377,52 @@ def in_process(cfg):
     return state.theta
 
 
+LOGS = "logs"  # the run's folder of Flower's and Ray's output (simulation: flower.log; deployment: one per process)
+
+
+def log_folder(cfg) -> str | None:
+    """Where the run writing ``cfg.out`` keeps Flower's and Ray's output: beside its result (None without one)."""
+    return os.path.join(os.path.dirname(cfg.out), LOGS) if cfg.out else None
+
+
 def _simulate(cfg) -> None:
-    """The Flower simulation, in a process of its own (``simulate``): Ray starts in the process that calls
-    ``run_simulation`` and takes SIGTERM there for itself."""
+    """The Flower simulation, in a process of its own (``simulate``): Ray starts in the process that starts the
+    simulation runtime and takes SIGTERM there for itself.  The runtime is flwr's ``_run_simulation``, the one that
+    both of Flower's entry points run (``flwr run`` on a simulation SuperLink through ``flwr-simulation``, and the
+    deprecated ``run_simulation`` with its banner); this process's output -- Flower's log, Ray's start-up warnings,
+    what the Ray workers print through it -- goes to the run's logs/flower.log, not to the user's terminal."""
     os.setsid()  # its own process group: the parent stops the simulation's whole tree at once
     os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"  # no C++ abort trace when it is stopped
-    from flwr.simulation import run_simulation
+    folder = log_folder(cfg)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(os.path.join(folder, "flower.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.telemetry import EventType
 
     from fedpm_flower import apps
 
-    run_simulation(
-        apps.make_server_app(cfg),
-        apps.make_client_app(cfg),
+    _run_simulation(
         num_supernodes=cfg.clients,
+        exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+        client_app=apps.make_client_app(cfg),
+        server_app=apps.make_server_app(cfg),
+        backend_name="ray",
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
     )
+
+
+def simulation_log_tail(cfg) -> str:
+    """The last line of the simulation's log, for an error message (the log goes with the unfinished output)."""
+    from fedpm_flower.deploy import _last_line
+
+    folder = log_folder(cfg)
+    return _last_line(os.path.join(folder, "flower.log")) if folder else "(no log)"
 
 
 RESULT_GRACE = 30.0  # seconds the simulation may take to shut down once its result is written
@@ -455,7 +488,8 @@ def _run_flower(cfg, mode: str, timeout: float, secure: bool, on_rounds) -> dict
     if mode == "simulation":
         simulate(cfg, on_rounds)
         if not os.path.isfile(cfg.out):
-            raise RuntimeError("the Flower simulation ended without a result (its log is above)")
+            tail = simulation_log_tail(cfg)
+            raise RuntimeError(f"the Flower simulation ended without a result; its log ends: {tail}")
         with open(cfg.out) as fh:
             result = json.load(fh)
         if "error" in result:
@@ -463,7 +497,7 @@ def _run_flower(cfg, mode: str, timeout: float, secure: bool, on_rounds) -> dict
         return result
     from fedpm_flower.deploy import LocalFederation
 
-    with LocalFederation(cfg.clients, data_dir=cfg.data_dir or None, secure=secure) as fed:
+    with LocalFederation(cfg.clients, log_dir=log_folder(cfg), data_dir=cfg.data_dir or None, secure=secure) as fed:
         return fed.run(cfg, timeout=timeout, on_rounds=on_rounds)
 
 
@@ -637,7 +671,7 @@ def finish(args, cfg, tmp, final) -> None:
 if __name__ == "__main__":
     rc = common.run_command(PROG, main)
     if rc in (130, 143):  # Ctrl-C or SIGTERM
-        # Ctrl-C inside run_simulation leaves Flower's non-daemon threads waiting on dead Ray actors (up to
+        # Ctrl-C inside the simulation runtime leaves Flower's non-daemon threads waiting on dead Ray actors (up to
         # --timeout a round): the interpreter would print the line and then hang joining them.  The output's
         # temporary folder is already removed (ResultDir), so end here.
         sys.stdout.flush()

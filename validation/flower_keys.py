@@ -74,8 +74,8 @@ flower-supernode --superlink {host}:9092 --root-certificates supernode-i/ca.crt 
     --node-config "partition-id=i num-partitions={nodes}"
 
 # 4. your machine: write the app folder and submit
-python -m validation.flower --write-app APP
-flwr run APP fedpm --run-config "method='fedpm' clients={nodes} rounds=10 out='/path/on/the/server/result.json'"
+python -m validation.flower --write-app APP --method fedpm --clients {nodes} --rounds 10
+flwr run APP fedpm --run-config "out='/path/on/the/server/result.json'"
 """
 
 

@@ -485,3 +485,21 @@ def test_a_simulation_keeps_flowers_and_rays_output_out_of_the_terminal(tmp_path
     assert [ln.split(" ")[0] for ln in sub.stdout.splitlines()] == ["fedavg", "wrote"], sub.stdout
     assert "deprecated" not in sub.stdout
     assert "INFO" in (out / "logs" / "flower.log").read_text()  # Flower's log, where it went instead
+
+
+def test_a_failed_simulation_names_the_first_error_of_its_log(tmp_path):
+    """The log goes with the unfinished output: the command's one line carries the cause the log gave first."""
+    from fedpm_flower.config import FlowerRunConfig
+    from validation.flower import simulation_log_problem
+
+    cfg = FlowerRunConfig(out=str(tmp_path / "result.json"))
+    assert simulation_log_problem(cfg) is None  # no log yet
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "flower.log").write_text(
+        "\x1b[92mINFO \x1b[0m:      Starting\n\x1b[91mERROR \x1b[0m:     An exception occured!!\n"
+        "Traceback (most recent call last):\n    raise Exception(\nException: The node timed out during startup.\n"
+        "RuntimeError: Simulation Runtime crashed.\n"
+    )
+    assert simulation_log_problem(cfg) == "Exception: The node timed out during startup."
+    (tmp_path / "logs" / "flower.log").write_text("\x1b[91mERROR \x1b[0m:     first\n\x1b[91mERROR \x1b[0m: second\n")
+    assert simulation_log_problem(cfg) == "ERROR :     first"

@@ -417,12 +417,22 @@ def _simulate(cfg) -> None:
     )
 
 
-def simulation_log_tail(cfg) -> str:
-    """The last line of the simulation's log, for an error message (the log goes with the unfinished output)."""
-    from fedpm_flower.deploy import _last_line
+def simulation_log_problem(cfg) -> str | None:
+    """The error the simulation's log reports (its first Python exception line, the cause the later ones follow
+    from, else its first ERROR line), for the message of a run that failed: the log goes with the unfinished
+    output."""
+    import re
 
     folder = log_folder(cfg)
-    return _last_line(os.path.join(folder, "flower.log")) if folder else "(no log)"
+    try:
+        with open(os.path.join(folder, "flower.log"), errors="replace") as fh:
+            lines = [ln.strip() for ln in fh.read().splitlines() if ln.strip()]
+    except (OSError, TypeError):
+        return None
+    exceptions = [ln for ln in lines if re.match(r"^[A-Za-z_.]*(Error|Exception): ", ln)]
+    errors = [re.sub(r"\x1b\[[0-9;]*m", "", ln) for ln in lines if "ERROR" in ln]
+    found = exceptions or errors
+    return found[0][:300] if found else None
 
 
 RESULT_GRACE = 30.0  # seconds the simulation may take to shut down once its result is written
@@ -488,8 +498,8 @@ def _run_flower(cfg, mode: str, timeout: float, secure: bool, on_rounds) -> dict
     if mode == "simulation":
         simulate(cfg, on_rounds)
         if not os.path.isfile(cfg.out):
-            tail = simulation_log_tail(cfg)
-            raise RuntimeError(f"the Flower simulation ended without a result; its log ends: {tail}")
+            why = simulation_log_problem(cfg) or "no error in its log"
+            raise RuntimeError(f"the Flower simulation ended without a result ({why})")
         with open(cfg.out) as fh:
             result = json.load(fh)
         if "error" in result:
@@ -622,9 +632,10 @@ def finish(args, cfg, tmp, final) -> None:
     result = run_flower(cfg, args.mode, args.timeout, secure=not args.insecure, quiet=args.quiet)
     wall = time.perf_counter() - start
     if not any(h.get("used", 0) for h in result["history"]):
+        why = simulation_log_problem(cfg) if args.mode == "simulation" else None
         raise RuntimeError(
             f"no client contributed to any of the {args.rounds} rounds (every reply was dropped or "
-            "rejected); nothing written"
+            "rejected" + (f"; the simulation's log: {why}" if why else "") + "); nothing written"
         )
     result["config"]["out"] = final
     result["preset"] = args.preset

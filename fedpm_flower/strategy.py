@@ -152,12 +152,33 @@ class FedPM(FedAvg):
         metrics["rejected"] = len(rejected)
         return arrays, metrics
 
-    def _metrics(self, contents: list, server_round: int) -> MetricRecord:
+    def aggregate_evaluate(self, server_round: int, replies) -> MetricRecord | None:
+        """FedAvg's aggregate of the evaluation replies' metrics, each reply's checked as a training reply's are:
+        one MetricRecord with a finite ``num-examples`` (a node's bad reply is logged and left out)."""
+        valid, _ = self._check_and_log_replies(replies, is_train=False, validate=False)
+        usable = []
+        for msg in valid:
+            try:
+                records = list(msg.content.metric_records.values())
+                if len(records) != 1:
+                    raise ValueError(f"{len(records)} MetricRecords, expected 1")
+                problem = num_examples_problem(records[0][self.weighted_by_key], positive=False)
+                problem = f"{self.weighted_by_key} {problem}" if problem else None
+            except Exception as exc:  # a reply from a node that is not ours: any malformation is its problem
+                problem = f"malformed reply ({type(exc).__name__}: {exc})"
+            if problem:
+                server_log.warning("round %d: evaluation of node %d rejected: %s", server_round,
+                                   int(msg.metadata.src_node_id), problem)  # fmt: skip
+            else:
+                usable.append(msg.content)
+        return self._metrics(usable, server_round, self.evaluate_metrics_aggr_fn) if usable else None
+
+    def _metrics(self, contents: list, server_round: int, aggregate=None) -> MetricRecord:
         """FedAvg's aggregate of the used replies' metrics; a node's metrics that cannot be aggregated with the
         others' (a list where the others send a number, all counts 0) leave the round's metrics empty."""
         try:
             with np.errstate(all="raise"):
-                return self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+                return (aggregate or self.train_metrics_aggr_fn)(contents, self.weighted_by_key)
         except (ArithmeticError, TypeError, ValueError, KeyError, FloatingPointError) as exc:
             log(WARNING, "round %d: the replies' metrics cannot be aggregated (%s: %s)", server_round,
                 type(exc).__name__, exc)  # fmt: skip

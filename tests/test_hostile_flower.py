@@ -63,7 +63,7 @@ class StoredGrid:
 
 def run_round(contents: dict, first=None, **strategy_kw):
     """One FedPM round over the stored replies, node ``first``'s first: (final model, the strategy)."""
-    strategy = FedPM(damping=DAMPING, fraction_evaluate=0.0, **strategy_kw)
+    strategy = FedPM(damping=DAMPING, **{"fraction_evaluate": 0.0, **strategy_kw})
     result = strategy.start(
         grid=StoredGrid(contents, first),
         initial_arrays=ArrayRecord(_net().state_dict()),
@@ -148,6 +148,38 @@ def test_every_node_claiming_zero_samples_with_uniform_weights_still_mixes(hones
     got, strategy = run_round(zero)
     assert strategy.rejected == {1: []}
     assert_same_model(got, run_round(replies)[0])
+
+
+@pytest.mark.parametrize(
+    "metrics, expect",
+    [
+        ({"num-examples": -1}, {"loss": pytest.approx(101.5)}),
+        ({"num-examples": math.inf}, {"loss": pytest.approx(101.5)}),
+        ({"num-examples": 20, "loss": [0.5, 0.5]}, {}),
+    ],
+)
+def test_an_evaluation_reply_with_bogus_metrics_is_left_out_and_the_run_completes(honest, metrics, expect):
+    """Every node answers the evaluation too (FedAvg's configure_evaluate): node 100's sample count, negative or
+    infinite, leaves it out and the metrics are the other two nodes'; a list where the others send a number cannot
+    be aggregated and leaves the round's evaluation metrics empty -- the run completes either way."""
+    replies, _ = honest
+    evaluated = {n: RecordDict({"metrics": MetricRecord({"loss": float(n), "num-examples": 10})}) for n in NODES}
+    evaluated[100] = RecordDict({"metrics": MetricRecord({"loss": 100.0, **metrics})})  # 101.5: nodes 101, 102
+
+    class Grid(StoredGrid):
+        def send_and_receive(self, messages, timeout=None):
+            kind = messages[0].metadata.message_type if messages else ""
+            store = evaluated if kind.startswith("evaluate") else self.contents
+            return [Message(store[m.metadata.dst_node_id], reply_to=m) for m in messages]
+
+    strategy = FedPM(damping=DAMPING, fraction_evaluate=1.0)
+    result = strategy.start(
+        grid=Grid(replies),
+        initial_arrays=ArrayRecord(_net().state_dict()),
+        num_rounds=1,
+        train_config=ConfigRecord({"lr": LR, "local-epochs": EPOCHS}),
+    )
+    assert dict(result.evaluate_metrics_clientapp.get(1, {})) == expect
 
 
 # ------------------------------------------------------------------------------ generated hostile replies

@@ -14,6 +14,7 @@ for the mixing and stay for the next round's steps.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -30,12 +31,22 @@ from .strategy import MATRICES_KEY
 STATE_KEY = "fedpm.foof"  # the client's matrices between rounds, in Context.state
 
 
-def _setting(config, key: str, default, kind):
+def _number(config, key: str, default, low: float, above: bool = False, what: str = "") -> float:
+    """The train config's ``key`` (``default`` when absent): a finite real number >= ``low`` (> with ``above``)."""
     value = config.get(key, default) if hasattr(config, "get") else default
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"train config {key!r} must be a {kind.__name__}, got {value!r}") from None
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not ok or value < low or (above and value == low):
+        raise ValueError(f"train config {key!r} must be a finite number {'>' if above else '>='} {low:g}{what}, "
+                         f"got {value!r}")  # fmt: skip
+    return float(value)
+
+
+def _epochs(config) -> int:
+    value = config.get("local-epochs", 1) if hasattr(config, "get") else 1
+    whole = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not whole or value != int(value) or value < 1:
+        raise ValueError(f"train config 'local-epochs' must be an integer >= 1, got {value!r}")
+    return int(value)
 
 
 def fedpm_fit(
@@ -50,19 +61,17 @@ def fedpm_fit(
     (``train_loss``, ``num-examples``).
 
     config   the train ConfigRecord (or a dict): ``lr`` (required), ``damping`` (the strategy sends its own),
-             ``local-epochs`` (1), ``clip`` (0: none), ``weight-decay`` (0)
+             ``local-epochs`` (1), ``clip`` (0: none), ``weight-decay`` (0); a value that is not a finite number in
+             its range (an integer >= 1 for ``local-epochs``) is a ValueError naming it, before anything is trained
     state    ``context.state``: keeps the matrices between rounds (None: computed at the received model)"""
     if "lr" not in config:
         raise ValueError("train config has no 'lr' (pass train_config=ConfigRecord({'lr': ...}) to strategy.start)")
-    lr = _setting(config, "lr", None, float)
-    clip = _setting(config, "clip", 0.0, float)
-    opt = FOOF(
-        model,
-        lr=lr,
-        damping=_setting(config, "damping", DEFAULT_DAMPING, float),
-        clip=clip if clip > 0 else None,
-        weight_decay=_setting(config, "weight-decay", 0.0, float),
-    )
+    lr = _number(config, "lr", None, 0.0, above=True)
+    clip = _number(config, "clip", 0.0, 0.0, what=" (0: no clipping)")
+    damping = _number(config, "damping", DEFAULT_DAMPING, 0.0)
+    weight_decay = _number(config, "weight-decay", 0.0, 0.0)
+    epochs = _epochs(config)  # every setting checked before anything is trained
+    opt = FOOF(model, lr=lr, damping=damping, clip=clip if clip > 0 else None, weight_decay=weight_decay)
     kept = state.get(STATE_KEY) if state is not None else None
     if kept is not None:
         opt.set_matrices(kept.to_torch_state_dict())
@@ -71,7 +80,7 @@ def fedpm_fit(
     device = next(model.parameters()).device
     model.train()
     total, seen = 0.0, 0
-    for _ in range(_setting(config, "local-epochs", 1, int)):
+    for _ in range(epochs):
         for batch in trainloader:
             x, y = batch[0].to(device), batch[1].to(device)
             opt.zero_grad()

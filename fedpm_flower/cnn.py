@@ -3,8 +3,8 @@
 A SuperNode runs fedpm_dnn's ``client_round`` -- the very function the in-process simulator's sequential
 engine runs -- for its one client, keeping that client's state (FOOF matrices, SCAFFOLD's control, ...) in
 the node's ``Context.state``; ``CnnTransport`` brings the replies back as the DNN per-client reply dicts,
-checks their structure and stacks them (``fedpm_dnn.transport.check_and_stack``), and the driver does the
-rest as in-process: decoding, screening from the method's ``message_fields``, mixing weights, the method's
+checks them against the server's own template and stacks them (``fedpm_flower.replies``), and the driver does
+the rest as in-process: decoding, screening from the method's ``message_fields``, mixing weights, the method's
 ``server_update``, byte counts, history rows.
 Per-client state the server's own steps write (FedPM's delta codec: the acknowledgement digests
 ``receive`` and ``server_update`` give each participant, fedpm_dnn.wire) stays in the server's state --
@@ -30,9 +30,9 @@ from fedpm_dnn.client import ClientData, client_round
 from fedpm_dnn.data.synthetic import MEAN, STD, synthetic_task
 from fedpm_dnn.models import make_model
 from fedpm_dnn.task import client_generator
-from fedpm_dnn.transport import check_and_stack
 
 from . import prepared
+from .replies import check_and_stack, dnn_template
 from .transport import FlowerTransport
 
 log = logging.getLogger("fedpm.server")
@@ -247,7 +247,8 @@ class CnnTransport(FlowerTransport):
             losses.append(loss)
         if dropped:
             log.warning("round %d: %d of %d clients did not reply (dropped)", round_, dropped, len(sel))
-        up, kept, more = check_and_stack(alg, alg.reply_shapes(down["params"], self.blocks), replies, clients, round_)
+        template = dnn_template(alg, down["params"], self.blocks)  # the server's own, never another reply
+        up, kept, more = check_and_stack(template, replies, clients, round_)
         ok = [clients[k] for k in kept]
         # bytes as they travelled (FedPM's matrices may travel in float16)
         sent = sum(a.nbytes for c in ok for a in got[c].values())

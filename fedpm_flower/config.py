@@ -47,7 +47,7 @@ class FlowerRunConfig:
     params: str = ""  # more hyper-parameters of the method, a JSON object, e.g. '{"compressor": "topk", "k": 50}'
     participants: int = 0  # clients sampled per round (0: all)
     weighting: str = "uniform"  # client weights: uniform (1/N) | samples (M_i / M)
-    dataset: str = "a9a"  # bundled name or LibSVM path
+    dataset: str = "a9a"  # logreg: bundled name or LibSVM path; cnn: what it trains on (recorded, not read)
     data_dir: str = ""  # cnn: a prepared data set (fedpm_flower.prepared) instead of the synthetic task
     clients: int = 3
     rounds: int = 2

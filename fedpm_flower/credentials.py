@@ -25,6 +25,7 @@ SERVER_KEY = "server.key"
 NODE_KEY = "node.key"
 NODE_PUB = "node.pub"
 DEFAULT_HOSTS = ("127.0.0.1", "localhost")
+MAX_DAYS = 36500  # validity of 100 years at most: a longer one would overflow the dates a certificate holds
 
 
 def node_dir(folder: str, i: int) -> str:
@@ -110,6 +111,8 @@ def write_credentials(folder: str, nodes: int, hosts=DEFAULT_HOSTS, days: int = 
     ``folder`` must not hold any of these files already (nothing is overwritten)."""
     if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
         raise ValueError(f"nodes must be a positive integer, got {nodes!r}")
+    if not isinstance(days, int) or isinstance(days, bool) or not 1 <= days <= MAX_DAYS:
+        raise ValueError(f"days must be an integer in 1..{MAX_DAYS}, got {days!r}")
     hosts = tuple(hosts)
     if not hosts or any(not isinstance(h, str) or not h.strip() or any(c.isspace() for c in h) for h in hosts):
         raise ValueError(f"hosts must be non-empty names or addresses without spaces, got {hosts!r}")

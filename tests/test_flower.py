@@ -491,7 +491,6 @@ def _last(a):  # the reply's last parameter entry
 )
 def test_cnn_each_kind_of_bad_reply(caplog, method, fn, reason):
     cfg = cnn_config(method, clients=2, rounds=1)
-    # the dtype case needs an accepted reply to compare with: client 0's comes first
     with caplog.at_level(logging.WARNING, logger="fedpm.server"):
         result = loopback(cfg, tamper=corrupt_arrays(101, fn))
     assert result["history"][1]["rejected"] == 1 and result["history"][1]["used"] == 1

@@ -14,7 +14,9 @@ are removed with it.  ``keys`` (validation/flower_keys.py) writes the same files
 ``--check`` runs the same algorithm in-process (each client with its own random stream, as a SuperNode)
 and fails when the models differ beyond round-off.  ``prepare`` (validation/flower_prepare.py) writes each
 client's image partition to its own folder.  Writes OUT/result.json (final parameters, per-round history,
-configuration, wall time) and OUT/history.csv (the history in the one format of fedconvex.history).
+configuration, wall time), OUT/history.csv (the history in the one format of fedconvex.history) and OUT/logs/
+(Flower's and Ray's output, kept out of the terminal: flower.log of a simulation, one log per process of a
+deployment).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from validation import common
 from validation.outputs import Kind
 
 PROG = "python -m validation.flower"
-OUTPUT = Kind(PROG, ("result.json", "history.csv"))  # what a run writes into --out
+OUTPUT = Kind(PROG, ("result.json", "history.csv", "logs"))  # what a run writes into --out
 COMMANDS = {
     "prepare": "write each client's image partition to its own folder (prepare --help)",
     "keys": "write TLS certificates and SuperNode keys for a deployment across machines (keys --help)",
@@ -88,7 +90,13 @@ def parse_args(argv=None):
     )
     from fedpm_dnn.presets import PRESETS
 
-    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="cnn: hyper-parameters of an appendix table")
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS) + ["none"],
+        default=None,
+        help="cnn: hyper-parameters of an appendix table (default with --data-dir: the prepared data set's -- "
+        "femnist, or cifar10/cifar100 at its alpha -- where the table has the method; none: the method's defaults)",
+    )
     common.add_seed_arg(p)
     common.add_device_arg(p, "auto", "the clients train on the CPU (cuda is refused; auto = cpu)")
     common.add_quiet_arg(p)
@@ -155,6 +163,12 @@ def parse_args(argv=None):
         if not isinstance(extra, dict):
             p.error(f"--params {args.params!r}: expected a JSON object of hyper-parameters")
         _fold_params(p, args, extra, argv)
+    args.preset_default = False  # whether the preset is the prepared data set's, not one given
+    if args.preset == "none":
+        args.preset = None
+    elif args.preset is None and args.problem == "cnn" and args.data_dir:
+        args.preset = prepared_preset(args.data_dir, args.method)
+        args.preset_default = args.preset is not None
     check_vocabulary(p, args)  # after --params: a key there may set --local-epochs
     common.check_max_ratio(p, args)
     # on the cnn every method takes --local-steps (as local_epochs); --precond-codec and --precond-dtype only the
@@ -178,6 +192,13 @@ def parse_args(argv=None):
     if args.write_app is not None and not args.write_app.strip():
         p.error("--write-app: empty path")
     if args.write_app:
+        given = p.given(argv if argv is not None else sys.argv[1:])
+        for name in WRITE_APP_REFUSES:
+            if name in given:
+                p.error(
+                    f"--{name.replace('_', '-')} does not apply to --write-app (the app folder carries the run's "
+                    "settings; `flwr run` starts it on your SuperLink)"
+                )
         if os.path.lexists(args.write_app) and not os.path.isdir(args.write_app):
             p.error(f"--write-app {args.write_app}: exists and is not a folder")
         toml = os.path.join(args.write_app, "pyproject.toml")
@@ -214,6 +235,9 @@ def parse_args(argv=None):
     common.check_out_arg(p, args.out, kind=OUTPUT)
     return args
 
+
+# flags that say how this command runs, not what the app runs: refused beside --write-app rather than dropped
+WRITE_APP_REFUSES = ("mode", "check", "insecure", "out", "quiet")
 
 # --params keys that have a flag of their own (problem -> hyper-parameter -> the flag's dest)
 FLAG_PARAMS = {
@@ -264,6 +288,42 @@ def check_vocabulary(p, args) -> None:
     except ValueError as exc:
         p.error(str(exc))
     args.local_steps = args.local_epochs if args.local_epochs is not None else preset.get("local_epochs", 1)
+
+
+def prepared_preset(data_dir: str, method: str) -> str | None:
+    """The preset of the data set prepared in ``data_dir`` (its server/meta.json): femnist's, or cifar10's /
+    cifar100's at the split's alpha; None where there is none for it or for ``method`` (or the folder cannot be
+    read: parse_args names that)."""
+    from fedpm_dnn.presets import PRESETS
+    from fedpm_flower import prepared
+
+    try:
+        meta = prepared.meta(prepared.server_folder(data_dir))
+    except (OSError, ValueError):
+        return None
+    dataset, alpha = meta.get("dataset"), meta.get("alpha")
+    if dataset == "femnist":
+        name = "femnist"
+    elif dataset in ("cifar10", "cifar100") and isinstance(alpha, (int, float)) and not isinstance(alpha, bool):
+        name = f"{dataset}-a{float(alpha)}"
+    else:
+        return None
+    return name if name in PRESETS and method in PRESETS[name]["methods"] else None
+
+
+def run_dataset(args) -> str:
+    """What the run trains on, for its configuration: the LibSVM data set (logreg), the prepared data set's name
+    (cnn with --data-dir), or the cnn's seeded synthetic task."""
+    if args.problem == "logreg":
+        return args.dataset
+    if not args.data_dir:
+        return "synthetic"
+    from fedpm_flower import prepared
+
+    try:
+        return str(prepared.meta(prepared.server_folder(args.data_dir)).get("dataset", "prepared"))
+    except (OSError, ValueError):
+        return "prepared"
 
 
 def preset_row(preset: str, method: str) -> dict:
@@ -317,21 +377,62 @@ def in_process(cfg):
     return state.theta
 
 
+LOGS = "logs"  # the run's folder of Flower's and Ray's output (simulation: flower.log; deployment: one per process)
+
+
+def log_folder(cfg) -> str | None:
+    """Where the run writing ``cfg.out`` keeps Flower's and Ray's output: beside its result (None without one)."""
+    return os.path.join(os.path.dirname(cfg.out), LOGS) if cfg.out else None
+
+
 def _simulate(cfg) -> None:
-    """The Flower simulation, in a process of its own (``simulate``): Ray starts in the process that calls
-    ``run_simulation`` and takes SIGTERM there for itself."""
+    """The Flower simulation, in a process of its own (``simulate``): Ray starts in the process that starts the
+    simulation runtime and takes SIGTERM there for itself.  The runtime is flwr's ``_run_simulation``, the one that
+    both of Flower's entry points run (``flwr run`` on a simulation SuperLink through ``flwr-simulation``, and the
+    deprecated ``run_simulation`` with its banner); this process's output -- Flower's log, Ray's start-up warnings,
+    what the Ray workers print through it -- goes to the run's logs/flower.log, not to the user's terminal."""
     os.setsid()  # its own process group: the parent stops the simulation's whole tree at once
     os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"  # no C++ abort trace when it is stopped
-    from flwr.simulation import run_simulation
+    folder = log_folder(cfg)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(os.path.join(folder, "flower.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.telemetry import EventType
 
     from fedpm_flower import apps
 
-    run_simulation(
-        apps.make_server_app(cfg),
-        apps.make_client_app(cfg),
+    _run_simulation(
         num_supernodes=cfg.clients,
+        exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+        client_app=apps.make_client_app(cfg),
+        server_app=apps.make_server_app(cfg),
+        backend_name="ray",
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
     )
+
+
+def simulation_log_problem(cfg) -> str | None:
+    """The error the simulation's log reports (its first Python exception line, the cause the later ones follow
+    from, else its first ERROR line), for the message of a run that failed: the log goes with the unfinished
+    output."""
+    import re
+
+    folder = log_folder(cfg)
+    try:
+        with open(os.path.join(folder, "flower.log"), errors="replace") as fh:
+            lines = [ln.strip() for ln in fh.read().splitlines() if ln.strip()]
+    except (OSError, TypeError):
+        return None
+    exceptions = [ln for ln in lines if re.match(r"^[A-Za-z_.]*(Error|Exception): ", ln)]
+    errors = [re.sub(r"\x1b\[[0-9;]*m", "", ln) for ln in lines if "ERROR" in ln]
+    found = exceptions or errors
+    return found[0][:300] if found else None
 
 
 RESULT_GRACE = 30.0  # seconds the simulation may take to shut down once its result is written
@@ -397,7 +498,8 @@ def _run_flower(cfg, mode: str, timeout: float, secure: bool, on_rounds) -> dict
     if mode == "simulation":
         simulate(cfg, on_rounds)
         if not os.path.isfile(cfg.out):
-            raise RuntimeError("the Flower simulation ended without a result (its log is above)")
+            why = simulation_log_problem(cfg) or "no error in its log"
+            raise RuntimeError(f"the Flower simulation ended without a result ({why})")
         with open(cfg.out) as fh:
             result = json.load(fh)
         if "error" in result:
@@ -405,34 +507,13 @@ def _run_flower(cfg, mode: str, timeout: float, secure: bool, on_rounds) -> dict
         return result
     from fedpm_flower.deploy import LocalFederation
 
-    with LocalFederation(cfg.clients, data_dir=cfg.data_dir or None, secure=secure) as fed:
+    with LocalFederation(cfg.clients, log_dir=log_folder(cfg), data_dir=cfg.data_dir or None, secure=secure) as fed:
         return fed.run(cfg, timeout=timeout, on_rounds=on_rounds)
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["prepare"]:
-        from validation import flower_prepare
-
-        return flower_prepare.main(argv[1:])
-    if argv[:1] == ["keys"]:
-        from validation import flower_keys
-
-        return flower_keys.main(argv[1:])
-    args = parse_args(argv)
-    if args.write_app:
-        from fedpm_flower.deploy import write_app
-
-        write_app(args.write_app, None)
-        print(
-            f"wrote {args.write_app}/pyproject.toml; submit with: flwr run {args.write_app} <connection> "
-            f"--run-config \"method='fedpm' clients=N rounds=T out='/path/on/the/server/result.json'\""
-        )
-        return 0
-    try:
-        import flwr  # noqa: F401
-    except ImportError:
-        common.fail(PROG, ImportError("Flower is not installed: pip install -e '.[flower]'"))
+def run_config(args):
+    """The run's FlowerRunConfig from the parsed flags: the method's (or the preset's) learning rate, a preset's
+    other hyper-parameters under --params (whose own keys win)."""
     from fedpm_flower.config import FlowerRunConfig
 
     if args.problem == "cnn":  # SimpleCNN on the seeded synthetic image task, one local epoch per round
@@ -461,16 +542,13 @@ def main(argv=None) -> int:
             if args.method == "fedavg"
             else REGISTRY[args.method].__dataclass_fields__["lr"].default
         )
-    from fedconvex.data import DataError
-    from validation.outputs import OutputError, ResultDir
-
-    cfg = FlowerRunConfig(
+    return FlowerRunConfig(
         problem=args.problem,
         method=args.method,
         params=args.params,
         participants=args.participants or 0,
         weighting=args.weighting,
-        dataset=args.dataset,
+        dataset=run_dataset(args),
         data_dir=args.data_dir,
         clients=args.clients,
         rounds=args.rounds,
@@ -484,6 +562,29 @@ def main(argv=None) -> int:
         max_ratio=args.max_ratio,
         out="",
     )
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["prepare"]:
+        from validation import flower_prepare
+
+        return flower_prepare.main(argv[1:])
+    if argv[:1] == ["keys"]:
+        from validation import flower_keys
+
+        return flower_keys.main(argv[1:])
+    args = parse_args(argv)
+    try:
+        import flwr  # noqa: F401
+    except ImportError:
+        common.fail(PROG, ImportError("Flower is not installed: pip install -e '.[flower]'"))
+    cfg = run_config(args)
+    if args.preset_default and not args.quiet:
+        print(f"{PROG}: --preset {args.preset}, the prepared data set's (--preset none runs the method's defaults)")
+    from fedconvex.data import DataError
+    from validation.outputs import OutputError, ResultDir
+
     try:
         if args.problem == "cnn":
             from fedpm_flower.cnn import algorithm as cnn_algorithm
@@ -499,6 +600,8 @@ def main(argv=None) -> int:
                     "gaussian_draw 'bartlett' is not round-off-stable (README, FedNS's Gaussian sketch); "
                     "check with 'dense'"
                 )
+        if args.write_app:
+            return write_app(args, cfg)
         check_split(cfg)
         with ResultDir(args.out, kind=OUTPUT) as tmp:
             final = os.path.abspath(os.path.join(args.out, "result.json"))
@@ -509,6 +612,19 @@ def main(argv=None) -> int:
     return 0
 
 
+def write_app(args, cfg) -> int:
+    """--write-app DIR: the app folder whose run config holds this command's settings (``flwr run``'s
+    --run-config overrides any of them; ``out`` names the result file on the server machine)."""
+    from fedpm_flower.deploy import write_app as write_app_folder
+
+    write_app_folder(args.write_app, cfg)
+    print(
+        f"wrote {args.write_app}/pyproject.toml with these settings; submit with: flwr run {args.write_app} "
+        f"<connection> --run-config \"out='/path/on/the/server/result.json'\" (any other setting overrides too)"
+    )
+    return 0
+
+
 def finish(args, cfg, tmp, final) -> None:
     from fedconvex.history import history_csv
 
@@ -516,11 +632,13 @@ def finish(args, cfg, tmp, final) -> None:
     result = run_flower(cfg, args.mode, args.timeout, secure=not args.insecure, quiet=args.quiet)
     wall = time.perf_counter() - start
     if not any(h.get("used", 0) for h in result["history"]):
+        why = simulation_log_problem(cfg) if args.mode == "simulation" else None
         raise RuntimeError(
             f"no client contributed to any of the {args.rounds} rounds (every reply was dropped or "
-            "rejected); nothing written"
+            "rejected" + (f"; the simulation's log: {why}" if why else "") + "); nothing written"
         )
     result["config"]["out"] = final
+    result["preset"] = args.preset
     result["wall_seconds"] = wall
     result["mode"] = args.mode
     if args.mode == "deployment":
@@ -564,7 +682,7 @@ def finish(args, cfg, tmp, final) -> None:
 if __name__ == "__main__":
     rc = common.run_command(PROG, main)
     if rc in (130, 143):  # Ctrl-C or SIGTERM
-        # Ctrl-C inside run_simulation leaves Flower's non-daemon threads waiting on dead Ray actors (up to
+        # Ctrl-C inside the simulation runtime leaves Flower's non-daemon threads waiting on dead Ray actors (up to
         # --timeout a round): the interpreter would print the line and then hang joining them.  The output's
         # temporary folder is already removed (ResultDir), so end here.
         sys.stdout.flush()

@@ -16,6 +16,7 @@ import os
 import shutil
 import tempfile
 
+from fedpm_flower.credentials import MAX_DAYS
 from validation import common
 
 PROG = "python -m validation.flower keys"
@@ -32,8 +33,15 @@ def parse_args(argv):
         help="a DNS name or IP address the SuperNodes use to reach the SuperLink (repeat for several; "
         "default: 127.0.0.1 and localhost)",
     )
-    p.add_argument("--days", type=common.positive_int, default=30, help="how long the certificates are valid")
+    p.add_argument(
+        "--days", type=common.positive_int, default=30, help=f"how long the certificates are valid (at most {MAX_DAYS})"
+    )
     args = p.parse_args(argv)
+    parent = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(parent):
+        p.error(f"--out {args.out}: its parent {parent} is not an existing folder")
+    if args.days > MAX_DAYS:
+        p.error(f"--days {args.days}: at most {MAX_DAYS} (100 years)")
     if os.path.lexists(args.out) and (os.path.islink(args.out) or not os.path.isdir(args.out) or os.listdir(args.out)):
         p.error(f"--out {args.out}: exists and is not an empty folder (nothing is overwritten)")
     common.check_out_arg(p, args.out)
@@ -66,8 +74,8 @@ flower-supernode --superlink {host}:9092 --root-certificates supernode-i/ca.crt 
     --node-config "partition-id=i num-partitions={nodes}"
 
 # 4. your machine: write the app folder and submit
-python -m validation.flower --write-app APP
-flwr run APP fedpm --run-config "method='fedpm' clients={nodes} rounds=10 out='/path/on/the/server/result.json'"
+python -m validation.flower --write-app APP --method fedpm --clients {nodes} --rounds 10
+flwr run APP fedpm --run-config "out='/path/on/the/server/result.json'"
 """
 
 
@@ -92,6 +100,9 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         common.fail(PROG, exc)
+    except BaseException:  # SIGTERM, Ctrl-C, anything unforeseen: no folder of private keys is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     print(text)
     print(f"wrote {out}: superlink/ and supernode-0 ... supernode-{args.nodes - 1}/ (owner-only), COMMANDS.txt")
     return 0

@@ -32,7 +32,6 @@ import fnmatch
 import os
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -406,7 +405,7 @@ def seed_from_reference(profile: str, results: str = "results", reference: str |
     as it is.  Each run is copied into a temporary sibling and renamed into place whole, so a copy cut short (a
     full disk, a kill) never leaves a half-copied run, and two calls copying at once both end with one copy.
     A copy that fails is an OSError naming --results and the cause (the temporary copy removed)."""
-    from validation.outputs import clean_stale
+    from validation.outputs import clean_stale, temp_folder
 
     shipped = shipped_runs(profile, reference)
     root = os.path.join(results, profile)
@@ -418,7 +417,7 @@ def seed_from_reference(profile: str, results: str = "results", reference: str |
         os.makedirs(root, exist_ok=True)
         clean_stale(root)  # temporary copies of calls killed before their rename
         for name in wanted:
-            tmp = tempfile.mkdtemp(prefix=f".partial-{os.getpid()}-", dir=root)
+            tmp = temp_folder(root, "partial", name)  # its marker lets a later call remove it after a kill
             try:
                 shutil.copytree(shipped[name], os.path.join(tmp, name))
                 dst = os.path.join(root, name)

@@ -370,7 +370,7 @@ def measure_stack(model, device, size, runs, repeats, chunk=None, method="fedpm"
 
 def parse_args(argv=None):
     """The flags, checked; ``args.models``, ``engines``, ``applies``, ``methods`` and ``sizes`` parsed."""
-    from fedpm_dnn.algorithms import METHODS as REGISTERED
+    from fedpm_dnn.names import METHOD_NAMES as REGISTERED
     from validation.common import OneLineParser, add_quiet_arg, add_seed_arg
 
     p = OneLineParser(prog="python -m validation.bench_dnn", doc=__doc__)

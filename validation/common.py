@@ -7,8 +7,10 @@ import contextlib
 import copy
 import functools
 import hashlib
+import importlib.metadata
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -382,16 +384,35 @@ def cpu_model() -> str:
 
 
 @functools.cache
+def toolkit_version() -> str:
+    """This toolkit's version: from the checkout's pyproject.toml when run from a clone (the metadata of whatever
+    copy is installed may be older), else from the installed package's metadata; "unknown" without either."""
+    try:
+        with open(os.path.join(REPOSITORY, "pyproject.toml"), encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        text = ""
+    found = re.search(r'^name = "fedpm"\n(?:.*\n)*?version = "([^"]+)"$', text, re.M)
+    if found:
+        return found.group(1)
+    try:
+        return importlib.metadata.version("fedpm")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@functools.cache
 def provenance(gpu: str = "none") -> dict:
-    """Where a result comes from, for its summary.json: the commit of this checkout ("+modified" when tracked
-    files differ from it; "unknown" outside a git checkout of the repository), the UTC date, the CPU and the GPU
-    (its name, or "none")."""
+    """Where a result comes from, for its summary.json: the toolkit's version, the commit of this checkout
+    ("+modified" when tracked files differ from it; "unknown" outside a git checkout of the repository, as in an
+    installed copy), the UTC date, the CPU and the GPU (its name, or "none")."""
     commit = "unknown"
     if _git("rev-parse", "--show-toplevel") == REPOSITORY:
         commit = _git("rev-parse", "--short", "HEAD") or "unknown"
         if commit != "unknown" and _git("status", "--porcelain", "--untracked-files=no"):
             commit += "+modified"
     return {
+        "version": toolkit_version(),
         "commit": commit,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "cpu": f"{cpu_model()}, {os.cpu_count()} cores",

@@ -55,7 +55,7 @@ EXIT_PARTIAL = 75  # sysexits' EX_TEMPFAIL: stopped at --deadline with rounds le
 
 def build_parser():
     """The argument parser alone (no defaults filled in, no checks of --out): see parse_args."""
-    from fedpm_dnn.algorithms import METHODS
+    from fedpm_dnn.names import METHOD_NAMES as METHODS
     from fedpm_dnn.presets import PRESETS
 
     p = common.OneLineParser(prog=PROG, doc=__doc__)

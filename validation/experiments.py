@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from fedpm_dnn.algorithms import METHODS
+from fedpm_dnn.names import METHOD_NAMES as METHODS
 from validation.progress import Progress
 
 # FedPM preconditioner codecs measured on the CNN (fedconvex/codecs.py).  lowrank:0.02, lowrank:1 and the

@@ -48,7 +48,7 @@ def parse_args(argv=None):
     p = common.OneLineParser(prog=PROG, doc=__doc__, commands=COMMANDS)
     p.add_argument("--problem", choices=("logreg", "cnn"), default="logreg")
     from fedconvex.algorithms import REGISTRY
-    from fedpm_dnn.algorithms import METHODS as DNN_METHODS
+    from fedpm_dnn.names import METHOD_NAMES as DNN_METHODS
 
     p.add_argument(
         "--method",

@@ -1,6 +1,6 @@
 """Regenerate every figure and table of the paper from saved results.
 
-    make figures                       # quick profile (CPU, ~15 min the first time, seconds afterwards)
+    make figures                       # quick profile (CPU; its time: docs/sweeps.md)
     make figures PROFILE=paper         # the paper's sizes, for a GPU
     make figures PROFILE=paper BUDGET=9  # at most 9 minutes of computing, then the figures of what exists
     python -m figures --profile quick --data-dir DATA [--no-compute]

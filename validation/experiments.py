@@ -3,7 +3,7 @@
     python -m validation.experiments --profile quick --data-dir DATA     # compute what is missing
 
 Profiles:
-  quick  fits ~15 minutes on 2 CPU cores: the full Test 1, and the DNN studies on CIFAR-10 with a
+  quick  for 2 CPU cores (time: --list, docs/sweeps.md): the full Test 1, and the DNN studies on CIFAR-10 with a
          class-balanced 3,000-image training subset, a 2,000-image test subset, few rounds, 2 seeds.
          Every figure drawn from it says so.
   paper  the paper's sizes (all data, 100 rounds, 3 seeds, CIFAR-10 and CIFAR-100): for a GPU.

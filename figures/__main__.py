@@ -293,10 +293,10 @@ def draw_into(out, root, profile) -> list:
 def main(argv=None) -> int:
     started = time.time()  # the budget counts from here
     p = OneLineParser(prog="python -m figures", doc=__doc__)
-    p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
-    p.add_argument("--data-dir", default=None, help="image data (default $FEDPM_DATA); Test 1 needs none")
-    p.add_argument("--results", default="results")
-    p.add_argument("--out", default=None, help="default figures/out/<profile>")
+    p.add_argument("--profile", choices=sorted(PROFILES), default="quick", help="which runs (validation.experiments)")
+    p.add_argument("--data-dir", default=None, help="image data (default: $FEDPM_DATA); Test 1 needs none")
+    p.add_argument("--results", default="results", help="the runs' root: each run in RESULTS/<profile>/<name>")
+    p.add_argument("--out", default=None, help="the figures' folder (default: figures/out/<profile>)")
     p.add_argument("--no-compute", action="store_true", help="only draw what exists")
     add_sweep_args(p)
     add_run_args(p)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -93,3 +94,73 @@ def test_the_package_exports_load_on_first_use():
         assert getattr(fedpm_dnn, name) is not None and name in dir(fedpm_dnn)
     with pytest.raises(AttributeError):
         fedpm_dnn.no_such_name  # noqa: B018
+
+
+# ------------------------------------------------------------------------------- every flag described, one style
+
+PARSED = {  # command: (module whose main builds the parser, argv before the flags)
+    "superlinear": ("validation.superlinear", []),
+    "dnn": ("validation.dnn", []),
+    "flower": ("validation.flower", []),
+    "flower keys": ("validation.flower", ["keys"]),
+    "flower prepare": ("validation.flower", ["prepare"]),
+    "experiments": ("validation.experiments", []),
+    "bench_convex": ("validation.bench_convex", []),
+    "bench_dnn": ("validation.bench_dnn", []),
+    "figures": ("figures.__main__", []),
+    "splits": ("validation.splits", []),
+}
+
+
+class Built(Exception):
+    """Raised at the first parse: the parser the command built, before anything runs."""
+
+
+def parser_of(name, monkeypatch):
+    import argparse
+    import importlib
+
+    from validation import common
+
+    module, argv = PARSED[name]
+    built = []
+
+    def capture(self, args=None, namespace=None):
+        built.append(self)
+        raise Built
+
+    monkeypatch.setattr(common.OneLineParser, "parse_known_args", capture)
+    with pytest.raises(Built):
+        importlib.import_module(module).main(argv)
+    monkeypatch.undo()
+    assert isinstance(built[0], argparse.ArgumentParser)
+    return built[0]
+
+
+def shown_help(parser, action) -> str:
+    """The help line --help prints for ``action``, whitespace collapsed."""
+    return " ".join(parser._get_formatter()._format_action(action).split())
+
+
+@pytest.mark.parametrize("name", sorted(PARSED))
+def test_every_flag_is_described_and_names_its_default_in_one_style(name, monkeypatch):
+    """Each flag has help; a flag taking a value names its default once, as "(default: X)" (appended by
+    validation.common.HelpFormatter from the value, or in words where the value is None); no other spelling of
+    "default" (a required flag has none; a switch needs none)."""
+    import argparse
+
+    parser = parser_of(name, monkeypatch)
+    bad = []
+    for action in parser._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
+            continue
+        text = shown_help(parser, action)
+        flag = action.option_strings[-1]
+        if not action.help:
+            bad.append(f"{flag}: no help")
+        styled, words = text.count("(default: "), len(re.findall(r"default", text, re.I))
+        if action.nargs != 0 and not action.required and styled != 1:
+            bad.append(f"{flag}: {styled} '(default: X)' in {text!r}")
+        if words != styled:
+            bad.append(f"{flag}: 'default' spelled another way in {text!r}")
+    assert not bad, f"{name}: " + "; ".join(bad)

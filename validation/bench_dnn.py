@@ -382,7 +382,7 @@ def parse_args(argv=None):
         default=",".join(METHODS),
         help=f"comma-separated methods to time, from {', '.join(REGISTERED)} (FedPM/FedAvg needs both)",
     )
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda when one is visible")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     p.add_argument("--client-chunk", type=int, default=None, help="vectorized: clients per chunk (default: auto)")
     p.add_argument(
@@ -390,20 +390,20 @@ def parse_args(argv=None):
         default=None,
         help="clients,samples_per_client,local_epochs,rounds for every model (default: per model and device)",
     )
-    p.add_argument("--repeats", type=int, default=None, help="runs per engine and method (default 2; ResNet on CPU 1)")
+    p.add_argument("--repeats", type=int, default=None, help="runs per engine and method (default: 2; ResNet on CPU 1)")
     p.add_argument(
         "--engines",
         default=",".join(ENGINES),
-        help="comma-separated engines to measure (default both; the other's numbers are null)",
+        help="comma-separated engines to measure; an engine left out has null numbers (default: both)",
     )
     p.add_argument(
         "--foof-applies",
         default="solve,inverse",
-        help="FedPM's --foof-apply values to measure side by side (default solve,inverse; solve first)",
+        help="FedPM's --foof-apply values to measure side by side, solve first (default: solve,inverse)",
     )
-    p.add_argument("--stack", type=int, default=None, help="also time S runs stacked against one alone")
-    p.add_argument("--stack-method", default="fedpm", help="the method of the --stack runs (default fedpm)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--stack", type=int, default=None, help="also time S runs stacked against one alone (default: off)")
+    p.add_argument("--stack-method", default="fedpm", help="the method of the --stack runs")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     add_seed_arg(p)
     add_quiet_arg(p)
     args = p.parse_args(argv)

@@ -35,15 +35,16 @@ from fedconvex.reference import initial_point, solve_optimum
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """--help that shows every flag's default (unless its help already names one) and keeps the layout of
-    the examples in the description and epilog."""
+    """--help that shows every flag's default in one style, "(default: X)", appended unless the help already
+    states it so (a default in words: "(default: the preset's)"), and keeps the layout of the examples in the
+    description and epilog.  tests/test_cli_help.py holds every command's flags to it."""
 
     def _format_action(self, action):
         default = action.default
         shown = action.option_strings and action.nargs != 0 and default not in (None, "", argparse.SUPPRESS)
-        if shown and action.help is not argparse.SUPPRESS and "default" not in (action.help or "").lower():
+        if shown and action.help is not argparse.SUPPRESS and "(default: " not in (action.help or ""):
             action = copy.copy(action)
-            action.help = f"{action.help} (default: %(default)s)" if action.help else "default: %(default)s"
+            action.help = f"{action.help} (default: %(default)s)" if action.help else "(default: %(default)s)"
         return super()._format_action(action)
 
 
@@ -117,7 +118,7 @@ def add_quiet_arg(p) -> None:
 
 
 def add_seed_arg(p) -> None:
-    p.add_argument("--seed", type=seed_int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed")
 
 
 def _backend_as_device(name: str) -> str:
@@ -257,9 +258,18 @@ DEFAULT_ALPHA = 0.5
 
 def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="w8a", help=f"bundled name ({', '.join(BUNDLED)}) or path to a LibSVM file")
-    p.add_argument("--n-features", type=positive_int, default=None, help="columns of a LibSVM file given by path")
-    p.add_argument("--clients", type=positive_int, default=None, help="N clients (paper: w8a 142, a9a 80)")
-    p.add_argument("--per-client", type=positive_int, default=None, help="M rows per client (default floor(rows/N))")
+    p.add_argument(
+        "--n-features",
+        type=positive_int,
+        default=None,
+        help="columns of a LibSVM file given by path (default: its largest feature index)",
+    )
+    p.add_argument(
+        "--clients", type=positive_int, default=None, help="N clients (default: the paper's, w8a 142, a9a 80; else 10)"
+    )
+    p.add_argument(
+        "--per-client", type=positive_int, default=None, help="M rows per client (default: the paper's, else rows/N)"
+    )
     p.add_argument(
         "--split",
         choices=("sequential", "shuffled", "dirichlet"),
@@ -270,7 +280,7 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
         "--alpha",
         type=positive_float,
         default=None,
-        help=f"Dirichlet concentration for --split dirichlet (default {DEFAULT_ALPHA})",
+        help=f"Dirichlet concentration for --split dirichlet (default: {DEFAULT_ALPHA})",
     )
     p.add_argument(
         "--lam",

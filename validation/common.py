@@ -150,26 +150,41 @@ def convex_backend(device: str) -> str:
 
 
 MAX_INT = 2**31 - 1  # counts (rounds, clients, rows, ...) far beyond any run that fits in memory
+# bounds of the numbers that overflow downstream: a budget becomes a deadline (now + 60 x minutes) passed on to each
+# run as a finite --deadline; a certificate's validity a date (X.509 ends in year 9999); a wait a timeout that
+# every blocking call takes (threading.TIMEOUT_MAX)
+MAX_MINUTES = 10**7  # about 19 years
+MAX_DAYS = 36500  # 100 years
+MAX_WAIT_SECONDS = min(threading.TIMEOUT_MAX, 10**9)
+
+# One validator per kind of number (argparse types): each returns a value of its kind -- the type, finite, in its
+# range -- or raises ArgumentTypeError whose message is one line naming the rule and the value as given.
+
+
+def _shown(text) -> str:
+    """The given value for a message: quoted, escaped (one line), and cut short."""
+    shown = repr(text if isinstance(text, str) else str(text))
+    return shown if len(shown) <= 42 else shown[:40] + "..."
 
 
 def _number(text, kind=float):
     try:
         v = kind(text)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise argparse.ArgumentTypeError(
-            f"must be {'an integer' if kind is int else 'a number'}, got {text!r}"
+            f"must be {'an integer' if kind is int else 'a number'}, got {_shown(text)}"
         ) from None
     if kind is float and not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-    return v
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {_shown(text)}")
+    return v + 0.0 if kind is float else v  # -0.0 is 0.0
 
 
 def positive_int(text):
     v = _number(text, int)
     if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {_shown(text)}")
     if v > MAX_INT:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_INT}, got {text}")
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_INT}, got {_shown(text)}")
     return v
 
 
@@ -177,21 +192,45 @@ def seed_int(text):
     """A random seed: an integer in 0 .. 2**32 - 1 (what NumPy and torch accept alike)."""
     v = _number(text, int)
     if not 0 <= v < 2**32:
-        raise argparse.ArgumentTypeError(f"must be an integer in 0..{2**32 - 1}, got {text}")
+        raise argparse.ArgumentTypeError(f"must be an integer in 0..{2**32 - 1}, got {_shown(text)}")
     return v
 
 
 def nonneg_float(text):
     v = _number(text)
     if not v >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {_shown(text)}")
     return v
 
 
 def positive_float(text):
     v = _number(text)
     if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {_shown(text)}")
+    return v
+
+
+def budget_minutes(text):
+    """A time budget in minutes: > 0 and at most MAX_MINUTES, so that the deadline it gives stays finite."""
+    v = positive_float(text)
+    if v > MAX_MINUTES:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_MINUTES} minutes, got {_shown(text)}")
+    return v
+
+
+def wait_seconds(text):
+    """How long one wait may last, in seconds: > 0 and at most what every blocking call accepts."""
+    v = positive_float(text)
+    if v > MAX_WAIT_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_WAIT_SECONDS:g} seconds, got {_shown(text)}")
+    return v
+
+
+def certificate_days(text):
+    """How many days a certificate is valid: 1 .. MAX_DAYS (its end must be a date X.509 can write)."""
+    v = positive_int(text)
+    if v > MAX_DAYS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_DAYS} days, got {_shown(text)}")
     return v
 
 

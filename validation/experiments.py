@@ -568,7 +568,7 @@ def check_results_arg(parser, path: str) -> None:
 
 def add_sweep_args(p) -> None:
     """The flags of how a profile is computed (also those of python -m figures)."""
-    from validation.common import nonneg_float, positive_float, positive_int
+    from validation.common import budget_minutes, nonneg_float, positive_int
 
     p.add_argument(
         "--no-stack",
@@ -578,7 +578,7 @@ def add_sweep_args(p) -> None:
     )
     p.add_argument(
         "--budget-minutes",
-        type=positive_float,
+        type=budget_minutes,
         default=None,
         help="stop cleanly within M minutes (runs cut short are checkpointed; the same command continues them) "
         "(default: no limit)",

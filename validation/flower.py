@@ -140,7 +140,7 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--timeout",
-        type=common.positive_float,
+        type=common.wait_seconds,
         default=300.0,
         help="seconds the server waits for the SuperNodes' replies in a round (or to a question); a node that "
         "has not answered by then is left out of that round.  Bounds each wait, not the whole run (the first "

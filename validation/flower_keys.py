@@ -32,7 +32,7 @@ def parse_args(argv):
         help="a DNS name or IP address the SuperNodes use to reach the SuperLink, repeatable "
         "(default: 127.0.0.1 and localhost)",
     )
-    p.add_argument("--days", type=common.positive_int, default=30, help="how long the certificates are valid")
+    p.add_argument("--days", type=common.certificate_days, default=30, help="how long the certificates are valid")
     args = p.parse_args(argv)
     if os.path.lexists(args.out) and (os.path.islink(args.out) or not os.path.isdir(args.out) or os.listdir(args.out)):
         p.error(f"--out {args.out}: exists and is not an empty folder (nothing is overwritten)")

@@ -4,6 +4,8 @@ The building blocks for your own model and data: ``FOOF`` (the local step, a ``t
 ``mix`` (the server's preconditioned mixing of state dicts) and ``federated`` (the in-process simulator)."""
 
 import importlib
+import sys
+import types
 
 __all__ = ["FOOF", "FederatedRun", "federated", "mix"]
 
@@ -20,3 +22,16 @@ def __getattr__(name):
 
 def __dir__():
     return sorted([*globals(), *_LAZY])
+
+
+class _Package(types.ModuleType):
+    """Importing the submodule fedpm_dnn.federated binds the package's ``federated`` to that module; the name is
+    the function (the submodule stays in sys.modules), as it was when the exports were imported eagerly."""
+
+    def __setattr__(self, name, value):
+        if name in _LAZY and isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}":
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

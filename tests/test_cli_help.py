@@ -96,6 +96,21 @@ def test_the_package_exports_load_on_first_use():
         fedpm_dnn.no_such_name  # noqa: B018
 
 
+def test_an_export_named_as_its_submodule_stays_the_export():
+    """``fedpm_dnn.federated`` is the function, also after the submodule of that name was imported."""
+    code = (
+        "import fedpm_dnn.simulation, fedpm_dnn.federated, types\n"
+        "from fedpm_dnn import federated\n"
+        "import fedpm_dnn\n"
+        "assert callable(federated) and not isinstance(federated, types.ModuleType), federated\n"
+        "assert fedpm_dnn.federated is federated and fedpm_dnn.federated.__module__ == 'fedpm_dnn.federated'\n"
+    )
+    pytest.importorskip("torch")
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-1500:]
+
+
 # ------------------------------------------------------------------------------- every flag described, one style
 
 PARSED = {  # command: (module whose main builds the parser, argv before the flags)

@@ -132,7 +132,7 @@ def test_the_bounds_are_refused_one_past_them():
         common.certificate_days("3000000")
     with pytest.raises(argparse.ArgumentTypeError, match="at most 10000000 minutes"):
         common.budget_minutes("1e308")
-    with pytest.raises(argparse.ArgumentTypeError, match="seconds, got '1e300'"):
+    with pytest.raises(argparse.ArgumentTypeError, match="seconds, got 1e300$"):
         common.wait_seconds("1e300")
 
 

@@ -161,9 +161,13 @@ MAX_WAIT_SECONDS = min(threading.TIMEOUT_MAX, 10**9)
 # range -- or raises ArgumentTypeError whose message is one line naming the rule and the value as given.
 
 
-def _shown(text) -> str:
-    """The given value for a message: quoted, escaped (one line), and cut short."""
-    shown = repr(text if isinstance(text, str) else str(text))
+def _shown(text, quoted: bool = False) -> str:
+    """The given value for a message, on one line and cut short: as typed where that is plain (a short printable
+    word), else quoted and escaped."""
+    text = text if isinstance(text, str) else str(text)
+    if not quoted and text.isprintable() and text.strip() == text and 0 < len(text) <= 40:
+        return text
+    shown = repr(text)
     return shown if len(shown) <= 42 else shown[:40] + "..."
 
 
@@ -172,7 +176,7 @@ def _number(text, kind=float):
         v = kind(text)
     except (TypeError, ValueError, OverflowError):
         raise argparse.ArgumentTypeError(
-            f"must be {'an integer' if kind is int else 'a number'}, got {_shown(text)}"
+            f"must be {'an integer' if kind is int else 'a number'}, got {_shown(text, quoted=True)}"
         ) from None
     if kind is float and not math.isfinite(v):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {_shown(text)}")

@@ -9,8 +9,10 @@ FedAvgM momentum, damping, FedAdam server lr).  ``method_config`` turns a preset
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .algorithms import REGISTRY, DnnAlgorithm, hyperparameters_of, make_method
+if TYPE_CHECKING:
+    from .algorithms import DnnAlgorithm
 
 N = None  # "No" clipping
 
@@ -279,6 +281,8 @@ def preset_row(preset: str, method: str) -> dict:
     rows = PRESETS[preset]["methods"]
     if method not in rows:
         raise ValueError(f"preset {preset!r} ({PRESETS[preset]['table']}) has no row for {method!r}")
+    from .algorithms import hyperparameters_of  # torch: not needed for the tables (a command's --help)
+
     setting = PRESETS[preset]["setting"]
     takes = hyperparameters_of(method)
     return {**rows[method], **{k: setting[k] for k in ("local_epochs", "foof_samples") if k in setting and k in takes}}
@@ -287,6 +291,8 @@ def preset_row(preset: str, method: str) -> dict:
 def method_config(preset: str | None, method: str, **given):
     """The method ``method`` from a preset row (if given), then the explicitly ``given`` values, which win; a
     given None is a value (no clip, every sample), not "not given": leave out what was not given."""
+    from .algorithms import REGISTRY, hyperparameters_of, make_method
+
     base = preset_row(preset, method) if preset is not None else {}
     # a hyper-parameter the method does not have (--mu for FedAvg) is refused, not ignored; the run's settings
     # (SETTING_KEYS: data set, alpha, clients, ..., FOOF samples, given to every method of a run alike) are not
@@ -315,6 +321,8 @@ class Resolved:
 def resolve(preset: str | None, method: str, given: dict) -> Resolved:
     """Apply ``preset`` (its whole setting and ``method``'s row) under the explicitly ``given`` flag values
     (name -> value; a given None is a value: no clip, every sample)."""
+    from .algorithms import hyperparameters_of
+
     setting = PRESETS[preset]["setting"] if preset is not None else {}
     row = preset_row(preset, method) if preset is not None else {}
     takes = hyperparameters_of(method)

@@ -1,7 +1,7 @@
 """Draw every figure and table of the paper from saved results.
 
     make figures                               # the quick profile's figures from the runs that exist (seconds)
-    make figures COMPUTE=1 DATA=DIR            # first compute its missing runs (CPU, ~15 min the first time)
+    make figures COMPUTE=1 DATA=DIR            # first compute its missing runs (CPU; its time: docs/sweeps.md)
     make figures PROFILE=paper COMPUTE=1 BUDGET=9  # at most 9 minutes of computing, then the figures of what exists
     python -m figures --profile quick [--compute --data-dir DATA]
 
@@ -346,17 +346,19 @@ def compute_hint(profile: str) -> str:
 def main(argv=None) -> int:
     started = time.time()  # the budget counts from here
     p = OneLineParser(prog="python -m figures", doc=__doc__)
-    p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
-    p.add_argument("--data-dir", default=None, help="--compute: image data (default $FEDPM_DATA); Test 1 needs none")
-    p.add_argument("--results", default="results")
-    p.add_argument("--out", default=None, help="default figures/out/<profile>")
+    p.add_argument("--profile", choices=sorted(PROFILES), default="quick", help="which runs (validation.experiments)")
+    p.add_argument(
+        "--data-dir", default=None, help="with --compute: image data (default: $FEDPM_DATA); Test 1 needs none"
+    )
+    p.add_argument("--results", default="results", help="the runs' root: each run in RESULTS/<profile>/<name>")
+    p.add_argument("--out", default=None, help="the figures' folder (default: figures/out/<profile>)")
     p.add_argument(
         "--compute",
         action="store_true",
         help="first compute the profile's missing runs (python -m validation.experiments); without it the figures "
         "are drawn from the runs that exist",
     )
-    p.add_argument("--no-compute", action="store_true", help="only draw what exists (the default)")
+    p.add_argument("--no-compute", action="store_true", help="only draw what exists (what happens without --compute)")
     add_sweep_args(p)
     add_run_args(p)
     args = p.parse_args(argv)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 from scipy.stats import kendalltau, mannwhitneyu
 
-from fedpm_dnn.algorithms import REGISTRY as DNN_REGISTRY
+from fedpm_dnn.names import METHOD_LABELS
 
-# method labels come from the registries (one place each): the DNN methods' for Test 2's tables
-LABELS = {name: cls.label for name, cls in DNN_REGISTRY.items()}
+# the DNN methods' labels for Test 2's tables (fedpm_dnn.names: importable without torch)
+LABELS = dict(METHOD_LABELS)
 
 
 def mean_std(values):

@@ -54,16 +54,16 @@ def test_help_shows_the_shared_flags_their_defaults_and_the_examples(name, monke
     assert first_example(MODULES[name]) in text  # the module docstring's examples are the epilog
 
 
-def test_help_formatter_names_a_default_once_and_skips_flags_without_one(monkeypatch):
+def test_help_formatter_names_a_default_once_in_one_style_and_skips_flags_without_one(monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     p = common.OneLineParser(prog="x", doc="One line.\n\n    x --rounds 3\n")
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--lr", type=float, default=0.5, help="step (default 0.5: the paper's)")
+    p.add_argument("--rounds", type=int, default=7, help="rounds")
+    p.add_argument("--lr", type=float, default=0.5, help="step (default: 0.5, the paper's)")
     p.add_argument("--out", default=None, help="folder")
-    p.add_argument("--check", action="store_true")
+    p.add_argument("--check", action="store_true", help="check")
     text = p.format_help()
-    assert "--rounds ROUNDS  default: 7" in text
-    assert text.count("default") == 2  # --lr's own words, not repeated; none for --out and --check
+    assert "--rounds ROUNDS  rounds (default: 7)" in text
+    assert text.count("default") == text.count("(default: ") == 2  # --lr's own words, not repeated; none for --out
     assert text.rstrip().endswith("x --rounds 3")
 
 

@@ -79,6 +79,7 @@ def test_the_main_job_on_a_clean_checkout_changes_no_tracked_file(clean_checkout
     head = _git("rev-parse", "--short", "HEAD", cwd=clean_checkout).strip()
     assert summary["commit"] == head and re.fullmatch(r"\d{4}-\d\d-\d\d", summary["date"]), summary["commit"]
     assert summary["cpu"] and summary["gpu"] == "none"
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", summary["version"])  # the toolkit's, from its pyproject.toml
     assert not (clean_checkout / "results" / ".cache").exists()  # every lr was found in the shipped cache
     reference = os.path.join(ROOT, "reference", "superlinear-a9a", "history.csv")
     for method in ("fedavg", "fedpm"):

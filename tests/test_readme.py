@@ -16,21 +16,49 @@ def read(*parts):
 
 
 def setup_commands():
+    """The set-up block's commands, comments removed."""
     block = re.search(r"## Set up\n.*?```(?:bash)?\n(.*?)```", read("README.md"), re.S).group(1)
-    return [ln.strip() for ln in block.splitlines() if ln.strip() and not ln.startswith("#")]
+    lines = [ln.split("  #")[0].strip() for ln in block.splitlines()]
+    return [ln for ln in lines if ln and not ln.startswith("#")]
 
 
-def test_readme_has_exactly_install_and_test_commands():
+def install_and_test():
+    """The set-up block's project install (the one with the extras) and its last command, the tests."""
     cmds = setup_commands()
-    assert len(cmds) == 2 and "pip install" in cmds[0] and "pytest" in cmds[1]
+    (install,) = [c for c in cmds if re.search(r"pip install -e \"\.\[", c)]
+    return install, cmds[-1]
+
+
+def test_readme_sets_up_a_clone_a_venv_cpu_torch_the_project_and_runs_the_tests():
+    cmds = setup_commands()
+    install, test = install_and_test()
+    assert cmds[0].startswith("git clone ") and "python -m venv" in cmds[1]
+    (torch,) = [c for c in cmds if "pip install torch" in c]
+    assert "--index-url https://download.pytorch.org/whl/cpu" in torch
+    assert cmds.index(torch) < cmds.index(install)  # the CPU build first, so that the extras keep it
+    assert test == "python -m pytest -q"
 
 
 def test_ci_runs_the_readme_commands():
     ci = read(".ci", "run")
-    install, test = setup_commands()
+    install, test = install_and_test()
     assert test in ci
     extras = re.search(r"\[([a-z,]+)\]", install).group(1)
     assert f'-e ".[{extras}]"' in ci and "dev" in extras.split(",")
+
+
+def test_the_readme_bibtex_is_citation_cff_s():
+    """README's BibTeX entry has CITATION.cff's preferred citation: its title, authors in order, venue and year."""
+    cff = read("CITATION.cff").split("preferred-citation:", 1)[1]
+    bib = re.search(r"```bibtex\n(.*?)```", read("README.md"), re.S).group(1)
+    field = dict(re.findall(r"^\s+(\w+)\s*=\s*\{(.*)\},?$", bib, re.M))
+    title = re.search(r'^  title: "(.*)"$', cff, re.M).group(1)
+    assert field["title"].replace("{", "").replace("}", "") == title
+    family = re.findall(r"family-names: (.+)", cff)
+    given = re.findall(r"given-names: (.+)", cff)
+    assert field["author"] == " and ".join(f"{f}, {g}" for f, g in zip(family, given, strict=True))
+    assert field["booktitle"] == re.search(r'collection-title: "(.*)"', cff).group(1)
+    assert field["year"] == re.search(r"year: (\d{4})", cff).group(1)
 
 
 def test_readme_names_the_main_job():

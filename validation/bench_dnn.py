@@ -370,8 +370,8 @@ def measure_stack(model, device, size, runs, repeats, chunk=None, method="fedpm"
 
 def parse_args(argv=None):
     """The flags, checked; ``args.models``, ``engines``, ``applies``, ``methods`` and ``sizes`` parsed."""
-    from fedpm_dnn.algorithms import METHODS as REGISTERED
-    from validation.common import OneLineParser, add_quiet_arg, add_seed_arg
+    from fedpm_dnn.names import METHOD_NAMES as REGISTERED
+    from validation.common import OneLineParser, add_quiet_arg, add_seed_arg, positive_int
 
     p = OneLineParser(prog="python -m validation.bench_dnn", doc=__doc__)
     p.add_argument("--models", default="cnn,resnet18gn", help=f"comma-separated, from {', '.join(CLASSES)}")
@@ -382,28 +382,34 @@ def parse_args(argv=None):
         default=",".join(METHODS),
         help=f"comma-separated methods to time, from {', '.join(REGISTERED)} (FedPM/FedAvg needs both)",
     )
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
-    p.add_argument("--client-chunk", type=int, default=None, help="vectorized: clients per chunk (default: auto)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda when one is visible")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: all cores)")
+    p.add_argument(
+        "--client-chunk", type=positive_int, default=None, help="vectorized: clients per chunk (default: auto)"
+    )
     p.add_argument(
         "--sizes",
         default=None,
         help="clients,samples_per_client,local_epochs,rounds for every model (default: per model and device)",
     )
-    p.add_argument("--repeats", type=int, default=None, help="runs per engine and method (default 2; ResNet on CPU 1)")
+    p.add_argument(
+        "--repeats", type=positive_int, default=None, help="runs per engine and method (default: 2; ResNet on CPU 1)"
+    )
     p.add_argument(
         "--engines",
         default=",".join(ENGINES),
-        help="comma-separated engines to measure (default both; the other's numbers are null)",
+        help="comma-separated engines to measure; an engine left out has null numbers (default: both)",
     )
     p.add_argument(
         "--foof-applies",
         default="solve,inverse",
-        help="FedPM's --foof-apply values to measure side by side (default solve,inverse; solve first)",
+        help="FedPM's --foof-apply values to measure side by side, solve first (default: solve,inverse)",
     )
-    p.add_argument("--stack", type=int, default=None, help="also time S runs stacked against one alone")
-    p.add_argument("--stack-method", default="fedpm", help="the method of the --stack runs (default fedpm)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--stack", type=positive_int, default=None, help="also time S runs stacked against one alone (default: off)"
+    )
+    p.add_argument("--stack-method", default="fedpm", help="the method of the --stack runs")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     add_seed_arg(p)
     add_quiet_arg(p)
     args = p.parse_args(argv)

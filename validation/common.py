@@ -7,8 +7,10 @@ import contextlib
 import copy
 import functools
 import hashlib
+import importlib.metadata
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,15 +35,16 @@ from fedconvex.reference import initial_point, solve_optimum
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """--help that shows every flag's default (unless its help already names one) and keeps the layout of
-    the examples in the description and epilog."""
+    """--help that shows every flag's default in one style, "(default: X)", appended unless the help already
+    states it so (a default in words: "(default: the preset's)"), and keeps the layout of the examples in the
+    description and epilog.  tests/test_cli_help.py holds every command's flags to it."""
 
     def _format_action(self, action):
         default = action.default
         shown = action.option_strings and action.nargs != 0 and default not in (None, "", argparse.SUPPRESS)
-        if shown and action.help is not argparse.SUPPRESS and "default" not in (action.help or "").lower():
+        if shown and action.help is not argparse.SUPPRESS and "(default: " not in (action.help or ""):
             action = copy.copy(action)
-            action.help = f"{action.help} (default: %(default)s)" if action.help else "default: %(default)s"
+            action.help = f"{action.help} (default: %(default)s)" if action.help else "(default: %(default)s)"
         return super()._format_action(action)
 
 
@@ -115,7 +118,7 @@ def add_quiet_arg(p) -> None:
 
 
 def add_seed_arg(p) -> None:
-    p.add_argument("--seed", type=seed_int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed")
 
 
 def _backend_as_device(name: str) -> str:
@@ -147,26 +150,45 @@ def convex_backend(device: str) -> str:
 
 
 MAX_INT = 2**31 - 1  # counts (rounds, clients, rows, ...) far beyond any run that fits in memory
+# bounds of the numbers that overflow downstream: a budget becomes a deadline (now + 60 x minutes) passed on to each
+# run as a finite --deadline; a certificate's validity a date (X.509 ends in year 9999); a wait a timeout that
+# every blocking call takes (threading.TIMEOUT_MAX)
+MAX_MINUTES = 10**7  # about 19 years
+MAX_DAYS = 36500  # 100 years
+MAX_WAIT_SECONDS = min(threading.TIMEOUT_MAX, 10**9)
+
+# One validator per kind of number (argparse types): each returns a value of its kind -- the type, finite, in its
+# range -- or raises ArgumentTypeError whose message is one line naming the rule and the value as given.
+
+
+def _shown(text, quoted: bool = False) -> str:
+    """The given value for a message, on one line and cut short: as typed where that is plain (a short printable
+    word), else quoted and escaped."""
+    text = text if isinstance(text, str) else str(text)
+    if not quoted and text.isprintable() and text.strip() == text and 0 < len(text) <= 40:
+        return text
+    shown = repr(text)
+    return shown if len(shown) <= 42 else shown[:40] + "..."
 
 
 def _number(text, kind=float):
     try:
         v = kind(text)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise argparse.ArgumentTypeError(
-            f"must be {'an integer' if kind is int else 'a number'}, got {text!r}"
+            f"must be {'an integer' if kind is int else 'a number'}, got {_shown(text, quoted=True)}"
         ) from None
     if kind is float and not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-    return v
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {_shown(text)}")
+    return v + 0.0 if kind is float else v  # -0.0 is 0.0
 
 
 def positive_int(text):
     v = _number(text, int)
     if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {_shown(text)}")
     if v > MAX_INT:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_INT}, got {text}")
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_INT}, got {_shown(text)}")
     return v
 
 
@@ -181,21 +203,45 @@ def seed_int(text):
     """A random seed: an integer in 0 .. 2**32 - 1 (what NumPy and torch accept alike)."""
     v = _number(text, int)
     if not 0 <= v < 2**32:
-        raise argparse.ArgumentTypeError(f"must be an integer in 0..{2**32 - 1}, got {text}")
+        raise argparse.ArgumentTypeError(f"must be an integer in 0..{2**32 - 1}, got {_shown(text)}")
     return v
 
 
 def nonneg_float(text):
     v = _number(text)
     if not v >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {_shown(text)}")
     return v
 
 
 def positive_float(text):
     v = _number(text)
     if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {_shown(text)}")
+    return v
+
+
+def budget_minutes(text):
+    """A time budget in minutes: > 0 and at most MAX_MINUTES, so that the deadline it gives stays finite."""
+    v = positive_float(text)
+    if v > MAX_MINUTES:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_MINUTES} minutes, got {_shown(text)}")
+    return v
+
+
+def wait_seconds(text):
+    """How long one wait may last, in seconds: > 0 and at most what every blocking call accepts."""
+    v = positive_float(text)
+    if v > MAX_WAIT_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_WAIT_SECONDS:g} seconds, got {_shown(text)}")
+    return v
+
+
+def certificate_days(text):
+    """How many days a certificate is valid: 1 .. MAX_DAYS (its end must be a date X.509 can write)."""
+    v = positive_int(text)
+    if v > MAX_DAYS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_DAYS} days, got {_shown(text)}")
     return v
 
 
@@ -262,9 +308,18 @@ DEFAULT_ALPHA = 0.5
 
 def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="w8a", help=f"bundled name ({', '.join(BUNDLED)}) or path to a LibSVM file")
-    p.add_argument("--n-features", type=positive_int, default=None, help="columns of a LibSVM file given by path")
-    p.add_argument("--clients", type=positive_int, default=None, help="N clients (paper: w8a 142, a9a 80)")
-    p.add_argument("--per-client", type=positive_int, default=None, help="M rows per client (default floor(rows/N))")
+    p.add_argument(
+        "--n-features",
+        type=positive_int,
+        default=None,
+        help="columns of a LibSVM file given by path (default: its largest feature index)",
+    )
+    p.add_argument(
+        "--clients", type=positive_int, default=None, help="N clients (default: the paper's, w8a 142, a9a 80; else 10)"
+    )
+    p.add_argument(
+        "--per-client", type=positive_int, default=None, help="M rows per client (default: the paper's, else rows/N)"
+    )
     p.add_argument(
         "--split",
         choices=("sequential", "shuffled", "dirichlet"),
@@ -275,7 +330,7 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
         "--alpha",
         type=positive_float,
         default=None,
-        help=f"Dirichlet concentration for --split dirichlet (default {DEFAULT_ALPHA})",
+        help=f"Dirichlet concentration for --split dirichlet (default: {DEFAULT_ALPHA})",
     )
     p.add_argument(
         "--lam",
@@ -389,16 +444,35 @@ def cpu_model() -> str:
 
 
 @functools.cache
+def toolkit_version() -> str:
+    """This toolkit's version: from the checkout's pyproject.toml when run from a clone (the metadata of whatever
+    copy is installed may be older), else from the installed package's metadata; "unknown" without either."""
+    try:
+        with open(os.path.join(REPOSITORY, "pyproject.toml"), encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        text = ""
+    found = re.search(r'^name = "fedpm"\n(?:.*\n)*?version = "([^"]+)"$', text, re.M)
+    if found:
+        return found.group(1)
+    try:
+        return importlib.metadata.version("fedpm")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@functools.cache
 def provenance(gpu: str = "none") -> dict:
-    """Where a result comes from, for its summary.json: the commit of this checkout ("+modified" when tracked
-    files differ from it; "unknown" outside a git checkout of the repository), the UTC date, the CPU and the GPU
-    (its name, or "none")."""
+    """Where a result comes from, for its summary.json: the toolkit's version, the commit of this checkout
+    ("+modified" when tracked files differ from it; "unknown" outside a git checkout of the repository, as in an
+    installed copy), the UTC date, the CPU and the GPU (its name, or "none")."""
     commit = "unknown"
     if _git("rev-parse", "--show-toplevel") == REPOSITORY:
         commit = _git("rev-parse", "--short", "HEAD") or "unknown"
         if commit != "unknown" and _git("status", "--porcelain", "--untracked-files=no"):
             commit += "+modified"
     return {
+        "version": toolkit_version(),
         "commit": commit,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "cpu": f"{cpu_model()}, {os.cpu_count()} cores",

@@ -55,7 +55,7 @@ EXIT_PARTIAL = 75  # sysexits' EX_TEMPFAIL: stopped at --deadline with rounds le
 
 def build_parser():
     """The argument parser alone (no defaults filled in, no checks of --out): see parse_args."""
-    from fedpm_dnn.algorithms import METHODS
+    from fedpm_dnn.names import METHOD_NAMES as METHODS
     from fedpm_dnn.presets import PRESETS
 
     p = common.OneLineParser(prog=PROG, doc=__doc__)
@@ -63,32 +63,32 @@ def build_parser():
         "--dataset",
         choices=("cifar10", "cifar100", "femnist"),
         default=None,
-        help="default: the preset's, else cifar10",
+        help="the image data set (default: the preset's, else cifar10)",
     )
     p.add_argument("--data-dir", default=None, help="data folder (default: $FEDPM_DATA)")
     p.add_argument(
         "--cache-dir", default=None, help="where decoded JPEGs are cached (default: $FEDPM_CACHE or ~/.cache/fedpm)"
     )
-    p.add_argument("--model", choices=("cnn", "resnet18gn"), default="cnn")
+    p.add_argument("--model", choices=("cnn", "resnet18gn"), default="cnn", help="SimpleCNN or ResNet18-GroupNorm")
     p.add_argument(
         "--gn-groups",
         type=common.positive_int,
         default=None,
-        help="ResNet18-GN's GroupNorm group count, a divisor of 64 (default 2; the paper does not state it)",
+        help="ResNet18-GN's GroupNorm group count, a divisor of 64; the paper does not state it (default: 2)",
     )
-    p.add_argument("--method", choices=METHODS, default="fedpm")
+    p.add_argument("--method", choices=METHODS, default="fedpm", help="the federated method")
     p.add_argument(
         "--preset",
         choices=sorted(PRESETS),
         default=None,
         help="an appendix table: its setting (data set, alpha, clients, participants, local epochs, FOOF samples) "
-        "and the method's hyper-parameters; explicit flags override it (see docs/presets.md)",
+        "and the method's hyper-parameters; explicit flags override it; see docs/presets.md (default: none)",
     )
     p.add_argument(
         "--alpha",
         type=alpha_list,
         default=None,
-        help="Dirichlet concentration, or a comma-separated list (one run per value, stacked; default: the "
+        help="Dirichlet concentration, or a comma-separated list: one run per value, stacked (default: the "
         "preset's, else 0.1)",
     )
     p.add_argument(
@@ -119,37 +119,39 @@ def build_parser():
         default=None,
         help="clients sampled per round (default: the preset's, else all)",
     )
-    p.add_argument("--rounds", type=common.positive_int, default=100)
-    p.add_argument("--local-epochs", type=common.positive_int, default=None, help="default: the preset's, else 5")
+    p.add_argument("--rounds", type=common.positive_int, default=100, help="communication rounds")
+    p.add_argument(
+        "--local-epochs", type=common.positive_int, default=None, help="local epochs (default: the preset's, else 5)"
+    )
     p.add_argument(
         "--lr-warmup-rounds",
         type=common.nonneg_int,
         default=None,
-        help="local learning rate warmed up linearly over the first W rounds (round t: t/W of it; default: none; "
-        "docs/presets.md)",
+        help="local learning rate warmed up linearly over the first W rounds, round t at t/W of it; docs/presets.md "
+        "(default: none)",
     )
     p.add_argument(
         "--lr-milestones",
         type=milestones_arg,
         default=None,
         help="PERCENT:FACTOR,...: the local learning rate times FACTOR once PERCENT %% of the rounds are done, e.g. "
-        "75:0.1,90:0.1 as RelaySum's CIFAR runs (default: none; docs/presets.md)",
+        "75:0.1,90:0.1 as RelaySum's CIFAR runs; docs/presets.md (default: none)",
     )
     p.add_argument(
-        "--seed", type=common.seed_int, default=None, help="model initialisation, batches, client sampling (default 0)"
+        "--seed", type=common.seed_int, default=None, help="model initialisation, batches, client sampling (default: 0)"
     )
     p.add_argument(
         "--seeds",
         type=seed_list,
         default=None,
         help="comma-separated seeds: one run per seed (and --alpha value), trained together as one stack on the "
-        "vectorized engine; --out becomes their parent folder",
+        "vectorized engine; --out becomes their parent folder (default: one run, --seed)",
     )
     p.add_argument(
         "--run-names",
         type=lambda t: t.split(","),
         default=None,
-        help="a stack's run folders under --out, comma-separated, in the order seeds x alphas (default "
+        help="a stack's run folders under --out, comma-separated, in the order seeds x alphas (default: "
         "main-<dataset>-a<alpha>-<method>-s<seed>, validation.experiments' names)",
     )
     p.add_argument(
@@ -168,26 +170,29 @@ def build_parser():
         "--train-subset",
         type=common.positive_int,
         default=None,
-        help="class-balanced subset of the training set (for CPU-sized runs)",
+        help="class-balanced subset of the training set, for CPU-sized runs (default: every image)",
     )
     p.add_argument(
-        "--test-subset", type=common.positive_int, default=None, help="first N test images (class order kept balanced)"
+        "--test-subset",
+        type=common.positive_int,
+        default=None,
+        help="first N test images, class order kept balanced (default: every image)",
     )
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda when one is visible")
     p.add_argument(
         "--engine",
         choices=("auto", "sequential", "vectorized"),
         default=DEFAULT_ENGINE,
         help="vectorized: the round's participants trained together on the device, clients as a batch "
-        "axis (same models as sequential, client by client); auto (default): vectorized on a GPU, "
-        "sequential on a CPU, where each is the faster",
+        "axis (same models as sequential, client by client); auto: vectorized on a GPU, "
+        "sequential on a CPU, where each is the faster (default: auto)",
     )
     p.add_argument(
         "--max-ratio",
         type=common.nonneg_float,
         default=0.0,
         help="server magnitude guard: reject a reply whose FOOF-matrix trace or parameter norm exceeds "
-        "R x the round's median (default 0 = off, as in the paper's runs)",
+        "R x the round's median; 0 = off, as in the paper's runs (default: 0)",
     )
     p.add_argument(
         "--threads",
@@ -205,8 +210,8 @@ def build_parser():
     p.add_argument(
         "--out",
         default=None,
-        help="output folder (default results/dnn-<preset or dataset>-<method>-s<seed>-r<rounds>, then what else "
-        "differs from the preset: -train<N> -test<N> -a<alpha>, a digest of any other setting; see docs/dnn.md)",
+        help="output folder (default: results/dnn-<preset or dataset>-<method>-s<seed>-r<rounds>, then what else "
+        "differs from the preset: -train<N> -test<N> -a<alpha>, a digest of any other setting; docs/dnn.md)",
     )
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument(
@@ -219,65 +224,96 @@ def build_parser():
         type=common.positive_float,
         default=None,
         help="seconds since the epoch: stop after the round in which this time passes (checkpointed; exit 75 "
-        "when rounds are left)",
+        "when rounds are left) (default: none)",
     )
-    p.add_argument("--quiet", action="store_true")
+    common.add_quiet_arg(p)
     g = p.add_argument_group("hyper-parameters (override the preset)")
-    g.add_argument("--lr", type=common.positive_float)
-    g.add_argument("--clip", type=common.nonneg_float, help="gradient-norm clip; 0 = none")
-    g.add_argument("--weight-decay", type=common.nonneg_float)
-    g.add_argument("--mu", type=common.nonneg_float, help="FedProx proximal coefficient")
-    g.add_argument("--momentum", type=common.nonneg_float, help="FedAvgM server momentum")
-    g.add_argument("--server-lr", type=common.positive_float, help="FedAdam server learning rate")
+    g.add_argument(
+        "--lr", type=common.positive_float, help="local learning rate (default: the preset's, else the method's)"
+    )
+    g.add_argument(
+        "--clip",
+        type=common.nonneg_float,
+        help="gradient-norm clip; 0 = none (default: the preset's, else the method's)",
+    )
+    g.add_argument(
+        "--weight-decay", type=common.nonneg_float, help="weight decay (default: the preset's, else the method's)"
+    )
+    g.add_argument(
+        "--mu", type=common.nonneg_float, help="FedProx proximal coefficient (default: the preset's, else the method's)"
+    )
+    g.add_argument(
+        "--momentum",
+        type=common.nonneg_float,
+        help="FedAvgM server momentum (default: the preset's, else the method's)",
+    )
+    g.add_argument(
+        "--server-lr",
+        type=common.positive_float,
+        help="FedAdam server learning rate (default: the preset's, else the method's)",
+    )
     g.add_argument(
         "--momentum-form",
         choices=("heavy-ball", "ema"),
-        help="FedAvgM's server momentum: ema v <- beta v + (1 - beta) Delta (default), or heavy-ball "
-        "v <- beta v + Delta (Hsu et al.; its step is up to 1/(1 - beta) times larger); see docs/presets.md",
+        help="FedAvgM's server momentum: ema v <- beta v + (1 - beta) Delta, or heavy-ball "
+        "v <- beta v + Delta (Hsu et al.; its step is up to 1/(1 - beta) times larger); see docs/presets.md "
+        "(default: ema)",
     )
     g.add_argument(
         "--bias-correction",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="FedAvgM (momentum) and FedAdam (both moments): divide by 1 - beta^t, as Adam does (default on; "
-        "Reddi et al.'s FedAdam has none: --no-bias-correction)",
+        help="FedAvgM (momentum) and FedAdam (both moments): divide by 1 - beta^t, as Adam does; "
+        "Reddi et al.'s FedAdam has none: --no-bias-correction (default: on)",
     )
-    g.add_argument("--damping", type=common.nonneg_float, help="FOOF damping (LocalNewton, FedPM)")
-    g.add_argument("--batch-size", type=common.positive_int)
+    g.add_argument(
+        "--damping",
+        type=common.nonneg_float,
+        help="FOOF damping, LocalNewton and FedPM (default: the preset's, else the method's)",
+    )
+    g.add_argument("--batch-size", type=common.positive_int, help="local mini-batch size (default: the method's)")
     g.add_argument(
         "--foof-apply",
         choices=("solve", "inverse", "auto"),
-        help="how a local step applies (A + lam I)^{-1} (LocalNewton, FedPM): solve (default: two triangular "
+        help="how a local step applies (A + lam I)^{-1} (LocalNewton, FedPM): solve (two triangular "
         "solves with the Cholesky factor), inverse (one product with the inverse formed once per round, as the "
-        "paper's cost table counts), auto (the measured rule of docs/stacking.md)",
+        "paper's cost table counts), auto (the measured rule of docs/stacking.md) (default: solve)",
     )
-    g.add_argument("--refresh-every", type=common.positive_int, help="recompute FOOF matrices every s local steps")
-    g.add_argument("--weighting", choices=("uniform", "samples"))
-    g.add_argument("--precond-dtype", choices=("float32", "float16"), help="dtype FedPM's matrices travel in")
+    g.add_argument(
+        "--refresh-every",
+        type=common.positive_int,
+        help="recompute FOOF matrices every s local steps (default: the method's)",
+    )
+    g.add_argument(
+        "--weighting", choices=("uniform", "samples"), help="client weights in the mixing (default: the method's)"
+    )
+    g.add_argument(
+        "--precond-dtype", choices=("float32", "float16"), help="dtype FedPM's matrices travel in (default: float32)"
+    )
     g.add_argument(
         "--param-dtype",
         choices=("float32", "float16", "bfloat16"),
-        help="dtype every method's model parameters travel up in (default float32: as trained; the "
+        help="dtype every method's model parameters travel up in (default: float32, as trained; the "
         "server upcasts them before mixing)",
     )
     g.add_argument(
         "--precond-codec",
         default=None,
         type=common.precond_codec,
-        help="how FedPM's matrices travel (default none): sym, fp16, bf16, lowrank:R, delta:identity, "
+        help="how FedPM's matrices travel (default: none): sym, fp16, bf16, lowrank:R, delta:identity, "
         "delta:topk:K, delta:rankr:R (R, K: a count or a fraction); see fedconvex/codecs.py",
     )
     g.add_argument(
         "--clip-stage",
         choices=("update", "gradient"),
-        help="clip the preconditioned step (default: the reading under which the appendix's damping 1e-4 "
-        "with clip 1.0 is stable) or the raw gradient before preconditioning",
+        help="clip the preconditioned step (the reading under which the appendix's damping 1e-4 "
+        "with clip 1.0 is stable) or the raw gradient before preconditioning (default: update)",
     )
     g.add_argument(
         "--weight-decay-mode",
         choices=("coupled", "decoupled"),
-        help="coupled (default): wd*theta joins the gradient before preconditioning and clipping; "
-        "decoupled: theta shrinks by lr*wd after the step",
+        help="coupled: wd*theta joins the gradient before preconditioning and clipping; "
+        "decoupled: theta shrinks by lr*wd after the step (default: coupled)",
     )
     return p
 

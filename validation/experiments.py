@@ -3,7 +3,7 @@
     python -m validation.experiments --profile quick --data-dir DATA     # compute what is missing
 
 Profiles:
-  quick  fits ~15 minutes on 2 CPU cores: the full Test 1, and the DNN studies on CIFAR-10 with a
+  quick  for 2 CPU cores (time: --list, docs/sweeps.md): the full Test 1, and the DNN studies on CIFAR-10 with a
          class-balanced 3,000-image training subset, a 2,000-image test subset, few rounds, 2 seeds.
          Every figure drawn from it says so.
   paper  the paper's sizes (all data, 100 rounds, 3 seeds, CIFAR-10 and CIFAR-100): for a GPU.
@@ -564,7 +564,7 @@ def add_run_args(p) -> None:
     """--seed, --device, --quiet of the commands that compute a profile's runs (experiments, figures)."""
     from validation.common import add_device_arg, add_quiet_arg, seed_int
 
-    p.add_argument("--seed", type=seed_int, default=None, help="only the profile's runs of this seed (default all)")
+    p.add_argument("--seed", type=seed_int, default=None, help="only the profile's runs of this seed (default: all)")
     add_device_arg(p, what="device of the DNN runs (the convex runs are float64 NumPy); auto: cuda when visible")
     add_quiet_arg(p)
 
@@ -599,19 +599,20 @@ def check_results_arg(parser, path: str) -> None:
 
 def add_sweep_args(p) -> None:
     """The flags of how a profile is computed (also those of python -m figures)."""
-    from validation.common import nonneg_float, positive_float, positive_int
+    from validation.common import budget_minutes, nonneg_float, positive_int
 
     p.add_argument(
         "--no-stack",
         action="store_true",
-        help="train every DNN run alone (default on a GPU: runs that differ only in seed and alpha train as one "
-        "stack; on a CPU runs are always alone)",
+        help="train every DNN run alone (without it, on a GPU, runs that differ only in seed and alpha train as "
+        "one stack; on a CPU runs are always alone)",
     )
     p.add_argument(
         "--budget-minutes",
-        type=positive_float,
+        type=budget_minutes,
         default=None,
-        help="stop cleanly within M minutes (runs cut short are checkpointed; the same command continues them)",
+        help="stop cleanly within M minutes (runs cut short are checkpointed; the same command continues them) "
+        "(default: no limit)",
     )
     p.add_argument(
         "--executor",
@@ -619,13 +620,13 @@ def add_sweep_args(p) -> None:
         default="local",
         help="local: the runs one after another here; ray: each run a Ray task on a GPU of this machine or a cluster",
     )
-    p.add_argument("--ray-address", default=None, help="--executor ray: an existing cluster (default $RAY_ADDRESS)")
+    p.add_argument("--ray-address", default=None, help="--executor ray: an existing cluster (default: $RAY_ADDRESS)")
     p.add_argument(
         "--gpus-per-task",
         type=nonneg_float,
         default=None,
-        help="--executor ray: GPUs each run holds (default 1 where there are GPUs; a fraction shares a GPU, "
-        "without limiting its memory)",
+        help="--executor ray: GPUs each run holds; a fraction shares a GPU, without limiting its memory "
+        "(default: 1 where there are GPUs)",
     )
     p.add_argument(
         "--max-retries",
@@ -674,9 +675,9 @@ def main(argv=None) -> int:
     started = time.time()  # the budget counts from here: loading torch and the data is part of it
 
     p = OneLineParser(prog="python -m validation.experiments", doc=__doc__)
-    p.add_argument("--profile", choices=sorted(PROFILES), default="quick")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--results", default="results")
+    p.add_argument("--profile", choices=sorted(PROFILES), default="quick", help="which runs (see above)")
+    p.add_argument("--data-dir", default=None, help="image data (default: $FEDPM_DATA); Test 1 needs none")
+    p.add_argument("--results", default="results", help="the runs' root: each run in RESULTS/<profile>/<name>")
     p.add_argument(
         "--list",
         action="store_true",
@@ -686,7 +687,10 @@ def main(argv=None) -> int:
     add_sweep_args(p)
     add_run_args(p)
     p.add_argument(
-        "--only", action="append", metavar="GLOB", help="only the runs whose names match (repeatable; see --list)"
+        "--only",
+        action="append",
+        metavar="GLOB",
+        help="only the runs whose names match, repeatable; see --list (default: every run)",
     )
     args = p.parse_args(argv)
     by_seed = check_run_args(p, args)

@@ -48,9 +48,11 @@ def _codec(spec):
 
 def parse_args(argv=None):
     p = common.OneLineParser(prog=PROG, doc=__doc__, commands=COMMANDS)
-    p.add_argument("--problem", choices=("logreg", "cnn"), default="logreg")
+    p.add_argument(
+        "--problem", choices=("logreg", "cnn"), default="logreg", help="logistic regression, or the SimpleCNN"
+    )
     from fedconvex.algorithms import REGISTRY
-    from fedpm_dnn.algorithms import METHODS as DNN_METHODS
+    from fedpm_dnn.names import METHOD_NAMES as DNN_METHODS
 
     p.add_argument(
         "--method",
@@ -61,32 +63,34 @@ def parse_args(argv=None):
     p.add_argument(
         "--params",
         default="",
-        help='more hyper-parameters of the method as JSON, e.g. \'{"compressor": "topk", "k": 50}\'',
+        help='more hyper-parameters of the method as JSON, e.g. \'{"compressor": "topk", "k": 50}\' (default: none)',
     )
     p.add_argument(
-        "--participants", type=common.positive_int, default=None, help="clients sampled per round (default all)"
+        "--participants", type=common.positive_int, default=None, help="clients sampled per round (default: all)"
     )
-    p.add_argument("--weighting", choices=("uniform", "samples"), default="uniform")
+    p.add_argument("--weighting", choices=("uniform", "samples"), default="uniform", help="client weights")
     p.add_argument(
         "--dataset",
         default="a9a",
         help="bundled name or LibSVM path (logreg; the cnn uses a seeded "
         "synthetic image task so every SuperNode can rebuild its partition)",
     )
-    p.add_argument("--clients", type=common.positive_int, default=3)
-    p.add_argument("--rounds", type=common.positive_int, default=2)
-    p.add_argument("--lr", type=common.positive_float, default=None, help="default: the method's own (fedavg: 10)")
+    p.add_argument("--clients", type=common.positive_int, default=3, help="clients (SuperNodes)")
+    p.add_argument("--rounds", type=common.positive_int, default=2, help="communication rounds")
+    p.add_argument(
+        "--lr", type=common.positive_float, default=None, help="learning rate (default: the method's own; fedavg 10)"
+    )
     p.add_argument(
         "--local-steps",
         type=common.positive_int,
         default=None,
-        help="local steps per round (logreg; default 1); with --problem cnn a deprecated alias of --local-epochs",
+        help="logreg: local steps per round; with --problem cnn a deprecated alias of --local-epochs (default: 1)",
     )
     p.add_argument(
         "--local-epochs",
         type=common.positive_int,
         default=None,
-        help="cnn: local epochs over the client's data per round (default 1, or the preset's)",
+        help="cnn: local epochs over the client's data per round (default: the preset's, else 1)",
     )
     from fedpm_dnn.presets import PRESETS
 
@@ -94,8 +98,9 @@ def parse_args(argv=None):
         "--preset",
         choices=sorted(PRESETS) + ["none"],
         default=None,
-        help="cnn: hyper-parameters of an appendix table (default with --data-dir: the prepared data set's -- "
-        "femnist, or cifar10/cifar100 at its alpha -- where the table has the method; none: the method's defaults)",
+        help="cnn: hyper-parameters of an appendix table; with --data-dir the prepared data set's (femnist, or "
+        "cifar10/cifar100 at its alpha) where the table has the method; none: the method's defaults (default: the "
+        "prepared data set's with --data-dir, else none)",
     )
     common.add_seed_arg(p)
     common.add_device_arg(p, "auto", "the clients train on the CPU (cuda is refused; auto = cpu)")
@@ -106,7 +111,12 @@ def parse_args(argv=None):
         default=1e-3,
         help="L2 regularisation (> 0: without it a client's Hessian can be singular)",
     )
-    p.add_argument("--precond-dtype", choices=("float64", "float32", "float16"), default="float64")
+    p.add_argument(
+        "--precond-dtype",
+        choices=("float64", "float32", "float16"),
+        default="float64",
+        help="dtype the preconditioners travel in (the cnn's: float32 or float16)",
+    )
     p.add_argument(
         "--precond-codec",
         default="none",
@@ -120,7 +130,12 @@ def parse_args(argv=None):
         help="cnn: a data set prepared by `python -m validation.flower prepare` "
         "(default: the seeded synthetic image task); in deployment SuperNode i reads only DIR/client-i",
     )
-    p.add_argument("--mode", choices=("simulation", "deployment"), default="simulation")
+    p.add_argument(
+        "--mode",
+        choices=("simulation", "deployment"),
+        default="simulation",
+        help="Flower's simulation engine, or a SuperLink and SuperNodes as processes",
+    )
     p.add_argument(
         "--insecure",
         action="store_true",
@@ -129,7 +144,7 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--timeout",
-        type=common.positive_float,
+        type=common.wait_seconds,
         default=300.0,
         help="seconds the server waits for the SuperNodes' replies in a round (or to a question); a node that "
         "has not answered by then is left out of that round.  Bounds each wait, not the whole run (the first "
@@ -139,16 +154,16 @@ def parse_args(argv=None):
         "--max-ratio",
         type=common.nonneg_float,
         default=1000.0,
-        help="server magnitude guard: reject a reply whose preconditioner trace or parameter norm "
-        "exceeds R x the round's median (0 = off)",
+        help="server magnitude guard: reject a reply whose preconditioner trace or parameter norm exceeds R x "
+        "the round's median; 0 = off. On here, unlike in-process runs: replies come from other processes",
     )
     p.add_argument("--check", action="store_true", help="compare with the in-process run")
-    p.add_argument("--out", default=None, help="default results/flower-<problem>-<method>-<mode>")
+    p.add_argument("--out", default=None, help="output folder (default: results/flower-<problem>-<method>-<mode>)")
     p.add_argument(
         "--write-app",
         metavar="DIR",
         default=None,
-        help="only write the Flower app folder (pyproject.toml) for `flwr run` on a remote SuperLink",
+        help="only write the Flower app folder (pyproject.toml) for `flwr run` on a remote SuperLink (default: run)",
     )
     args = p.parse_args(argv)
     if args.out is None:

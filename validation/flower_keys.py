@@ -30,12 +30,10 @@ def parse_args(argv):
         "--host",
         action="append",
         default=None,
-        help="a DNS name or IP address the SuperNodes use to reach the SuperLink (repeat for several; "
-        "default: 127.0.0.1 and localhost)",
+        help="a DNS name or IP address the SuperNodes use to reach the SuperLink, repeatable "
+        "(default: 127.0.0.1 and localhost)",
     )
-    p.add_argument(
-        "--days", type=common.positive_int, default=30, help=f"how long the certificates are valid (at most {MAX_DAYS})"
-    )
+    p.add_argument("--days", type=common.certificate_days, default=30, help="how long the certificates are valid")
     args = p.parse_args(argv)
     parent = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(parent):

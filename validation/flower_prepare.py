@@ -22,15 +22,24 @@ PROG = "python -m validation.flower prepare"
 
 def parse_args(argv):
     p = common.OneLineParser(prog=PROG, doc=__doc__)
-    p.add_argument("--dataset", choices=("cifar10", "cifar100", "femnist"), default="cifar10")
+    p.add_argument("--dataset", choices=("cifar10", "cifar100", "femnist"), default="cifar10", help="the data set")
     p.add_argument("--data-dir", default=None, help="data folder (default: $FEDPM_DATA)")
-    p.add_argument("--cache-dir", default=None)
-    p.add_argument("--clients", type=common.positive_int, default=None, help="default 3; FEMNIST: every writer")
-    p.add_argument("--alpha", type=common.positive_float, default=None, help="Dirichlet concentration (default 0.1)")
-    p.add_argument("--split", choices=("relaysum", "relaysum-even", "dirichlet"), default=None, help="default relaysum")
-    p.add_argument("--seed", type=common.seed_int, default=0)
-    p.add_argument("--train-subset", type=common.positive_int, default=None)
-    p.add_argument("--test-subset", type=common.positive_int, default=None)
+    p.add_argument("--cache-dir", default=None, help="decoded-JPEG cache (default: $FEDPM_CACHE or ~/.cache/fedpm)")
+    p.add_argument(
+        "--clients", type=common.positive_int, default=None, help="clients (default: 3; FEMNIST: every writer)"
+    )
+    p.add_argument("--alpha", type=common.positive_float, default=None, help="Dirichlet concentration (default: 0.1)")
+    p.add_argument(
+        "--split",
+        choices=("relaysum", "relaysum-even", "dirichlet"),
+        default=None,
+        help="as validation.dnn (default: relaysum)",
+    )
+    p.add_argument("--seed", type=common.seed_int, default=0, help="the split's and the subsets' seed")
+    p.add_argument(
+        "--train-subset", type=common.positive_int, default=None, help="class-balanced training subset (default: all)"
+    )
+    p.add_argument("--test-subset", type=common.positive_int, default=None, help="first N test images (default: all)")
     p.add_argument("--out", required=True, help="the folder to write (client-<i>/, server/, meta.json)")
     args = p.parse_args(argv)
     if args.dataset == "femnist":

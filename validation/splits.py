@@ -51,16 +51,23 @@ def alpha_list(text):
 
 def parse_args(argv=None):
     p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
-    p.add_argument("--dataset", choices=("cifar10", "cifar100"), default="cifar10")
+    p.add_argument("--dataset", choices=("cifar10", "cifar100"), default="cifar10", help="the image data set")
     p.add_argument("--data-dir", default=None, help="data folder (default: $FEDPM_DATA)")
     p.add_argument("--cache-dir", default=None, help="decoded-JPEG cache (default: $FEDPM_CACHE or ~/.cache/fedpm)")
-    p.add_argument("--alpha", type=alpha_list, default=[0.1], help="Dirichlet concentration(s), comma-separated")
-    p.add_argument("--clients", type=common.positive_int, default=10)
     p.add_argument(
-        "--split", type=split_list, default=["relaysum"], help=f"{', '.join(RULES)}, a comma list of them, or all"
+        "--alpha", type=alpha_list, default=[0.1], help="Dirichlet concentration(s), comma-separated (default: 0.1)"
     )
-    p.add_argument("--train-subset", type=common.positive_int, default=None)
-    p.add_argument("--seeds", type=seed_range, default=range(20), help="split seeds, A-B inclusive (default 0-19)")
+    p.add_argument("--clients", type=common.positive_int, default=10, help="clients")
+    p.add_argument(
+        "--split",
+        type=split_list,
+        default=["relaysum"],
+        help=f"as validation.dnn --split: {', '.join(RULES)}, a comma list of them, or all (default: relaysum)",
+    )
+    p.add_argument(
+        "--train-subset", type=common.positive_int, default=None, help="as validation.dnn (default: every image)"
+    )
+    p.add_argument("--seeds", type=seed_range, default=range(20), help="split seeds, A-B inclusive (default: 0-19)")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     return p.parse_args(argv)
 

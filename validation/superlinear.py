@@ -50,24 +50,31 @@ OUTPUT = Kind(PROG, ("history.csv", "summary.json", "convergence.png", "converge
 def parse_args(argv=None):
     p = common.OneLineParser(prog=PROG, doc=__doc__)
     common.add_problem_args(p)
-    p.add_argument("--rounds", type=common.positive_int, default=50)
+    p.add_argument("--rounds", type=common.positive_int, default=50, help="communication rounds")
     p.add_argument(
         "--method",
         "--methods",
         dest="methods",
         default=",".join(PAPER_TEST1),
-        help="comma-separated; default the paper's eight",
+        help="comma-separated (default: the paper's eight)",
     )
     p.add_argument("--local-steps", type=common.positive_int, default=1, help="K local steps (paper Test 1: 1)")
-    p.add_argument("--participants", type=common.positive_int, default=None, help="clients sampled per round")
+    p.add_argument(
+        "--participants", type=common.positive_int, default=None, help="clients sampled per round (default: all)"
+    )
     p.add_argument(
         "--max-ratio",
         type=common.nonneg_float,
         default=0.0,
         help="server magnitude guard: reject a reply whose preconditioner trace or parameter norm exceeds "
-        "R x the round's median (default 0 = off, as in the paper's runs)",
+        "R x the round's median; 0 = off, as in the paper's runs",
     )
-    p.add_argument("--lr", type=common.positive_float, default=None, help="fix every method's learning rate")
+    p.add_argument(
+        "--lr",
+        type=common.positive_float,
+        default=None,
+        help="fix every method's learning rate (default: each method's tuned one, from the cache)",
+    )
     p.add_argument(
         "--precond-codec",
         type=common.precond_codec,
@@ -75,7 +82,7 @@ def parse_args(argv=None):
         help="how FedPM's preconditioners travel: none, sym, fp16, bf16, lowrank:R, delta:identity, "
         "delta:topk:K, delta:rankr:R (R, K: a count or a fraction); see fedconvex/codecs.py",
     )
-    p.add_argument("--out", default=None, help="output folder (default results/superlinear-<dataset>)")
+    p.add_argument("--out", default=None, help="output folder (default: results/superlinear-<dataset>)")
     p.add_argument(
         "--jobs",
         type=common.positive_int,
@@ -86,7 +93,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--cache",
         default=None,
-        help=f"tuning cache written and read (default $FEDPM_TUNING_CACHE or {DEFAULT_CACHE}, read over the "
+        help=f"tuning cache written and read (default: $FEDPM_TUNING_CACHE or {DEFAULT_CACHE}, read over the "
         "shipped reference/tuning.json; a --cache given here is read alone)",
     )
     common.add_quiet_arg(p)

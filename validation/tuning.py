@@ -15,6 +15,7 @@ The runs may also be made in parallel, in any order (``race_candidate``), and se
 from __future__ import annotations
 
 import hashlib
+import importlib.resources
 import itertools
 import json
 import logging
@@ -246,9 +247,18 @@ def tune(
     return best_params, best_hist, trials
 
 
-# The chosen hyper-parameters of the reference runs, shipped with the repository and only ever read: a run with the
-# default cache finds them here and writes what it tunes anew to its own cache under results/.
-SHIPPED_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reference", "tuning.json")
+def shipped_cache() -> str:
+    """The chosen hyper-parameters of the reference runs, shipped with the toolkit and only ever read: a run with
+    the default cache finds them here and writes what it tunes anew to its own cache under results/.  One file,
+    reference/tuning.json: read there in a clone, and from the package data an installed copy holds
+    (validation/shipped/tuning.json, pyproject.toml's package-dir)."""
+    clone = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reference", "tuning.json")
+    if os.path.isfile(clone):
+        return clone
+    return str(importlib.resources.files("validation") / "shipped" / "tuning.json")
+
+
+SHIPPED_CACHE = shipped_cache()
 DEFAULT_CACHE = os.path.join("results", ".cache", "tuning.json")
 
 

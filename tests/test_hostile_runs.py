@@ -330,9 +330,9 @@ def test_resume_with_the_presets_own_values_spelled_out_continues(tmp_path, data
     rc, _, err = call(plain + spelled + ["--rounds", "2", "--resume", "--out", str(out)], capsys)
     assert rc == 0 and history_rounds(out) == 2, err
     line = one_line(
-        plain + ["--clients", "10", "--train-subset", "100", "--rounds", "3", "--resume", "--out", str(out)], capsys
+        plain + ["--clients", "10", "--train-subset", "50", "--rounds", "3", "--resume", "--out", str(out)], capsys
     )
-    assert "(--train-subset: checkpoint has None, this run 100)" in line, line
+    assert "(--train-subset: checkpoint has None, this run 50)" in line, line
 
 
 def test_a_checkpoint_recording_flags_as_given_still_resumes(tmp_path, data, finished, capsys):

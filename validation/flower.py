@@ -99,7 +99,7 @@ def parse_args(argv=None):
         choices=sorted(PRESETS) + ["none"],
         default=None,
         help="cnn: hyper-parameters of an appendix table; with --data-dir the prepared data set's (femnist, or "
-        "cifar10/cifar100 at its alpha) where the table has the method; none: the method's defaults (default: the "
+        "cifar10/cifar100 at its alpha) where the table has the method; none: the method's own settings (default: the "
         "prepared data set's with --data-dir, else none)",
     )
     common.add_seed_arg(p)

@@ -46,14 +46,14 @@ CONFIGS = {
         "damping": 1.0,
         "epoch_samples": 1024,
     },
-    "foof-10-100": {
-        "label": "FOOF, hooks every 10 steps, inverse every 100",
+    "foof-5-20": {
+        "label": "FOOF, hooks every 5 steps, inverse every 20",
         "kind": "foof",
         "lr": 0.05,
         "momentum": 0.9,
         "damping": 1.0,
-        "stats_every": 10,
-        "inverse_every": 100,
+        "stats_every": 5,
+        "inverse_every": 20,
     },
     "foof-1-10": {
         "label": "FOOF, hooks every step, inverse every 10",
@@ -151,7 +151,7 @@ def run(name: str, cfg: dict, seed: int, data, args) -> dict:
             loss = F.cross_entropy(model(x[idx]), y[idx])
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             step += 1
             if step % args.eval_every == 0 or step == (epoch + 1) * steps_per_epoch:
                 seconds += time.process_time() - start

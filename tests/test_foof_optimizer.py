@@ -309,3 +309,28 @@ def test_bf16_autocast_training_keeps_the_statistics_in_float32_or_better():
     assert A.dtype == torch.float64
     torch.testing.assert_close(A, second_moment(captured["a"].float()), rtol=1e-6, atol=1e-8)
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def test_the_centralised_benchmark_runs_on_generated_data(tmp_path):
+    """benchmarks/foof_centralised.py end to end at a tiny size: its JSON (table, curves, provenance) and figure."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "foof_centralised.py"
+    spec = importlib.util.spec_from_file_location("foof_centralised", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "r.json"
+    argv = ["--synthetic", "--train", "48", "--test", "16", "--epochs", "1", "--batch-size", "16", "--seeds", "0", "1"]
+    argv += ["--configs", "sgd", "foof-epoch", "foof-5-20", "--eval-every", "1", "--out", str(out)]
+    assert bench.main(argv + ["--figure", str(tmp_path / "fig")]) == 0
+    result = json.loads(out.read_text())
+    assert not result["partial"] and {"command", "device", "date", "commit"} <= set(result)
+    assert set(result["table"]["rows"]) == {"sgd", "foof-epoch", "foof-5-20"} and len(result["runs"]) == 6
+    rows = result["table"]["rows"]
+    assert result["table"]["equal_seconds_budget"] == min(r["train_seconds_mean"] for r in rows.values())
+    for r in result["runs"]:
+        assert [p["epoch"] for p in r["curve"]] == [0.0, 1 / 3, 2 / 3, 1.0] and r["finite"]
+    assert (tmp_path / "fig.png").stat().st_size > 0 and (tmp_path / "fig.pdf").stat().st_size > 0
+    assert not list(tmp_path.glob("*.tmp"))

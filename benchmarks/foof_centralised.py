@@ -265,11 +265,20 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=positive, default=1, help="torch CPU threads")
     p.add_argument("--out", required=True, help="the JSON result file")
     p.add_argument("--figure", default=None, help="write PREFIX.png and PREFIX.pdf")
+    p.add_argument("--replot", action="store_true", help="no training: the table and figure of the --out JSON")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.replot:
+        with open(args.out) as fh:
+            saved = json.load(fh)
+        names = [n for n in saved["configs"] if any(r["config"] == n for r in saved["runs"])]
+        print(markdown(table(saved["runs"], names), saved["epochs"]))
+        if args.figure:
+            figure(saved["runs"], names, args.figure)
+        return 0
     if not args.synthetic and not (args.data_dir or os.environ.get("FEDPM_DATA")):
         print("foof_centralised: no data: pass --data-dir, set FEDPM_DATA, or use --synthetic", file=sys.stderr)
         return 2

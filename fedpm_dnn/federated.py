@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
@@ -147,6 +148,14 @@ def _check_arguments(client_loaders, rounds, participants, seed, engine, checkpo
         raise TypeError(f"loss_fn must be a function of (outputs, targets), got {type(loss_fn).__name__}")
 
 
+def _library_words(text: str) -> str:
+    """A message of the shared round driver or checkpoint code, which the command line also prints, with its flag
+    advice in this function's keyword names ("drop --resume" -> "pass resume=False", "--local-epochs" ->
+    "local_epochs")."""
+    text = text.replace("drop --resume", "pass resume=False").replace("choose another --out", "choose another file")
+    return re.sub(r"--([a-z][a-z0-9-]*)", lambda m: m.group(1).replace("-", "_"), text)
+
+
 def _checked_metrics(got) -> dict:
     """evaluate()'s return value as a history row's metric columns."""
     if not isinstance(got, dict):
@@ -246,6 +255,11 @@ def federated(
     state = alg.init(task, task.initial_params())
     fp = _fingerprint(alg, model, clients, participants, seed, engine) if checkpoint else None
     extra = task if has_buffers else None
-    state, history = drive(task, driver, state, rounds, seed, fp, checkpoint, resume, on_round, extra=extra)
+    try:
+        state, history = drive(task, driver, state, rounds, seed, fp, checkpoint, resume, on_round, extra=extra)
+    except (ValueError, _ck.CheckpointError) as exc:
+        if "--" not in str(exc):
+            raise
+        raise type(exc)(_library_words(str(exc))) from None
     _load(model, state.theta)
     return FederatedRun(model=model, history=history)

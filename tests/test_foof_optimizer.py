@@ -334,3 +334,5 @@ def test_the_centralised_benchmark_runs_on_generated_data(tmp_path):
         assert [p["epoch"] for p in r["curve"]] == [0.0, 1 / 3, 2 / 3, 1.0] and r["finite"]
     assert (tmp_path / "fig.png").stat().st_size > 0 and (tmp_path / "fig.pdf").stat().st_size > 0
     assert not list(tmp_path.glob("*.tmp"))
+    assert bench.main(["--replot", "--out", str(out), "--figure", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again.png").stat().st_size > 0

@@ -328,3 +328,14 @@ def test_federated_averages_batchnorm_buffers_over_the_participants_and_resumes_
     for (k, a), b in zip(run.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
         assert torch.equal(a, b), k
     assert np.isfinite(run.history[-1]["train_loss"])
+
+
+def test_federated_checkpoint_refusals_name_keywords_not_command_line_flags(tmp_path):
+    ck = str(tmp_path / "ck.pt")
+    federated(Net, loaders(), rounds=2, checkpoint=ck, **KW)
+    with pytest.raises(ValueError, match="already holds 2 rounds") as exc:
+        federated(Net, loaders(), rounds=1, checkpoint=ck, resume=True, **KW)
+    one_line(exc)
+    with pytest.raises(ValueError, match="different configuration.*lr.*pass resume=False") as exc:
+        federated(Net, loaders(), rounds=3, checkpoint=ck, resume=True, **dict(KW, lr=0.2))
+    one_line(exc)

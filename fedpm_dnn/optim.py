@@ -25,6 +25,7 @@ paper symbol -> argument: eta -> lr, lam -> damping; A_i -> ``matrices()``.
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Iterable
@@ -36,6 +37,7 @@ import torch.nn as nn
 from . import foof
 
 DEFAULT_STATS_DECAY = 0.95  # running average of hooked statistics: A <- decay A + (1 - decay) A_batch
+UNSEEN = "no forward pass reached it, so it has no statistics"  # why a block found unreachable steps plainly
 
 
 def batch_inputs(batch, device=None):
@@ -218,16 +220,15 @@ class FOOF(torch.optim.Optimizer):
                 seen += 1
         if not seen:
             raise ValueError("update_statistics saw no batch: pass the data to take the statistics over")
-        self._drop_unseen(acc)
+        self._drop_unseen(set(acc.sums))
         self.set_matrices(acc.result())
         return self.matrices()
 
-    def _drop_unseen(self, acc) -> None:
+    def _drop_unseen(self, seen: set) -> None:
         """Blocks no forward pass reached (a layer the model does not call) become plain parameters, once."""
-        unseen = [name for name in self._blocks if name not in acc.sums]
+        unseen = [name for name in self._blocks if name not in seen]
         for name in unseen:
-            self._skipped[name] = (type(self._blocks.pop(name).module).__name__,
-                                   "no forward pass reached it, so it has no statistics")  # fmt: skip
+            self._skipped[name] = (type(self._blocks.pop(name).module).__name__, UNSEEN)
         if unseen:
             warnings.warn(f"FOOF: layer(s) {', '.join(map(repr, unseen))} received no input in the forward pass: "
                           "plain SGD steps for them", stacklevel=3)  # fmt: skip
@@ -293,6 +294,7 @@ class FOOF(torch.optim.Optimizer):
         for name, A in fresh.items():
             old = self._matrices.get(name)
             self._matrices[name] = A if old is None else self.stats_decay * old + (1.0 - self.stats_decay) * A
+        self._drop_unseen(set(self._matrices))  # a block the first hooked pass did not reach is never called
 
     # ---- the step ------------------------------------------------------------------------------------------------
 
@@ -362,12 +364,15 @@ class FOOF(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         if not isinstance(state_dict, dict) or not isinstance(state_dict.get("foof"), dict):
             raise ValueError("not a FOOF optimizer state: it has no 'foof' entry (write it with FOOF.state_dict())")
-        state_dict = dict(state_dict)
+        # a copy: torch.optim keeps the given tensors, which would tie this optimizer's momentum to the saved one's
+        state_dict = copy.deepcopy(state_dict)
         saved = state_dict.pop("foof")
-        if saved.get("blocks") != sorted(self._blocks):
-            raise ValueError(
-                f"the saved FOOF state names blocks {saved.get('blocks')}, this one {sorted(self._blocks)}"
-            )
+        blocks = saved.get("blocks")
+        if not isinstance(blocks, list) or not set(blocks) <= set(self._blocks):
+            raise ValueError(f"the saved FOOF state names blocks {blocks}, this one {sorted(self._blocks)}")
+        for name in set(self._blocks) - set(blocks):  # found unreachable by the saved optimizer: plain, as there
+            self._skipped[name] = (type(self._blocks.pop(name).module).__name__, UNSEEN)
+        self._hook()
         super().load_state_dict(state_dict)
         self.damping = float(saved["damping"])
         self._steps = int(saved["steps"])

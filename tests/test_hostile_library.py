@@ -339,3 +339,26 @@ def test_federated_checkpoint_refusals_name_keywords_not_command_line_flags(tmp_
     with pytest.raises(ValueError, match="different configuration.*lr.*pass resume=False") as exc:
         federated(Net, loaders(), rounds=3, checkpoint=ck, resume=True, **dict(KW, lr=0.2))
     one_line(exc)
+
+
+@pytest.mark.parametrize("hooked", [False, True])
+def test_an_unused_layer_found_in_training_survives_a_checkpoint_round_trip(hooked):
+    torch.manual_seed(6)
+    model = Net(aux=True)
+    kw = {"stats_every": 1} if hooked else {}
+    opt = FOOF(model, lr=0.1, damping=0.1, momentum=0.5, **kw)
+    x, y = batches(seed=6)
+    with pytest.warns(UserWarning, match="'aux' received no input"):
+        if not hooked:
+            opt.update_statistics([x])
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    again = copy.deepcopy(model)
+    opt2 = FOOF(again, lr=0.1, damping=0.1, momentum=0.5, **kw)
+    opt2.load_state_dict(opt.state_dict())
+    for m, o in ((model, opt), (again, opt2)):
+        o.zero_grad()
+        F.cross_entropy(m(x), y).backward()
+        o.step()
+    for p, q in zip(model.parameters(), again.parameters(), strict=True):
+        assert torch.equal(p, q)

@@ -62,12 +62,29 @@ class ClientData:
         return self.plain_batches(torch.randperm(n, generator=generator)[:samples].to(self.x.device)), False
 
 
+def loader_generators(loader) -> list:
+    """The torch generators a DataLoader draws its order from, other than the global one: its own
+    (``DataLoader(generator=g)``) and its samplers' (``RandomSampler(generator=g)``), each once."""
+    found = []
+    for holder in (
+        loader,
+        getattr(loader, "sampler", None),
+        getattr(getattr(loader, "batch_sampler", None), "sampler", None),
+    ):
+        g = getattr(holder, "generator", None)
+        if isinstance(g, torch.Generator) and all(g is not f for f in found):
+            found.append(g)
+    return found
+
+
 class LoaderData:
     """A client whose data is any iterable of (inputs, targets, ...) batches, e.g. a ``torch.utils.data.DataLoader``
     over any dataset: training takes its batches as it makes them (its batch size, order and transforms; the
     method's ``batch_size`` does not apply), FOOF statistics its inputs (the first ``samples`` of an epoch with a
-    sample limit).  Before each pass the global torch generator is seeded from the client's stream (seed, round,
-    client), so that a shuffling loader, dropout and random transforms repeat in a resumed run."""
+    sample limit).  Before each pass the global torch generator, and the generators of the loader's own
+    (``DataLoader(generator=g)``, a sampler's ``generator``), are seeded from the client's stream (seed, round,
+    client), so that a shuffling loader, dropout and random transforms repeat in a resumed run.  Randomness kept
+    elsewhere (a sampler drawing from NumPy, a dataset's own state) is the caller's to make repeatable."""
 
     def __init__(self, loader, device="cpu"):
         self.loader, self.device = loader, device
@@ -82,7 +99,10 @@ class LoaderData:
         return self.n
 
     def _batches(self, generator):
-        torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
+        seed = int(torch.randint(2**62, (1,), generator=generator))
+        torch.manual_seed(seed)
+        for g in loader_generators(self.loader):  # a loader's own generator draws its order, not the global one
+            g.manual_seed(seed)
         for batch in self.loader:
             yield _to(batch[0], self.device), _to(_targets(batch), self.device)
 

@@ -24,10 +24,8 @@ import torch.nn.functional as F
 class LinearBlock:
     def __init__(self, module: nn.Linear):
         self.module = module
-
-    @property
-    def has_bias(self):
-        return self.module.bias is not None
+        # a frozen bias is no part of the block: Theta = W^T alone, its matrix without the constant 1
+        self.has_bias = module.bias is not None and module.bias.requires_grad
 
     def patches(self, x):
         """(rows, d_in) inputs whose outer products make A."""
@@ -45,16 +43,29 @@ class LinearBlock:
         return W
 
 
+def numeric_padding(m: nn.Conv2d) -> tuple:
+    """``m``'s padding as a pair of numbers: padding='valid' is (0, 0); padding='same' (stride 1) pads
+    dilation (k - 1) in all per axis, half on each side when that is even.  An odd total pads one side more
+    than the other, which the symmetric patches cannot express: a ValueError."""
+    if not isinstance(m.padding, str):
+        return tuple(m.padding)
+    if m.padding == "valid":
+        return (0, 0)
+    totals = [d * (k - 1) for d, k in zip(m.dilation, m.kernel_size, strict=True)]
+    if any(t % 2 for t in totals):
+        raise ValueError("padding='same' with an even kernel span pads one side more than the other")
+    return tuple(t // 2 for t in totals)
+
+
 def conv_geometry(m: nn.Conv2d):
     """(kernel, stride, dilation, padding) of ``m`` as pairs; the errors for convs FOOF cannot block."""
-    if isinstance(m.padding, str):
-        raise ValueError("FOOF needs numeric Conv2d padding")
+    padding = numeric_padding(m)
     if m.groups != 1:
-        raise ValueError("FOOF blocks support Conv2d with groups=1 only")
-    if m.padding_mode != "zeros" and any(m.padding):
+        raise ValueError(f"grouped convolution (groups={m.groups}): FOOF blocks take groups=1 only")
+    if m.padding_mode != "zeros" and any(padding):
         # the patches are built with zero padding: a reflect/replicate/circular border would be read wrongly
-        raise ValueError(f"FOOF blocks support Conv2d with zero padding only, got padding_mode={m.padding_mode!r}")
-    return m.kernel_size, m.stride, m.dilation, m.padding
+        raise ValueError(f"FOOF blocks take zero padding only, got padding_mode={m.padding_mode!r}")
+    return m.kernel_size, m.stride, m.dilation, padding
 
 
 def conv_patches(m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
@@ -251,25 +262,58 @@ class Conv2dBlock(LinearBlock):
 
 DEFAULT_DAMPING = 1.0  # lambda of (A + lambda I): one default for the local steps and the mixing
 
-REGISTRY = {nn.Linear: LinearBlock, nn.Conv2d: Conv2dBlock}
+REGISTRY = {nn.Linear: LinearBlock, nn.Conv2d: Conv2dBlock}  # every subclass of these takes its base's adapter
 
 
-def coverable(m: nn.Module) -> bool:
-    """Whether a FOOF block can take ``m``: a Linear, or a Conv2d whose geometry ``conv_geometry`` accepts
-    (grouped or non-zero-padded convolutions stay plain parameters, trained and mixed without a matrix)."""
-    if type(m) not in REGISTRY:
-        return False
+def adapter(m: nn.Module):
+    """The block adapter class of ``m``'s layer type (its nearest registered base class), or None."""
+    return next((REGISTRY[base] for base in type(m).__mro__ if base in REGISTRY), None)
+
+
+def skip_reason(name: str, m: nn.Module, owners: dict) -> str | None:
+    """Why the Linear / Conv2d (or subclass) ``m`` named ``name`` is no FOOF block, or None when it is one.
+    ``owners``: module name -> module, to find the layer's parent."""
+    parent = owners.get(name.rpartition(".")[0]) if name else None
+    if isinstance(parent, nn.MultiheadAttention) and m is getattr(parent, "out_proj", None):
+        # F.multi_head_attention_forward reads out_proj.weight itself: the layer is never called, no hook sees its input
+        return "nn.MultiheadAttention applies its out_proj weight without calling the layer, so its input is never seen"
+    if not m.weight.requires_grad:
+        return "frozen (weight.requires_grad is False)"
     if isinstance(m, nn.Conv2d):
         try:
             conv_geometry(m)
-        except ValueError:
-            return False
-    return True
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
+def survey(model: nn.Module) -> tuple[dict, dict]:
+    """(blocks, skipped): name -> block adapter for every layer a FOOF block covers, in module order, and
+    name -> (layer type, why not) for every nn.Linear / nn.Conv2d (or subclass) that is no block."""
+    owners = dict(model.named_modules())
+    blocks, skipped = {}, {}
+    for name, m in owners.items():
+        cls = adapter(m)
+        if cls is None:
+            continue
+        why = skip_reason(name, m, owners)
+        if why is None:
+            blocks[name] = cls(m)
+        else:
+            skipped[name] = (type(m).__name__, why)
+    return blocks, skipped
+
+
+def coverable(m: nn.Module) -> bool:
+    """Whether a FOOF block can take ``m`` on its own: a Linear or Conv2d (or a subclass) with a trainable weight
+    whose geometry ``conv_geometry`` accepts (grouped or non-zero-padded convolutions stay plain parameters,
+    trained and mixed without a matrix)."""
+    return adapter(m) is not None and skip_reason("", m, {}) is None
 
 
 def foof_blocks(model: nn.Module) -> dict:
-    """name -> block adapter for every layer a FOOF block covers (``coverable``), in module order."""
-    return {name: REGISTRY[type(m)](m) for name, m in model.named_modules() if coverable(m)}
+    """name -> block adapter for every layer a FOOF block covers (``survey``), in module order."""
+    return survey(model)[0]
 
 
 def param_name(block_name: str, attr: str) -> str:
@@ -304,7 +348,11 @@ class StatsAccumulator:
         if x is self.model_input:
             self.input_blocks.add(name)
         block = self.blocks[name]
-        S, s, rows = block.gram(x.detach())
+        x = x.detach()
+        if x.dtype in (torch.float16, torch.bfloat16):  # mixed precision: the statistics are kept in float32
+            x = x.float()
+        with torch.autocast(x.device.type, enabled=False):  # autocast would run the Gram products in half precision
+            S, s, rows = block.gram(x)
         if block.has_bias:
             n = torch.tensor([[float(rows)]], dtype=S.dtype, device=S.device)
             S = torch.cat([torch.cat([S, s[:, None]], 1), torch.cat([s[None, :], n], 1)], 0)
@@ -335,9 +383,23 @@ def capture_inputs(blocks: dict, acc: StatsAccumulator):
             h.remove()
 
 
+@contextmanager
+def buffers_kept(model: nn.Module):
+    """Restore every buffer of ``model`` on leaving: a statistics pass in train mode leaves BatchNorm's running
+    mean, variance and batch count as they were."""
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, value in saved:
+                b.copy_(value)
+
+
 @torch.no_grad()
 def compute_foof(model: nn.Module, blocks: dict, batches, static: dict | None = None) -> dict:
-    """A = E[a a^T] per block over the given input batches (the client's local data).
+    """A = E[a a^T] per block over the given input batches (the client's local data), the model's buffers
+    (BatchNorm's running statistics) left as they were.
 
     ``static`` caches the matrices of blocks that read the model input itself (the first
     layer): those depend on the data alone, so over the same data they are computed once.
@@ -345,10 +407,21 @@ def compute_foof(model: nn.Module, blocks: dict, batches, static: dict | None = 
     use_cache = static is not None and len(static) > 0
     active = {k: b for k, b in blocks.items() if not (use_cache and k in static)}
     acc = StatsAccumulator(active)
-    with capture_inputs(active, acc):
+    seen = 0
+    with buffers_kept(model), capture_inputs(active, acc):
         for x in batches:
             acc.model_input = x
             model(x)
+            seen += 1
+    if not seen:
+        raise ValueError("the FOOF statistics saw no batch: the data given for them is empty")
+    unused = [k for k in active if k not in acc.sums]
+    if unused:
+        raise ValueError(
+            f"layer(s) {', '.join(repr(k) for k in unused)} received no input in the forward pass, so they have "
+            "no FOOF statistics (a layer the model does not call?): call it, or freeze its parameters "
+            "(requires_grad=False) so that it is no block"
+        )
     out = acc.result()
     if static is not None:
         if use_cache:
@@ -363,7 +436,8 @@ def finite_float64(name: str, M):
     M64 = M.to(torch.float64)
     if not bool(torch.isfinite(M64).all()):
         raise ArithmeticError(
-            f"FOOF matrix of {name} contains NaN or Inf: local training diverged (lower --lr or set --clip)"
+            f"FOOF matrix of {name} contains NaN or Inf: local training diverged "
+            "(lower the learning rate or clip the step)"
         )
     return M64
 
@@ -393,7 +467,9 @@ def repaired_factor(name: str, M64: torch.Tensor, damping: float) -> torch.Tenso
     psd = (V * w.clamp(min=0)) @ V.T
     L, info = torch.linalg.cholesky_ex(0.5 * (psd + psd.T) + damping * eye)
     if int(info) != 0:
-        raise ArithmeticError(f"FOOF matrix of {name} + damping {damping:g} is not positive definite; raise --damping")
+        raise ArithmeticError(
+            f"FOOF matrix of {name} + damping {damping:g} is not positive definite; raise the damping"
+        )
     return L
 
 

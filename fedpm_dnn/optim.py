@@ -1,27 +1,43 @@
-"""``FOOF``: the local step of FedPM / LocalNewton-FOOF as a ``torch.optim.Optimizer`` for any model.
+"""``FOOF``: FOOF-preconditioned SGD as a ``torch.optim.Optimizer`` for any model (the local step of FedPM /
+LocalNewton-FOOF, and a centralised optimizer of its own).
 
-Every ``nn.Linear`` and ``nn.Conv2d`` layer is a FOOF block (``fedpm_dnn.foof``): its gradient, written as
-G_Theta of shape (d_in (+1 for the bias), d_out), is replaced by (A + lam I)^{-1} G_Theta, where
-A = E[a a^T] is the second moment of the layer's input (augmented with a constant 1 when it has a bias),
-measured on the client's data by ``update_statistics``.  Every other parameter (LayerNorm, embeddings,
-attention's non-Linear parts, ...) takes a plain SGD step.  The order within a step is the one of
-``fedpm_dnn.client.local_train``: weight decay added to the gradient, clip (``clip_stage``: 'update' clips
-the preconditioned step over all parameters together, 'gradient' the raw gradient), step of size lr.
+Every ``nn.Linear`` and ``nn.Conv2d`` layer (subclasses included) whose weight the optimizer trains is a FOOF block
+(``fedpm_dnn.foof``): its gradient, written as G_Theta of shape (d_in (+1 for a trained bias), d_out), is replaced
+by (A + lam I)^{-1} G_Theta, where A = E[a a^T] is the second moment of the layer's input (augmented with a
+constant 1 when the block has a bias).  Every other parameter (LayerNorm, BatchNorm, embeddings, ...) takes a plain
+SGD step.  ``blocks()`` lists what is preconditioned and why the rest is not.
 
-The damped inverses are formed once per ``update_statistics`` from float64 Cholesky factors
-(``foof.damped_inverses``) and applied as one product per block and step.
+Order within a step, per parameter group: weight decay added to the gradient (coupled, as ``torch.optim.SGD``),
+clip (``clip_stage``: 'gradient' the raw gradient, 'update' the preconditioned one; over all parameters
+together), momentum (buf <- momentum buf + direction, as ``torch.optim.SGD`` with dampening 0), step of size lr.
+
+Where A comes from (the damped inverses are formed from float64 Cholesky factors and applied as one product per
+block and step):
+  ``update_statistics(batches)``  A over the given data, at the current parameters -- the paper's refresh once
+                                  a round, what FedPM's clients do; the default (``stats_every=None``).
+  ``stats_every=N``               forward hooks take A from the training batches themselves, on every N-th step's
+                                  forward pass(es) (grad enabled, model in train mode), folded into a running
+                                  average ``stats_decay``; the inverses are formed again every ``inverse_every``
+                                  steps.
 
 paper symbol -> argument: eta -> lr, lam -> damping; A_i -> ``matrices()``.
 """
 
 from __future__ import annotations
 
+import copy
+import math
+import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from . import foof
+
+DEFAULT_STATS_DECAY = 0.95  # running average of hooked statistics: A <- decay A + (1 - decay) A_batch
+UNSEEN = "no forward pass reached it, so it has no statistics"  # why a block found unreachable steps plainly
 
 
 def batch_inputs(batch, device=None):
@@ -31,67 +47,224 @@ def batch_inputs(batch, device=None):
     return x.to(device) if device is not None and torch.is_tensor(x) else x
 
 
-class FOOF(torch.optim.Optimizer):
-    """FOOF-preconditioned SGD for ``model``'s parameters (see the module docstring).
+@dataclass(frozen=True)
+class Layer:
+    """One row of ``FOOF.blocks()``: a module holding parameters, and whether FOOF preconditions it."""
 
-    model         the network; its Linear / Conv2d layers are found once, here
-    lr            step size eta
-    damping       lam of (A + lam I); use the same value in ``fedpm_dnn.mix``
-    clip          max norm of the step direction (None: no clipping)
-    weight_decay  added to the gradient (coupled, as ``torch.optim.SGD``), before preconditioning
-    clip_stage    'update' (after the preconditioner, the default) or 'gradient' (before it)
+    name: str  # the module's name in the model ('' for the root)
+    kind: str  # its class name
+    preconditioned: bool
+    side: int | None  # d of its (d, d) matrix when preconditioned
+    why: str  # what is done with its parameters
+
+
+def _number(name: str, value, low: float, *, low_ok: bool = True, high: float | None = None) -> float:
+    """``value`` as a finite float in [low, high) (low excluded unless ``low_ok``); a ValueError/TypeError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v < low or (v == low and not low_ok) or (high is not None and v >= high):
+        bound = f">= {low:g}" if low_ok else f"> {low:g}"
+        raise ValueError(
+            f"{name} must be a finite number {bound}{'' if high is None else f' and < {high:g}'}, got {value!r}"
+        )
+    return v
+
+
+def _every(name: str, value) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+    return value
+
+
+class FOOF(torch.optim.Optimizer):
+    """FOOF-preconditioned SGD (see the module docstring).
+
+    params         the model itself (all its trainable parameters; its layers give the blocks), or an iterable of
+                   parameters or of param-group dicts, as any ``torch.optim`` optimizer takes, together with
+                   ``model=``: the blocks are the model's layers whose weight is among these parameters
+    lr             step size eta (a group may set its own)
+    damping        lam of (A + lam I), > 0 unless every matrix is positive definite; use the same in ``mix``
+    momentum       heavy-ball momentum of the preconditioned step (0: none; a group may set its own)
+    weight_decay   coupled L2, added to the gradient before preconditioning (a group may set its own)
+    clip           max norm of the step direction over all parameters (None: no clipping)
+    clip_stage     'update' (after the preconditioner, the default) or 'gradient' (before it)
+    model          the network, when ``params`` are parameters or groups
+    stats_every    None (statistics only from ``update_statistics``/``set_matrices``), or N: hooks take them from
+                   the training batches of every N-th step
+    inverse_every  with ``stats_every``: form the damped inverses every this many steps (default: stats_every)
+    stats_decay    with ``stats_every``: running-average weight of the old statistics (0: the latest batch only)
     """
 
     def __init__(
         self,
-        model: nn.Module,
+        params,
         lr: float,
         damping: float = foof.DEFAULT_DAMPING,
-        clip: float | None = None,
+        momentum: float = 0.0,
         weight_decay: float = 0.0,
+        clip: float | None = None,
         clip_stage: str = "update",
+        *,
+        model: nn.Module | None = None,
+        stats_every: int | None = None,
+        inverse_every: int | None = None,
+        stats_decay: float = DEFAULT_STATS_DECAY,
     ):
-        if not lr > 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
-        if not damping >= 0:
-            raise ValueError(f"damping must be >= 0, got {damping}")
-        if clip is not None and not clip > 0:
-            raise ValueError(f"clip must be > 0 or None, got {clip}")
-        if not weight_decay >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        if isinstance(params, nn.Module):
+            if model is not None and model is not params:
+                raise ValueError(
+                    "FOOF was given a model twice: pass FOOF(model, ...) or FOOF(params, ..., model=model)"
+                )
+            model, params = params, [p for p in params.parameters() if p.requires_grad]
+        elif model is None:
+            raise TypeError(
+                "FOOF finds its blocks among the model's layers: pass FOOF(model, lr) or "
+                "FOOF(model.parameters(), lr, model=model) (parameters or param groups)"
+            )
+        elif not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        lr = _number("lr", lr, 0.0, low_ok=False)
+        self.damping = _number("damping", damping, 0.0)
+        momentum = _number("momentum", momentum, 0.0, high=1.0)
+        weight_decay = _number("weight_decay", weight_decay, 0.0)
+        if clip is not None:
+            clip = _number("clip", clip, 0.0, low_ok=False)
         if clip_stage not in ("update", "gradient"):
-            raise ValueError(f"clip_stage must be update or gradient, got {clip_stage!r}")
-        params = [p for p in model.parameters() if p.requires_grad]
-        super().__init__(params, {"lr": lr, "weight_decay": weight_decay})
-        self.model, self.damping, self.clip, self.clip_stage = model, damping, clip, clip_stage
-        self.blocks = foof.foof_blocks(model)
-        self._matrices: dict | None = None
+            raise ValueError(f"clip_stage must be 'update' or 'gradient', got {clip_stage!r}")
+        self.stats_every = _every("stats_every", stats_every)
+        self.inverse_every = _every("inverse_every", inverse_every)
+        if self.inverse_every is not None and self.stats_every is None:
+            raise ValueError("inverse_every needs stats_every (statistics taken from the training batches)")
+        self.stats_decay = _number("stats_decay", stats_decay, 0.0, high=1.0)
+        super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
+        for group in self.param_groups:  # a group's own values are checked as the defaults are
+            group["lr"] = _number("a param group's lr", group["lr"], 0.0, low_ok=False)
+            group["momentum"] = _number("a param group's momentum", group["momentum"], 0.0, high=1.0)
+            group["weight_decay"] = _number("a param group's weight_decay", group["weight_decay"], 0.0)
+        self.model, self.clip, self.clip_stage = model, clip, clip_stage
+        self._find_blocks()
+        self._matrices: dict | None = None  # the statistics (running average with hooks)
+        self._inverted: dict | None = None  # the matrices the inverses in use were formed from
         self._inverses: dict | None = None
+        self._steps = 0
+        self._handles: list = []
+        self._batch = None  # a StatsAccumulator while hooks collect this step's statistics
+        self._hook()
+
+    def _hook(self) -> None:
+        """(Re)attach the statistics hooks to the blocks (``stats_every``)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self.stats_every is None:
+            return
+        for name, b in self._blocks.items():
+            self._handles.append(
+                b.module.register_forward_pre_hook(lambda m, inp, name=name: self._hooked(name, inp[0]))
+            )
+
+    # ---- which layers are blocks ---------------------------------------------------------------------------------
+
+    def _find_blocks(self) -> None:
+        given = {id(p) for g in self.param_groups for p in g["params"]}
+        blocks, skipped = foof.survey(self.model)
+        self._blocks, self._skipped = {}, dict(skipped)
+        for name, b in blocks.items():
+            if id(b.module.weight) not in given:
+                self._skipped[name] = (type(b.module).__name__, "its weight is not among the optimizer's parameters")
+                continue
+            b.has_bias = b.has_bias and id(b.module.bias) in given  # a bias trained elsewhere is no part of the block
+            self._blocks[name] = b
+        by_kind: dict = {}
+        for name, (kind, why) in self._skipped.items():
+            if not why.startswith(("frozen", "its weight is not")):
+                by_kind.setdefault(kind, []).append(f"{name or '(root)'}: {why}")
+        for kind, rows in by_kind.items():
+            warnings.warn(f"FOOF leaves {kind} layer(s) without preconditioning (plain SGD): " + "; ".join(rows),
+                          stacklevel=3)  # fmt: skip
+
+    def _side(self, b) -> int:
+        return b.module.weight[0].numel() + int(b.has_bias)
+
+    def blocks(self) -> list:
+        """One ``Layer`` per module holding parameters, in module order: preconditioned (a FOOF block, with the
+        side of its matrix) or not, and why."""
+        out = []
+        for name, m in self.model.named_modules():
+            if name in self._blocks:
+                b = self._blocks[name]
+                out.append(Layer(name, type(m).__name__, True, self._side(b), "FOOF block: (A + damping I)^-1 step"))
+            elif name in self._skipped:
+                out.append(Layer(name, *self._skipped[name][:1], False, None, self._skipped[name][1]))
+            elif any(True for _ in m.parameters(recurse=False)):
+                out.append(Layer(name, type(m).__name__, False, None, "plain SGD step: FOOF blocks are Linear/Conv2d"))
+        return out
+
+    # ---- statistics and inverses ---------------------------------------------------------------------------------
 
     @torch.no_grad()
     def update_statistics(self, batches: Iterable) -> dict:
-        """A = E[a a^T] of every block over ``batches`` (the client's data: a DataLoader, or any iterable of
-        input tensors or (inputs, targets) pairs), at the model's current parameters, in float64; then the
-        damped inverses for the next steps.  Returns the matrices (as ``matrices()``)."""
+        """A = E[a a^T] of every block over ``batches`` (a DataLoader, or any iterable of input tensors or
+        (inputs, targets) pairs), at the model's current parameters, in float64, its buffers (BatchNorm's running
+        statistics) left untouched; then the damped inverses for the next steps.  The model runs in the mode it
+        is in (put it in eval mode first to keep dropout out of the statistics).  Returns ``matrices()``."""
         device = next(iter(self.model.parameters())).device
-        A = foof.compute_foof(self.model, self.blocks, (batch_inputs(b, device) for b in batches))
-        if any(name not in A for name in self.blocks):
-            raise ValueError("update_statistics saw no batch: pass the client's data")
-        self.set_matrices(A)
+        acc = foof.StatsAccumulator(self._blocks)
+        seen = 0
+        with foof.buffers_kept(self.model), foof.capture_inputs(self._blocks, acc):
+            for b in batches:
+                self.model(batch_inputs(b, device))
+                seen += 1
+        if not seen:
+            raise ValueError("update_statistics saw no batch: pass the data to take the statistics over")
+        self._drop_unseen(set(acc.sums))
+        self.set_matrices(acc.result())
         return self.matrices()
+
+    def _drop_unseen(self, seen: set) -> None:
+        """Blocks no forward pass reached (a layer the model does not call) become plain parameters, once."""
+        unseen = [name for name in self._blocks if name not in seen]
+        for name in unseen:
+            self._skipped[name] = (type(self._blocks.pop(name).module).__name__, UNSEEN)
+        if unseen:
+            warnings.warn(f"FOOF: layer(s) {', '.join(map(repr, unseen))} received no input in the forward pass: "
+                          "plain SGD steps for them", stacklevel=3)  # fmt: skip
+            self._hook()
 
     def set_matrices(self, matrices: dict) -> None:
         """Use these FOOF matrices (block name -> (d, d), as ``matrices()`` returns) from now on: a client's
         matrices kept from its previous round, for instance."""
-        sides = {name: b.module.weight[0].numel() + int(b.has_bias) for name, b in self.blocks.items()}
+        self._inverted = self._checked(matrices)
+        self._matrices = dict(self._inverted)
+        self._invert()
+
+    def _checked(self, matrices, partial: bool = False) -> dict:
+        """``matrices`` in float64 on the model's device, checked against the blocks (with ``partial``: those of
+        some blocks only, as hooks that have not yet seen every block hold)."""
+        if not isinstance(matrices, dict):
+            raise TypeError(
+                f"FOOF matrices must be a dict of block name -> (d, d) tensor, got {type(matrices).__name__}"
+            )
+        sides = {name: self._side(b) for name, b in self._blocks.items() if not partial or name in matrices}
         if set(matrices) != set(sides):
             raise ValueError(f"FOOF matrices name blocks {sorted(matrices)}, the model has {sorted(sides)}")
         for name, d in sides.items():
-            if tuple(matrices[name].shape) != (d, d):
-                raise ValueError(f"FOOF matrix {name!r} has shape {tuple(matrices[name].shape)}, expected {(d, d)}")
-        dtype = self.param_groups[0]["params"][0].dtype if self.param_groups[0]["params"] else None
-        self._matrices = {k: v.detach().to(torch.float64) for k, v in matrices.items()}
-        self._inverses = foof.damped_inverses(self._matrices, self.damping, dtype)
+            M = matrices[name]
+            if not torch.is_tensor(M) or tuple(M.shape) != (d, d):
+                shape = tuple(M.shape) if torch.is_tensor(M) else type(M).__name__
+                raise ValueError(f"FOOF matrix {name!r} has shape {shape}, expected {(d, d)}")
+        device = next(iter(self.model.parameters())).device
+        return {k: matrices[k].detach().to(device=device, dtype=torch.float64) for k in sides}
+
+    def _invert(self) -> None:
+        """The damped inverses of ``_inverted``, each in its block's dtype."""
+        self._inverses = {
+            name: foof.damped_inverses({name: A}, self.damping, self._blocks[name].module.weight.dtype)[name]
+            for name, A in self._inverted.items()
+        }
 
     def matrices(self) -> dict:
         """The FOOF matrices in use (block name -> (d, d) float64): what a FedPM client sends for mixing."""
@@ -99,15 +272,51 @@ class FOOF(torch.optim.Optimizer):
             raise RuntimeError("FOOF has no matrices yet: call update_statistics(batches) first")
         return dict(self._matrices)
 
+    def _collecting(self) -> bool:
+        return self.stats_every is not None and self._steps % self.stats_every == 0 and torch.is_grad_enabled()
+
+    def _hooked(self, name: str, x) -> None:
+        if not (self._collecting() and self._blocks[name].module.training):
+            return
+        if self._batch is None:
+            self._batch = foof.StatsAccumulator(self._blocks)
+        with torch.no_grad():
+            self._batch.add(name, x)
+
+    def _fold_batch(self) -> None:
+        """Fold the statistics the hooks took on this step's forward passes into the running average."""
+        batch, self._batch = self._batch, None
+        if batch is None:
+            return
+        fresh = batch.result()
+        if self._matrices is None:
+            self._matrices = {}
+        for name, A in fresh.items():
+            old = self._matrices.get(name)
+            self._matrices[name] = A if old is None else self.stats_decay * old + (1.0 - self.stats_decay) * A
+        self._drop_unseen(set(self._matrices))  # a block the first hooked pass did not reach is never called
+
+    # ---- the step ------------------------------------------------------------------------------------------------
+
     @torch.no_grad()
     def step(self, closure=None):
         """One preconditioned step from the parameters' ``.grad``; ``closure`` (optional) re-evaluates the loss."""
-        if self._inverses is None:
-            raise RuntimeError("FOOF has no matrices yet: call update_statistics(batches) before step()")
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self.stats_every is not None:
+            self._fold_batch()
+            every = self.inverse_every or self.stats_every
+            if self._matrices and (self._inverses is None or self._steps % every == 0):
+                self._inverted = dict(self._matrices)
+                self._invert()
+        if self._inverses is None:
+            raise RuntimeError(
+                "FOOF has no matrices yet: call update_statistics(batches) before step(), or take the statistics "
+                "from the training batches with FOOF(..., stats_every=N)"
+            )
+        self._steps += 1
         params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
         for group in self.param_groups:
             if group["weight_decay"]:
@@ -116,12 +325,66 @@ class FOOF(torch.optim.Optimizer):
                         p.grad.add_(p, alpha=group["weight_decay"])
         if self.clip is not None and self.clip_stage == "gradient":
             torch.nn.utils.clip_grad_norm_(params, self.clip)
-        # rows (d_out, d) times the symmetric inverse: G_Theta^T (A + lam I)^{-1}
-        foof.apply_to_grads(self.blocks, lambda name, T: T @ self._inverses[name])
+        # rows (d_out, d) times the symmetric inverse: G_Theta^T (A + lam I)^{-1}; a block without statistics yet
+        # (hooks that have not seen it) steps plainly
+        ready = {k: b for k, b in self._blocks.items() if k in self._inverses}
+        foof.apply_to_grads(ready, lambda name, T: T @ self._inverses[name].to(T.dtype))
         if self.clip is not None and self.clip_stage == "update":
             torch.nn.utils.clip_grad_norm_(params, self.clip)
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is not None:
-                    p.add_(p.grad, alpha=-group["lr"])
+                if p.grad is None:
+                    continue
+                d = p.grad
+                if group["momentum"]:
+                    buf = self.state[p].get("momentum_buffer")
+                    if buf is None:
+                        buf = self.state[p]["momentum_buffer"] = d.detach().clone()
+                    else:
+                        buf.mul_(group["momentum"]).add_(d)
+                    d = buf
+                p.add_(d, alpha=-group["lr"])
         return loss
+
+    # ---- checkpoints ---------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """``torch.optim`` state (momentum buffers, param groups) plus the FOOF matrices, the matrices the
+        inverses in use were formed from, and the step count: ``load_state_dict`` resumes identically."""
+        out = super().state_dict()
+        out["foof"] = {
+            "damping": self.damping,
+            "steps": self._steps,
+            "blocks": sorted(self._blocks),
+            "matrices": None if self._matrices is None else {k: v.clone() for k, v in self._matrices.items()},
+            "inverted": None if self._inverted is None else {k: v.clone() for k, v in self._inverted.items()},
+        }
+        return out
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("foof"), dict):
+            raise ValueError("not a FOOF optimizer state: it has no 'foof' entry (write it with FOOF.state_dict())")
+        # a copy: torch.optim keeps the given tensors, which would tie this optimizer's momentum to the saved one's
+        state_dict = copy.deepcopy(state_dict)
+        saved = state_dict.pop("foof")
+        blocks = saved.get("blocks")
+        if not isinstance(blocks, list) or not set(blocks) <= set(self._blocks):
+            raise ValueError(f"the saved FOOF state names blocks {blocks}, this one {sorted(self._blocks)}")
+        for name in set(self._blocks) - set(blocks):  # found unreachable by the saved optimizer: plain, as there
+            self._skipped[name] = (type(self._blocks.pop(name).module).__name__, UNSEEN)
+        self._hook()
+        super().load_state_dict(state_dict)
+        self.damping = float(saved["damping"])
+        self._steps = int(saved["steps"])
+        self._matrices = self._inverted = self._inverses = None
+        if saved["inverted"] is not None:
+            self._inverted = self._checked(saved["inverted"], partial=self.stats_every is not None)
+            self._invert()
+        if saved["matrices"] is not None:
+            self._matrices = self._checked(saved["matrices"], partial=self.stats_every is not None)
+
+    def remove_hooks(self) -> None:
+        """Detach the statistics hooks from the model (``stats_every``); the optimizer then takes no new ones."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []

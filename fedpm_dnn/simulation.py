@@ -179,10 +179,13 @@ def run_experiment(
     return history
 
 
-def drive(task, driver, state, rounds, seed, fingerprint, checkpoint=None, resume=False, on_round=None, stop=None):
+def drive(
+    task, driver, state, rounds, seed, fingerprint, checkpoint=None, resume=False, on_round=None, stop=None, extra=None
+):
     """Rounds up to ``rounds`` of a built task (``build`` or ``fedpm_dnn.federated``): the history's DNN
     columns, a checkpoint after every round, and resuming from one written with the same ``fingerprint``.
-    Returns (final state, history)."""
+    ``extra``: an object whose ``state() -> dict`` is checkpointed too and given back to ``restore(dict)`` on
+    resuming (``fedpm_dnn.federated``'s model buffers).  Returns (final state, history)."""
     alg, device, n = driver.algorithm, task.device, task.n_clients
     rng = np.random.default_rng(seed)
     history = []
@@ -198,6 +201,10 @@ def drive(task, driver, state, rounds, seed, fingerprint, checkpoint=None, resum
                 f"{len(ck['history'])} or more to continue it (nothing was changed)"
             )
         state, history = from_server_view(ck["server"], ck["clients"]), ck["history"]
+        if extra is not None:
+            if not isinstance(ck.get("extra"), dict):
+                raise _ck.CheckpointError(f"{checkpoint}: damaged checkpoint (no model buffers); remove it")
+            extra.restore(ck["extra"])
         try:
             rng.bit_generator.state = ck["np_rng"]
         except (TypeError, ValueError, KeyError) as exc:
@@ -227,6 +234,7 @@ def drive(task, driver, state, rounds, seed, fingerprint, checkpoint=None, resum
                     "clients": state.clients,
                     "history": history,
                     "np_rng": rng.bit_generator.state,
+                    **({} if extra is None else {"extra": extra.state()}),
                 },
             )
         _reset_peak_memory(device)

@@ -178,7 +178,7 @@ def test_one_full_batch_foof_step_plus_fedpm_mixing_is_a_global_newton_step(damp
 
 
 def test_non_positive_definite_matrix_is_reported():
-    with pytest.raises(ArithmeticError, match="raise --damping"):
+    with pytest.raises(ArithmeticError, match="raise the damping"):
         foof.factorize({"fc": -torch.eye(3)}, 0.0)
 
 

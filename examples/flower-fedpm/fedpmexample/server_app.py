@@ -5,7 +5,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from fedpm_flower.strategy import FedPM
-from fedpmexample.task import Net, test_accuracy
+from fedpmexample.task import make_net, test_accuracy
 
 app = ServerApp()
 
@@ -23,8 +23,8 @@ def train_config(cfg) -> ConfigRecord:
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     torch.manual_seed(int(cfg["seed"]))
-    model = Net()
     data_dir = str(cfg["data-dir"])
+    model = make_net(data_dir)  # no data: one clear error here, before any round
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
@@ -35,7 +35,7 @@ def main(grid: Grid, context: Context) -> None:
         initial_arrays=ArrayRecord(model.state_dict()),
         num_rounds=int(cfg["num-server-rounds"]),
         train_config=train_config(cfg),
-        evaluate_fn=evaluate if data_dir else None,
+        evaluate_fn=evaluate,
     )
     if cfg["out-file"]:
         torch.save(result.arrays.to_torch_state_dict(), str(cfg["out-file"]))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -222,9 +223,10 @@ def build_parser():
     g.add_argument(
         "--foof-apply",
         choices=("solve", "inverse", "auto"),
-        help="how a local step applies (A + lam I)^{-1} (LocalNewton, FedPM): solve (default: two triangular "
-        "solves with the Cholesky factor), inverse (one product with the inverse formed once per round, as the "
-        "paper's cost table counts), auto (the measured rule of docs/stacking.md)",
+        help="how a local step applies (A + lam I)^{-1} (LocalNewton, FedPM): solve (two triangular solves with "
+        "the Cholesky factor), inverse (one product with the inverse formed once per round, as the paper's cost "
+        "table counts), auto (inverse on CUDA, solve on the CPU; a resumed run keeps the apply it recorded) "
+        "(default: auto)",
     )
     g.add_argument("--refresh-every", type=common.positive_int, help="recompute FOOF matrices every s local steps")
     g.add_argument("--weighting", choices=("uniform", "samples"))
@@ -520,6 +522,31 @@ def method_of(args):
     return args.resolved.config
 
 
+# --foof-apply auto (the default) on each device: the whole run's apply, decided once and recorded in the checkpoint
+AUTO_FOOF_APPLY = {"cuda": "inverse", "cpu": "solve"}
+
+
+def concrete_foof_apply(args, cfg, device: str):
+    """``cfg`` with --foof-apply auto (or no flag) made concrete: on --resume the apply the checkpoint recorded (a
+    run started under an earlier default continues as it began; a checkpoint from before the option solved), else
+    AUTO_FOOF_APPLY for the device.  The flag's own value follows the checkpoint's too, so that neither differs."""
+    if not getattr(cfg, "uses_foof", False) or args.foof_apply not in (None, "auto"):
+        return cfg
+    apply = AUTO_FOOF_APPLY.get(torch_device_type(device), "solve")
+    if args.resume and os.path.isfile(os.path.join(args.out, "checkpoint.pt")):
+        from fedpm_dnn import checkpoint
+
+        recorded = checkpoint.load(os.path.join(args.out, "checkpoint.pt"), map_location="cpu")["fingerprint"]
+        apply = recorded.get("config.foof_apply", "solve")
+        if recorded.get("run.foof_apply") in (None, "auto"):
+            args.foof_apply = recorded.get("run.foof_apply")
+    return dataclasses.replace(cfg, foof_apply=apply)
+
+
+def torch_device_type(device: str) -> str:
+    return str(device).split(":")[0]
+
+
 def build(args):
     """(Experiment, description dict) for the parsed arguments; raises on any user error."""
     import torch
@@ -539,7 +566,7 @@ def build(args):
     )
     engine = AUTO_ENGINE[device] if args.engine == "auto" else args.engine
     res = args.resolved
-    cfg, settings = res.config, res.settings
+    cfg, settings = concrete_foof_apply(args, res.config, device), res.settings
     data, natural = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
     x, y = data.x_train, data.y_train
     n_clients = settings["clients"]

@@ -90,6 +90,8 @@ def first_difference(saved: dict, now: dict) -> str | None:
         saved = {**{k: v for k, v in saved.items() if k != "run.engine"}, "engine": saved["run.engine"]}
     if "config.damping" in saved and "config.foof_apply" not in saved:  # written before --foof-apply: solves
         saved = {**saved, "config.foof_apply": "solve"}
+    if "config.foof_precision" in now and "config.foof_precision" not in saved:  # before --foof-precision: float32
+        saved = {**saved, "config.foof_precision": "fp32"}
     # a flag added since the checkpoint was written, and not given now, is the same run as before it existed
     saved = {**{k: None for k, v in now.items() if k.startswith("run.") and v is None and k not in saved}, **saved}
     order = list(now) + [k for k in saved if k not in now]

@@ -323,10 +323,11 @@ def _history(out):
 def test_a_run_started_under_the_old_default_resumes_with_the_apply_it_recorded(tmp_path, monkeypatch):
     """--foof-apply auto is the default and is made concrete once per run (inverse on CUDA); a checkpoint written
     under the earlier default (solve; no flag given) -- or before the option existed (no apply recorded) -- resumes
-    with solve where auto now means inverse, without a flag, to the history of the uninterrupted solve run."""
+    with solve where auto now means inverse, without a flag, to the history of the uninterrupted solve run.  The
+    same for --foof-precision auto (split-tf32 on CUDA): such a run resumes in fp32."""
     from fake_cifar import cifar_pickle
 
-    from fedpm_dnn import checkpoint
+    from fedpm_dnn import checkpoint, precision
     from validation import dnn
 
     cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"))
@@ -338,14 +339,18 @@ def test_a_run_started_under_the_old_default_resumes_with_the_apply_it_recorded(
         ck = checkpoint.load(str(out / "checkpoint.pt"))
         fp = ck["fingerprint"]
         assert fp["config.foof_apply"] == "solve" and fp["run.foof_apply"] is None  # what the old default wrote
+        assert fp["config.foof_precision"] == "fp32" and fp["run.foof_precision"] is None
         if forget:
-            del fp["config.foof_apply"], fp["run.foof_apply"]
+            del fp["config.foof_apply"], fp["run.foof_apply"], fp["config.foof_precision"], fp["run.foof_precision"]
             checkpoint.save(str(out / "checkpoint.pt"), ck)
         monkeypatch.setitem(dnn.AUTO_FOOF_APPLY, "cpu", "inverse")  # auto now stands for inverse, as on CUDA
+        monkeypatch.setattr(precision, "default_mode", lambda device: "split-tf32")
         assert _cli_run(tmp_path, out, "--rounds", "2", "--resume") == 0
         monkeypatch.undo()
         assert _history(out) == _history(whole)
     fresh = tmp_path / "fresh"  # a new run under the same rule records the concrete apply it used
     monkeypatch.setitem(dnn.AUTO_FOOF_APPLY, "cpu", "inverse")
+    monkeypatch.setattr(precision, "default_mode", lambda device: "split-tf32")
     assert _cli_run(tmp_path, fresh, "--rounds", "1") == 0
-    assert checkpoint.load(str(fresh / "checkpoint.pt"))["fingerprint"]["config.foof_apply"] == "inverse"
+    fp = checkpoint.load(str(fresh / "checkpoint.pt"))["fingerprint"]
+    assert fp["config.foof_apply"] == "inverse" and fp["config.foof_precision"] == "split-tf32"

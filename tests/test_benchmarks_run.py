@@ -59,6 +59,7 @@ def test_the_flower_deployment_benchmark_runs_two_nodes_for_one_round():
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_the_gpu_script_runs_every_step_at_a_tiny_size_on_the_cpu(tmp_path):
     """validation/gpu_checks.sh with GPU_CHECKS_TINY=1: every figure's file written (the benchmark JSONs parse), a done
     marker per finished step, the 100-round stacks' units run (the a1.0 ones finish; the relaysum-even ones are
@@ -70,10 +71,10 @@ def test_the_gpu_script_runs_every_step_at_a_tiny_size_on_the_cpu(tmp_path):
     cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"), n=20)
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": ROOT, "GPU_CHECKS_TINY": "1", "PYTHON": sys.executable}
-    cmd = ["bash", os.path.join(ROOT, "validation", "gpu_checks.sh"), str(tmp_path / "data"), str(out), "1500"]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    cmd = ["bash", os.path.join(ROOT, "validation", "gpu_checks.sh"), str(tmp_path / "data"), str(out), "3000"]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3300)
     assert r.returncode == 0, r.stderr[-2000:]
-    for name in ("resnet_split_tf32", "cnn_paper", "resnet_fp32", "stack6_cnn"):
+    for name in ("resnet_split_tf32", "cnn_paper", "stack6_cnn"):
         result = json.loads((out / f"{name}.json").read_text())["results"][0]
         assert (out / "done" / name).is_file() and result["fedpm_round_seconds_vectorized"] > 0, name
     assert json.loads((out / "cnn_paper.json").read_text())["results"][0]["proxies"]["fedpm"]["operators_per_round"] > 0

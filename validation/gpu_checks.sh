@@ -24,8 +24,8 @@
 # budget.  Every finished step leaves OUT_DIR/done/<step>; a second call with the same OUT_DIR -- or a fresh one
 # with the first call's output as PREVIOUS_OUT, copied in first -- skips the finished steps and resumes the stacks
 # from their checkpoints.  Steps are independent: one failing does not stop the others.  The tiny mode
-# (GPU_CHECKS_TINY=1) runs on the CPU with SimpleCNN in place of ResNet18-GN and a few images and rounds: it checks
-# the script, not the figures (tests/test_benchmarks_run.py runs it).
+# (GPU_CHECKS_TINY=1) runs on the CPU with SimpleCNN in place of ResNet18-GN, a few images, one round of each stack,
+# and without the CUDA-only tests: it checks the script, not the figures (tests/test_benchmarks_run.py runs it).
 set -u
 DATA=${1:?usage: gpu_checks.sh DATA_DIR OUT_DIR [SECONDS] [PREVIOUS_OUT]}
 OUT=${2:?usage: gpu_checks.sh DATA_DIR OUT_DIR [SECONDS] [PREVIOUS_OUT]}
@@ -40,12 +40,13 @@ if [ -n "$PREV" ] && [ -d "$PREV" ] && [ "$(cd "$PREV" && pwd)" != "$(cd "$OUT" 
 fi
 export PYTHONUNBUFFERED=1
 if [ "${GPU_CHECKS_TINY:-0}" = 1 ]; then
-    DEV=cpu; RESNET=cnn; CNN_PAPER=2,16,1,2; RESNET_SIZE=2,8,1,2; STACK=2; ROUNDS=2
+    DEV=cpu; RESNET=cnn; CNN_PAPER=2,16,1,2; RESNET_SIZE=2,8,1,2; STACK=2; ROUNDS=1
+    SKIP_TINY="precision_tests resnet_fp32 cuda_tests"   # CUDA-only tests, and a repeat of step 2 at this size
     RUN_SIZE=(--clients 2 --train-subset 40 --test-subset 20 --local-epochs 1 --threads 1)
     export OMP_NUM_THREADS=1
 else
     DEV=cuda; RESNET=resnet18gn; CNN_PAPER=10,5000,5,2; RESNET_SIZE=10,1000,1,2; STACK=6; ROUNDS=100
-    RUN_SIZE=()
+    RUN_SIZE=(); SKIP_TINY=""
 fi
 START=$(date +%s)
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
@@ -56,6 +57,7 @@ mark() { date -u +%FT%TZ > "$OUT/done/$1"; }
 run() {
     local name=$1 need=$2 file=$3; shift 3
     if [ -n "$ONLY" ] && [ "$ONLY" != "$name" ]; then return; fi
+    case " $SKIP_TINY " in *" $name "*) echo "$name: not in the tiny mode"; return ;; esac
     done_ "$name" && { echo "$name: done earlier"; return; }
     if [ "$(left)" -lt "$need" ]; then echo "skipping $name: $(left)s left, needs ~${need}s"; return; fi
     step "$name: $*"

@@ -3,6 +3,7 @@ of 6 more.  python benchmarks/convex_round_time.py '{"compressor": "natural"}' f
 (run in two checkouts, before and after a change, to compare them)."""
 
 import cProfile
+import json
 import pstats
 import sys
 import time
@@ -20,7 +21,7 @@ n, m = paper_split_sizes("w8a")
 p = FederatedLogReg(ds.X, ds.y, sequential_split(ds.n, n, m), lam=1e-3)
 ts, fs, _ = solve_optimum(p)
 t0 = initial_point(p, ts, "paper", 0)
-kw = eval(sys.argv[1])
+kw = json.loads(sys.argv[1])  # parameters as JSON: nothing from the command line runs as code
 name = sys.argv[2] if len(sys.argv) > 2 else "fednl"
 with threadpool_limits(1):
     alg = make_algorithm(name, **kw)

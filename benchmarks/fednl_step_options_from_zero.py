@@ -4,6 +4,7 @@ or ||grad f|| <= 1e-9, BLAS at one thread:
     python benchmarks/fednl_step_options_from_zero.py
 """
 
+import os
 import time
 
 import numpy as np
@@ -27,13 +28,16 @@ cfgs = [
     ("randk", {"compressor": "randk", "k": d, "alpha": d / nup}),
     ("natural", {"compressor": "natural", "alpha": 8 / 9}),
 ]
+rounds = 2 if os.environ.get("FEDPM_BENCH_TINY") == "1" else 40  # tiny: two rounds of two compressors
+if rounds == 2:
+    cfgs = cfgs[:2]
 with threadpool_limits(1):
     for name, kw in cfgs:
         for opt in ("none", "shift", "project"):
             t = time.perf_counter()
             try:
                 _, h = run(
-                    p, make_algorithm("fednl", option=opt, **kw), zero, 40, stop=lambda r: r["grad_norm"] <= 1e-9
+                    p, make_algorithm("fednl", option=opt, **kw), zero, rounds, stop=lambda r: r["grad_norm"] <= 1e-9
                 )
                 print(
                     f"{name:8s} {opt:8s} rounds {h[-1]['round']:3d} grad {h[-1]['grad_norm']:.2e} "

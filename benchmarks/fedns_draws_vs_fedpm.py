@@ -4,6 +4,7 @@ one thread): the median over 6 timed rounds of each run.
     python benchmarks/fedns_draws_vs_fedpm.py
 """
 
+import os
 import statistics
 
 from threadpoolctl import threadpool_limits
@@ -25,10 +26,10 @@ runs = [
     ("FedNS dense", "fedns", {"gaussian_draw": "dense"}),
 ]
 with threadpool_limits(1):
-    for _rep in range(3):
+    for _rep in range(1 if os.environ.get("FEDPM_BENCH_TINY") == "1" else 3):  # tiny: one alternation
         row = []
         for label, name, kw in runs:
-            _, h = run(p, make_algorithm(name, **kw), theta0, 7)
+            _, h = run(p, make_algorithm(name, **kw), theta0, 3 if os.environ.get("FEDPM_BENCH_TINY") == "1" else 7)
             ms = 1e3 * statistics.median(h[t]["seconds"] - h[t - 1]["seconds"] for t in range(1, len(h)))
             row.append(f"{label} {ms:6.1f} ms")
         print("   ".join(row))

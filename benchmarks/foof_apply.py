@@ -69,10 +69,11 @@ def main():
     p.add_argument("--clients", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", default=None)
+    p.add_argument("--models", default="cnn,resnet18gn", help="comma-separated, from cnn, resnet18gn")
     args = p.parse_args()
     torch.set_num_threads(1)
     rows = []
-    for model in ("cnn", "resnet18gn"):
+    for model in args.models.split(","):
         for d, r, n in block_shapes(model):
             row = {"model": model, "blocks": n, **measure(d, r, args.clients, args.device, args.repeats)}
             rows.append(row)

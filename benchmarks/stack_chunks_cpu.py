@@ -7,6 +7,7 @@ SimpleCNN, 10 clients x 100 images x 1 epoch, 3 rounds (the first untimed); seco
 """
 
 import json
+import os
 import time
 
 import numpy as np
@@ -14,13 +15,14 @@ import torch
 
 from validation.bench_dnn import _stack_round_seconds
 
-SIZE = (10, 100, 1, 3)
+TINY = os.environ.get("FEDPM_BENCH_TINY") == "1"  # a tiny run: 3 clients x 8 images, one alternation
+SIZE = (3, 8, 1, 2) if TINY else (10, 100, 1, 3)
 
 
 def main():
     torch.set_num_threads(1)
     res = {"single": [], "stack3": [], "stack3_chunk10": []}
-    for _ in range(2):
+    for _ in range(1 if TINY else 2):
         res["single"] += _stack_round_seconds("cnn", "fedpm", "cpu", SIZE, 1)
         res["stack3"] += _stack_round_seconds("cnn", "fedpm", "cpu", SIZE, 3)
         res["stack3_chunk10"] += _stack_round_seconds("cnn", "fedpm", "cpu", SIZE, 3, chunk=10)

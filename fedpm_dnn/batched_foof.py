@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import foof
+from . import foof, precision
 
 
 def input_blocks(model, blocks: dict, sample: torch.Tensor) -> set:
@@ -38,7 +38,7 @@ def stacked_gram(block, x: torch.Tensor):
         return foof.conv_gram(block.module, x)
     a = x.reshape(K, -1, x.shape[-1])
     per = a.shape[1] // B
-    return torch.bmm(a.transpose(1, 2), a), a.sum(1), per
+    return precision.gram(a), a.sum(1), per
 
 
 class StackedCapture:

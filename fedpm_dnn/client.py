@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import foof
+from . import foof, precision
 from .augment import normalize, random_crop_flip, standardize, to_unit
 
 
@@ -149,7 +149,13 @@ def foof_matrices(model, blocks, data, samples, generator, static: dict | None =
 def client_round(alg, model, blocks, data, cs: dict, down: dict, gen, loss_fn=F.cross_entropy):
     """One client's round on the sequential engine, shared by the in-process simulator and the Flower
     ClientApp: load the global model, train locally, and build the reply.  ``cs`` is the client's
-    persistent state (FOOF matrices and first-layer cache, the method's own entries), updated in place."""
+    persistent state (FOOF matrices and first-layer cache, the method's own entries), updated in place.
+    FOOF's products in the method's ``foof_precision`` (fedpm_dnn.precision)."""
+    with precision.use(getattr(alg, "foof_precision", "fp32")):
+        return _client_round(alg, model, blocks, data, cs, down, gen, loss_fn)
+
+
+def _client_round(alg, model, blocks, data, cs, down, gen, loss_fn):
     _load(model, down["params"])
     if alg.uses_foof and "foof" not in cs:  # first participation: matrices at the received model
         cs["foof"] = foof_matrices(model, blocks, data, alg.foof_samples, gen, cs.setdefault("foof_static", {}))

@@ -20,6 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import precision
+
 
 class LinearBlock:
     def __init__(self, module: nn.Linear):
@@ -34,7 +36,7 @@ class LinearBlock:
     def gram(self, x):
         """(sum_rows a a^T, sum_rows a, rows) of the block's input batch."""
         a = self.patches(x)
-        return a.T @ a, a.sum(0), a.shape[0]
+        return precision.gram(a), a.sum(0), a.shape[0]
 
     def weight_matrix(self, w):
         return w
@@ -93,7 +95,7 @@ def conv_gram(m: nn.Conv2d, x: torch.Tensor):
     Both take the images in chunks of the same size; the row form's float products each sum at most half the
     terms of the patch form's (as many for one output row; see ``row_pairings``), so the float32 round-off
     bound is no larger, and measured smaller (tests/test_conv_gram.py)."""
-    if x.device.type == "cpu" and row_form_pays(m, x.shape):
+    if x.device.type == "cpu" and precision.current() == "fp32" and row_form_pays(m, x.shape):
         return row_form_gram(m, x)
     return patch_gram(m, x)
 
@@ -114,7 +116,10 @@ def patch_gram(m: nn.Conv2d, x: torch.Tensor):
     for i in range(0, B, step):
         # reshape, not view: an unpadded 1x1 stride-1 conv's patches are a permuted view of x
         a = conv_patches(m, x[:, i : i + step].reshape(-1, *x.shape[2:])).reshape(K, -1, D)
-        S.baddbmm_(a.transpose(1, 2), a)
+        if precision.current() == "fp32":
+            S.baddbmm_(a.transpose(1, 2), a)
+        else:  # --foof-precision: the products on tensor cores (fedpm_dnn.precision)
+            S += precision.gram(a)
         total += a.sum(1)
     return S, total, L
 
@@ -568,7 +573,7 @@ def prepare(A: dict, damping: float, dtype, apply) -> dict:
 
 def direction(T, op: tuple):
     """T (A + lam I)^{-1} for row blocks T (..., d_out, d) and a block's ``operators`` entry."""
-    return torch.matmul(T, op[0]) if len(op) == 1 else solve_rows(T, *op)
+    return precision.matmul(T, op[0]) if len(op) == 1 else solve_rows(T, *op)
 
 
 @contextmanager

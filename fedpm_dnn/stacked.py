@@ -23,10 +23,9 @@ adds work: ReLU, pooling and their gradients on a 10 x 64-image stack ran 3-4 ti
 64-image batches that stay in cache, and the per-client convolutions' outputs had to be concatenated --
 measured on 2 cores, a SimpleCNN step of 10 clients x 64 images at one thread: 77.5-81.3 ms client by client
 against 91.4-95.3 ms stacked and 81.8-84.1 ms for ten steps of the sequential engine; at two threads 47.4-60.7,
-54.0-59.0 and 53.7-58.4 ms, within the noise (``python benchmarks/vectorized_step_forms.py``).  The FOOF
-statistics pass
-keeps the stacked form: it runs without gradients, in chunks of 512 images, and its hooks read each layer's
-stacked input.
+54.0-59.0 and 53.7-58.4 ms, within the noise (``python benchmarks/vectorized_step_forms.py`` at 9097157;
+docs/decisions.md).  The FOOF statistics pass keeps the stacked form: it runs without gradients, in chunks of
+512 images, and its hooks read each layer's stacked input.
 """
 
 from __future__ import annotations

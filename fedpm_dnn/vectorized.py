@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
-from . import batched_foof, foof, solve_graph, stacked
+from . import batched_foof, foof, precision, solve_graph, stacked
 from .augment import crop_flip
 
 STATS_BATCH = 512  # the sequential path's plain-data chunk (client.ClientData.plain_batches)
@@ -250,15 +250,16 @@ class VectorizedEngine:
         chunk = self.client_chunk or auto_client_chunk(self.model, cfg, sample, self.blocks, self.device, k)
         self.last_chunk = min(chunk, k)
         results = []
-        for s in range(0, k, chunk):
-            idx = list(range(s, min(k, s + chunk)))
-            results += self._chunk(
-                cfg,
-                [int(sel[j]) for j in idx],
-                [states[j] for j in idx],
-                [downs[j] for j in idx],
-                [gens[j] for j in idx],
-            )
+        with precision.use(getattr(cfg, "foof_precision", "fp32")):  # FOOF's products (fedpm_dnn.precision)
+            for s in range(0, k, chunk):
+                idx = list(range(s, min(k, s + chunk)))
+                results += self._chunk(
+                    cfg,
+                    [int(sel[j]) for j in idx],
+                    [states[j] for j in idx],
+                    [downs[j] for j in idx],
+                    [gens[j] for j in idx],
+                )
         return results
 
     def _chunk(self, cfg, sel, states, downs, gens):

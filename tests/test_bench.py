@@ -258,3 +258,103 @@ def test_dnn_benchmark_stacks_runs_and_puts_both_foof_applies_side_by_side(capsy
     assert out["stack_speedup"] == r["stack_speedup"]  # a headline key (SimpleCNN)
     by = r["fedpm_over_fedavg_by_apply"]
     assert set(by) == {"solve", "inverse"} and by["solve"] == r["fedpm_over_fedavg"] and by["inverse"] > 0
+
+
+def test_the_singular_flags_take_comma_lists_the_old_spelling_warns_and_any_apply_may_come_first(capsys):
+    """--engine / --foof-apply as elsewhere (comma lists here); --engines / --foof-applies still work with one warning
+    line; the first apply listed gives the plain keys, so solve need not come first."""
+    pytest.importorskip("torch")
+    from validation import bench_dnn
+
+    argv = ["--models", "cnn", "--sizes", "2,20,1,2", "--repeats", "1", "--threads", "1", "--json"]
+    assert bench_dnn.main(argv + ["--engine", "vectorized", "--foof-apply", "inverse,solve"]) == 0
+    captured = capsys.readouterr()
+    r = json.loads(captured.out)["results"][0]
+    assert "warning" not in captured.err and r["engines"] == ["vectorized"] and r["plain_apply"] == "inverse"
+    times = r["round_seconds_by_method"]["vectorized"]
+    assert set(times) == {"fedavg", "fedpm", "fedpm-solve"} and r["fedpm_round_seconds_vectorized"] == times["fedpm"]
+    assert r["fedpm_over_fedavg_by_apply"]["inverse"] == r["fedpm_over_fedavg"]
+    assert r["foof_precision"] == "fp32"  # auto on a CPU
+    assert bench_dnn.main(argv + ["--engines", "vectorized", "--foof-applies", "solve"]) == 0
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if "warning" in line]
+    assert warnings == [
+        "python -m validation.bench_dnn: warning: --engines is spelled --engine now (a comma list, as before)",
+        "python -m validation.bench_dnn: warning: --foof-applies is spelled --foof-apply now (a comma list, as before)",
+    ]
+    assert json.loads(captured.out)["results"][0]["engines"] == ["vectorized"]
+
+
+def test_the_json_holds_no_nan(capsys, monkeypatch):
+    """A measurement that could not be made is null, never NaN (which is no JSON)."""
+    pytest.importorskip("torch")
+    from validation import bench_dnn
+
+    monkeypatch.setattr(bench_dnn, "measure", lambda *a, **k: {"model": "cnn", "x": float("nan"), "y": [float("inf")]})
+    assert bench_dnn.main(["--models", "cnn", "--sizes", "2,20,1,2", "--threads", "1", "--json"]) == 0
+    out = capsys.readouterr().out
+    r = json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))["results"][0]
+    assert r["x"] is None and r["y"] == [None]
+
+
+def test_the_foof_cost_model_matches_hand_counts_on_small_layers():
+    """fedpm_dnn.foof_cost on a Linear(3, 2) with bias and a Conv2d(2, 3, 3, padding=1) on 4 x 4 images, counted by
+    hand; the Gram's count is the product the statistics pass makes (conv_patches' shape)."""
+    torch = pytest.importorskip("torch")
+    from fedpm_dnn import foof
+    from fedpm_dnn.foof_cost import block_shapes, foof_cost
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(48, 2))
+    shapes = block_shapes(model, torch.zeros(2, 4, 4))
+    assert [(s["d"], s["d_in"], s["rows"], s["L"]) for s in shapes] == [(19, 18, 3, 16), (49, 48, 2, 1)]
+    patches = foof.conv_patches(model[0], torch.zeros(1, 2, 4, 4))
+    # 2 clients x 5 images, 2 epochs of batches of 2: 3 steps an epoch, 6 a round
+    c = foof_cost(shapes, clients=2, per_client=5, epochs=2, batch=2, apply="inverse", mode="fp32")
+    conv, fc = c["blocks"]
+    assert c["steps_per_client"] == 6
+    assert conv["apply_flop_per_step"] == 2 * 3 * 19 * 19 == 2166 and fc["apply_flop_per_step"] == 2 * 2 * 49 * 49
+    assert conv["gram_flop_per_image"] == 2 * patches.shape[1] * patches.shape[2] ** 2 == 2 * 16 * 18 * 18
+    assert fc["gram_flop_per_image"] == 2 * 48 * 48
+    assert conv["factorisation_flop"] == 2 * (2 * 19**3 // 3)  # Cholesky + cholesky_inverse, d^3/3 MAs each
+    assert conv["apply_flop"] == 2 * 6 * 2166 and conv["gram_flop"] == 2 * 5 * 10368
+    assert c["total"]["state_bytes"] == 2 * 8 * (19 * 19 + 49 * 49)  # float64 A per client
+    assert c["total"]["operator_bytes"] == 2 * 4 * (19 * 19 + 49 * 49)  # one float32 inverse per block
+    assert c["total"]["stats_patch_bytes_peak"] == 4 * 2 * 5 * 16 * 18  # the conv's patches, both clients
+    split = foof_cost(shapes, 2, 5, 2, 2, apply="inverse", mode="split-tf32", symmetric_gram=True)
+    assert split["blocks"][0]["apply_flop_per_step"] == 3 * 2166  # three TF32 products
+    assert split["blocks"][0]["gram_flop_per_image"] == 2 * 16 * 18 * 19  # two products of one triangle each
+    solve = foof_cost(shapes, 2, 5, 2, 2, apply="solve", mode="split-tf32")
+    assert solve["blocks"][0]["apply_flop_per_step"] == 2166  # two triangular solves: rows d^2 each, in float32
+    assert solve["blocks"][0]["factorisation_flop"] == 2 * 19**3 // 3 and solve["total"][
+        "operator_bytes"
+    ] == 2 * 2 * 4 * (19 * 19 + 49 * 49)
+
+
+def test_the_paper_cost_reproduces_the_resnet_products_at_the_papers_size():
+    """ResNet18-GN, CIFAR-100, 10 x 5,000 images x 5 epochs, batch 64 (395 steps): the per-step apply products
+    ~320 TFLOP and the statistics Gram ~468 TFLOP a round in plain fp32, the three 4,608-wide blocks 81 % of the
+    apply's."""
+    pytest.importorskip("torch")
+    from fedpm_dnn.foof_cost import paper_cost
+
+    c = paper_cost("resnet18gn", "inverse", "fp32")
+    assert c["steps_per_client"] == 395
+    assert c["total"]["apply_flop"] == pytest.approx(320e12, rel=0.01)
+    assert c["total"]["gram_flop"] == pytest.approx(468e12, rel=0.01)
+    wide = sum(b["apply_flop"] for b in c["blocks"] if b["d"] == 4608)
+    assert 0.80 < wide / c["total"]["apply_flop"] < 0.82  # 81 % of the apply products
+
+
+def test_proxies_count_operators_per_local_step_and_round():
+    """--proxies: operators per local step (the difference of a one- and a two-epoch run, per step) and per round;
+    FedPM's step issues more operators than FedAvg's (its preconditioning), a round at least its steps'."""
+    pytest.importorskip("torch")
+    from validation import bench_dnn
+
+    p = bench_dnn.launch_proxies("cnn", "cpu", (1, 32, 1, 2), "inverse", "fp32")
+    assert set(p) == {"fedavg", "fedpm"}
+    for m in p.values():
+        assert m["local_steps_per_epoch"] == 1 and m["operators_per_local_step"] > 0
+        assert m["operators_per_round"] >= m["operators_per_local_step"] and m["host_operator_ms_per_local_step"] > 0
+        assert m["kernel_launches_per_local_step"] is None  # a CPU launches no kernels
+    assert p["fedpm"]["operators_per_local_step"] > p["fedavg"]["operators_per_local_step"]

@@ -302,3 +302,55 @@ def test_a_checkpoint_from_before_foof_apply_resumes_with_the_default():
     assert first_difference(old, now) is None
     other = {**now, "run.foof_apply": "inverse", "config.foof_apply": "inverse"}
     assert "foof" in first_difference(old, other)
+
+
+def _cli_run(tmp_path, out, *extra):
+    from validation import dnn
+
+    argv = ["--dataset", "cifar10", "--data-dir", str(tmp_path / "data"), "--method", "fedpm", "--clients", "2"]
+    argv += ["--local-epochs", "1", "--foof-samples", "64", "--train-subset", "40", "--test-subset", "20"]
+    return dnn.main(argv + ["--quiet", "--threads", "1", "--out", str(out), *extra])
+
+
+def _history(out):
+    import csv
+
+    with open(out / "history.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    return [{k: v for k, v in row.items() if "seconds" not in k and "memory" not in k} for row in rows]
+
+
+def test_a_run_started_under_the_old_default_resumes_with_the_apply_it_recorded(tmp_path, monkeypatch):
+    """--foof-apply auto is the default and is made concrete once per run (inverse on CUDA); a checkpoint written
+    under the earlier default (solve; no flag given) -- or before the option existed (no apply recorded) -- resumes
+    with solve where auto now means inverse, without a flag, to the history of the uninterrupted solve run.  The
+    same for --foof-precision auto (split-tf32 on CUDA): such a run resumes in fp32."""
+    from fake_cifar import cifar_pickle
+
+    from fedpm_dnn import checkpoint, precision
+    from validation import dnn
+
+    cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"))
+    whole = tmp_path / "whole"
+    assert _cli_run(tmp_path, whole, "--rounds", "2", "--foof-apply", "solve") == 0
+    for name, forget in (("old-default", False), ("before-option", True)):
+        out = tmp_path / name
+        assert _cli_run(tmp_path, out, "--rounds", "1") == 0  # the CPU's auto: solve, as the old default
+        ck = checkpoint.load(str(out / "checkpoint.pt"))
+        fp = ck["fingerprint"]
+        assert fp["config.foof_apply"] == "solve" and fp["run.foof_apply"] is None  # what the old default wrote
+        assert fp["config.foof_precision"] == "fp32" and fp["run.foof_precision"] is None
+        if forget:
+            del fp["config.foof_apply"], fp["run.foof_apply"], fp["config.foof_precision"], fp["run.foof_precision"]
+            checkpoint.save(str(out / "checkpoint.pt"), ck)
+        monkeypatch.setitem(dnn.AUTO_FOOF_APPLY, "cpu", "inverse")  # auto now stands for inverse, as on CUDA
+        monkeypatch.setattr(precision, "default_mode", lambda device: "split-tf32")
+        assert _cli_run(tmp_path, out, "--rounds", "2", "--resume") == 0
+        monkeypatch.undo()
+        assert _history(out) == _history(whole)
+    fresh = tmp_path / "fresh"  # a new run under the same rule records the concrete apply it used
+    monkeypatch.setitem(dnn.AUTO_FOOF_APPLY, "cpu", "inverse")
+    monkeypatch.setattr(precision, "default_mode", lambda device: "split-tf32")
+    assert _cli_run(tmp_path, fresh, "--rounds", "1") == 0
+    fp = checkpoint.load(str(fresh / "checkpoint.pt"))["fingerprint"]
+    assert fp["config.foof_apply"] == "inverse" and fp["config.foof_precision"] == "split-tf32"

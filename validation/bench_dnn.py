@@ -66,7 +66,18 @@ def _sync(device):
 
 
 def _experiment(
-    model, method, device, clients, per_client, epochs, rounds, engine, chunk=None, seed=0, foof_apply="solve"
+    model,
+    method,
+    device,
+    clients,
+    per_client,
+    epochs,
+    rounds,
+    engine,
+    chunk=None,
+    seed=0,
+    foof_apply="solve",
+    foof_precision="fp32",
 ):
     import torch
 
@@ -87,7 +98,11 @@ def _experiment(
     ]
     xt = torch.randint(0, 256, (256, 3, 32, 32), generator=g, dtype=torch.uint8).to(device)
     yt = torch.randint(0, k, (256,), generator=g).to(device)
-    foof_kw = {"damping": 1.0, "foof_apply": foof_apply} if method_class(method).uses_foof else {}
+    foof_kw = (
+        {"damping": 1.0, "foof_apply": foof_apply, "foof_precision": foof_precision}
+        if method_class(method).uses_foof
+        else {}
+    )
     cfg = make_method(method, lr=0.05, clip=1.0, local_epochs=epochs, **foof_kw)
     return Experiment(
         cfg=cfg,
@@ -149,13 +164,15 @@ class FoofTimer:
             setattr(owner, name, fn)
 
 
-def _rounds(model, method, device, size, engine, chunk=None, seed=0, foof_apply="solve"):
+def _rounds(model, method, device, size, engine, chunk=None, seed=0, foof_apply="solve", foof_precision="fp32"):
     """Per round (rounds after the first) its parts {seconds, statistics, factorisations, server}, peak MB, chunk
     used.  ``server`` is the round's time outside the clients (screening, decoding, mixing)."""
     from fedpm_dnn.simulation import run_experiment
 
     clients, per_client, epochs, rounds = size
-    exp = _experiment(model, method, device, clients, per_client, epochs, rounds, engine, chunk, seed, foof_apply)
+    exp = _experiment(
+        model, method, device, clients, per_client, epochs, rounds, engine, chunk, seed, foof_apply, foof_precision
+    )
     marks = []
     with FoofTimer(device) as timer:
 
@@ -177,6 +194,71 @@ def _rounds(model, method, device, size, engine, chunk=None, seed=0, foof_apply=
     return parts[keep], max(r["peak_memory_mb"] for r in hist), exp.meta.get("client_chunk")
 
 
+def _profiled_run(model, method, device, size, epochs, apply, mode, seed=0) -> dict:
+    """A two-round run on the vectorized engine with ``epochs`` local epochs, its second round under torch.profiler:
+    {wall: round 1's client seconds (unprofiled), ops: top-level operators, kernels: CUDA kernel launches,
+    host_ms: the operators' own CPU time (ms)} -- the last three of round 2."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from fedpm_dnn.simulation import run_experiment
+
+    clients, per_client, _, _ = size
+    exp = _experiment(model, method, device, clients, per_client, epochs, 2, "vectorized", None, seed, apply, mode)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if str(device).startswith("cuda") else [])
+    prof = profile(activities=acts)
+
+    def on_round(row, history):
+        if row["round"] == 1:
+            _sync(device)
+            prof.__enter__()
+
+    try:
+        hist = run_experiment(exp, on_round=on_round)
+        _sync(device)
+    finally:
+        prof.__exit__(None, None, None)
+    events = prof.events()
+    top = [
+        e
+        for e in events
+        if e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+    ]
+    launch = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaGraphLaunch")
+    del torch
+    return {
+        "wall": hist[0]["client_seconds"],
+        "ops": len(top),
+        "kernels": sum(1 for e in events if e.name in launch),
+        "host_ms": sum(e.self_cpu_time_total for e in events if e.name.startswith("aten::")) / 1000,
+    }
+
+
+def launch_proxies(model, device, size, apply="solve", mode="fp32", methods=("fedavg", "fedpm")) -> dict:
+    """What a CPU can measure of a round's overhead, per method on the vectorized engine: runs with one and with two
+    local epochs (``_profiled_run``), whose differences are one epoch's local steps (the per-round costs --
+    statistics, factorisations, server, evaluation -- cancel): operators (and CUDA kernel launches) per local
+    step, the operators' own host ms per local step, wall ms per local step (on a CPU the host does the work too),
+    and operators per round at ``size``'s local epochs."""
+    from fedpm_dnn.algorithms import make_method
+
+    clients, per_client, epochs, _ = size
+    steps = -(-per_client // make_method("fedavg").batch_size)  # the lockstep engine's steps per epoch
+    out = {}
+    for method in methods:
+        one, two = (_profiled_run(model, method, device, size, e, apply, mode) for e in (1, 2))
+        per_step = {k: (two[k] - one[k]) / steps for k in ("ops", "kernels", "host_ms")}
+        out[method] = {
+            "local_steps_per_epoch": steps,
+            "operators_per_local_step": per_step["ops"],
+            "kernel_launches_per_local_step": per_step["kernels"] if str(device).startswith("cuda") else None,
+            "host_operator_ms_per_local_step": per_step["host_ms"],
+            "wall_ms_per_local_step": 1000 * (two["wall"] - one["wall"]) / steps,
+            "operators_per_round": one["ops"] + (epochs - 1) * (two["ops"] - one["ops"]),
+        }
+    return out
+
+
 PAPER_CLIENTS = 10
 
 
@@ -195,18 +277,32 @@ def paper_round_seconds(parts: dict, clients: int, per_client: int, epochs: int)
 
 
 ENGINES = ("sequential", "vectorized")
+PRECISIONS = ("fp32", "split-tf32", "tf32", "bf16")  # fedpm_dnn.precision.MODES (not imported: --help stays fast)
+
+
+def cost_model(model: str, size, apply: str, mode: str) -> dict:
+    """fedpm_dnn.foof_cost's totals for FedPM at the measured size and at the paper's (10 x 5,000 x 5 epochs)."""
+    from fedpm_dnn.foof_cost import paper_cost
+
+    clients, per_client, epochs, _ = size
+    return {
+        "measured_size": paper_cost(model, apply, mode, clients=clients, per_client=per_client, epochs=epochs)["total"],
+        "paper_size": paper_cost(model, apply, mode)["total"],
+    }
+
+
 METHODS = ("fedavg", "fedpm")  # timed by default: the paper's ratio is FedPM's round over FedAvg's
 
 
 def variants(methods, applies) -> list:
-    """(label, method, foof_apply) of every timed configuration: a FOOF method once per apply (solve's label is
-    the method's name), any other method once."""
+    """(label, method, foof_apply) of every timed configuration: a FOOF method once per apply (the first apply's
+    label is the method's name, the others' method-apply), any other method once."""
     from fedpm_dnn.algorithms import method_class
 
     return [
-        (m if a == "solve" else f"{m}-{a}", m, a)
+        (m if a == applies[0] else f"{m}-{a}", m, a)
         for m in methods
-        for a in (applies if method_class(m).uses_foof else ("solve",))
+        for a in (applies if method_class(m).uses_foof else applies[:1])
     ]
 
 
@@ -221,11 +317,12 @@ def measure(
     quiet=True,
     applies=("solve", "inverse"),
     methods=METHODS,
+    foof_precision="fp32",
 ):
     """The benchmark's numbers for one model; an engine left out of ``engines`` gets null numbers (a GPU
     run short of time measures the vectorized engine's FedPM/FedAvg over more rounds instead).  A FOOF method
-    runs with each of ``applies`` (its first, solve, gives the plain keys).  Keys named after FedAvg or FedPM
-    are left out when that method is not among ``methods``."""
+    runs with each of ``applies`` (its first gives the plain keys) in ``foof_precision``.  Keys named after FedAvg
+    or FedPM are left out when that method is not among ``methods``."""
     if repeats is None:  # ResNet rounds on a CPU take minutes: one repeat there
         repeats = 1 if (model == "resnet18gn" and not device.startswith("cuda")) else 2
     size = sizes or SIZES[(model, "cuda" if device.startswith("cuda") else "cpu")]
@@ -239,7 +336,7 @@ def measure(
     for _ in range(repeats):  # alternate engines and methods so machine drift hits all alike
         for engine in engines:
             for label, method, apply in runs:
-                parts, mb, ch = _rounds(model, method, device, size, engine, chunk, seed, apply)
+                parts, mb, ch = _rounds(model, method, device, size, engine, chunk, seed, apply, foof_precision)
                 bar.update(1, f"{engine} {label}")
                 times[(engine, label)] += [p["seconds"] for p in parts]
                 if label == "fedpm":
@@ -282,6 +379,9 @@ def measure(
         "round_seconds_by_method": {e: {label: med[(e, label)] for label, _, _ in runs} for e in ENGINES},
         "peak_memory_mb_by_method": peak,
         "paper_ratio": PAPER[model],
+        "plain_apply": applies[0],  # the apply of the plain FedPM keys
+        "foof_precision": foof_precision,
+        "foof_cost_model": cost_model(model, size, applies[0], foof_precision),
     }
     if "fedavg" in methods:
         out.update(
@@ -327,14 +427,29 @@ def measure(
     return out
 
 
-def _stack_round_seconds(model, method, device, size, runs, chunk=None, foof_apply="solve") -> list:
+def _stack_round_seconds(
+    model, method, device, size, runs, chunk=None, foof_apply="solve", foof_precision="fp32"
+) -> list:
     """Seconds per round (after the first) of ``runs`` runs (seeds 0..runs-1) trained as one stack on the
     vectorized engine: the time between the ends of consecutive rounds (the last run's end)."""
     from fedpm_dnn.run_stack import run_stack
 
     clients, per_client, epochs, rounds = size
     exps = [
-        _experiment(model, method, device, clients, per_client, epochs, rounds, "vectorized", chunk, s, foof_apply)
+        _experiment(
+            model,
+            method,
+            device,
+            clients,
+            per_client,
+            epochs,
+            rounds,
+            "vectorized",
+            chunk,
+            s,
+            foof_apply,
+            foof_precision,
+        )
         for s in range(runs)
     ]
     ends = {}
@@ -351,12 +466,14 @@ def _stack_round_seconds(model, method, device, size, runs, chunk=None, foof_app
     return [b - a for a, b in zip(marks, marks[1:], strict=False)]
 
 
-def measure_stack(model, device, size, runs, repeats, chunk=None, method="fedpm", foof_apply="solve") -> dict:
+def measure_stack(
+    model, device, size, runs, repeats, chunk=None, method="fedpm", foof_apply="solve", foof_precision="fp32"
+) -> dict:
     """One run alone and ``runs`` runs stacked, alternated ``repeats`` times in this process (medians)."""
     single, stacked = [], []
     for _ in range(repeats):
-        single += _stack_round_seconds(model, method, device, size, 1, chunk, foof_apply)
-        stacked += _stack_round_seconds(model, method, device, size, runs, chunk, foof_apply)
+        single += _stack_round_seconds(model, method, device, size, 1, chunk, foof_apply, foof_precision)
+        stacked += _stack_round_seconds(model, method, device, size, runs, chunk, foof_apply, foof_precision)
     one, many = float(np.median(single)), float(np.median(stacked))
     return {
         "stack_method": method,
@@ -396,19 +513,39 @@ def parse_args(argv=None):
         "--repeats", type=positive_int, default=None, help="runs per engine and method (default: 2; ResNet on CPU 1)"
     )
     p.add_argument(
-        "--engines",
-        default=",".join(ENGINES),
-        help="comma-separated engines to measure; an engine left out has null numbers (default: both)",
+        "--engine",
+        dest="engines",
+        default=None,
+        help="comma-separated engines to measure (default: both; the other's numbers are null)",
     )
+    p.add_argument("--engines", dest="engines_old", default=None, help="the earlier spelling of --engine")
     p.add_argument(
-        "--foof-applies",
-        default="solve,inverse",
-        help="FedPM's --foof-apply values to measure side by side, solve first (default: solve,inverse)",
+        "--foof-apply",
+        dest="applies",
+        default=None,
+        help="FedPM's --foof-apply values to measure side by side; the first one's numbers are the plain keys "
+        "(default: solve,inverse)",
+    )
+    p.add_argument("--foof-applies", dest="applies_old", default=None, help="the earlier spelling of --foof-apply")
+    p.add_argument(
+        "--foof-precision",
+        choices=("auto", *PRECISIONS),
+        default="auto",
+        help="FedPM's --foof-precision (fedpm_dnn.precision; auto: split-tf32 on CUDA, fp32 on the CPU) "
+        "(default: auto)",
     )
     p.add_argument(
         "--stack", type=positive_int, default=None, help="also time S runs stacked against one alone (default: off)"
     )
-    p.add_argument("--stack-method", default="fedpm", help="the method of the --stack runs")
+    p.add_argument(
+        "--stack-method", default=None, help="the method of the --stack runs; needs --stack (default: fedpm)"
+    )
+    p.add_argument(
+        "--proxies",
+        action="store_true",
+        help="also measure what a CPU can: host ms per local step and operator launches per step and round "
+        "(torch.profiler), for FedAvg and FedPM on the vectorized engine",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_seed_arg(p)
     add_quiet_arg(p)
@@ -425,19 +562,39 @@ def parse_args(argv=None):
         return names
 
     args.models = listed("--models", "model", args.models, CLASSES)
-    chosen = listed("--engines", "engine", args.engines, ENGINES)
-    args.applies = listed("--foof-applies", "apply", args.foof_applies, ("solve", "inverse"))
-    if args.applies[0] != "solve":
-        p.error("--foof-applies: solve first (its numbers are the plain keys)")
+    old = []  # earlier spellings used: one warning after the checks (an error stays one line)
+    for new_flag, dest, old_flag, default in (
+        ("--engine", "engines", "--engines", ",".join(ENGINES)),
+        ("--foof-apply", "applies", "--foof-applies", "solve,inverse"),
+    ):
+        earlier = getattr(args, dest + "_old")
+        if earlier is not None and getattr(args, dest) is not None:
+            p.error(f"{old_flag} is the earlier spelling of {new_flag}: give one of them")
+        if earlier is not None:
+            old.append((old_flag, new_flag))
+        setattr(args, dest, earlier if earlier is not None else (getattr(args, dest) or default))
+    engine_flag = "--engines" if ("--engines", "--engine") in old else "--engine"
+    apply_flag = "--foof-applies" if ("--foof-applies", "--foof-apply") in old else "--foof-apply"
+    chosen = listed(engine_flag, "engine", args.engines, ENGINES)
+    args.applies = list(dict.fromkeys(listed(apply_flag, "apply", args.applies, ("solve", "inverse"))))
     args.methods = list(dict.fromkeys(listed("--method", "method", args.methods, REGISTERED)))  # once each
+    if args.stack_method is not None and args.stack is None:
+        p.error("--stack-method applies to the runs of --stack S; give --stack too")
+    args.stack_method = args.stack_method or "fedpm"
     listed("--stack-method", "method", args.stack_method, REGISTERED)
     args.engines = tuple(e for e in ENGINES if e in chosen)  # sequential first, as the alternation runs them
+    if args.client_chunk is not None and "vectorized" not in args.engines:
+        p.error(f"--client-chunk applies to the vectorized engine, not to {engine_flag} sequential")
+    if args.stack is not None and "vectorized" not in args.engines:
+        p.error(f"--stack times runs stacked on the vectorized engine, not on {engine_flag} sequential")
     try:
         sizes = tuple(int(v) for v in args.sizes.split(",")) if args.sizes else None
     except ValueError:
         sizes = ()
     if sizes is not None and (len(sizes) != 4 or min(sizes) < 1):
         p.error("--sizes takes four positive integers: clients,samples_per_client,local_epochs,rounds")
+    if args.stack is not None and sizes is not None and sizes[3] < 2:
+        p.error(f"--stack times the rounds after the first: --sizes {args.sizes} gives 1 round, give at least 2")
     if sizes is not None:  # the synthetic images alone (uint8, 3 x 32 x 32), before any training copy
         from validation.common import memory_bytes
 
@@ -462,7 +619,20 @@ def parse_args(argv=None):
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is visible to torch")
     args.sizes = sizes
+    for old_flag, new_flag in old:
+        print(f"{p.prog}: warning: {old_flag} is spelled {new_flag} now (a comma list, as before)", file=sys.stderr)
     return args
+
+
+def finite(v):
+    """``v`` with every non-finite float as None (JSON has no NaN; a measurement that could not be made is null)."""
+    if isinstance(v, float) and not np.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [finite(x) for x in v]
+    return v
 
 
 def main(argv=None) -> int:
@@ -476,6 +646,9 @@ def main(argv=None) -> int:
         if args.device == "auto" and torch.cuda.is_available()
         else ("cpu" if args.device == "auto" else args.device)
     )
+    from fedpm_dnn.precision import default_mode
+
+    mode = default_mode(device) if args.foof_precision == "auto" else args.foof_precision
     name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     out = {
         "command": "python -m validation.bench_dnn " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -496,15 +669,22 @@ def main(argv=None) -> int:
                 args.quiet,
                 args.applies,
                 args.methods,
+                mode,
             )
             for m in models
         ],
     }
-    if args.stack:
-        for r, m in zip(out["results"], models, strict=True):
-            size = sizes or SIZES[(m, "cuda" if device.startswith("cuda") else "cpu")]
+    for r, m in zip(out["results"], models, strict=True):
+        size = sizes or SIZES[(m, "cuda" if device.startswith("cuda") else "cpu")]
+        if args.stack:
             reps = args.repeats or (1 if (m == "resnet18gn" and device == "cpu") else 2)
-            r.update(measure_stack(m, device, size, args.stack, reps, args.client_chunk, args.stack_method))
+            r.update(
+                measure_stack(
+                    m, device, size, args.stack, reps, args.client_chunk, args.stack_method, args.applies[0], mode
+                )
+            )
+        if args.proxies:
+            r["proxies"] = launch_proxies(m, device, size, args.applies[0], mode)
     cnn = next((r for r in out["results"] if r["model"] == "cnn"), None)
     if cnn:  # the headline keys: SimpleCNN, CIFAR-10 setting
         out.update(
@@ -528,7 +708,7 @@ def main(argv=None) -> int:
             }
         )
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps(finite(out), allow_nan=False))
         return 0
 
     def f(v, spec):

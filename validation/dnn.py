@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -275,9 +276,17 @@ def build_parser():
     g.add_argument(
         "--foof-apply",
         choices=("solve", "inverse", "auto"),
-        help="how a local step applies (A + lam I)^{-1} (LocalNewton, FedPM): solve (two triangular "
-        "solves with the Cholesky factor), inverse (one product with the inverse formed once per round, as the "
-        "paper's cost table counts), auto (the measured rule of docs/stacking.md) (default: solve)",
+        help="how a local step applies (A + lam I)^{-1} (LocalNewton, FedPM): solve (two triangular solves with "
+        "the Cholesky factor), inverse (one product with the inverse formed once per round, as the paper's cost "
+        "table counts), auto (inverse on CUDA, solve on the CPU; a resumed run keeps the apply it recorded) "
+        "(default: auto)",
+    )
+    g.add_argument(
+        "--foof-precision",
+        choices=("fp32", "split-tf32", "tf32", "bf16", "auto"),
+        help="arithmetic of FOOF's apply product and statistics Gram (LocalNewton, FedPM; docs/stacking.md): fp32, "
+        "split-tf32 (tensor cores at float32's accuracy), tf32 or bf16 (approximations, opt-in); auto is "
+        "split-tf32 on CUDA and fp32 on the CPU, and a resumed run keeps what it recorded (default: auto)",
     )
     g.add_argument(
         "--refresh-every",
@@ -507,7 +516,7 @@ SETTING_FLAGS = ("dataset", "alpha", "clients", "participants", "local_epochs", 
 HYPERPARAMETER_FLAGS = (
     *("lr", "clip", "weight_decay", "mu", "momentum", "server_lr", "momentum_form", "bias_correction", "damping"),
     *("batch_size", "refresh_every", "weighting", "precond_dtype", "param_dtype", "precond_codec", "clip_stage"),
-    *("weight_decay_mode", "foof_apply"),
+    *("weight_decay_mode", "foof_apply", "foof_precision"),
 )
 
 
@@ -519,6 +528,8 @@ def given_flags(args) -> dict:
         given["clip"] = given["clip"] or None
     if "foof_samples" in given:
         given["foof_samples"] = None if given["foof_samples"] == "all" else int(given["foof_samples"])
+    if given.get("foof_precision") == "auto":  # the device decides (concrete_foof_apply): the method's default
+        del given["foof_precision"]
     return given
 
 
@@ -772,6 +783,45 @@ def method_of(args):
     return args.resolved.config
 
 
+# --foof-apply auto (the default) on each device: the whole run's apply, decided once and recorded in the checkpoint
+AUTO_FOOF_APPLY = {"cuda": "inverse", "cpu": "solve"}
+
+
+# --foof-precision auto (the default): fedpm_dnn.precision.default_mode; a checkpoint from before it: fp32
+FOOF_AUTO = {"foof_apply": "solve", "foof_precision": "fp32"}  # what a checkpoint without the entry ran
+
+
+def concrete_foof_apply(args, cfg, device: str):
+    """``cfg`` with --foof-apply and --foof-precision auto (or no flag) made concrete: on --resume what the
+    checkpoint recorded (a run started under an earlier default continues as it began; a checkpoint from before an
+    option ran FOOF_AUTO), else AUTO_FOOF_APPLY and precision.default_mode for the device.  The flag's own value
+    follows the checkpoint's too, so that neither differs."""
+    if not getattr(cfg, "uses_foof", False):
+        return cfg
+    from fedpm_dnn import precision
+
+    auto = [k for k in FOOF_AUTO if getattr(args, k, None) in (None, "auto")]
+    if not auto:
+        return cfg
+    concrete = {
+        "foof_apply": AUTO_FOOF_APPLY.get(torch_device_type(device), "solve"),
+        "foof_precision": precision.default_mode(device),
+    }
+    if args.resume and os.path.isfile(os.path.join(args.out, "checkpoint.pt")):
+        from fedpm_dnn import checkpoint
+
+        recorded = checkpoint.load(os.path.join(args.out, "checkpoint.pt"), map_location="cpu")["fingerprint"]
+        for k in auto:
+            concrete[k] = recorded.get(f"config.{k}", FOOF_AUTO[k])
+            if recorded.get(f"run.{k}") in (None, "auto"):
+                setattr(args, k, recorded.get(f"run.{k}"))
+    return dataclasses.replace(cfg, **{k: concrete[k] for k in auto})
+
+
+def torch_device_type(device: str) -> str:
+    return str(device).split(":")[0]
+
+
 def build(args):
     """(Experiment, description dict) for the parsed arguments; raises on any user error."""
     import torch
@@ -791,7 +841,7 @@ def build(args):
     )
     engine = AUTO_ENGINE[device] if args.engine == "auto" else args.engine
     res = args.resolved
-    cfg, settings = res.config, res.settings
+    cfg, settings = concrete_foof_apply(args, res.config, device), res.settings
     data, natural = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
     x, y = data.x_train, data.y_train
     n_clients = settings["clients"]

@@ -1,156 +1,108 @@
 #!/usr/bin/env bash
-# Every GPU check in one run, within a time budget, resumable:
-#   1. the DNN benchmark on CUDA (SimpleCNN at the paper's 5 local epochs, ResNet18-GN; both engines; then
-#      the vectorized engine's FedPM/FedAvg over more rounds),
-#   2. the vectorized engine's CUDA-graph solve tests (which skip on a CPU), the convex benchmark with
-#      --device cuda and the fedconvex tests that touch CuPy,
-#   3. runs as a batch axis and the FOOF inverse (docs/stacking.md): the --foof-apply tests on CUDA, the stack
-#      benchmark at S = 1, 3, 6, 12 for SimpleCNN with CUDA graphs on and off, ResNet18-GN's FedPM/FedAvg with
-#      both applies, the server mixing's earlier form against the Cholesky kernel on ResNet18-GN's blocks,
-#   4. FedPM and FedAvg on CIFAR-10 alpha=0.1, seeds 0-2, 100 rounds, full data, paper preset, as two stacks,
-#      to the deadline,
-#   5. the paper sweep, budgeted, with whatever time is left.
+# The GPU figures of the FOOF throughput work, most important first, each in its own file under OUT_DIR, then the
+# 100-round CIFAR-10 SimpleCNN stacks (3 seeds each) with the time left:
+#    1. --foof-precision on CUDA: each mode against float64 within its bound (tests/test_foof_precision.py, TF32 off
+#       outside the modes' own products)                                                  -> precision_tests.txt
+#    2. ResNet18-GN, 10 clients x 1,000 images x 1 epoch, FedPM (inverse, split-tf32) / FedAvg, with the clients per
+#       chunk the engine chose and the peak memory                                        -> resnet_split_tf32.json
+#    3. SimpleCNN at the paper's size (10 x 5,000 x 5), vectorized, FedPM inverse and solve / FedAvg, with the
+#       operator and launch counts per local step (--proxies)                             -> cnn_paper.json
+#    4. ResNet18-GN as in 2 with --foof-precision fp32 (what split-tf32 gains)            -> resnet_fp32.json
+#    5. six SimpleCNN FedPM runs stacked against one alone, the paper's size              -> stack6_cnn.json
+#    6. torch.profiler of a SimpleCNN FedAvg and FedPM round                              -> cuda_round_profile.txt
+#    7. the --foof-apply and CUDA-graph tests on CUDA                                     -> cuda_tests.txt
+#    8. the stacks, each a unit of its own (one 10-minute job each, resumable):
+#       stack_fedavg_a1.0, stack_fedpm_a1.0   (--preset cifar10-a1.0)
+#       stack_fedpm_a0.1_even, stack_fedavg_a0.1_even   (--preset cifar10-a0.1 --split relaysum-even)
+#       each run's folder under OUT_DIR/stacks/ (history.csv, summary.json, checkpoint.pt)
 #
 #   bash validation/gpu_checks.sh DATA_DIR OUT_DIR [SECONDS] [PREVIOUS_OUT]
+#   ONLY=stack_fedpm_a1.0 bash validation/gpu_checks.sh DATA_DIR OUT_DIR 570 PREVIOUS_OUT   # one unit alone
+#   GPU_CHECKS_TINY=1 bash validation/gpu_checks.sh DATA_DIR OUT_DIR   # every step at a tiny size on the CPU
 #
-# DATA_DIR holds cifar10_jpeg_{train,test}.zip; OUT_DIR receives log.txt, the benchmark JSONs and the runs'
-# folders (history.csv, summary.json, checkpoint.pt).  SECONDS (default 570) is the whole budget.  Every step
-# that finishes leaves OUT_DIR/done/<step>; a second call with the same OUT_DIR -- or with a fresh OUT_DIR and
-# the first call's output as PREVIOUS_OUT, copied in first -- skips the finished steps and continues the runs
-# from their checkpoints (--resume), so the budget goes where the first call stopped.  Steps are independent:
-# one failing does not stop the others.
+# DATA_DIR holds CIFAR-10 (cifar10_jpeg_{train,test}.zip or cifar-10-batches-py); SECONDS (default 540) is the whole
+# budget.  Every finished step leaves OUT_DIR/done/<step>; a second call with the same OUT_DIR -- or a fresh one
+# with the first call's output as PREVIOUS_OUT, copied in first -- skips the finished steps and resumes the stacks
+# from their checkpoints.  Steps are independent: one failing does not stop the others.  The tiny mode
+# (GPU_CHECKS_TINY=1) runs on the CPU with SimpleCNN in place of ResNet18-GN, a few images, one round of each stack,
+# and without the CUDA-only tests: it checks the script, not the figures (tests/test_benchmarks_run.py runs it).
 set -u
 DATA=${1:?usage: gpu_checks.sh DATA_DIR OUT_DIR [SECONDS] [PREVIOUS_OUT]}
 OUT=${2:?usage: gpu_checks.sh DATA_DIR OUT_DIR [SECONDS] [PREVIOUS_OUT]}
-BUDGET=${3:-570}
+BUDGET=${3:-540}
 PREV=${4:-}
 PY=${PYTHON:-python3}
+ONLY=${ONLY:-}
 mkdir -p "$OUT/done"
 if [ -n "$PREV" ] && [ -d "$PREV" ] && [ "$(cd "$PREV" && pwd)" != "$(cd "$OUT" && pwd)" ]; then
     cp -R "$PREV"/. "$OUT"/   # the earlier call's results, markers and checkpoints
     chmod -R u+w "$OUT"
 fi
-export PYTHONUNBUFFERED=1 FEDPM_CACHE=${FEDPM_CACHE:-$HOME/.cache/fedpm}
+export PYTHONUNBUFFERED=1
+if [ "${GPU_CHECKS_TINY:-0}" = 1 ]; then
+    DEV=cpu; RESNET=cnn; CNN_PAPER=2,16,1,2; RESNET_SIZE=2,8,1,2; STACK=2; ROUNDS=1
+    SKIP_TINY="precision_tests resnet_fp32 cuda_tests"   # CUDA-only tests, and a repeat of step 2 at this size
+    RUN_SIZE=(--clients 2 --train-subset 40 --test-subset 20 --local-epochs 1 --threads 1)
+    export OMP_NUM_THREADS=1
+else
+    DEV=cuda; RESNET=resnet18gn; CNN_PAPER=10,5000,5,2; RESNET_SIZE=10,1000,1,2; STACK=6; ROUNDS=100
+    RUN_SIZE=(); SKIP_TINY=""
+fi
 START=$(date +%s)
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-step() { echo; echo "=== $1 (t=$(( $(date +%s) - START ))s)"; }
-done_() { [ -f "$OUT/done/$1" ]; }             # finished in this or an earlier call
+step() { echo; echo "=== $1 (t=$(( $(date +%s) - START ))s, $(left)s left)"; }
+done_() { [ -f "$OUT/done/$1" ]; }
 mark() { date -u +%FT%TZ > "$OUT/done/$1"; }
+# run STEP SECONDS FILE COMMAND...: once (a done marker), in the budget, its output into OUT/FILE
+run() {
+    local name=$1 need=$2 file=$3; shift 3
+    if [ -n "$ONLY" ] && [ "$ONLY" != "$name" ]; then return; fi
+    case " $SKIP_TINY " in *" $name "*) echo "$name: not in the tiny mode"; return ;; esac
+    done_ "$name" && { echo "$name: done earlier"; return; }
+    if [ "$(left)" -lt "$need" ]; then echo "skipping $name: $(left)s left, needs ~${need}s"; return; fi
+    step "$name: $*"
+    if timeout $(( $(left) - 5 )) "$@" > "$OUT/$file"; then mark "$name"; else echo "$name failed rc=$?"; fi
+    tail -c 2000 "$OUT/$file"; echo
+}
 exec > >(tee -a "$OUT/log.txt") 2>&1
 
 step "machine"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-$PY -c "import sys, numpy, torch; print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-$PY -c "import cupy; print('cupy', cupy.__version__)" || echo "cupy: not importable"
+command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+$PY -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 git log -1 --format='commit %H %cd' 2>/dev/null || true
 
-if ! done_ dnn_bench; then
-step "DNN benchmark on CUDA, the paper's 5 local epochs: python -m validation.bench_dnn --device cuda --json --models cnn"
-timeout 200 $PY -m validation.bench_dnn --device cuda --json --models cnn --sizes 10,5000,5,2 --repeats 1 \
-    > "$OUT/bench_dnn_cuda_cnn.json" || echo "bench_dnn cnn failed rc=$?"
-cat "$OUT/bench_dnn_cuda_cnn.json"; echo
+BENCH=($PY -m validation.bench_dnn --device $DEV --json --repeats 1 --threads 1)
+run precision_tests 60 precision_tests.txt $PY -m pytest -q -p no:cacheprovider -rs tests/test_foof_precision.py -k cuda
+run resnet_split_tf32 150 resnet_split_tf32.json "${BENCH[@]}" --models $RESNET --engine vectorized \
+    --sizes $RESNET_SIZE --foof-apply inverse --foof-precision split-tf32
+run cnn_paper 120 cnn_paper.json "${BENCH[@]}" --models cnn --engine vectorized --sizes $CNN_PAPER \
+    --foof-apply inverse,solve --proxies
+run resnet_fp32 150 resnet_fp32.json "${BENCH[@]}" --models $RESNET --engine vectorized --sizes $RESNET_SIZE \
+    --foof-apply inverse --foof-precision fp32
+run stack6_cnn 150 stack6_cnn.json "${BENCH[@]}" --models cnn --engine vectorized --sizes $CNN_PAPER \
+    --method fedpm --foof-apply inverse --stack $STACK
+run round_profile 90 cuda_round_profile.txt $PY benchmarks/cuda_round_profile.py \
+    "$([ $DEV = cpu ] && echo 8 || echo 5000)" --device $DEV --clients "$([ $DEV = cpu ] && echo 1 || echo 10)"
+run cuda_tests 120 cuda_tests.txt $PY -m pytest -q -p no:cacheprovider -rs tests/test_foof_apply.py \
+    tests/test_vectorized.py -k "cuda"
 
-step "FedPM/FedAvg on the vectorized engine over 4 timed rounds each: python -m validation.bench_dnn --engines vectorized"
-# one timed round per method above is noisy on shared cards (FedAvg rounds of the same code: 1.69-2.66 s);
-# FEDPM_CUDA_GRAPHS=0 in front of this command measures the eager solves instead
-timeout 120 $PY -m validation.bench_dnn --device cuda --json --models cnn --engines vectorized --sizes 10,5000,5,3 \
-    --repeats 2 > "$OUT/bench_dnn_cuda_cnn_vectorized.json" || echo "bench_dnn vectorized failed rc=$?"
-cat "$OUT/bench_dnn_cuda_cnn_vectorized.json"; echo
-
-step "CUDA-graph solves against eager and sequential replies (skipped without a GPU): tests/test_vectorized.py -k cuda_graph"
-timeout 90 $PY -m pytest -q -p no:cacheprovider -rs tests/test_vectorized.py -k "cuda_graph" \
-    || echo "cuda graph tests failed rc=$?"
-
-step "convex on CuPy: python -m validation.bench_convex --device cuda --all-methods --json"
-timeout 200 $PY -m validation.bench_convex --device cuda --all-methods --json > "$OUT/bench_convex_cupy.json" \
-    || echo "bench_convex cupy failed rc=$?"
-cat "$OUT/bench_convex_cupy.json"; echo
-step "fedconvex tests that touch CuPy"
-timeout 90 $PY -m pytest -q -p no:cacheprovider tests/test_every_method.py tests/test_generic_backend.py tests/test_mixing.py -k "cupy or backend" \
-    || echo "cupy tests failed rc=$?"
-
-step "DNN benchmark on CUDA: ResNet18-GN at CIFAR-100 size (10 clients, 200 images each, 1 epoch)"
-timeout 100 $PY -m validation.bench_dnn --device cuda --json --models resnet18gn --sizes 10,200,1,2 --repeats 1 \
-    > "$OUT/bench_dnn_cuda_resnet.json" || echo "bench_dnn resnet failed rc=$?"
-cat "$OUT/bench_dnn_cuda_resnet.json"; echo
-
-mark dnn_bench
-fi
-
-step "--foof-apply on CUDA: inverse against solve within the float32 bound (tests/test_foof_apply.py, TF32 off)"
-if ! done_ foof_apply_tests; then
-    timeout 240 $PY -m pytest -q -p no:cacheprovider tests/test_foof_apply.py tests/test_run_stack.py -k "not cli" \
-        && mark foof_apply_tests || echo "foof-apply / stack tests failed rc=$?"
-fi
-
-step "FOOF apply per block on CUDA: python benchmarks/foof_apply.py --device cuda --clients 10"
-if ! done_ foof_apply_bench; then
-    timeout 120 $PY benchmarks/foof_apply.py --device cuda --clients 10 --json "$OUT/foof_apply_cuda.json" \
-        && mark foof_apply_bench || echo "foof apply benchmark failed rc=$?"
-fi
-
-step "FedPM's server mixing on CUDA, earlier form against precond_mix now: python benchmarks/mixing_solve_forms.py --device cuda --clients 10"
-if ! done_ mixing_forms; then
-    timeout 150 $PY benchmarks/mixing_solve_forms.py --device cuda --clients 10 --repeats 3 --json \
-        > "$OUT/mixing_solve_forms_cuda.json" && mark mixing_forms || echo "mixing forms benchmark failed rc=$?"
-    cat "$OUT/mixing_solve_forms_cuda.json"; echo
-fi
-
-# runs as a batch axis: SimpleCNN at the paper's size, one run alone against S stacked, CUDA graphs on and off
-for S in 1 3 6 12; do
-    for GRAPHS in 1 0; do
-        name=stack_cnn_S${S}_graphs${GRAPHS}
-        done_ $name && continue
-        [ "$(left)" -lt 150 ] && { echo "skipping $name: $(left)s left"; continue; }
-        step "python -m validation.bench_dnn --device cuda --models cnn --engines vectorized --sizes 10,5000,5,2 --repeats 1 --stack $S (FEDPM_CUDA_GRAPHS=$GRAPHS)"
-        FEDPM_CUDA_GRAPHS=$GRAPHS timeout $(( $(left) - 60 )) $PY -m validation.bench_dnn --device cuda --json \
-            --models cnn --engines vectorized --sizes 10,5000,5,2 --repeats 1 --stack $S --foof-applies solve,inverse \
-            > "$OUT/$name.json" && mark $name || echo "$name failed rc=$? (S=12 may not fit: its JSON is empty)"
-        cat "$OUT/$name.json"; echo
-    done
-done
-
-step "ResNet18-GN FedPM/FedAvg with --foof-apply solve and inverse (10 clients x 1,000 images x 1 epoch, projected to the paper's size)"
-if ! done_ resnet_applies && [ "$(left)" -gt 150 ]; then
-    timeout $(( $(left) - 60 )) $PY -m validation.bench_dnn --device cuda --json --models resnet18gn \
-        --engines vectorized --sizes 10,1000,1,2 --repeats 1 --foof-applies solve,inverse \
-        > "$OUT/bench_dnn_cuda_resnet_applies.json" && mark resnet_applies || echo "resnet applies failed rc=$?"
-    cat "$OUT/bench_dnn_cuda_resnet_applies.json"; echo
-fi
-
-# the paper's CIFAR-10 alpha=0.1 runs, seeds 0-2, as two stacks of three; each run checkpoints every round under
-# $OUT/stacks/main-cifar10-a0.1-<method>-s<seed>/ and the next call resumes it
-for METHOD in fedpm fedavg; do
-    done_ stack_$METHOD && continue
-    [ "$(left)" -lt 60 ] && { echo "skipping the $METHOD stack: $(left)s left"; continue; }
-    step "100-round CIFAR-10 alpha=0.1 $METHOD, seeds 0,1,2 as one stack, full data, paper preset ($(left)s left)"
-    RESUME=""
-    ls "$OUT"/stacks/main-cifar10-a0.1-$METHOD-s*/checkpoint.pt > /dev/null 2>&1 && RESUME="--resume"
-    timeout $(( $(left) - 20 )) $PY -m validation.dnn --dataset cifar10 --data-dir "$DATA" --model cnn \
-        --method $METHOD --preset cifar10-a0.1 --alpha 0.1 --clients 10 --rounds 100 --seeds 0,1,2 --device cuda \
-        --foof-apply auto --quiet --out "$OUT/stacks" $RESUME \
-        && mark stack_$METHOD || echo "$METHOD stack stopped rc=$? (124: budget reached; the next call resumes it)"
-    for d in "$OUT"/stacks/main-cifar10-a0.1-$METHOD-s*; do
-        [ -f "$d/history.csv" ] && echo "$d: $(tail -n 1 "$d/history.csv")"
-    done
-done
+# the 100-round stacks: 3 seeds of one method and setting trained together, checkpointing every round, resumable
+stack() {
+    local name=$1 method=$2 preset=$3; shift 3
+    if [ -n "$ONLY" ] && [ "$ONLY" != "$name" ]; then return; fi
+    done_ "$name" && { echo "$name: done earlier"; return; }
+    [ "$(left)" -lt 60 ] && { echo "skipping $name: $(left)s left"; return; }
+    local out="$OUT/stacks/$name" resume=""
+    ls "$out"/*/checkpoint.pt > /dev/null 2>&1 && resume="--resume"
+    step "$name: $method $preset $* seeds 0,1,2, $ROUNDS rounds ($resume)"
+    timeout $(( $(left) - 10 )) $PY -m validation.dnn --dataset cifar10 --data-dir "$DATA" --model cnn \
+        --method "$method" --preset "$preset" "$@" --rounds $ROUNDS --seeds 0,1,2 --device $DEV --quiet \
+        "${RUN_SIZE[@]}" --out "$out" $resume \
+        && mark "$name" || echo "$name stopped rc=$? (124: budget reached; the next call resumes it)"
+    for d in "$out"/*/; do [ -f "$d/history.csv" ] && echo "$d: $(tail -n 1 "$d/history.csv")"; done
+}
+stack stack_fedavg_a1.0 fedavg cifar10-a1.0
+stack stack_fedpm_a1.0 fedpm cifar10-a1.0
+stack stack_fedpm_a0.1_even fedpm cifar10-a0.1 --split relaysum-even
+stack stack_fedavg_a0.1_even fedavg cifar10-a0.1 --split relaysum-even
 step "done"
-
-# ==================================================================================================================
-# Last step: the paper sweep, budgeted (python -m validation.experiments --profile paper --budget-minutes M).
-# It spends what the steps above leave on the paper's runs in their priority order (Table 3's CIFAR-10 alpha=0.1
-# column first) and stops cleanly: a run cut short keeps its checkpointed rounds.  SWEEP_RESULTS (default
-# results) is the results folder the sweep continues; the paper profile's folder is copied to OUT/paper
-# (history.csv, summary.json, and checkpoint.pt of the partial runs, which the next call needs to continue them).
-SWEEP=${SWEEP_RESULTS:-results}
-MINUTES=$(( ($(left) - 40) / 60 ))
-step "paper sweep, budgeted: python -m validation.experiments --profile paper --budget-minutes $MINUTES"
-if [ "$MINUTES" -ge 2 ]; then
-    timeout $(( $(left) - 5 )) $PY -m validation.experiments --profile paper --data-dir "$DATA" --results "$SWEEP" \
-        --budget-minutes "$MINUTES" || echo "sweep stopped rc=$?"
-    $PY -m validation.experiments --profile paper --results "$SWEEP" --list | grep -v "^missing" | tail -n 40
-    mkdir -p "$OUT/paper" && cp -r "$SWEEP/paper/." "$OUT/paper/" 2>/dev/null
-else
-    echo "skipped: under 2 minutes left"
-fi
-step "sweep done"

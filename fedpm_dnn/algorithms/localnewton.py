@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from fedconvex.mixing import simple_mix
 
-from .. import foof
+from .. import foof, precision
 from ..foof import DEFAULT_DAMPING
 from .base import DnnAlgorithm, State, mixing_weights
 
@@ -34,11 +34,15 @@ class LocalNewton(DnnAlgorithm):
     # 'inverse' (one product with the inverse formed once per refresh, as the paper's cost table counts) or
     # 'auto' (fedpm_dnn.foof.resolve_apply's measured rule); the results agree within float32 round-off
     foof_apply: str = "solve"
+    # the arithmetic of the apply's product and the statistics Gram (fedpm_dnn.precision): 'fp32' (plain float32),
+    # 'split-tf32' (tensor cores at float32's accuracy), 'tf32' / 'bf16' (opt-in approximations)
+    foof_precision: str = "fp32"
 
     def __post_init__(self):
         super().__post_init__()  # types and ranges (fedconvex.hyperparams), damping >= 0 among them
         if self.foof_apply not in foof.APPLIES:
             raise ValueError(f"foof_apply must be {' or '.join(foof.APPLIES)}, got {self.foof_apply!r}")
+        precision.check(self.foof_precision)
 
     def finish_reply(self, cs, local, steps, down, end_foof):
         cs["foof"] = end_foof  # matrices at the end of the round: mixing now, local steps next round

@@ -1,0 +1,128 @@
+"""A FLOP and memory model of FedPM's FOOF parts at any size, so that their cost can be weighed without a device.
+
+``block_shapes(model, image)`` reads each FOOF block's geometry from one forward pass; ``foof_cost(shapes, ...)``
+is a pure function of those shapes and the run's size.  FLOPs count a multiply-add as 2.  Per block of side
+``d`` (its matrix: inputs, + 1 for a bias), ``rows`` outputs and ``L`` rows of the Gram per image (1 for a Linear,
+the output positions for a Conv2d):
+
+* apply, per client and local step: ``2 rows d^2`` -- the product with the inverse (``G X``), or the two
+  triangular solves (``rows d^2`` each); times 3 products in ``split-tf32`` (fedpm_dnn.precision), 1 otherwise;
+* Gram, per client and statistics image: ``2 L d_in^2`` for the plain product (``d_in`` = d without the bias
+  column, added from the row sums), half of it (``L d_in (d_in + 1)``) where only one triangle is formed; times 2
+  products in ``split-tf32``;
+* factorisation, per client and refresh: the float64 Cholesky ``d^3 / 3`` multiply-adds (``2 d^3 / 3`` FLOP) and,
+  for the inverse apply, ``cholesky_inverse`` ``2 d^3 / 3`` more multiply-adds (``4 d^3 / 3`` FLOP);
+* memory: per client the matrix A in float64 (``8 d^2`` bytes: the client's state) and the step operators in
+  the training dtype (``4 d^2`` per operator: the inverse one, the solves two, L and L^T); the statistics pass
+  holds one block's patches at a time, in products of at most 2^25 float32 entries for the whole stack
+  (``foof._chunk``): its peak is that of its widest block, whatever the number of clients.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import foof, precision
+
+FLOAT32, FLOAT64 = 4, 8
+PATCH_ENTRIES = 2**25  # foof._chunk: the entries of one statistics product's patches
+
+
+def block_shapes(model: torch.nn.Module, image: torch.Tensor) -> list:
+    """[{name, d, d_in, rows, L}] of every FOOF block of ``model`` for one ``image`` (C, H, W)."""
+    blocks = foof.foof_blocks(model)
+    found = {}
+
+    def hook(name):
+        def record(mod, inp, out):
+            found[name] = out[0, 0].numel() if isinstance(mod, torch.nn.Conv2d) else 1
+
+        return record
+
+    handles = [b.module.register_forward_hook(hook(n)) for n, b in blocks.items()]
+    try:
+        with torch.no_grad():
+            model(image[None])
+    finally:
+        for h in handles:
+            h.remove()
+    out = []
+    for name, b in blocks.items():
+        d_in = b.module.weight[0].numel()
+        out.append(
+            {
+                "name": name,
+                "d": d_in + int(b.has_bias),
+                "d_in": d_in,
+                "rows": b.module.weight.shape[0],
+                "L": found[name],
+            }
+        )
+    return out
+
+
+def foof_cost(
+    shapes: list,
+    clients: int,
+    per_client: int,
+    epochs: int,
+    batch: int,
+    apply: str = "inverse",
+    mode: str = "fp32",
+    symmetric_gram: bool = False,
+    stats_chunk: int = 512,
+    refreshes: int = 1,
+) -> dict:
+    """FLOPs and bytes of the FOOF parts of one round of ``clients`` clients, ``per_client`` images each,
+    ``epochs`` local epochs of batches of ``batch`` (module doc); per block and in total."""
+    precision.check(mode)
+    if apply not in ("solve", "inverse"):
+        raise ValueError(f"apply must be solve or inverse, got {apply!r}")
+    steps = epochs * -(-per_client // batch)
+    apply_products = precision.PRODUCTS[mode] if apply == "inverse" else 1  # the solves stay in float32
+    gram_products = precision.GRAM_PRODUCTS[mode]
+    blocks = []
+    total = {"apply_flop": 0, "gram_flop": 0, "factorisation_flop": 0, "state_bytes": 0, "operator_bytes": 0}
+    for s in shapes:
+        d, d_in, rows, L = s["d"], s["d_in"], s["rows"], s["L"]
+        gram_per_image = L * d_in * (d_in + 1) if symmetric_gram else 2 * L * d_in * d_in
+        row = {
+            "name": s["name"],
+            "d": d,
+            "apply_flop_per_step": 2 * rows * d * d * apply_products,
+            "gram_flop_per_image": gram_per_image * gram_products,
+            "factorisation_flop": (2 * d**3 // 3) * (2 if apply == "inverse" else 1),
+            "state_bytes": FLOAT64 * d * d,
+            "operator_bytes": FLOAT32 * d * d * (1 if apply == "inverse" else 2),
+            # one statistics product's patches for the whole stack (foof._chunk: at most 2^25 entries)
+            "stats_patch_bytes": FLOAT32 * min(clients * min(stats_chunk, per_client) * L * d_in, PATCH_ENTRIES),
+        }
+        row["apply_flop"] = clients * steps * row["apply_flop_per_step"]
+        row["gram_flop"] = clients * per_client * row["gram_flop_per_image"]
+        row["factorisation_flop_round"] = clients * refreshes * row["factorisation_flop"]
+        blocks.append(row)
+        total["apply_flop"] += row["apply_flop"]
+        total["gram_flop"] += row["gram_flop"]
+        total["factorisation_flop"] += row["factorisation_flop_round"]
+        total["state_bytes"] += clients * row["state_bytes"]
+        total["operator_bytes"] += clients * row["operator_bytes"]
+    total["stats_patch_bytes_peak"] = max((b["stats_patch_bytes"] for b in blocks), default=0)
+    return {
+        "steps_per_client": steps,
+        "apply": apply,
+        "precision": mode,
+        "symmetric_gram": symmetric_gram,
+        "total": total,
+        "blocks": blocks,
+    }
+
+
+def paper_cost(model_name: str, apply: str = "inverse", mode: str = "fp32", **size) -> dict:
+    """``foof_cost`` of ``model_name`` ('cnn': CIFAR-10 SimpleCNN, 'resnet18gn': CIFAR-100 ResNet18-GN) at the
+    paper's size (10 clients x 5,000 images x 5 epochs, batch 64) unless ``size`` says otherwise."""
+    from .models import make_model
+
+    classes = 10 if model_name == "cnn" else 100
+    shapes = block_shapes(make_model(model_name, classes, 3, 32), torch.zeros(3, 32, 32))
+    kw = {"clients": 10, "per_client": 5000, "epochs": 5, "batch": 64, **size}
+    return foof_cost(shapes, apply=apply, mode=mode, **kw)

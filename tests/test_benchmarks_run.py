@@ -1,0 +1,89 @@
+"""Every measurement script under benchmarks/ runs, at a tiny size on the CPU (FEDPM_BENCH_TINY=1 shrinks the ones
+without size flags; the CUDA benchmarks take --device cpu).  The Flower scripts, which start processes and need
+prepared data, print their help here and run in the slow tests."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = {
+    "convex_round_time.py": ['{"compressor": "natural"}', "fednl"],
+    "cuda_fedavg_fedpm_round_ratio.py": ["1", "--device", "cpu", "--sizes", "1,8,1,2"],
+    "cuda_round_profile.py": ["8", "--device", "cpu", "--clients", "1", "--rows", "3"],
+    "fednl_step_options_from_zero.py": [],
+    "fedns_draws_vs_fedpm.py": [],
+    "flower_deployment_scale.py": ["--help"],
+    "flower_simulation_scale.py": ["--help"],
+    "foof_apply.py": ["--models", "cnn", "--repeats", "1"],
+    "foof_conv_gram_rule.py": [],
+    "mixing_solve_forms.py": ["--model", "cnn", "--clients", "2", "--repeats", "1"],
+    "profile_fedpm_parts.py": ["--model", "cnn", "--sizes", "1,8,1,2"],
+    "stack_chunks_cpu.py": [],
+}
+
+
+def run(script, argv):
+    env = {**os.environ, "PYTHONPATH": ROOT, "FEDPM_BENCH_TINY": "1", "OMP_NUM_THREADS": "1"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return subprocess.run(
+        [sys.executable, os.path.join("benchmarks", script), *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_every_script_has_a_tiny_run():
+    scripts = sorted(f for f in os.listdir(os.path.join(ROOT, "benchmarks")) if f.endswith(".py"))
+    assert scripts == sorted(TINY)
+
+
+@pytest.mark.parametrize("script", sorted(TINY))
+def test_each_benchmark_runs_at_a_tiny_size_on_the_cpu(script):
+    r = run(script, TINY[script])
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stdout.strip(), script  # it printed its measurement (or its help)
+
+
+@pytest.mark.slow
+def test_the_flower_deployment_benchmark_runs_two_nodes_for_one_round():
+    pytest.importorskip("flwr")
+    r = run("flower_deployment_scale.py", ["--nodes", "2", "--rounds", "1"])
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_gpu_script_runs_every_step_at_a_tiny_size_on_the_cpu(tmp_path):
+    """validation/gpu_checks.sh with GPU_CHECKS_TINY=1: every figure's file written (the benchmark JSONs parse), a done
+    marker per finished step, the 100-round stacks' units run (the a1.0 ones finish; the relaysum-even ones are
+    given that split), and a second call skips what the first finished."""
+    import json
+
+    from fake_cifar import cifar_pickle
+
+    cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"), n=20)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": ROOT, "GPU_CHECKS_TINY": "1", "PYTHON": sys.executable}
+    cmd = ["bash", os.path.join(ROOT, "validation", "gpu_checks.sh"), str(tmp_path / "data"), str(out), "3000"]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for name in ("resnet_split_tf32", "cnn_paper", "stack6_cnn"):
+        result = json.loads((out / f"{name}.json").read_text())["results"][0]
+        assert (out / "done" / name).is_file() and result["fedpm_round_seconds_vectorized"] > 0, name
+    assert json.loads((out / "cnn_paper.json").read_text())["results"][0]["proxies"]["fedpm"]["operators_per_round"] > 0
+    assert "aten operators" in (out / "cuda_round_profile.txt").read_text()
+    for unit in ("stack_fedavg_a1.0", "stack_fedpm_a1.0"):
+        assert (out / "done" / unit).is_file()
+        runs = sorted(p.name for p in (out / "stacks" / unit).iterdir())
+        assert len(runs) == 3 and all((out / "stacks" / unit / p / "history.csv").is_file() for p in runs), runs
+    log = (out / "log.txt").read_text()
+    assert log.count("--split relaysum-even") >= 2
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "cnn_paper: done earlier" in again.stdout

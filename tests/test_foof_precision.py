@@ -1,0 +1,172 @@
+"""--foof-precision: each mode's product and Gram against float64, within float32's own bound (fp32, split-tf32)
+or the stated approximation bound (tf32, bf16) -- on the CPU by emulating TF32 rounding, on CUDA where there is one.
+
+Bounds, with u = 2^-24 and |A||B| the product of the absolute values (k: the length of each sum):
+* fp32 and split-tf32: elementwise |err| <= (k + 24) u |A||B| (float32's gamma_k, plus the split form's dropped
+  lo lo term and its rounding of lo to TF32: at most 24 u per term, fedpm_dnn.precision), and in the Frobenius norm
+  the probabilistic float32 level ||err|| <= sqrt(k) u || |A||B| || (Higham & Mary 2019), which tf32 exceeds, so
+  the test tells the split form from a plain TF32 product; the split form's error also stays within 1.25x the
+  float32 product's own, measured beside it.
+* tf32: inputs rounded to 11 significant bits: |err| <= (2^-10 + 2^-22 + k u) |A||B|.
+* bf16: inputs and output rounded to 8 significant bits: |err| <= (2^-7 + 2^-16 + k u) |A||B| + 2^-8 |AB|.
+"""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fedpm_dnn import batched_foof, foof, precision  # noqa: E402
+from fedpm_dnn.models import make_model  # noqa: E402
+
+U = 2.0**-24
+SHAPES = [(120, 401, 401), (64, 4608, 48)]  # SimpleCNN's fc1 apply; a ResNet18-GN 4,608-wide block
+
+
+@pytest.fixture(autouse=True)
+def no_tf32():
+    """TF32 off wherever results are compared with references (the modes switch it on for their products only)."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    assert torch.backends.cuda.matmul.allow_tf32 is False  # no mode leaves it on
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def devices():
+    return ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
+def tf32_reference(x: torch.Tensor) -> torch.Tensor:
+    """Round to 11 significant bits, ties to even, in float64 arithmetic (frexp: x = m 2^e, 1/2 <= |m| < 1)."""
+    m, e = torch.frexp(x.double())
+    return torch.ldexp(torch.round(m * 2.0**11) / 2.0**11, e).float()  # torch.round: ties to even
+
+
+def test_tf32_rounding_is_round_to_nearest_even_to_ten_mantissa_bits():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(100_000, generator=g) * torch.exp2(torch.randint(-60, 60, (100_000,), generator=g).float())
+    ties = torch.tensor([1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11, -(1.0 + 2.0**-11), 2.0**-11 * (1 + 2.0**-11)])
+    x = torch.cat([x, ties, torch.tensor([0.0, -0.0])])
+    r = precision.round_tf32(x)
+    assert torch.equal(r, tf32_reference(x))
+    assert (r.view(torch.int32) & 0x1FFF).eq(0).all()  # the 13 low mantissa bits are gone
+    assert ((r - x).abs() <= 2.0**-11 * x.abs()).all()
+    assert r[-6:-2].tolist() == [1.0, 1.0 + 2**-9, -1.0, 2.0**-11]  # ties go to the even neighbour
+    hi, lo = precision.split(x[:1000])
+    assert torch.equal(hi + lo, x[:1000]) and (lo.abs() <= 2.0**-11 * x[:1000].abs()).all()
+    special = torch.tensor([float("inf"), -float("inf"), float("nan")])
+    assert torch.equal(precision.round_tf32(special)[:2], special[:2]) and precision.round_tf32(special)[2].isnan()
+
+
+def allowed(mode: str, k: int, absab: torch.Tensor, ab: torch.Tensor) -> torch.Tensor:
+    if mode in ("fp32", "split-tf32"):
+        return (k + 24) * U * absab
+    if mode == "tf32":
+        return (2.0**-10 + 2.0**-22 + k * U) * absab
+    return (2.0**-7 + 2.0**-16 + k * U) * absab + 2.0**-8 * ab.abs()
+
+
+def check(mode, k, got, ref, absab, what, fp32_error=None):
+    err = (got.double() - ref).abs()
+    bound = allowed(mode, k, absab, ref)
+    assert (err <= bound).all(), (what, mode, float((err / bound).max()))
+    level = math.sqrt(k) * U * float(absab.norm())  # float32's probabilistic level, in the Frobenius norm
+    if mode in ("fp32", "split-tf32"):
+        assert float(err.norm()) <= level, (what, mode, float(err.norm()) / level)
+    else:  # not vacuous: the approximations err above float32's level, so the split form is told apart
+        assert float(err.norm()) > level, (what, mode)
+    if mode == "split-tf32":
+        assert float(err.norm()) <= 1.25 * fp32_error, (what, float(err.norm()) / fp32_error)
+    return float(err.norm())
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_each_mode_of_the_apply_is_within_its_bound(device, m, k, n):
+    g = torch.Generator().manual_seed(k)
+    a = torch.randn(m, k, generator=g).to(device)
+    b = (torch.randn(k, n, generator=g) / math.sqrt(k)).to(device)
+    ref = a.double() @ b.double()
+    absab = a.double().abs() @ b.double().abs()
+    fp32 = check("fp32", k, precision.matmul(a, b, "fp32"), ref, absab, "apply")
+    for mode in ("split-tf32", "tf32", "bf16"):
+        check(mode, k, precision.matmul(a, b, mode), ref, absab, "apply", fp32)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("rows,d", [(2048, 401), (512, 1152)])
+def test_each_mode_of_the_gram_is_within_its_bound_and_the_split_gram_is_exactly_symmetric(device, rows, d):
+    g = torch.Generator().manual_seed(d)
+    a = torch.relu(torch.randn(3, rows, d, generator=g)).to(device)  # post-ReLU activations, a stack of 3
+    ref = a.double().mT @ a.double()
+    absab = a.double().abs().mT @ a.double().abs()
+    fp32 = check("fp32", rows, precision.gram(a, "fp32"), ref, absab, "gram")
+    for mode in ("split-tf32", "tf32", "bf16"):
+        S = precision.gram(a, mode)
+        check(mode, rows, S, ref, absab, "gram", fp32)
+        if mode == "split-tf32":
+            assert torch.equal(S, S.mT)
+
+
+def test_fp32_is_the_plain_product_the_kernels_made_before():
+    """The default changes nothing: the fp32 mode is bit for bit the product each call site made."""
+    g = torch.Generator().manual_seed(1)
+    a, b, x = torch.randn(4, 7, 9, generator=g), torch.randn(9, 9, generator=g), torch.randn(3, 50, 9, generator=g)
+    assert precision.current() == "fp32"
+    assert torch.equal(foof.direction(a, (b,)), torch.matmul(a, b))
+    assert torch.equal(batched_foof.stacked_gram(foof.LinearBlock(torch.nn.Linear(9, 2)), x)[0], torch.bmm(x.mT, x))
+    assert torch.equal(precision.gram(x[0]), x[0].T @ x[0])
+
+
+def test_the_kernels_follow_the_mode_and_keep_their_bound():
+    """Inside precision.use(mode) the inverse apply and every block's Gram (Linear, and a conv's patch form, which
+    the CPU then takes instead of its float64 row form) run in that mode; tf32 differs from fp32 (it reached
+    them), split-tf32 stays within float32's bound of the float64 Gram."""
+    torch.manual_seed(0)
+    model = make_model("cnn", 10, 3, 32)
+    blocks = foof.foof_blocks(model)
+    x = torch.rand(16, 3, 32, 32)
+    ref = foof.compute_foof(model.double(), foof.foof_blocks(model), [x.double()])
+    model.float()
+    got = {}
+    for mode in ("fp32", "split-tf32", "tf32"):
+        with precision.use(mode):
+            got[mode] = foof.compute_foof(model, blocks, [x])
+    for name in blocks:
+        assert not torch.equal(got["tf32"][name], got["fp32"][name]), name
+        err = (got["split-tf32"][name] - ref[name]).norm() / ref[name].norm()
+        assert err < 64 * U * math.sqrt(got["fp32"][name].shape[0] * 16 * 32 * 32), (name, float(err))
+    T, X = torch.randn(2, 120, 401), torch.randn(401, 401)
+    with precision.use("split-tf32"):
+        assert torch.equal(foof.direction(T, (X,)), precision.matmul(T, X, "split-tf32"))
+    assert precision.current() == "fp32"
+
+
+@pytest.mark.parametrize("engine", ["sequential", "vectorized"])
+def test_both_engines_train_in_the_methods_precision(engine, monkeypatch):
+    """A FedPM round's replies (inverse apply) with foof_precision tf32 differ from fp32's (the mode reached the
+    engine's kernels) and split-tf32's agree with fp32's to float32 round-off."""
+    import numpy as np
+    import test_foof_apply
+
+    real = test_foof_apply.make_method
+
+    def replies(mode):
+        monkeypatch.setattr(test_foof_apply, "make_method", lambda *a, **k: real(*a, **{**k, "foof_precision": mode}))
+        _, _, reps = test_foof_apply.one_round("cnn", "inverse", 1.0, engine)
+        return np.concatenate([r["params"][k].double().flatten().numpy() for r in reps for k in sorted(r["params"])])
+
+    fp32, split, tf32 = replies("fp32"), replies("split-tf32"), replies("tf32")
+    assert np.abs(tf32 - fp32).max() > 0
+    assert np.abs(split - fp32).max() <= 1e-5 * np.abs(fp32).max()
+
+
+def test_a_mode_outside_the_list_is_refused():
+    from fedpm_dnn.algorithms import make_method
+
+    with pytest.raises(ValueError, match="foof precision must be one of fp32, split-tf32, tf32, bf16"):
+        make_method("fedpm", foof_precision="fp16")
+    with pytest.raises(ValueError, match="foof precision"), precision.use("half"):
+        pass

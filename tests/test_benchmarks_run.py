@@ -20,6 +20,7 @@ TINY = {
     "flower_deployment_scale.py": ["--help"],
     "flower_simulation_scale.py": ["--help"],
     "foof_apply.py": ["--models", "cnn", "--repeats", "1"],
+    "foof_centralised.py": ["--help"],  # trained end to end at a tiny size by tests/test_foof_optimizer.py
     "foof_conv_gram_rule.py": [],
     "mixing_solve_forms.py": ["--model", "cnn", "--clients", "2", "--repeats", "1"],
     "profile_fedpm_parts.py": ["--model", "cnn", "--sizes", "1,8,1,2"],

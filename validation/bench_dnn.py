@@ -518,7 +518,9 @@ def parse_args(argv=None):
         default=None,
         help="comma-separated engines to measure (default: both; the other's numbers are null)",
     )
-    p.add_argument("--engines", dest="engines_old", default=None, help="the earlier spelling of --engine")
+    p.add_argument(
+        "--engines", dest="engines_old", default=None, help="the earlier spelling of --engine (default: none)"
+    )
     p.add_argument(
         "--foof-apply",
         dest="applies",
@@ -526,7 +528,9 @@ def parse_args(argv=None):
         help="FedPM's --foof-apply values to measure side by side; the first one's numbers are the plain keys "
         "(default: solve,inverse)",
     )
-    p.add_argument("--foof-applies", dest="applies_old", default=None, help="the earlier spelling of --foof-apply")
+    p.add_argument(
+        "--foof-applies", dest="applies_old", default=None, help="the earlier spelling of --foof-apply (default: none)"
+    )
     p.add_argument(
         "--foof-precision",
         choices=("auto", *PRECISIONS),

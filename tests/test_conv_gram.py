@@ -146,7 +146,7 @@ def test_appended_zero_images_add_nothing():
 @pytest.mark.parametrize(
     "conv,message",
     [
-        (nn.Conv2d(4, 4, 3, padding="same"), "numeric Conv2d padding"),
+        (nn.Conv2d(4, 4, 4, padding="same"), "even kernel span"),
         (nn.Conv2d(4, 4, 3, groups=2), "groups=1 only"),
         (nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"), "zero padding only"),
     ],

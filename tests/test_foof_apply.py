@@ -330,7 +330,7 @@ def test_a_run_started_under_the_old_default_resumes_with_the_apply_it_recorded(
     from fedpm_dnn import checkpoint, precision
     from validation import dnn
 
-    cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"))
+    cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"), balanced=True)  # class-balanced subsets exist
     whole = tmp_path / "whole"
     assert _cli_run(tmp_path, whole, "--rounds", "2", "--foof-apply", "solve") == 0
     for name, forget in (("old-default", False), ("before-option", True)):
@@ -338,10 +338,13 @@ def test_a_run_started_under_the_old_default_resumes_with_the_apply_it_recorded(
         assert _cli_run(tmp_path, out, "--rounds", "1") == 0  # the CPU's auto: solve, as the old default
         ck = checkpoint.load(str(out / "checkpoint.pt"))
         fp = ck["fingerprint"]
-        assert fp["config.foof_apply"] == "solve" and fp["run.foof_apply"] is None  # what the old default wrote
-        assert fp["config.foof_precision"] == "fp32" and fp["run.foof_precision"] is None
+        # what the old default wrote: the resolved apply in the config, no flag (the run's flags no longer record
+        # the method's settings as given: validation.dnn.NOT_IN_FINGERPRINT)
+        assert fp["config.foof_apply"] == "solve" and fp.get("run.foof_apply") is None
+        assert fp["config.foof_precision"] == "fp32" and fp.get("run.foof_precision") is None
         if forget:
-            del fp["config.foof_apply"], fp["run.foof_apply"], fp["config.foof_precision"], fp["run.foof_precision"]
+            for key in ("config.foof_apply", "run.foof_apply", "config.foof_precision", "run.foof_precision"):
+                fp.pop(key, None)
             checkpoint.save(str(out / "checkpoint.pt"), ck)
         monkeypatch.setitem(dnn.AUTO_FOOF_APPLY, "cpu", "inverse")  # auto now stands for inverse, as on CUDA
         monkeypatch.setattr(precision, "default_mode", lambda device: "split-tf32")

@@ -69,7 +69,7 @@ def test_the_gpu_script_runs_every_step_at_a_tiny_size_on_the_cpu(tmp_path):
 
     from fake_cifar import cifar_pickle
 
-    cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"), n=20)
+    cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"), n=20, balanced=True)  # class-balanced subsets exist
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": ROOT, "GPU_CHECKS_TINY": "1", "PYTHON": sys.executable}
     cmd = ["bash", os.path.join(ROOT, "validation", "gpu_checks.sh"), str(tmp_path / "data"), str(out), "3000"]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fedpm_dnn import FOOF  # noqa: E402
+from validation.common import cpu_model  # noqa: E402
 
 # optimizer settings: fixed, not tuned per run (the JSON records them)
 CONFIGS = {
@@ -233,17 +233,6 @@ def _commit() -> str:
         return "unknown"
 
 
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def positive(text: str) -> int:
     v = int(text)
     if v < 1:
@@ -305,7 +294,7 @@ def write(args, argv, data, runs: list, partial: bool) -> dict:
     result = {
         "partial": partial,
         "command": "python benchmarks/foof_centralised.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "device": f"CPU: {_cpu()}, {args.threads} torch thread(s); training seconds are process CPU time",
+        "device": f"CPU: {cpu_model()}, {args.threads} torch thread(s); training seconds are process CPU time",
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": _commit(),
         "torch": torch.__version__,

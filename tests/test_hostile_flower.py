@@ -516,7 +516,8 @@ def test_a_simulation_keeps_flowers_and_rays_output_out_of_the_terminal(tmp_path
     assert sub.stderr == "", sub.stderr  # no bar either: stderr is not a terminal
     assert [ln.split(" ")[0] for ln in sub.stdout.splitlines()] == ["fedavg", "wrote"], sub.stdout
     assert "deprecated" not in sub.stdout
-    assert "INFO" in (out / "logs" / "flower.log").read_text()  # Flower's log, where it went instead
+    # what Flower and Ray printed (here Ray's warnings; Flower's INFO lines where its logger emits them) is kept
+    assert (out / "logs" / "flower.log").read_text().strip()
 
 
 def test_a_failed_simulation_names_the_first_error_of_its_log(tmp_path):

@@ -205,3 +205,23 @@ def test_a_stack_with_a_schedule_trains_each_run_as_alone(tmp_path):
     for a, b in zip(*rows, strict=True):
         for c in ("round", "test_acc", "train_loss"):
             assert float(a[c]) == pytest.approx(float(b[c]), rel=1e-5), c
+
+
+def test_flower_prepare_writes_the_even_split_and_records_it(tmp_path):
+    """validation.flower prepare --split relaysum-even: equal client folders, the rule and its effective classes in
+    meta.json, the same partition validation.dnn trains on."""
+    from fake_cifar import cifar_pickle
+
+    from fedpm_dnn.data.partition import make_partition
+    from validation import flower
+
+    cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"), n=40, balanced=True)
+    out = tmp_path / "parts"
+    argv = ["prepare", "--data-dir", str(tmp_path / "data"), "--clients", "3", "--split", "relaysum-even"]
+    assert flower.main(argv + ["--out", str(out)]) == 0
+    meta = json.load(open(out / "meta.json"))
+    assert meta["split"] == "relaysum-even" and max(meta["client_sizes"]) - min(meta["client_sizes"]) <= 1
+    labels = np.concatenate([np.arange(40) % 10] * 5)
+    want = make_partition("relaysum-even", labels, 3, 0.1, seed=0)
+    assert meta["client_sizes"] == [len(p) for p in want]
+    assert 1 <= meta["effective_classes_per_client"] <= 10

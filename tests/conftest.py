@@ -59,3 +59,28 @@ def flower_check_runs(tmp_path_factory):
             )
         runs[method] = (code, out, term.getvalue())
     return runs
+
+
+# Session fixtures that start something expensive (a secure deployment, Ray simulations): every module that uses
+# one runs on the same pytest-xdist worker, so each is built once per suite, not once per worker.
+SHARED_FIXTURES = ("deployment_runs", "flower_check_runs")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Groups for pytest-xdist's `--dist loadgroup` (the suite's default, pyproject.toml): a module's tests stay
+    together (its module fixtures are built once), and modules joined by a shared session fixture stay together."""
+    parent = {}
+
+    def find(key):
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    for item in items:
+        module = item.module.__name__
+        for fixture in SHARED_FIXTURES:
+            if fixture in item.fixturenames:
+                parent[find(module)] = find(fixture)
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(find(item.module.__name__)))

@@ -107,6 +107,28 @@ def test_bench_convex_backend_alias_reaches_the_measurement(monkeypatch, capsys)
     assert err[0].endswith("--backend is deprecated; use --device") and len(err) == 2
 
 
+def test_experiments_names_the_runs_root_out_and_results_is_its_deprecated_alias(tmp_path, monkeypatch, capsys):
+    """The folder experiments writes (the runs' root) is --out, as on every command; --results reaches the same
+    root with one warning line."""
+    from validation import experiments
+
+    roots = []
+    monkeypatch.setattr(
+        experiments,
+        "ensure",
+        lambda profile, data_dir, root, only=None, **kw: roots.append(root) or experiments.Outcome(),
+    )
+    warned = {}
+    for flag in ("--out", "--results"):
+        assert experiments.main(["--profile", "smoke", flag, str(tmp_path / flag[2:])]) == 0
+        warned[flag] = capsys.readouterr().err.splitlines()
+    assert roots == [str(tmp_path / "out"), str(tmp_path / "results")]
+    assert warned == {
+        "--out": [],
+        "--results": ["python -m validation.experiments: warning: --results is deprecated; use --out"],
+    }
+
+
 def flower_cfg(monkeypatch, tmp_path, *argv):
     """The FlowerRunConfig validation.flower builds for ``argv`` (the run itself replaced)."""
     seen = {}
@@ -195,7 +217,8 @@ def test_profile_commands_refuse_a_seed_or_device_they_cannot_run_in_one_line(na
         if torch.cuda.is_available():
             pytest.skip("a GPU is visible")
     with pytest.raises(SystemExit) as exc:
-        importlib.import_module(MODULES[name]).main([*argv, "--results", str(tmp_path / "r")])
+        root = "--out" if name == "experiments" else "--results"  # the runs' root (figures' --out: its drawings)
+        importlib.import_module(MODULES[name]).main([*argv, root, str(tmp_path / "r")])
     lines = capsys.readouterr().err.splitlines()
     assert exc.value.code == 2 and len(lines) == 1 and fragment in lines[0]
     assert not (tmp_path / "r").exists()

@@ -435,7 +435,7 @@ CASES = [
     # ---------------------------------------------------------------- validation.experiments, figures
     ("ex-profile", experiments, ["--profile", "huge"], "argument --profile: invalid choice: 'huge'"),
     ("ex-unknown-flag", experiments, ["--bogus"], "unrecognized arguments: --bogus"),
-    ("ex-results-file", experiments, ["--results", "{W}/file.txt"], "--results {W}/file.txt: is not a folder"),
+    ("ex-out-file", experiments, ["--out", "{W}/file.txt"], "--out {W}/file.txt: is not a folder"),
     ("fig-profile", figures_main, ["--profile", "huge"], "argument --profile: invalid choice: 'huge'"),
     (
         "fig-results-file",

@@ -129,6 +129,23 @@ def test_experiments_names_the_runs_root_out_and_results_is_its_deprecated_alias
     }
 
 
+def test_max_ratio_has_one_default_on_every_command_off_in_process_and_on_flower(tmp_path, monkeypatch):
+    """--max-ratio's default is ``auto`` on every command that runs a server (it was 0 in-process and 1000 on Flower:
+    two defaults for one guard); auto is off where every client runs in this process and 1000 on Flower, as before,
+    and an explicit R is R everywhere."""
+    from test_cli_help import parser_of
+
+    from validation import dnn
+
+    names = ("superlinear", "dnn", "flower")
+    assert {n: parser_of(n, monkeypatch).get_default("max_ratio") for n in names} == dict.fromkeys(names, "auto")
+    parse = {"superlinear": superlinear.parse_args, "dnn": dnn.parse_args, "flower": flower.parse_args}
+    auto = {"superlinear": 0.0, "dnn": 0.0, "flower": 1000.0}
+    for given, want in (([], auto), (["--max-ratio", "auto"], auto), (["--max-ratio", "7"], dict.fromkeys(names, 7.0))):
+        got = {n: f([*given, "--out", str(tmp_path / n)]).max_ratio for n, f in parse.items()}
+        assert got == want, given
+
+
 def flower_cfg(monkeypatch, tmp_path, *argv):
     """The FlowerRunConfig validation.flower builds for ``argv`` (the run itself replaced)."""
     seen = {}

@@ -155,13 +155,7 @@ def build_parser(doc: str | None = None):
         "axis (same models as sequential, client by client); auto: vectorized on a GPU, "
         "sequential on a CPU, where each is the faster (default: auto)",
     )
-    p.add_argument(
-        "--max-ratio",
-        type=common.nonneg_float,
-        default=0.0,
-        help="server magnitude guard: reject a reply whose FOOF-matrix trace or parameter norm exceeds "
-        "R x the round's median; 0 = off, as in the paper's runs (default: 0)",
-    )
+    common.add_max_ratio_arg(p, "in-process")
     p.add_argument(
         "--threads",
         type=common.positive_int,

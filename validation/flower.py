@@ -150,13 +150,7 @@ def parse_args(argv=None):
         "has not answered by then is left out of that round.  Bounds each wait, not the whole run (the first "
         "question to a node, which starts its ClientApp, waits 30 s more)",
     )
-    p.add_argument(
-        "--max-ratio",
-        type=common.nonneg_float,
-        default=1000.0,
-        help="server magnitude guard: reject a reply whose preconditioner trace or parameter norm exceeds R x "
-        "the round's median; 0 = off. On here, unlike in-process runs: replies come from other processes",
-    )
+    common.add_max_ratio_arg(p, "flower")
     p.add_argument("--check", action="store_true", help="compare with the in-process run")
     p.add_argument("--out", default=None, help="output folder (default: results/flower-<problem>-<method>-<mode>)")
     p.add_argument(

@@ -146,6 +146,15 @@ def test_max_ratio_has_one_default_on_every_command_off_in_process_and_on_flower
         assert got == want, given
 
 
+def test_logistic_regression_defaults_to_w8a_on_every_command(monkeypatch):
+    """Test 1's data set, the paper's w8a, is the --dataset default of superlinear, bench_convex and flower (flower's
+    was a9a)."""
+    from test_cli_help import parser_of
+
+    names = ("superlinear", "bench_convex", "flower")
+    assert {n: parser_of(n, monkeypatch).get_default("dataset") for n in names} == dict.fromkeys(names, "w8a")
+
+
 def flower_cfg(monkeypatch, tmp_path, *argv):
     """The FlowerRunConfig validation.flower builds for ``argv`` (the run itself replaced)."""
     seen = {}

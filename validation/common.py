@@ -282,6 +282,8 @@ def precond_codec(spec):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+DEFAULT_LIBSVM = "w8a"  # every command's --dataset of logistic regression: the paper's Test 1 data set
+
 # --max-ratio auto (every command's default): the magnitude guard off where every client runs in this process, as
 # in the paper's runs (the shipped in-process results were computed without it), and on where the replies come
 # from other processes (Flower's simulation and deployment)
@@ -333,7 +335,9 @@ DEFAULT_ALPHA = 0.5
 
 
 def add_problem_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", default="w8a", help=f"bundled name ({', '.join(BUNDLED)}) or path to a LibSVM file")
+    p.add_argument(
+        "--dataset", default=DEFAULT_LIBSVM, help=f"bundled name ({', '.join(BUNDLED)}) or path to a LibSVM file"
+    )
     p.add_argument(
         "--n-features",
         type=positive_int,

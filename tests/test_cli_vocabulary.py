@@ -155,6 +155,27 @@ def test_logistic_regression_defaults_to_w8a_on_every_command(monkeypatch):
     assert {n: parser_of(n, monkeypatch).get_default("dataset") for n in names} == dict.fromkeys(names, "w8a")
 
 
+def test_the_centralised_benchmark_names_its_subsets_as_dnn_does_and_the_old_spellings_warn(capsys):
+    """benchmarks/foof_centralised.py: --train-subset / --test-subset (validation.dnn's names for the images used);
+    --train / --test give the same arguments, with one warning line each."""
+    pytest.importorskip("torch")
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "foof_centralised.py"
+    spec = importlib.util.spec_from_file_location("foof_centralised", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    new = bench.parse_args(["--train-subset", "48", "--test-subset", "16", "--out", "r.json"])
+    assert capsys.readouterr().err == ""
+    old = bench.parse_args(["--train", "48", "--test", "16", "--out", "r.json"])
+    assert vars(old) == vars(new) and (new.train, new.test) == (48, 16)
+    assert capsys.readouterr().err.splitlines() == [
+        f"python benchmarks/foof_centralised.py: warning: --{name} is deprecated; use --{name}-subset"
+        for name in ("train", "test")
+    ]
+
+
 def flower_cfg(monkeypatch, tmp_path, *argv):
     """The FlowerRunConfig validation.flower builds for ``argv`` (the run itself replaced)."""
     seen = {}

@@ -6,7 +6,7 @@ Training time is the process's CPU time (evaluation excluded): with one torch th
 takes on a core of its own, and unlike the wall-clock it does not count the waits of a shared, loaded machine.
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/foof_centralised.py --data-dir DIR \\
-        --train 5000 --test 2000 --epochs 2 --seeds 0 1 2 --out result.json --figure foof_centralised
+        --train-subset 5000 --test-subset 2000 --epochs 2 --seeds 0 1 2 --out result.json --figure foof_centralised
 
 DIR holds CIFAR-10 as ``fedpm_dnn.data.load_image_dataset`` reads it (default: the FEDPM_DATA environment
 variable); ``--synthetic`` uses generated images instead (for a quick check of the script).  Writes the JSON
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fedpm_dnn import FOOF  # noqa: E402
-from validation.common import cpu_model  # noqa: E402
+from validation.common import add_deprecated_alias, cpu_model  # noqa: E402
 
 # optimizer settings: fixed, not tuned per run (the JSON records them)
 CONFIGS = {
@@ -241,11 +241,20 @@ def positive(text: str) -> int:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/foof_centralised.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("--data-dir", default=None, help="CIFAR-10 folder (default: $FEDPM_DATA)")
     p.add_argument("--synthetic", action="store_true", help="generated images instead of CIFAR-10")
-    p.add_argument("--train", type=positive, default=5000, help="training images (a fixed random subset)")
-    p.add_argument("--test", type=positive, default=2000, help="test images")
+    # the subset sizes as validation.dnn names them; --train / --test are the earlier spellings
+    p.add_argument(
+        "--train-subset", dest="train", type=positive, default=5000, help="training images (a fixed random subset)"
+    )
+    p.add_argument("--test-subset", dest="test", type=positive, default=2000, help="test images")
+    add_deprecated_alias(p, "--train", "--train-subset", "train", type=positive)
+    add_deprecated_alias(p, "--test", "--test-subset", "test", type=positive)
     p.add_argument("--epochs", type=positive, default=2)
     p.add_argument("--batch-size", type=positive, default=64)
     p.add_argument("--eval-every", type=positive, default=20, help="steps between evaluation points")

@@ -350,7 +350,11 @@ def main(argv=None) -> int:
     p.add_argument(
         "--data-dir", default=None, help="with --compute: image data (default: $FEDPM_DATA); Test 1 needs none"
     )
-    p.add_argument("--results", default="results", help="the runs' root: each run in RESULTS/<profile>/<name>")
+    p.add_argument(
+        "--results",
+        default="results",
+        help="the runs' root (validation.experiments --out): each run in RESULTS/<profile>/<name>",
+    )
     p.add_argument("--out", default=None, help="the figures' folder (default: figures/out/<profile>)")
     p.add_argument(
         "--compute",

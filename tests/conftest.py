@@ -40,8 +40,9 @@ def deployment_runs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def flower_check_runs(tmp_path_factory):
-    """The documented `python -m validation.flower --problem logreg --method M --mode simulation --check` for SCAFFOLD
-    and FedNL, each with a terminal as its stderr: {method: (exit code, its --out folder, what it drew there)}.
+    """The documented `python -m validation.flower --problem logreg --dataset a9a --method M --mode simulation
+    --check` for SCAFFOLD and FedNL, each with a terminal as its stderr: {method: (exit code, its --out folder,
+    what it drew there)}.
     Shared by the check command's tests and the progress bar's: each simulation starts Ray (tens of seconds)."""
     pytest.importorskip("flwr")
     from test_cli_vocabulary import FakeTerminal
@@ -54,9 +55,8 @@ def flower_check_runs(tmp_path_factory):
         term = FakeTerminal()
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr("sys.stderr", term)
-            code = main(
-                ["--problem", "logreg", "--method", method, "--mode", "simulation", "--check", "--out", str(out)]
-            )
+            argv = ["--problem", "logreg", "--dataset", "a9a", "--method", method, "--mode", "simulation", "--check"]
+            code = main(argv + ["--out", str(out)])
         runs[method] = (code, out, term.getvalue())
     return runs
 

@@ -107,6 +107,75 @@ def test_bench_convex_backend_alias_reaches_the_measurement(monkeypatch, capsys)
     assert err[0].endswith("--backend is deprecated; use --device") and len(err) == 2
 
 
+def test_experiments_names_the_runs_root_out_and_results_is_its_deprecated_alias(tmp_path, monkeypatch, capsys):
+    """The folder experiments writes (the runs' root) is --out, as on every command; --results reaches the same
+    root with one warning line."""
+    from validation import experiments
+
+    roots = []
+    monkeypatch.setattr(
+        experiments,
+        "ensure",
+        lambda profile, data_dir, root, only=None, **kw: roots.append(root) or experiments.Outcome(),
+    )
+    warned = {}
+    for flag in ("--out", "--results"):
+        assert experiments.main(["--profile", "smoke", flag, str(tmp_path / flag[2:])]) == 0
+        warned[flag] = capsys.readouterr().err.splitlines()
+    assert roots == [str(tmp_path / "out"), str(tmp_path / "results")]
+    assert warned == {
+        "--out": [],
+        "--results": ["python -m validation.experiments: warning: --results is deprecated; use --out"],
+    }
+
+
+def test_max_ratio_has_one_default_on_every_command_off_in_process_and_on_flower(tmp_path, monkeypatch):
+    """--max-ratio's default is ``auto`` on every command that runs a server (it was 0 in-process and 1000 on Flower:
+    two defaults for one guard); auto is off where every client runs in this process and 1000 on Flower, as before,
+    and an explicit R is R everywhere."""
+    from test_cli_help import parser_of
+
+    from validation import dnn
+
+    names = ("superlinear", "dnn", "flower")
+    assert {n: parser_of(n, monkeypatch).get_default("max_ratio") for n in names} == dict.fromkeys(names, "auto")
+    parse = {"superlinear": superlinear.parse_args, "dnn": dnn.parse_args, "flower": flower.parse_args}
+    auto = {"superlinear": 0.0, "dnn": 0.0, "flower": 1000.0}
+    for given, want in (([], auto), (["--max-ratio", "auto"], auto), (["--max-ratio", "7"], dict.fromkeys(names, 7.0))):
+        got = {n: f([*given, "--out", str(tmp_path / n)]).max_ratio for n, f in parse.items()}
+        assert got == want, given
+
+
+def test_logistic_regression_defaults_to_w8a_on_every_command(monkeypatch):
+    """Test 1's data set, the paper's w8a, is the --dataset default of superlinear, bench_convex and flower (flower's
+    was a9a)."""
+    from test_cli_help import parser_of
+
+    names = ("superlinear", "bench_convex", "flower")
+    assert {n: parser_of(n, monkeypatch).get_default("dataset") for n in names} == dict.fromkeys(names, "w8a")
+
+
+def test_the_centralised_benchmark_names_its_subsets_as_dnn_does_and_the_old_spellings_warn(capsys):
+    """benchmarks/foof_centralised.py: --train-subset / --test-subset (validation.dnn's names for the images used);
+    --train / --test give the same arguments, with one warning line each."""
+    pytest.importorskip("torch")
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "foof_centralised.py"
+    spec = importlib.util.spec_from_file_location("foof_centralised", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    new = bench.parse_args(["--train-subset", "48", "--test-subset", "16", "--out", "r.json"])
+    assert capsys.readouterr().err == ""
+    old = bench.parse_args(["--train", "48", "--test", "16", "--out", "r.json"])
+    assert vars(old) == vars(new) and (new.train, new.test) == (48, 16)
+    assert capsys.readouterr().err.splitlines() == [
+        f"python benchmarks/foof_centralised.py: warning: --{name} is deprecated; use --{name}-subset"
+        for name in ("train", "test")
+    ]
+
+
 def flower_cfg(monkeypatch, tmp_path, *argv):
     """The FlowerRunConfig validation.flower builds for ``argv`` (the run itself replaced)."""
     seen = {}
@@ -195,7 +264,8 @@ def test_profile_commands_refuse_a_seed_or_device_they_cannot_run_in_one_line(na
         if torch.cuda.is_available():
             pytest.skip("a GPU is visible")
     with pytest.raises(SystemExit) as exc:
-        importlib.import_module(MODULES[name]).main([*argv, "--results", str(tmp_path / "r")])
+        root = "--out" if name == "experiments" else "--results"  # the runs' root (figures' --out: its drawings)
+        importlib.import_module(MODULES[name]).main([*argv, root, str(tmp_path / "r")])
     lines = capsys.readouterr().err.splitlines()
     assert exc.value.code == 2 and len(lines) == 1 and fragment in lines[0]
     assert not (tmp_path / "r").exists()

@@ -237,9 +237,9 @@ def test_the_femnist_profile_is_the_papers_table_and_only_selects_runs(tmp_path,
     monkeypatch.setattr(
         ex, "ensure", lambda profile, data_dir, results, only=None, **kw: calls.append(only) or ex.Outcome()
     )
-    assert ex.main(["--profile", "femnist", "--results", str(tmp_path), "--only", "femnist-fedpm-*"]) == 0
+    assert ex.main(["--profile", "femnist", "--out", str(tmp_path), "--only", "femnist-fedpm-*"]) == 0
     assert [r.name for r in runs if calls[0](r)] == ["femnist-fedpm-s0", "femnist-fedpm-s1", "femnist-fedpm-s2"]
-    ex.main(["--profile", "femnist", "--results", str(tmp_path), "--list", "--only", "*-s2"])
+    ex.main(["--profile", "femnist", "--out", str(tmp_path), "--list", "--only", "*-s2"])
     listed = [w for w in capsys.readouterr().out.split() if w.startswith("femnist-")]
     assert sorted(listed) == sorted(f"femnist-{m}-s2" for m in ex.DNN_METHODS)
     with pytest.raises(SystemExit):

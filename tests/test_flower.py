@@ -600,7 +600,7 @@ def test_cnn_on_prepared_data_trains_each_node_on_its_own_folder(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["scaffold", "fednl"])
 def test_the_check_command_passes_and_writes_the_one_history_format(flower_check_runs, method):
-    """The documented commands: `python -m validation.flower --problem logreg --method M --mode simulation
+    """The documented commands: `python -m validation.flower --problem logreg --dataset a9a --method M --mode simulation
     --check` exits 0, and history.csv holds the very rows of result.json's history (fedconvex.history)."""
     import json
 

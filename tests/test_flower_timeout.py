@@ -43,7 +43,8 @@ def test_a_client_slower_than_the_timeout_is_left_out_and_the_run_ends_in_bounde
     monkeypatch.setattr(apps, "make_client_app", lambda cfg: _slow_client_app(cfg, 1, SLEEP))
     monkeypatch.setattr(flower, "RESULT_GRACE", 2.0)  # the slow worker still sleeps once the result is written
     out = tmp_path / "out"
-    argv = ["--method", "fedavg", "--clients", "2", "--rounds", "1", "--timeout", str(TIMEOUT), "--quiet"]
+    argv = ["--method", "fedavg", "--dataset", "a9a", "--clients", "2", "--rounds", "1"]
+    argv += ["--timeout", str(TIMEOUT), "--quiet"]
     start = time.monotonic()
     assert flower.main(argv + ["--mode", "simulation", "--out", str(out)]) == 0
     wall = time.monotonic() - start

@@ -322,7 +322,8 @@ def test_the_centralised_benchmark_runs_on_generated_data(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "r.json"
-    argv = ["--synthetic", "--train", "48", "--test", "16", "--epochs", "1", "--batch-size", "16", "--seeds", "0", "1"]
+    argv = ["--synthetic", "--train-subset", "48", "--test-subset", "16", "--epochs", "1", "--batch-size", "16"]
+    argv += ["--seeds", "0", "1"]
     argv += ["--configs", "sgd", "foof-epoch", "foof-5-20", "--eval-every", "1", "--out", str(out)]
     assert bench.main(argv + ["--figure", str(tmp_path / "fig")]) == 0
     result = json.loads(out.read_text())

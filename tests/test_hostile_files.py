@@ -462,7 +462,7 @@ def test_experiments_list_names_a_damaged_summary_and_keeps_it(base, tmp_path, c
     """--list names the damaged file and its cause; the sweep never overwrites it (validation/sweep.py: stale)."""
     run = _results(base, tmp_path / "results", "summary-not-json")
     capsys.readouterr()
-    assert experiments.main(["--list", "--results", str(tmp_path / "results")]) == 0
+    assert experiments.main(["--list", "--out", str(tmp_path / "results")]) == 0
     out = capsys.readouterr()
     (row,) = [ln for ln in out.out.splitlines() if run.name in ln]
     assert row.startswith("stale: summary.json does not parse") and "move it away to recompute" in row
@@ -476,7 +476,7 @@ def test_experiments_list_names_a_fifo_in_place_of_a_summary_at_once(base, tmp_p
     os.mkfifo(run / "summary.json")
     capsys.readouterr()
     with at_most(20):
-        assert experiments.main(["--list", "--results", str(tmp_path / "results")]) == 0
+        assert experiments.main(["--list", "--out", str(tmp_path / "results")]) == 0
     (row,) = [ln for ln in capsys.readouterr().out.splitlines() if run.name in ln]
     assert row.startswith("stale: summary.json does not parse") and "is a FIFO, not a regular file" in row
 

@@ -509,7 +509,8 @@ def test_a_simulation_keeps_flowers_and_rays_output_out_of_the_terminal(tmp_path
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "validation.flower", "--method", "fedavg", "--clients", "2", "--rounds", "1"]
+    cmd = [sys.executable, "-m", "validation.flower", "--method", "fedavg", "--dataset", "a9a", "--clients", "2"]
+    cmd += ["--rounds", "1"]
     sub = subprocess.run(cmd + ["--mode", "simulation", "--out", str(out)], cwd=str(tmp_path), env=env,
                          capture_output=True, text=True, timeout=900)  # fmt: skip
     assert sub.returncode == 0, sub.stderr[-2000:]

@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 from fake_cifar import cifar_pickle  # noqa: E402
 
 from figures import __main__ as figures_main  # noqa: E402
-from validation import bench_convex, bench_dnn, common, dnn, experiments, flower, outputs, superlinear  # noqa: E402
+from validation import bench_convex, bench_dnn, common, dnn, dnn_output, experiments, flower, outputs, superlinear  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGS = {
@@ -435,7 +435,7 @@ CASES = [
     # ---------------------------------------------------------------- validation.experiments, figures
     ("ex-profile", experiments, ["--profile", "huge"], "argument --profile: invalid choice: 'huge'"),
     ("ex-unknown-flag", experiments, ["--bogus"], "unrecognized arguments: --bogus"),
-    ("ex-results-file", experiments, ["--results", "{W}/file.txt"], "--results {W}/file.txt: is not a folder"),
+    ("ex-out-file", experiments, ["--out", "{W}/file.txt"], "--out {W}/file.txt: is not a folder"),
     ("fig-profile", figures_main, ["--profile", "huge"], "argument --profile: invalid choice: 'huge'"),
     (
         "fig-results-file",
@@ -989,7 +989,7 @@ def test_ctrl_c_in_dnn_says_what_is_kept_and_leaves_an_empty_out_as_it_was(base,
     if where == "before-round-1":
         monkeypatch.setattr(simulation, "run_experiment", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     else:
-        real = dnn.write_outputs
+        real = dnn_output.write_outputs
         calls = []
 
         def interrupted_last_write(*a, **k):
@@ -998,7 +998,7 @@ def test_ctrl_c_in_dnn_says_what_is_kept_and_leaves_an_empty_out_as_it_was(base,
                 raise KeyboardInterrupt
             return real(*a, **k)
 
-        monkeypatch.setattr(dnn, "write_outputs", interrupted_last_write)
+        monkeypatch.setattr(dnn_output, "write_outputs", interrupted_last_write)
     assert common.run_command("python -m validation.dnn", lambda: dnn.main(args)) == 130
     line = capsys.readouterr().err.strip()
     assert "\n" not in line

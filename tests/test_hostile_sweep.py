@@ -77,7 +77,7 @@ def fake_sweep(monkeypatch):
 
 
 def args(tmp_path, *more):
-    return ["--profile", "smoke", "--results", str(tmp_path / "results"), "--quiet", *more]
+    return ["--profile", "smoke", "--out", str(tmp_path / "results"), "--quiet", *more]
 
 
 # --- exit status tells the truth -------------------------------------------------------------------------------

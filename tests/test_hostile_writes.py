@@ -17,7 +17,7 @@ from test_hostile_inputs import base, one_thread, snapshot  # noqa: E402, F401  
 from fedconvex.files import FolderSwapped, held_folder, written_atomically  # noqa: E402
 from fedpm_dnn import checkpoint as ck  # noqa: E402
 from figures import __main__ as figures_main  # noqa: E402
-from validation import dnn, outputs  # noqa: E402
+from validation import dnn, dnn_output, outputs  # noqa: E402
 
 
 def _swap_for_link(out, theirs):
@@ -33,14 +33,14 @@ def _swap_for_folder(out, theirs):
 def _after_round(monkeypatch, at, act):
     """``act(history)`` once round ``at``'s files are written (the swap then meets the next round's checkpoint,
     written deep in the round driver)."""
-    real = dnn.write_outputs
+    real = dnn_output.write_outputs
 
     def write_outputs(out, history, summary):
         real(out, history, summary)
         if len(history) == at:
             act(out, history)
 
-    monkeypatch.setattr(dnn, "write_outputs", write_outputs)
+    monkeypatch.setattr(dnn_output, "write_outputs", write_outputs)
 
 
 @pytest.mark.parametrize("swap", [_swap_for_link, _swap_for_folder], ids=["link", "folder"])
@@ -116,14 +116,14 @@ def test_a_diverged_run_whose_summary_was_damaged_says_both_in_one_line(base, tm
             fh.write('{"rounds_done": 1, ')  # cut short by someone else's writer
 
     _after_round(monkeypatch, 1, act)
-    real = dnn.write_outputs
+    real = dnn_output.write_outputs
 
     def diverge(o, history, summary):
         if len(history) == 2:
             raise ArithmeticError("fedavg diverged at round 2 (injected)")
         real(o, history, summary)
 
-    monkeypatch.setattr(dnn, "write_outputs", diverge)
+    monkeypatch.setattr(dnn_output, "write_outputs", diverge)
     line = one_line(dnn, dnn_args(base, "--rounds", "3", "--method", "fedavg", "--out", str(out)), capsys)
     assert "fedavg diverged at round 2 (injected); not recorded in the summary: " in line
     assert f"{out / 'summary.json'}: damaged (not JSON" in line
@@ -133,14 +133,14 @@ def test_a_diverged_run_whose_summary_was_damaged_says_both_in_one_line(base, tm
 def test_a_diverged_run_records_its_cause_in_its_summary(base, tmp_path, capsys, monkeypatch):
     """The healthy counterpart: the cause is added to the summary of the rounds done."""
     out = tmp_path / "run"
-    real = dnn.write_outputs
+    real = dnn_output.write_outputs
 
     def diverge(o, history, summary):
         if len(history) == 2:
             raise ArithmeticError("fedavg diverged at round 2 (injected)")
         real(o, history, summary)
 
-    monkeypatch.setattr(dnn, "write_outputs", diverge)
+    monkeypatch.setattr(dnn_output, "write_outputs", diverge)
     line = one_line(dnn, dnn_args(base, "--rounds", "3", "--method", "fedavg", "--out", str(out)), capsys)
     assert line.endswith("error: fedavg diverged at round 2 (injected)")
     summary = json.loads((out / "summary.json").read_text())

@@ -46,8 +46,9 @@ def histories(results) -> dict:
     return out
 
 
-def sweep_argv(data, results):
-    return ["--profile", PROFILE, "--data-dir", str(data), "--results", str(results)]
+def sweep_argv(data, results, root_flag="--out"):
+    """The arguments of a sweep of the test profile (experiments: the runs' root is --out; figures: --results)."""
+    return ["--profile", PROFILE, "--data-dir", str(data), root_flag, str(results)]
 
 
 def in_process(fn, *args, **kw):
@@ -193,7 +194,7 @@ def test_figures_compute_a_missing_run_on_the_sweeps_bar_to_its_history(data, re
     monkeypatch.setattr(figures_main, "draw_into", lambda out, root, profile: [os.path.join(out, "t.md")])
     term = FakeTerminal()
     monkeypatch.setattr("sys.stderr", term)
-    argv = sweep_argv(data, results) + ["--out", str(tmp_path / "figs"), "--compute"]
+    argv = sweep_argv(data, results, "--results") + ["--out", str(tmp_path / "figs"), "--compute"]
     assert in_process(figures_main.main, argv) == 0
     monkeypatch.undo()
     lines = bar_lines(term, f"{PROFILE} runs")
@@ -337,7 +338,7 @@ def test_fingerprint_resolves_defaults_and_preset_values():
 )
 def test_sweep_flags_are_checked_in_one_line(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        experiments.main(["--profile", PROFILE, "--results", str(tmp_path)] + argv)
+        experiments.main(["--profile", PROFILE, "--out", str(tmp_path)] + argv)
     err = capsys.readouterr().err
     assert exc.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not os.listdir(tmp_path)

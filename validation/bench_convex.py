@@ -224,6 +224,7 @@ def _device_name(xp) -> str:
 
 def main(argv=None) -> int:
     from validation.common import (
+        DEFAULT_LIBSVM,
         USER_ERRORS,
         OneLineParser,
         add_convex_device_args,
@@ -235,7 +236,7 @@ def main(argv=None) -> int:
 
     prog = "python -m validation.bench_convex"
     p = OneLineParser(prog=prog, doc=__doc__)
-    p.add_argument("--dataset", default="w8a", help=f"bundled name ({', '.join(BUNDLED)}) or a LibSVM file")
+    p.add_argument("--dataset", default=DEFAULT_LIBSVM, help=f"bundled name ({', '.join(BUNDLED)}) or a LibSVM file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--all-methods", action="store_true", help="also time every method (see the module doc)")
     add_convex_device_args(p)

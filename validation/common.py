@@ -282,6 +282,34 @@ def precond_codec(spec):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+DEFAULT_LIBSVM = "w8a"  # every command's --dataset of logistic regression: the paper's Test 1 data set
+
+# --max-ratio auto (every command's default): the magnitude guard off where every client runs in this process, as
+# in the paper's runs (the shipped in-process results were computed without it), and on where the replies come
+# from other processes (Flower's simulation and deployment)
+MAX_RATIO_AUTO = {"in-process": 0.0, "flower": 1000.0}
+
+
+def add_max_ratio_arg(p, where: str) -> None:
+    """--max-ratio R, one flag on every command that runs a server: ``auto`` (the default) is
+    MAX_RATIO_AUTO[where]; the parsed value is the number (check_max_ratio checks it)."""
+    auto = MAX_RATIO_AUTO[where]
+
+    def max_ratio(text):
+        return auto if isinstance(text, str) and text.strip() == "auto" else nonneg_float(text)
+
+    here = f"{auto:g}" if auto else "off"
+    p.add_argument(
+        "--max-ratio",
+        type=max_ratio,
+        default="auto",  # argparse passes a string default through ``type``: args.max_ratio is a number
+        metavar="R",
+        help="server magnitude guard: reject a reply whose preconditioner trace or parameter norm exceeds R x the "
+        "round's median; 0 = off; auto = off where every client runs in this process (as in the paper's runs), "
+        f"{MAX_RATIO_AUTO['flower']:g} where replies come from other processes (Flower); here {here}",
+    )
+
+
 def check_max_ratio(parser, args) -> None:
     """--max-ratio R: 0 (off) or >= 1 (fedconvex.screening.max_ratio_problem), one parser error otherwise."""
     from fedconvex.screening import max_ratio_problem
@@ -307,7 +335,9 @@ DEFAULT_ALPHA = 0.5
 
 
 def add_problem_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", default="w8a", help=f"bundled name ({', '.join(BUNDLED)}) or path to a LibSVM file")
+    p.add_argument(
+        "--dataset", default=DEFAULT_LIBSVM, help=f"bundled name ({', '.join(BUNDLED)}) or path to a LibSVM file"
+    )
     p.add_argument(
         "--n-features",
         type=positive_int,

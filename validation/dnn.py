@@ -13,1017 +13,141 @@ stack on the vectorized engine (``fedpm_dnn.run_stack``); DIR is then the parent
 ``validation.experiments`` names its main runs (main-<dataset>-a<alpha>-<method>-s<seed>, or ``--run-names``).
 """
 
+# The command is split where a reader looks for one thing: its flags (validation.dnn_cli), the experiment they
+# describe (validation.dnn_experiment), what a run writes (validation.dnn_output) and the stacked runs
+# (validation.dnn_stack); this module is the entry point and the single run, and every name stays importable here.
+
 from __future__ import annotations
 
-import argparse
 import contextlib
-import dataclasses
-import itertools
-import json
 import os
-import platform
 import shlex
-import shutil
 import sys
 import time
 
-import numpy as np
-
-from fedconvex.files import (
-    DamagedFile,
-    FolderSwapped,
-    NotARegularFile,
-    held_folder,
-    read_json_object,
-    written_atomically,
+from fedconvex.files import FolderSwapped, held_folder
+from validation import common, dnn_cli, dnn_output
+from validation.dnn_cli import (
+    DEFAULT_CLIENTS,
+    DEFAULT_ENGINE,
+    EXIT_PARTIAL,
+    HYPERPARAMETER_FLAGS,
+    NOT_IN_FINGERPRINT,
+    OUTPUT,
+    PROG,
+    SETTING_FLAGS,
+    alpha_list,
+    build_parser,
+    check_args,
+    check_natural_split,
+    check_preset,
+    check_stack_args,
+    check_stack_out,
+    checkpoint_conflict,
+    command_fingerprint,
+    default_out,
+    given_flags,
+    lr_schedule,
+    method_of,
+    milestones_arg,
+    preset_warning,
+    resolve,
+    resolve_into,
+    resolved_augment,
+    resolved_fingerprint,
+    run_fingerprint,
+    seed_list,
+    stack_run_name,
 )
-from validation import common
-from validation.outputs import Kind, mark, reserved_name, sigterm_as_exit, written_by
+from validation.dnn_experiment import (
+    AUTO_ENGINE,
+    AUTO_FOOF_APPLY,
+    FOOF_AUTO,
+    balanced_subset,
+    build,
+    concrete_foof_apply,
+    subset_problem,
+    torch_device_type,
+)
+from validation.dnn_output import (
+    fail_run,
+    note_failure,
+    open_out,
+    settle_previous,
+    stack_advice,
+    summarize,
+    undo_open_out,
+    write_atomic,
+    write_outputs,
+)
+from validation.dnn_stack import (
+    main_stack,
+    stack_held,
+)
+from validation.outputs import sigterm_as_exit
 from validation.progress import Progress
 
-PROG = "python -m validation.dnn"
-OUTPUT = Kind(PROG, ("history.csv", "summary.json", "checkpoint.pt"))  # what a run writes into --out
-DEFAULT_ENGINE = "auto"
-# auto: on a GPU the vectorized engine (5-6x the sequential one for SimpleCNN on an H100/H200); on a CPU the
-# sequential one.  With per-client convolutions the vectorized engine is level there (SimpleCNN, 10 clients:
-# 0.96-1.22x at two torch threads, 0.90-1.02x at one; ResNet18-GN 0.43x), within the
-# runs' noise -- not enough to change what a default CPU run computes (float32 round-off differs between the
-# engines) or to stop older checkpoints from resuming under the default.
-AUTO_ENGINE = {"cuda": "vectorized", "cpu": "sequential"}
-DEFAULT_CLIENTS = 10  # --clients of a Dirichlet split (FEMNIST: every writer)
-EXIT_PARTIAL = 75  # sysexits' EX_TEMPFAIL: stopped at --deadline with rounds left; --resume continues
-
-
-def build_parser():
-    """The argument parser alone (no defaults filled in, no checks of --out): see parse_args."""
-    from fedpm_dnn.names import METHOD_NAMES as METHODS
-    from fedpm_dnn.presets import PRESETS
-
-    p = common.OneLineParser(prog=PROG, doc=__doc__)
-    p.add_argument(
-        "--dataset",
-        choices=("cifar10", "cifar100", "femnist"),
-        default=None,
-        help="the image data set (default: the preset's, else cifar10)",
-    )
-    p.add_argument("--data-dir", default=None, help="data folder (default: $FEDPM_DATA)")
-    p.add_argument(
-        "--cache-dir", default=None, help="where decoded JPEGs are cached (default: $FEDPM_CACHE or ~/.cache/fedpm)"
-    )
-    p.add_argument("--model", choices=("cnn", "resnet18gn"), default="cnn", help="SimpleCNN or ResNet18-GroupNorm")
-    p.add_argument(
-        "--gn-groups",
-        type=common.positive_int,
-        default=None,
-        help="ResNet18-GN's GroupNorm group count, a divisor of 64; the paper does not state it (default: 2)",
-    )
-    p.add_argument("--method", choices=METHODS, default="fedpm", help="the federated method")
-    p.add_argument(
-        "--preset",
-        choices=sorted(PRESETS),
-        default=None,
-        help="an appendix table: its setting (data set, alpha, clients, participants, local epochs, FOOF samples) "
-        "and the method's hyper-parameters; explicit flags override it; see docs/presets.md (default: none)",
-    )
-    p.add_argument(
-        "--alpha",
-        type=alpha_list,
-        default=None,
-        help="Dirichlet concentration, or a comma-separated list: one run per value, stacked (default: the "
-        "preset's, else 0.1)",
-    )
-    p.add_argument(
-        "--split",
-        choices=("relaysum", "relaysum-even", "dirichlet"),
-        default="relaysum",
-        help="relaysum: the paper's Dirichlet split (Vogels et al. 2021; capped shares, every client >= 50%% "
-        "of the mean size); relaysum-even: the same draw re-cut into equal clients, as RelaySum's CIFAR task "
-        "trains (its distribute_evenly); dirichlet: plain per-class Dir(alpha) (default: relaysum)",
-    )
-    p.add_argument(
-        "--clients",
-        type=common.positive_int,
-        default=None,
-        help="clients (default: the preset's, else 10; FEMNIST: every writer)",
-    )
-    p.add_argument(
-        "--augment",
-        choices=("auto", "crop-flip", "none"),
-        default="auto",
-        help="training-batch augmentation: crop-flip = random crop of the 4-padded image + horizontal flip, as "
-        "the RelaySum/MOON CIFAR pipelines; auto = crop-flip on CIFAR, none on FEMNIST (handwriting is not "
-        "mirror-symmetric; LEAF does not augment); the paper is silent",
-    )
-    p.add_argument(
-        "--participants",
-        type=common.positive_int,
-        default=None,
-        help="clients sampled per round (default: the preset's, else all)",
-    )
-    p.add_argument("--rounds", type=common.positive_int, default=100, help="communication rounds")
-    p.add_argument(
-        "--local-epochs", type=common.positive_int, default=None, help="local epochs (default: the preset's, else 5)"
-    )
-    p.add_argument(
-        "--lr-warmup-rounds",
-        type=common.nonneg_int,
-        default=None,
-        help="local learning rate warmed up linearly over the first W rounds, round t at t/W of it; docs/presets.md "
-        "(default: none)",
-    )
-    p.add_argument(
-        "--lr-milestones",
-        type=milestones_arg,
-        default=None,
-        help="PERCENT:FACTOR,...: the local learning rate times FACTOR once PERCENT %% of the rounds are done, e.g. "
-        "75:0.1,90:0.1 as RelaySum's CIFAR runs; docs/presets.md (default: none)",
-    )
-    p.add_argument(
-        "--seed", type=common.seed_int, default=None, help="model initialisation, batches, client sampling (default: 0)"
-    )
-    p.add_argument(
-        "--seeds",
-        type=seed_list,
-        default=None,
-        help="comma-separated seeds: one run per seed (and --alpha value), trained together as one stack on the "
-        "vectorized engine; --out becomes their parent folder (default: one run, --seed)",
-    )
-    p.add_argument(
-        "--run-names",
-        type=lambda t: t.split(","),
-        default=None,
-        help="a stack's run folders under --out, comma-separated, in the order seeds x alphas (default: "
-        "main-<dataset>-a<alpha>-<method>-s<seed>, validation.experiments' names)",
-    )
-    p.add_argument(
-        "--split-seed",
-        type=common.seed_int,
-        default=None,
-        help="the data a run sees: the Dirichlet split and the --train-subset / --test-subset draws (default: --seed)",
-    )
-    p.add_argument(
-        "--foof-samples",
-        choices=("64", "256", "1024", "all"),
-        default=None,
-        help="samples per client for the FOOF matrices (default: the preset's, else all)",
-    )
-    p.add_argument(
-        "--train-subset",
-        type=common.positive_int,
-        default=None,
-        help="class-balanced subset of the training set, for CPU-sized runs (default: every image)",
-    )
-    p.add_argument(
-        "--test-subset",
-        type=common.positive_int,
-        default=None,
-        help="first N test images, class order kept balanced (default: every image)",
-    )
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda when one is visible")
-    p.add_argument(
-        "--engine",
-        choices=("auto", "sequential", "vectorized"),
-        default=DEFAULT_ENGINE,
-        help="vectorized: the round's participants trained together on the device, clients as a batch "
-        "axis (same models as sequential, client by client); auto: vectorized on a GPU, "
-        "sequential on a CPU, where each is the faster (default: auto)",
-    )
-    p.add_argument(
-        "--max-ratio",
-        type=common.nonneg_float,
-        default=0.0,
-        help="server magnitude guard: reject a reply whose FOOF-matrix trace or parameter norm exceeds "
-        "R x the round's median; 0 = off, as in the paper's runs (default: 0)",
-    )
-    p.add_argument(
-        "--threads",
-        type=common.positive_int,
-        default=None,
-        help="torch CPU threads (default: torch's, all cores); float32 sums, and so the last digits of a "
-        "run, depend on it: summary.json records it",
-    )
-    p.add_argument(
-        "--client-chunk",
-        type=common.positive_int,
-        default=None,
-        help="vectorized: clients per chunk (default: as many as fit in the free device memory)",
-    )
-    p.add_argument(
-        "--out",
-        default=None,
-        help="output folder (default: results/dnn-<preset or dataset>-<method>-s<seed>-r<rounds>, then what else "
-        "differs from the preset: -train<N> -test<N> -a<alpha>, a digest of any other setting; docs/dnn.md)",
-    )
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="discard the run --out holds (its checkpoint, history and summary) and start over",
-    )
-    p.add_argument(
-        "--deadline",
-        type=common.positive_float,
-        default=None,
-        help="seconds since the epoch: stop after the round in which this time passes (checkpointed; exit 75 "
-        "when rounds are left) (default: none)",
-    )
-    common.add_quiet_arg(p)
-    g = p.add_argument_group("hyper-parameters (override the preset)")
-    g.add_argument(
-        "--lr", type=common.positive_float, help="local learning rate (default: the preset's, else the method's)"
-    )
-    g.add_argument(
-        "--clip",
-        type=common.nonneg_float,
-        help="gradient-norm clip; 0 = none (default: the preset's, else the method's)",
-    )
-    g.add_argument(
-        "--weight-decay", type=common.nonneg_float, help="weight decay (default: the preset's, else the method's)"
-    )
-    g.add_argument(
-        "--mu", type=common.nonneg_float, help="FedProx proximal coefficient (default: the preset's, else the method's)"
-    )
-    g.add_argument(
-        "--momentum",
-        type=common.nonneg_float,
-        help="FedAvgM server momentum (default: the preset's, else the method's)",
-    )
-    g.add_argument(
-        "--server-lr",
-        type=common.positive_float,
-        help="FedAdam server learning rate (default: the preset's, else the method's)",
-    )
-    g.add_argument(
-        "--momentum-form",
-        choices=("heavy-ball", "ema"),
-        help="FedAvgM's server momentum: ema v <- beta v + (1 - beta) Delta, or heavy-ball "
-        "v <- beta v + Delta (Hsu et al.; its step is up to 1/(1 - beta) times larger); see docs/presets.md "
-        "(default: ema)",
-    )
-    g.add_argument(
-        "--bias-correction",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="FedAvgM (momentum) and FedAdam (both moments): divide by 1 - beta^t, as Adam does; "
-        "Reddi et al.'s FedAdam has none: --no-bias-correction (default: on)",
-    )
-    g.add_argument(
-        "--damping",
-        type=common.nonneg_float,
-        help="FOOF damping, LocalNewton and FedPM (default: the preset's, else the method's)",
-    )
-    g.add_argument("--batch-size", type=common.positive_int, help="local mini-batch size (default: the method's)")
-    g.add_argument(
-        "--foof-apply",
-        choices=("solve", "inverse", "auto"),
-        help="how a local step applies (A + lam I)^{-1} (LocalNewton, FedPM): solve (two triangular solves with "
-        "the Cholesky factor), inverse (one product with the inverse formed once per round, as the paper's cost "
-        "table counts), auto (inverse on CUDA, solve on the CPU; a resumed run keeps the apply it recorded) "
-        "(default: auto)",
-    )
-    g.add_argument(
-        "--foof-precision",
-        choices=("fp32", "split-tf32", "tf32", "bf16", "auto"),
-        help="arithmetic of FOOF's apply product and statistics Gram (LocalNewton, FedPM; docs/stacking.md): fp32, "
-        "split-tf32 (tensor cores at float32's accuracy), tf32 or bf16 (approximations, opt-in); auto is "
-        "split-tf32 on CUDA and fp32 on the CPU, and a resumed run keeps what it recorded (default: auto)",
-    )
-    g.add_argument(
-        "--refresh-every",
-        type=common.positive_int,
-        help="recompute FOOF matrices every s local steps (default: the method's)",
-    )
-    g.add_argument(
-        "--weighting", choices=("uniform", "samples"), help="client weights in the mixing (default: the method's)"
-    )
-    g.add_argument(
-        "--precond-dtype", choices=("float32", "float16"), help="dtype FedPM's matrices travel in (default: float32)"
-    )
-    g.add_argument(
-        "--param-dtype",
-        choices=("float32", "float16", "bfloat16"),
-        help="dtype every method's model parameters travel up in (default: float32, as trained; the "
-        "server upcasts them before mixing)",
-    )
-    g.add_argument(
-        "--precond-codec",
-        default=None,
-        type=common.precond_codec,
-        help="how FedPM's matrices travel (default: none): sym, fp16, bf16, lowrank:R, delta:identity, "
-        "delta:topk:K, delta:rankr:R (R, K: a count or a fraction); see fedconvex/codecs.py",
-    )
-    g.add_argument(
-        "--clip-stage",
-        choices=("update", "gradient"),
-        help="clip the preconditioned step (the reading under which the appendix's damping 1e-4 "
-        "with clip 1.0 is stable) or the raw gradient before preconditioning (default: update)",
-    )
-    g.add_argument(
-        "--weight-decay-mode",
-        choices=("coupled", "decoupled"),
-        help="coupled: wd*theta joins the gradient before preconditioning and clipping; "
-        "decoupled: theta shrinks by lr*wd after the step (default: coupled)",
-    )
-    return p
+# the names other modules and tests use from validation.dnn, wherever they now live
+__all__ = [
+    "AUTO_ENGINE",
+    "AUTO_FOOF_APPLY",
+    "DEFAULT_CLIENTS",
+    "DEFAULT_ENGINE",
+    "EXIT_PARTIAL",
+    "FOOF_AUTO",
+    "HYPERPARAMETER_FLAGS",
+    "NOT_IN_FINGERPRINT",
+    "OUTPUT",
+    "PROG",
+    "SETTING_FLAGS",
+    "alpha_list",
+    "balanced_subset",
+    "build",
+    "build_parser",
+    "check_args",
+    "check_natural_split",
+    "check_preset",
+    "check_stack_args",
+    "check_stack_out",
+    "checkpoint_conflict",
+    "command_fingerprint",
+    "concrete_foof_apply",
+    "default_out",
+    "fail_run",
+    "given_flags",
+    "lr_schedule",
+    "main",
+    "main_stack",
+    "method_of",
+    "milestones_arg",
+    "note_failure",
+    "open_out",
+    "parse_args",
+    "preset_warning",
+    "resolve",
+    "resolve_into",
+    "resolved_augment",
+    "resolved_fingerprint",
+    "run",
+    "run_fingerprint",
+    "run_held",
+    "seed_list",
+    "settle_previous",
+    "stack_advice",
+    "stack_held",
+    "stack_run_name",
+    "subset_problem",
+    "summarize",
+    "torch_device_type",
+    "undo_open_out",
+    "write_atomic",
+    "write_outputs",
+]
 
 
 def parse_args(argv=None):
-    p = build_parser()
-    args = p.parse_args(argv)
-    if args.seeds is not None and args.seed is not None:
-        p.error("--seed and --seeds exclude each other")
-    seeds = args.seeds or [0 if args.seed is None else args.seed]
-    args.alphas = args.alpha  # None (the preset's, else 0.1) or the values as typed (they name run folders)
-    args.seed, args.alpha = seeds[0], None if args.alpha is None else float(args.alpha[0])
-    combos = list(itertools.product(seeds, args.alphas or [None]))
-    check_preset(p, args)
-    resolve_into(p, args)
-    check_natural_split(p, args, p.given(sys.argv[1:] if argv is None else argv))
-    if args.resume and args.overwrite:
-        p.error("--resume and --overwrite exclude each other")
-    args.runs = []
-    if len(combos) > 1 or args.seeds is not None or args.run_names is not None:
-        check_stack_args(p, args, combos)
-    else:
-        if args.out is None:
-            args.out = default_out(args)
-        check_args(p, args)
-    return args
-
-
-def check_natural_split(p, args, given: set) -> None:
-    """FEMNIST's clients are its writers: the Dirichlet split's flags would change nothing it computes (yet enter
-    its fingerprint), so one given explicitly is refused.  --split-seed still draws a --test-subset."""
-    if args.dataset != "femnist":
-        return
-    for dest in ("alpha", "split", "split_seed"):
-        if dest in given and not (dest == "split_seed" and args.test_subset):
-            flag = "--" + dest.replace("_", "-")
-            p.error(
-                f"{flag} does not apply to --dataset femnist: its clients are its writers, not a Dirichlet split"
-                + (" (--split-seed draws only a --test-subset)" if dest == "split_seed" else "")
-            )
-
-
-def default_out(args, stack: bool = False) -> str:
-    """The default --out: results/dnn-<preset or dataset>[-<model>]-<method>-s<seed>-r<rounds>, then
-    -train<N> -test<N>, -a<alpha> when alpha is not the preset's (or the default 0.1), and a digest of every other
-    resolved setting that differs from what the preset (or the defaults) give.  Commands that compute different
-    runs get different folders; a flag repeating the preset's value does not change the name.  A stack's folder
-    (``stack``) names neither seed nor alpha (each run's folder does)."""
-    import hashlib
-
-    head = [f"dnn{'-stack' if stack else ''}", args.preset or args.dataset]
-    if args.model != "cnn":
-        head.append(args.model)
-    head.append(args.method)
-    base = ["--method", args.method, "--model", args.model] + (
-        ["--preset", args.preset] if args.preset else ["--dataset", args.dataset]
-    )
-    if not stack:
-        head.append(f"s{args.seed}")
-        base += ["--seed", str(args.seed)]
-    head.append(f"r{args.rounds}")
-    for flag, value, tag in (
-        ("--train-subset", args.train_subset, "train"),
-        ("--test-subset", args.test_subset, "test"),
-    ):
-        if value:
-            head.append(f"{tag}{value}")
-            base += [flag, str(value)]
-    want, plain = resolved_fingerprint(args), command_fingerprint(base)
-    want["gn_groups"], plain["gn_groups"] = args.gn_groups or 2, 2
-    differs = sorted(k for k in set(want) | set(plain) if want.get(k) != plain.get(k))
-    if stack:
-        differs = [k for k in differs if k not in ("seed", "alpha")]
-    if "alpha" in differs:
-        head.append("a" + (args.alphas[0] if args.alphas else repr(args.resolved.settings["alpha"])))
-        differs.remove("alpha")
-    if differs:
-        text = json.dumps({k: want.get(k) for k in differs}, sort_keys=True, default=str)
-        head.append(hashlib.sha256(text.encode()).hexdigest()[:8])
-    name = os.path.join("results", "-".join(head))
-    legacy = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")  # the earlier default
-    if not stack and args.resume and not os.path.exists(name) and os.path.isfile(os.path.join(legacy, "checkpoint.pt")):
-        return legacy
-    return name
-
-
-def resolve_into(p, args) -> None:
-    """args.resolved (the preset under the flags) and the data set it names, or one parser error."""
-    try:
-        args.resolved = resolve(args)
-    except ValueError as exc:  # the preset has no row for the method, or a flag's value does not fit it
-        p.error(str(exc))
-    args.dataset = args.resolved.settings["dataset"]
-
-
-def milestones_arg(text):
-    """--lr-milestones: checked here (fedpm_dnn.schedule.parse_milestones), kept as given."""
-    from fedpm_dnn.schedule import parse_milestones
-
-    try:
-        parse_milestones(text)
-    except ValueError as exc:
-        raise common.argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def lr_schedule(args):
-    """The run's fedpm_dnn.schedule.LrSchedule (milestones made absolute for --rounds), or None."""
-    from fedpm_dnn.schedule import schedule_for
-
-    return schedule_for(args.lr_warmup_rounds, args.lr_milestones, args.rounds)
-
-
-def alpha_list(text):
-    """--alpha: one Dirichlet concentration or a comma-separated list (kept as typed: they name run folders)."""
-    parts = text.split(",")
-    for t in parts:
-        common.positive_float(t)
-    if len(set(parts)) != len(parts):
-        raise argparse.ArgumentTypeError(f"repeated value in {text}")
-    return parts
-
-
-def seed_list(text):
-    seeds = [common.seed_int(t) for t in text.split(",")]
-    if len(set(seeds)) != len(seeds):
-        raise argparse.ArgumentTypeError(f"repeated seed in {text}")
-    return seeds
-
-
-def stack_run_name(dataset: str, alpha: str, method: str, seed: int) -> str:
-    """A stacked run's folder: validation.experiments' name for the main run of these settings."""
-    return f"main-{dataset}-a{alpha}-{method}-s{seed}"
-
-
-def check_stack_args(p, args, combos):
-    """Several runs (--seeds / --alpha lists): args.runs gets one namespace per run, its own seed, alpha (resolved
-    with the preset as a run alone would be) and folder under --out; a run folder with a checkpoint continues under
-    --resume, one without starts."""
-    if args.engine == "sequential":
-        p.error("--seeds / --alpha lists train the runs as one stack on the vectorized engine, not --engine sequential")
-    alpha_text = [a if a is not None else repr(args.resolved.settings["alpha"]) for _, a in combos]
-    names = args.run_names or [
-        stack_run_name(args.dataset, a, args.method, s) for (s, _), a in zip(combos, alpha_text, strict=True)
-    ]
-    if len(names) != len(combos):
-        p.error(f"--run-names: {len(names)} names for {len(combos)} runs (seeds x alphas)")
-    if len(set(names)) != len(names) or any(not n or os.sep in n or n in (".", "..") for n in names):
-        p.error("--run-names: names must be distinct plain folder names")
-    for n in names:
-        why = reserved_name(n)
-        if why:
-            p.error(f"--run-names: {why}")
-    if args.out is None:
-        args.out = default_out(args, stack=True)
-    check_stack_out(p, args.out)
-    for (seed, alpha), name in zip(combos, names, strict=True):
-        run = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "runs"})
-        run.seed, run.out = seed, os.path.join(args.out, name)
-        run.alpha, run.alphas = (None, None) if alpha is None else (float(alpha), [alpha])
-        run.resume = args.resume and os.path.isfile(os.path.join(run.out, "checkpoint.pt"))
-        run.overwrite = args.overwrite
-        resolve_into(p, run)
-        check_args(p, run)
-        args.runs.append(run)
-
-
-def check_stack_out(p, out) -> None:
-    """A stack's --out is the parent of its runs' folders: a real folder (not a link), never a run's own result
-    folder (a run nested there could no longer be resumed), under a name this tool does not reserve."""
-    if not out or not out.strip():
-        p.error("--out: empty path")
-    why = reserved_name(os.path.basename(os.path.abspath(out)))
-    if why:
-        p.error(f"--out {out}: {why}")
-    if os.path.islink(out):
-        p.error(f"--out {out}: is a symbolic link; give the real folder")
-    if os.path.lexists(out) and not os.path.isdir(out):
-        p.error(f"--out {out}: exists and is not a folder; choose another --out")
-    if os.path.isdir(out):
-        writer = written_by(out)
-        if writer is not None or any(os.path.lexists(os.path.join(out, f)) for f in OUTPUT.files):
-            p.error(
-                f"--out {out}: is the result folder of {writer or 'a run'}; a stack's --out is the parent of its "
-                "runs' folders: choose another --out"
-            )
-
-
-# flags that a preset's setting or its method rows may supply (fedpm_dnn.presets.resolve): None = not given
-SETTING_FLAGS = ("dataset", "alpha", "clients", "participants", "local_epochs", "foof_samples")
-HYPERPARAMETER_FLAGS = (
-    *("lr", "clip", "weight_decay", "mu", "momentum", "server_lr", "momentum_form", "bias_correction", "damping"),
-    *("batch_size", "refresh_every", "weighting", "precond_dtype", "param_dtype", "precond_codec", "clip_stage"),
-    *("weight_decay_mode", "foof_apply", "foof_precision"),
-)
-
-
-def given_flags(args) -> dict:
-    """The flags given explicitly, as the values they stand for (--clip 0: no clip; --foof-samples all: every
-    sample, both None)."""
-    given = {k: getattr(args, k) for k in SETTING_FLAGS + HYPERPARAMETER_FLAGS if getattr(args, k) is not None}
-    if "clip" in given:
-        given["clip"] = given["clip"] or None
-    if "foof_samples" in given:
-        given["foof_samples"] = None if given["foof_samples"] == "all" else int(given["foof_samples"])
-    if given.get("foof_precision") == "auto":  # the device decides (concrete_foof_apply): the method's default
-        del given["foof_precision"]
-    return given
-
-
-def resolve(args):
-    from fedpm_dnn.presets import resolve
-
-    return resolve(args.preset, args.method, given_flags(args))
-
-
-def check_preset(p, args):
-    """A preset's hyper-parameters belong to its data set: another --dataset is refused."""
-    from fedpm_dnn.presets import PRESETS
-
-    if args.preset is not None and args.dataset is not None:
-        setting = PRESETS[args.preset]["setting"]
-        if setting["dataset"] != args.dataset:
-            p.error(f"--preset {args.preset} is for --dataset {setting['dataset']}, not {args.dataset}")
-
-
-def preset_warning(args) -> str | None:
-    """One line naming each flag that contradicts the preset's own setting (allowed: the flag wins)."""
-    conflicts = args.resolved.conflicts
-    if not conflicts:
-        return None
-
-    def show(key, value):  # None: every client / every sample
-        return f"{key.replace('_', '-')} {'all' if value is None else value}"
-
-    flags = ", ".join("--" + show(k, c["flag"]) for k, c in conflicts.items())
-    table = ", ".join(show(k, c["preset"]) for k, c in conflicts.items())
-    return f"{PROG}: warning: {flags} override{'s' if len(conflicts) == 1 else ''} preset {args.preset}'s {table}"
-
-
-def check_args(p, args):
-    """Cross-flag consistency and the output folder, checked before any data is read."""
-    clients = args.resolved.settings["clients"]
-    if args.participants is not None and args.dataset != "femnist":  # FEMNIST's writers are counted at load
-        if clients is not None and args.participants > clients:
-            p.error(f"--participants {args.participants} exceeds --clients {clients}")
-        if clients is None and args.participants > DEFAULT_CLIENTS:
-            p.error(f"--participants {args.participants} exceeds the {DEFAULT_CLIENTS} clients (default --clients)")
-    common.check_max_ratio(p, args)
-    if args.gn_groups is not None:
-        if args.model != "resnet18gn":
-            p.error(f"--gn-groups applies to --model resnet18gn, not to --model {args.model}")
-        if 64 % args.gn_groups:
-            p.error(f"--gn-groups {args.gn_groups}: must divide 64, the channels of ResNet18-GN's first layer")
-    schedule = lr_schedule(args)
-    for first, _ in schedule.milestones if schedule else ():
-        if first > args.rounds:
-            p.error(f"--lr-milestones {args.lr_milestones}: a milestone starts at round {first}, after the last round")
-    if args.client_chunk is not None and args.engine == "sequential":
-        p.error("--client-chunk applies to --engine vectorized (or auto on a GPU), not to --engine sequential")
-    common.check_out_arg(p, args.out, kind=OUTPUT)
-    why = checkpoint_conflict(args)
-    if why:
-        p.error(why)
-
-
-def checkpoint_conflict(args) -> str | None:
-    """Why --out's checkpoint and --resume do not go together, or None."""
-    ckpt = os.path.join(args.out, "checkpoint.pt")
-    if os.path.lexists(ckpt) and not os.path.isfile(ckpt):  # a folder (or a dangling link) by that name
-        what = "is a folder" if os.path.isdir(ckpt) else "is not a regular file"
-        return f"{ckpt}: {what}, not a checkpoint file; move it away or choose another --out"
-    if args.resume and not os.path.isfile(ckpt):
-        return f"--resume: {ckpt} does not exist; drop --resume to start a new run"
-    return None  # a checkpoint not asked to resume: settled once the run is built (settle_previous)
-
-
-def settle_previous(run, exp, stacked: bool = False) -> str | None:
-    """For a run whose --out holds a checkpoint it was not asked to resume: with --overwrite the previous run's
-    files are removed (None); when the checkpoint is this very run (the fingerprint compared resolved) with its
-    rounds done, the line saying so (nothing to compute); else one line refusing it (exit 2): another run, or this
-    one unfinished (--resume continues it)."""
-    from fedpm_dnn import checkpoint as ck
-
-    path = os.path.join(run.out, "checkpoint.pt")
-    if run.resume or not os.path.lexists(path):
-        return None
-    if run.overwrite:
-        for name in OUTPUT.files:  # a folder of ours holding only these (check_args, under the lock)
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(run.out, name))
-        return None
-    try:
-        done, diff = ck.stored(path, exp)
-    except ck.CheckpointError as exc:
-        common.fail(PROG, ValueError(f"{exc}, or --overwrite to replace it"))
-    if diff:
-        common.fail(
-            PROG,
-            ValueError(
-                f"--out {run.out}: holds another run ({stack_advice(diff, run) if stacked else diff}); choose "
-                "another --out, or --overwrite to replace it"
-            ),
-        )
-    if done < run.rounds:
-        common.fail(
-            PROG,
-            ValueError(
-                f"--out {run.out}: holds {done} of the {run.rounds} rounds of this run; pass --resume to continue "
-                "it, or --overwrite to start over"
-            ),
-        )
-    best = ""
-    with contextlib.suppress(ValueError, OSError, TypeError, KeyError):
-        summary = read_json_object(os.path.join(run.out, "summary.json"))
-        best = f", best test accuracy {float(summary['best_test_acc']):.4f}"
-    rounds = f"{done} round{'s' if done != 1 else ''}"
-    return (
-        f"{run.out} already holds this run ({rounds}{best}); nothing to compute (--overwrite recomputes it, "
-        "--resume with more --rounds extends it)"
-    )
-
-
-def stack_advice(why: str, run) -> str:
-    """``why`` (a checkpoint's difference) with the engine advice made one a stack can follow: a stack trains on
-    the vectorized engine, so a run checkpointed by another engine continues alone."""
-    import re
-
-    from fedpm_dnn.checkpoint import ENGINE_ADVICE
-
-    pattern = re.escape(ENGINE_ADVICE).replace(re.escape("{}"), r"(\w+)")
-    return re.sub(
-        pattern,
-        lambda m: (
-            f"a stack trains on the vectorized engine: resume this run alone, with --engine {m.group(1)} "
-            f"--out {run.out}"
-        ),
-        why,
-    )
-
-
-# flags that do not change what a run computes (where it writes, how it reports, how many rounds)
-# engine: the checkpoint records the resolved engine (fedpm_dnn.checkpoint.fingerprint), not the flag, so that
-# "auto" and the engine it stands for resume each other
-# resolved: derived from the flags and the preset (run_fingerprint adds the alpha it resolved to)
-# gn_groups: the resolved group count is in the model's entry of the fingerprint (fedpm_dnn.checkpoint)
-# seeds, alphas, run_names, runs: how a stack is given (each run's fingerprint has its own seed and alpha), so a
-# stacked run and the same run alone resume each other
-# overwrite: what happens to --out's previous run, not what this run computes
-# the hyper-parameters and the settings a preset supplies enter the fingerprint resolved, not as flags: the method's
-# configuration (config.* in fedpm_dnn.checkpoint.fingerprint) and the client and participant counts the run uses
-# (n_clients, participants), so that a flag repeating the preset's value or a default is no difference, and a real
-# difference is named by what differs (checkpoints that recorded these flags still resume: fedpm_dnn.checkpoint)
-NOT_IN_FINGERPRINT = {
-    *("out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "deadline", "resolved"),
-    *("gn_groups", "seeds", "alphas", "run_names", "runs", "overwrite"),
-    *HYPERPARAMETER_FLAGS,
-    *("local_epochs", "foof_samples", "clients", "participants"),
-    *("lr_warmup_rounds", "lr_milestones"),  # in the fingerprint as the resolved lr_schedule (run_fingerprint)
-}
-
-
-def resolved_augment(augment: str, dataset: str) -> str:
-    """``--augment auto`` made concrete for the data set (fedpm_dnn.augment.default_augment)."""
-    if augment != "auto":
-        return augment
-    from fedpm_dnn.augment import default_augment
-
-    return default_augment(dataset)
-
-
-def run_fingerprint(args) -> dict:
-    """The flags that shape the run, for the checkpoint's fingerprint (fedpm_dnn.checkpoint), as the run uses
-    them: the data set and alpha resolved (their flags once defaulted to cifar10 and 0.1, a preset now supplies
-    them), --split-seed None where it is the --seed it defaults to (as checkpoints have always recorded it), the
-    other flags as given; the method's hyper-parameters and the client counts are in the checkpoint's own entries
-    (NOT_IN_FINGERPRINT)."""
-    flags = {k: v for k, v in vars(args).items() if k not in NOT_IN_FINGERPRINT}
-    # the augmentation as trained: "auto" and the concrete name it stands for are one run (and checkpoints
-    # written before "auto" existed record the concrete name)
-    flags["augment"] = resolved_augment(args.augment, args.resolved.settings["dataset"])
-    if flags.get("split_seed") == args.seed:
-        flags["split_seed"] = None
-    # the schedule with its milestones as rounds: --rounds is not in the fingerprint (a run can be extended), but
-    # milestones given in per cent of it move with it, and a run resumed under other milestones is another run.
-    # None (no schedule) is how checkpoints written before the flags existed read.
-    schedule = lr_schedule(args)
-    flags["lr_schedule"] = schedule.as_dict() if schedule else None
-    return dict(sorted({**flags, "alpha": args.resolved.settings["alpha"]}.items()))
-
-
-def command_fingerprint(argv) -> dict:
-    """What a command line computes, resolved without reading data (``resolved_fingerprint``).  The sweep compares
-    a profile's run with the command a result folder's summary.json records this way (validation/sweep.py)."""
-    args = build_parser().parse_args(list(argv))
-    args.resolved = resolve(args)
-    args.dataset = args.resolved.settings["dataset"]
-    if args.seed is None:
-        args.seed = 0
-    return resolved_fingerprint(args)
-
-
-def resolved_fingerprint(args) -> dict:
-    """The run's flags (``run_fingerprint``) with the defaults build() fills in (DEFAULT_CLIENTS, the preset's
-    participants) and the method's configuration the hyper-parameters give, so that a flag repeating a default or
-    a preset's value changes nothing."""
-    settings = args.resolved.settings
-    fp = run_fingerprint(args)
-    fp["clients"] = settings["clients"]
-    if fp["clients"] is None and args.dataset != "femnist":
-        fp["clients"] = DEFAULT_CLIENTS
-    participants = settings["participants"]
-    if (
-        participants
-        and fp["clients"]
-        and participants >= fp["clients"]
-        and "participants" not in args.resolved.from_flags
-    ):
-        participants = None  # as build(): everyone takes part
-    fp["participants"] = participants
-    cfg = method_of(args)
-    fp.update({f"config.{k}": v for k, v in {"name": cfg.name, **cfg.hyperparameters()}.items()})
-    return fp
-
-
-def subset_problem(n, labels, num_classes) -> str | None:
-    """Why a class-balanced subset of ``n`` of ``labels`` cannot be drawn exactly (it never rounds), or None."""
-    if not num_classes <= n <= len(labels):
-        return f"must be between the {num_classes} classes and the {len(labels)} images"
-    if n % num_classes:
-        lo = n - n % num_classes
-        return (
-            f"a class-balanced subset takes the same number of each of the {num_classes} classes: "
-            f"{lo} or {lo + num_classes}"
-        )
-    short = [c for c in range(num_classes) if np.count_nonzero(labels == c) < n // num_classes]
-    if short:
-        return f"class {short[0]} has fewer than the {n // num_classes} images a class-balanced subset takes of it"
-    return None
-
-
-def balanced_subset(labels, n, num_classes, seed):
-    """``n`` indices of ``labels``, n / num_classes of each class (``subset_problem`` says when that cannot be)."""
-    why = subset_problem(n, labels, num_classes)
-    if why:
-        raise ValueError(f"subset of {n}: {why}")
-    rng = np.random.default_rng(seed)
-    per = n // num_classes
-    idx = []
-    for c in range(num_classes):
-        pool = np.flatnonzero(labels == c)
-        idx.append(rng.choice(pool, per, replace=False))
-    return np.sort(np.concatenate(idx))
-
-
-def method_of(args):
-    """The method object the flags give: the preset's row, then the explicit hyper-parameters."""
-    return args.resolved.config
-
-
-# --foof-apply auto (the default) on each device: the whole run's apply, decided once and recorded in the checkpoint
-AUTO_FOOF_APPLY = {"cuda": "inverse", "cpu": "solve"}
-
-
-# --foof-precision auto (the default): fedpm_dnn.precision.default_mode; a checkpoint from before it: fp32
-FOOF_AUTO = {"foof_apply": "solve", "foof_precision": "fp32"}  # what a checkpoint without the entry ran
-
-
-def concrete_foof_apply(args, cfg, device: str):
-    """``cfg`` with --foof-apply and --foof-precision auto (or no flag) made concrete: on --resume what the
-    checkpoint recorded (a run started under an earlier default continues as it began; a checkpoint from before an
-    option ran FOOF_AUTO), else AUTO_FOOF_APPLY and precision.default_mode for the device.  The flag's own value
-    follows the checkpoint's too, so that neither differs."""
-    if not getattr(cfg, "uses_foof", False):
-        return cfg
-    from fedpm_dnn import precision
-
-    auto = [k for k in FOOF_AUTO if getattr(args, k, None) in (None, "auto")]
-    if not auto:
-        return cfg
-    concrete = {
-        "foof_apply": AUTO_FOOF_APPLY.get(torch_device_type(device), "solve"),
-        "foof_precision": precision.default_mode(device),
-    }
-    if args.resume and os.path.isfile(os.path.join(args.out, "checkpoint.pt")):
-        from fedpm_dnn import checkpoint
-
-        recorded = checkpoint.load(os.path.join(args.out, "checkpoint.pt"), map_location="cpu")["fingerprint"]
-        for k in auto:
-            concrete[k] = recorded.get(f"config.{k}", FOOF_AUTO[k])
-            if recorded.get(f"run.{k}") in (None, "auto"):
-                setattr(args, k, recorded.get(f"run.{k}"))
-    return dataclasses.replace(cfg, **{k: concrete[k] for k in auto})
-
-
-def torch_device_type(device: str) -> str:
-    return str(device).split(":")[0]
-
-
-def build(args):
-    """(Experiment, description dict) for the parsed arguments; raises on any user error."""
-    import torch
-
-    from fedpm_dnn.client import ClientData
-    from fedpm_dnn.data import effective_classes, load_image_dataset, partition_table
-    from fedpm_dnn.data.partition import make_partition
-    from fedpm_dnn.presets import PRESETS
-    from fedpm_dnn.simulation import Experiment
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is visible to torch")
-    device = (
-        "cuda"
-        if args.device == "auto" and torch.cuda.is_available()
-        else ("cpu" if args.device == "auto" else args.device)
-    )
-    engine = AUTO_ENGINE[device] if args.engine == "auto" else args.engine
-    res = args.resolved
-    cfg, settings = concrete_foof_apply(args, res.config, device), res.settings
-    data, natural = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
-    x, y = data.x_train, data.y_train
-    n_clients = settings["clients"]
-    split_seed = args.seed if args.split_seed is None else args.split_seed
-    if natural is not None:
-        # FEMNIST (paper appendix): every writer is a client; --clients N keeps the first N writers
-        if args.train_subset:
-            raise ValueError("--train-subset does not apply to FEMNIST's writer partition; use --clients")
-        if n_clients and n_clients > len(natural):
-            raise ValueError(f"--clients {n_clients} exceeds the {len(natural)} writers of this FEMNIST folder")
-        parts = natural[:n_clients] if n_clients else natural
-    else:
-        if args.train_subset:
-            why = subset_problem(args.train_subset, y, data.num_classes)
-            if why:
-                raise ValueError(f"--train-subset {args.train_subset}: {why.replace('images', 'training images')}")
-            keep = balanced_subset(y, args.train_subset, data.num_classes, split_seed)
-            x, y = x[keep], y[keep]
-        parts = make_partition(args.split, y, n_clients or DEFAULT_CLIENTS, settings["alpha"], seed=split_seed)
-    participants = settings["participants"]
-    if participants and participants >= len(parts) and "participants" not in res.from_flags:
-        participants = None  # the preset samples more clients than this run has: everyone takes part
-    xt, yt = data.x_test, data.y_test
-    if args.test_subset:
-        why = subset_problem(args.test_subset, yt, data.num_classes)
-        if why:
-            raise ValueError(f"--test-subset {args.test_subset}: {why.replace('images', 'test images')}")
-        keep = balanced_subset(yt, args.test_subset, data.num_classes, split_seed)
-        xt, yt = xt[keep], yt[keep]
-    if participants and participants > len(parts):
-        raise ValueError(f"--participants {participants} exceeds the {len(parts)} clients")
-    to = lambda a: torch.as_tensor(a).to(device)  # noqa: E731
-    augment = resolved_augment(args.augment, data.name) == "crop-flip"
-    clients = [ClientData(to(x[p]), to(y[p]), data.mean, data.std, augment=augment) for p in parts]
-    exp = Experiment(
-        cfg=cfg,
-        model=args.model,
-        num_classes=data.num_classes,
-        clients=clients,
-        x_test=to(xt),
-        y_test=to(yt),
-        mean=data.mean,
-        std=data.std,
-        rounds=args.rounds,
-        participants=participants,
-        seed=args.seed,
-        device=device,
-        in_channels=x.shape[1],
-        image_size=x.shape[2],
-        engine=engine,
-        client_chunk=args.client_chunk,
-        max_ratio=args.max_ratio or None,
-        gn_groups=args.gn_groups or 2,
-        lr_schedule=lr_schedule(args),
-    )
-    counts = partition_table(y, parts, data.num_classes)
-    desc = {
-        "dataset": data.name,
-        "train_samples": int(len(y)),
-        "test_samples": int(len(yt)),
-        "num_classes": data.num_classes,
-        "clients": len(parts),
-        "alpha": settings["alpha"] if natural is None else None,
-        "partition": args.split if natural is None else "natural (writers)",
-        "seed": args.seed,
-        "split_seed": split_seed if natural is None else None,
-        # exp of the entropy of each client's class shares, averaged: 1 = one class per client, C = all alike
-        "effective_classes_per_client": float(effective_classes(counts).mean()),
-        "participants": participants or len(parts),
-        "augment": resolved_augment(args.augment, data.name),
-        "client_sizes": [int(len(p)) for p in parts],
-        "class_counts": counts.tolist(),
-        "preset": args.preset,
-        "preset_table": PRESETS[args.preset]["table"] if args.preset else None,
-        # where each setting and hyper-parameter came from; the rest are the defaults
-        "from_preset": res.from_preset,
-        "from_flags": res.from_flags,
-        "preset_overridden": res.conflicts,
-        "flags_not_applicable": list(res.not_applicable),
-        "device": device,
-        "engine": engine,
-        "config": {"name": cfg.name, **cfg.hyperparameters()},
-        "lr_schedule": exp.lr_schedule.as_dict() if exp.lr_schedule else None,
-    }
-    if args.model == "resnet18gn":
-        desc["gn_groups"] = exp.gn_groups
-    if data.source == "jpeg":
-        desc["note"] = (
-            "CIFAR-10 JPEG copy (lossy re-encoding): accuracies are close to, not identical with, the original"
-        )
-    return exp, desc
-
-
-def write_atomic(path, text):
-    with written_atomically(path) as fh:  # into a held --out only while it stands there (run)
-        fh.write(text)
-
-
-def write_outputs(out, history, summary):
-    from fedconvex.history import history_csv
-    from fedpm_dnn.simulation import HISTORY_COLUMNS
-
-    write_atomic(os.path.join(out, "history.csv"), history_csv(history, columns=HISTORY_COLUMNS))
-    write_atomic(os.path.join(out, "summary.json"), json.dumps(summary, indent=2))
-
-
-def summarize(desc, history, command):
-    import torch
-
-    accs = [r["test_acc"] for r in history]
-    n = len(history)
-    return {
-        **desc,
-        "rounds_done": n,
-        "best_test_acc": max(accs) if accs else None,
-        "final_test_acc": accs[-1] if accs else None,
-        "mean_client_seconds_per_round": float(np.mean([r["client_seconds"] for r in history])) if n else None,
-        "mean_server_seconds_per_round": float(np.mean([r["server_seconds"] for r in history])) if n else None,
-        "bytes_up_per_round": history[-1]["bytes_up"] / n if n else None,
-        "bytes_down_per_round": history[-1]["bytes_down"] / n if n else None,
-        "peak_memory_mb": max(r["peak_memory_mb"] for r in history) if n else None,
-        "command": command,
-        "torch_threads": torch.get_num_threads(),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
-        **common.provenance(
-            torch.cuda.get_device_name(desc["device"]) if str(desc["device"]).startswith("cuda") else "none"
-        ),
-    }
-
-
-def open_out(out) -> str:
-    """Create ``out`` (marked as ours) if needed: 'created' (this run made it), 'marked' (it was an empty folder,
-    now marked as ours) or 'ours' (a previous result)."""
-    created = not os.path.exists(out)
-    os.makedirs(out, exist_ok=True)
-    if created or written_by(out) is None:  # new, or empty (check_args refused anything else)
-        mark(out, PROG)
-        return "created" if created else "marked"
-    return "ours"
-
-
-def undo_open_out(out, state: str, held) -> None:
-    """A run that ended before its first round leaves ``out`` as it found it: a folder it created is removed,
-    the marker it put into an empty folder too; nothing when ``out`` no longer names the ``held`` folder (it was
-    swapped for someone else's)."""
-    from validation.outputs import MARKER
-
-    if held.problem():
-        return
-    if state == "created":
-        shutil.rmtree(out, ignore_errors=True)
-    elif state == "marked" and os.listdir(out) == [MARKER]:
-        os.remove(os.path.join(out, MARKER))
-
-
-def fail_run(args, exc):
-    # keep what the run reached, and say why it stopped (a re-run would stop the same way)
-    if isinstance(exc, ArithmeticError):
-        common.fail(PROG, ArithmeticError(note_failure(os.path.join(args.out, "summary.json"), exc)))
-    if isinstance(exc, OSError):  # a full disk, a folder made read-only: each file is replaced whole
-        kept = os.path.isfile(os.path.join(args.out, "checkpoint.pt"))
-        common.fail(
-            PROG,
-            OSError(
-                f"{exc}; "
-                + (f"{args.out} keeps the rounds done so far (--resume continues)" if kept else "nothing was written")
-            ),
-        )
-    common.fail(PROG, exc)
-
-
-def note_failure(summary_path, exc) -> str:
-    """Record a diverged run's cause in its summary.json (the rounds before it stay); the line that reports it,
-    which also names the summary when it is damaged or its folder was swapped (it is then left as it is)."""
-    if not os.path.isfile(summary_path):
-        return str(exc)
-    try:
-        partial = read_json_object(summary_path)
-        write_atomic(summary_path, json.dumps({**partial, "failed": str(exc)}, indent=2))
-    except (DamagedFile, NotARegularFile, FolderSwapped, OSError) as why:
-        return f"{exc}; not recorded in the summary: {why}"
-    return str(exc)
+    """The checked arguments (validation.dnn_cli.parse_args), with this docstring's examples in --help."""
+    return dnn_cli.parse_args(argv, doc=__doc__)
 
 
 def main(argv=None) -> int:
@@ -1083,7 +207,7 @@ def run_held(args, exp, desc, command, opened, held) -> int:
         # results on disk after every round, each file replaced atomically
         bar.done = row["round"] - 1
         bar.update(1, f"round {row['round']} acc {row['test_acc']:.3f}")
-        write_outputs(args.out, history, summarize(desc, history, command))
+        dnn_output.write_outputs(args.out, history, summarize(desc, history, command))
 
     start = time.perf_counter()
     past_deadline = (lambda row: time.time() >= args.deadline) if args.deadline else None  # noqa: E731
@@ -1101,7 +225,7 @@ def run_held(args, exp, desc, command, opened, held) -> int:
         fail_run(args, exc)
     summary = summarize(desc, history, command)
     try:
-        write_outputs(args.out, history, summary)
+        dnn_output.write_outputs(args.out, history, summary)
     except KeyboardInterrupt as exc:  # each file is replaced whole: the last round's files stand
         raise type(exc)(f"{args.out} keeps the rounds done so far; --resume continues") from None
     except (OSError, FolderSwapped) as exc:
@@ -1116,108 +240,6 @@ def run_held(args, exp, desc, command, opened, held) -> int:
         print(f"stopped at --deadline after {len(history)} of {args.rounds} rounds; --resume continues")
         return EXIT_PARTIAL
     return 0
-
-
-def main_stack(args, command) -> int:
-    """The runs of ``args.runs`` trained as one stack (``fedpm_dnn.run_stack``), each writing its own folder as a
-    single run does; a run that fails says why in one line and in its summary, the others go on."""
-    from fedpm_dnn.data import DatasetError
-
-    runs = args.runs
-    built, finished = [], []
-    for run in runs:
-        if run.engine == "auto":
-            run.engine = "vectorized"
-        try:
-            exp, desc = build(run)
-        except (DatasetError, ValueError, OSError) as exc:
-            common.fail(PROG, exc)
-        exp.meta["fingerprint"] = run_fingerprint(run)
-        done = settle_previous(run, exp, stacked=True)
-        if done:  # nothing to compute: it stays out of the stack
-            finished.append((run, done))
-            continue
-        built.append((exp, {**desc, "stack": {"runs": [os.path.basename(r.out) for r in runs]}}))
-    for warning in dict.fromkeys(preset_warning(run) for run in runs):  # as a single run, once per distinct line
-        if warning:
-            print(warning, file=sys.stderr)
-    for _, line in finished:
-        print(line)
-    runs = args.runs = [run for run in runs if all(run is not f for f, _ in finished)]
-    if not runs:
-        return 0
-    try:
-        os.makedirs(args.out, exist_ok=True)
-        opened = [open_out(run.out) for run in runs]
-    except OSError as exc:
-        common.fail(PROG, exc)
-    with contextlib.ExitStack() as stack:  # each run writes into its folder, never through a swapped path
-        held = [stack.enter_context(held_folder(run.out)) for run in runs]
-        return stack_held(args, command, built, opened, held)
-
-
-def stack_held(args, command, built, opened, held) -> int:
-    from fedpm_dnn.run_stack import run_stack
-
-    runs = args.runs
-    bar = Progress(args.rounds * len(runs), f"{args.method} x{len(runs)} runs", enabled=not args.quiet)
-
-    def on_round(run, desc):
-        first = {"round": True}
-
-        def write(row, history):
-            if first.pop("round", False):  # the rounds a resumed run did before this process: counted, not timed
-                bar.done = bar.done + row["round"] - 1
-            bar.update(1, f"{os.path.basename(run.out)} round {row['round']} acc {row['test_acc']:.3f}")
-            write_outputs(run.out, history, summarize(desc, history, command))
-
-        return write
-
-    ckpts = [os.path.join(run.out, "checkpoint.pt") for run in runs]
-    start = time.perf_counter()
-    past_deadline = (lambda row: time.time() >= args.deadline) if args.deadline else None  # noqa: E731
-    try:
-        with sigterm_as_exit():
-            results = run_stack(
-                [exp for exp, _ in built],
-                ckpts,
-                [run.resume for run in runs],
-                [on_round(r, d) for r, (_, d) in zip(runs, built, strict=True)],
-                stop=past_deadline,
-            )
-    except BaseException as exc:
-        for run, ck, state, h in zip(runs, ckpts, opened, held, strict=True):
-            if not h.problem() and not os.path.exists(ck):
-                undo_open_out(run.out, state, h)
-        if isinstance(exc, KeyboardInterrupt):
-            raise type(exc)(f"{args.out}: every run keeps the rounds done so far; --resume continues") from None
-        raise
-    failed, stopped = 0, []
-    for run, (_, desc), ck, state, h, out in zip(runs, built, ckpts, opened, held, results, strict=True):
-        name = os.path.basename(run.out)
-        if not isinstance(out, BaseException):
-            summary = summarize(desc, out, command)
-            try:
-                write_outputs(run.out, out, summary)
-            except (OSError, FolderSwapped) as exc:
-                out = exc
-        if isinstance(out, BaseException):
-            failed += 1
-            if not h.problem() and not os.path.exists(ck):
-                undo_open_out(run.out, state, h)
-            if isinstance(out, ArithmeticError):
-                out = note_failure(os.path.join(run.out, "summary.json"), out)
-            print(f"{PROG}: {name}: {stack_advice(str(out), run)}", file=sys.stderr)
-            continue
-        if len(out) < run.rounds:  # only --deadline ends a run early
-            stopped.append(f"{name} after {len(out)}")
-        print(f"{name}: best test accuracy {summary['best_test_acc']:.4f}, final {summary['final_test_acc']:.4f}")
-    done = len(runs) - failed - len(stopped)
-    print(f"{done} of {len(runs)} runs done as one stack ({time.perf_counter() - start:.1f}s); wrote {args.out}")
-    print(f"reproduce: {command}")
-    if stopped:
-        print(f"stopped at --deadline: {', '.join(stopped)} of {args.rounds} rounds; --resume continues")
-    return 1 if failed else (EXIT_PARTIAL if stopped else 0)
 
 
 if __name__ == "__main__":

@@ -404,7 +404,7 @@ def seed_from_reference(profile: str, results: str = "results", reference: str |
     exists; returns the names copied.  A folder already there -- a run of the user's, finished or not -- is left
     as it is.  Each run is copied into a temporary sibling and renamed into place whole, so a copy cut short (a
     full disk, a kill) never leaves a half-copied run, and two calls copying at once both end with one copy.
-    A copy that fails is an OSError naming --results and the cause (the temporary copy removed)."""
+    A copy that fails is an OSError naming the folder and the cause (the temporary copy removed)."""
     from validation.outputs import clean_stale, temp_folder
 
     shipped = shipped_runs(profile, reference)
@@ -430,9 +430,7 @@ def seed_from_reference(profile: str, results: str = "results", reference: str |
         why = exc.strerror or str(exc)
         if isinstance(exc, shutil.Error) and exc.args and exc.args[0]:  # copytree's list of (src, dst, why)
             why = str(exc.args[0][0][-1])
-        raise OSError(
-            f"--results {results}: cannot copy the runs shipped in reference/{profile} into {root}: {why}"
-        ) from None
+        raise OSError(f"cannot copy the runs shipped in reference/{profile} into {root}: {why}") from None
     return copied
 
 
@@ -589,12 +587,13 @@ def check_run_args(parser, args):
     return lambda r: run_seed(r) == args.seed
 
 
-def check_results_arg(parser, path: str) -> None:
-    """--results must be a folder (or not exist yet): every run writes below it."""
+def check_results_arg(parser, path: str, flag: str = "--results") -> None:
+    """The runs' root (experiments --out, figures --results) must be a folder (or not exist yet): every run writes
+    below it."""
     if not path.strip():
-        parser.error("--results: empty path")
+        parser.error(f"{flag}: empty path")
     if os.path.lexists(path) and not os.path.isdir(path):
-        parser.error(f"--results {path}: is not a folder")
+        parser.error(f"{flag} {path}: is not a folder")
 
 
 def add_sweep_args(p) -> None:
@@ -660,24 +659,32 @@ def executor(p, args):
     return None
 
 
-def check_profile_folder(parser, results: str, profile: str) -> None:
+def check_profile_folder(parser, results: str, profile: str, flag: str = "--results") -> None:
     """results/<profile> must be a folder, or not exist yet (it is made): a file or a link to nothing in its place
-    is one parser error."""
+    is one parser error naming ``flag`` (the command's name of the runs' root)."""
     root = os.path.join(results, profile)
     if os.path.lexists(root) and not os.path.isdir(root):
         what = "a symbolic link to nothing" if os.path.islink(root) else "not a folder"
-        parser.error(f"--results {results}: {root} is {what}; the runs of profile {profile} are kept in a folder")
+        parser.error(f"{flag} {results}: {root} is {what}; the runs of profile {profile} are kept in a folder")
 
 
 def main(argv=None) -> int:
-    from validation.common import OneLineParser
+    from validation.common import OneLineParser, add_deprecated_alias
 
     started = time.time()  # the budget counts from here: loading torch and the data is part of it
 
     p = OneLineParser(prog="python -m validation.experiments", doc=__doc__)
     p.add_argument("--profile", choices=sorted(PROFILES), default="quick", help="which runs (see above)")
     p.add_argument("--data-dir", default=None, help="image data (default: $FEDPM_DATA); Test 1 needs none")
-    p.add_argument("--results", default="results", help="the runs' root: each run in RESULTS/<profile>/<name>")
+    # --out: the folder this command writes, as on every command; the runs' root, which figures reads as --results
+    p.add_argument(
+        "--out",
+        dest="results",
+        metavar="OUT",
+        default="results",
+        help="the runs' root: each run in OUT/<profile>/<name>",
+    )
+    add_deprecated_alias(p, "--results", "--out", "results")
     p.add_argument(
         "--list",
         action="store_true",
@@ -694,8 +701,8 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
     by_seed = check_run_args(p, args)
-    check_results_arg(p, args.results)
-    check_profile_folder(p, args.results, args.profile)
+    check_results_arg(p, args.results, "--out")
+    check_profile_folder(p, args.results, args.profile, "--out")
     by_name = None
     if args.only:
         names = [r.name for r in plan(args.profile)]
@@ -720,7 +727,7 @@ def main(argv=None) -> int:
 
 def ensure_from_args(p, args, only, started: float) -> Outcome:
     """``ensure`` with the flags of add_sweep_args / add_run_args (experiments, figures); a Ray cluster that
-    cannot be reached, or shipped runs that cannot be copied into --results, is one line."""
+    cannot be reached, or shipped runs that cannot be copied into the runs' root, is one line."""
     from validation import common
 
     try:

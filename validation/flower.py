@@ -71,9 +71,9 @@ def parse_args(argv=None):
     p.add_argument("--weighting", choices=("uniform", "samples"), default="uniform", help="client weights")
     p.add_argument(
         "--dataset",
-        default="a9a",
-        help="bundled name or LibSVM path (logreg; the cnn uses a seeded "
-        "synthetic image task so every SuperNode can rebuild its partition)",
+        default=common.DEFAULT_LIBSVM,
+        help="logreg: bundled name or LibSVM path, as Test 1 (the cnn uses a seeded "
+        "synthetic image task so every SuperNode can rebuild its partition, or --data-dir)",
     )
     p.add_argument("--clients", type=common.positive_int, default=3, help="clients (SuperNodes)")
     p.add_argument("--rounds", type=common.positive_int, default=2, help="communication rounds")
@@ -150,13 +150,7 @@ def parse_args(argv=None):
         "has not answered by then is left out of that round.  Bounds each wait, not the whole run (the first "
         "question to a node, which starts its ClientApp, waits 30 s more)",
     )
-    p.add_argument(
-        "--max-ratio",
-        type=common.nonneg_float,
-        default=1000.0,
-        help="server magnitude guard: reject a reply whose preconditioner trace or parameter norm exceeds R x "
-        "the round's median; 0 = off. On here, unlike in-process runs: replies come from other processes",
-    )
+    common.add_max_ratio_arg(p, "flower")
     p.add_argument("--check", action="store_true", help="compare with the in-process run")
     p.add_argument("--out", default=None, help="output folder (default: results/flower-<problem>-<method>-<mode>)")
     p.add_argument(
@@ -230,7 +224,7 @@ def parse_args(argv=None):
             if not os.path.isfile(args.dataset):
                 p.error(f"--dataset {args.dataset}: neither a bundled dataset ({', '.join(BUNDLED)}) nor a file")
             args.dataset = os.path.abspath(args.dataset)  # SuperNodes run in another folder
-    elif args.dataset != p.get_default("dataset"):
+    elif "dataset" in p.given(argv if argv is not None else sys.argv[1:]):  # given, even as the default's value
         p.error(
             "--dataset does not apply to --problem cnn (it trains on a seeded synthetic image task, or on "
             "--data-dir prepared by `python -m validation.flower prepare`)"
@@ -549,7 +543,7 @@ def run_config(args):
     else:
         from fedconvex.algorithms import REGISTRY
 
-        # FedAvg's tuned step on a9a (as before); every other method its own default
+        # FedAvg's step as tuned on a9a (it converges on w8a too); every other method its own default
         lr = (
             args.lr
             if args.lr is not None

@@ -75,7 +75,7 @@ def prepare(args) -> None:
     from fedpm_dnn.data import effective_classes, load_image_dataset, partition_table
     from fedpm_dnn.data.partition import make_partition
     from fedpm_flower import prepared
-    from validation.dnn import balanced_subset, subset_problem
+    from validation.dnn_experiment import balanced_subset, subset_problem
     from validation.outputs import ResultDir
 
     data, natural = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)

@@ -74,7 +74,7 @@ def parse_args(argv=None):
 
 def check_sizes(args, labels, num_classes: int) -> None:
     """The sizes validation.dnn would refuse, refused before any split is drawn."""
-    from validation.dnn import subset_problem
+    from validation.dnn_experiment import subset_problem
 
     why = subset_problem(args.train_subset, labels, num_classes) if args.train_subset is not None else None
     if why:
@@ -89,7 +89,7 @@ def table(args, labels, num_classes) -> dict:
     """(split, alpha) -> {seed: mean effective classes per client}."""
     from fedpm_dnn.data import effective_classes, partition_table
     from fedpm_dnn.data.partition import make_partition
-    from validation.dnn import balanced_subset
+    from validation.dnn_experiment import balanced_subset
 
     out = {}
     for split in args.split:

@@ -62,13 +62,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--participants", type=common.positive_int, default=None, help="clients sampled per round (default: all)"
     )
-    p.add_argument(
-        "--max-ratio",
-        type=common.nonneg_float,
-        default=0.0,
-        help="server magnitude guard: reject a reply whose preconditioner trace or parameter norm exceeds "
-        "R x the round's median; 0 = off, as in the paper's runs",
-    )
+    common.add_max_ratio_arg(p, "in-process")
     p.add_argument(
         "--lr",
         type=common.positive_float,

@@ -4,7 +4,7 @@ The results folder is the sweep's only state.  A run's folder is read, never tru
 
 * done     summary.json and history.csv parse, history.csv holds the rounds the profile asks for (or the run
            diverged and said so), and the command summary.json records has the profile's configuration
-           fingerprint (validation.dnn.command_fingerprint: every flag that shapes the run; the data itself is
+           fingerprint (validation.dnn_cli.command_fingerprint: every flag that shapes the run; the data itself is
            checked by the checkpoint's fingerprint when a run resumes);
 * partial  fewer rounds, with a checkpoint.pt to continue from (validation.dnn --resume);
 * missing  nothing usable (a folder without a checkpoint is recomputed from round 1);
@@ -136,11 +136,11 @@ def stack_argv(group: list) -> list:
 
 @functools.lru_cache(maxsize=4096)
 def _fingerprint(argv: tuple) -> dict | None:
-    from validation import dnn
+    from validation.dnn_cli import command_fingerprint
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # the parser's one-line complaint: we say "stale"
-            return dnn.command_fingerprint(argv)
+            return command_fingerprint(argv)
     except (SystemExit, ValueError):  # a recorded command this version no longer takes: another configuration
         return None
 

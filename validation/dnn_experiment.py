@@ -1,0 +1,198 @@
+"""The experiment a parsed ``python -m validation.dnn`` command describes (``build``): the data set loaded, its
+class-balanced subsets, its split into clients, and the method and model on the device and engine that run them."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from validation.dnn_cli import DEFAULT_CLIENTS, lr_schedule, resolved_augment
+
+# auto: on a GPU the vectorized engine (5-6x the sequential one for SimpleCNN on an H100/H200); on a CPU the
+# sequential one.  With per-client convolutions the vectorized engine is level there (SimpleCNN, 10 clients:
+# 0.96-1.22x at two torch threads, 0.90-1.02x at one; ResNet18-GN 0.43x), within the
+# runs' noise -- not enough to change what a default CPU run computes (float32 round-off differs between the
+# engines) or to stop older checkpoints from resuming under the default.
+AUTO_ENGINE = {"cuda": "vectorized", "cpu": "sequential"}
+
+
+def subset_problem(n, labels, num_classes) -> str | None:
+    """Why a class-balanced subset of ``n`` of ``labels`` cannot be drawn exactly (it never rounds), or None."""
+    if not num_classes <= n <= len(labels):
+        return f"must be between the {num_classes} classes and the {len(labels)} images"
+    if n % num_classes:
+        lo = n - n % num_classes
+        return (
+            f"a class-balanced subset takes the same number of each of the {num_classes} classes: "
+            f"{lo} or {lo + num_classes}"
+        )
+    short = [c for c in range(num_classes) if np.count_nonzero(labels == c) < n // num_classes]
+    if short:
+        return f"class {short[0]} has fewer than the {n // num_classes} images a class-balanced subset takes of it"
+    return None
+
+
+def balanced_subset(labels, n, num_classes, seed):
+    """``n`` indices of ``labels``, n / num_classes of each class (``subset_problem`` says when that cannot be)."""
+    why = subset_problem(n, labels, num_classes)
+    if why:
+        raise ValueError(f"subset of {n}: {why}")
+    rng = np.random.default_rng(seed)
+    per = n // num_classes
+    idx = []
+    for c in range(num_classes):
+        pool = np.flatnonzero(labels == c)
+        idx.append(rng.choice(pool, per, replace=False))
+    return np.sort(np.concatenate(idx))
+
+
+# --foof-apply auto (the default) on each device: the whole run's apply, decided once and recorded in the checkpoint
+AUTO_FOOF_APPLY = {"cuda": "inverse", "cpu": "solve"}
+# --foof-precision auto (the default): fedpm_dnn.precision.default_mode; a checkpoint from before it: fp32
+FOOF_AUTO = {"foof_apply": "solve", "foof_precision": "fp32"}  # what a checkpoint without the entry ran
+
+
+def concrete_foof_apply(args, cfg, device: str):
+    """``cfg`` with --foof-apply and --foof-precision auto (or no flag) made concrete: on --resume what the
+    checkpoint recorded (a run started under an earlier default continues as it began; a checkpoint from before an
+    option ran FOOF_AUTO), else AUTO_FOOF_APPLY and precision.default_mode for the device.  The flag's own value
+    follows the checkpoint's too, so that neither differs."""
+    if not getattr(cfg, "uses_foof", False):
+        return cfg
+    from fedpm_dnn import precision
+
+    auto = [k for k in FOOF_AUTO if getattr(args, k, None) in (None, "auto")]
+    if not auto:
+        return cfg
+    concrete = {
+        "foof_apply": AUTO_FOOF_APPLY.get(torch_device_type(device), "solve"),
+        "foof_precision": precision.default_mode(device),
+    }
+    if args.resume and os.path.isfile(os.path.join(args.out, "checkpoint.pt")):
+        from fedpm_dnn import checkpoint
+
+        recorded = checkpoint.load(os.path.join(args.out, "checkpoint.pt"), map_location="cpu")["fingerprint"]
+        for k in auto:
+            concrete[k] = recorded.get(f"config.{k}", FOOF_AUTO[k])
+            if recorded.get(f"run.{k}") in (None, "auto"):
+                setattr(args, k, recorded.get(f"run.{k}"))
+    return dataclasses.replace(cfg, **{k: concrete[k] for k in auto})
+
+
+def torch_device_type(device: str) -> str:
+    return str(device).split(":")[0]
+
+
+def build(args):
+    """(Experiment, description dict) for the parsed arguments; raises on any user error."""
+    import torch
+
+    from fedpm_dnn.client import ClientData
+    from fedpm_dnn.data import effective_classes, load_image_dataset, partition_table
+    from fedpm_dnn.data.partition import make_partition
+    from fedpm_dnn.presets import PRESETS
+    from fedpm_dnn.simulation import Experiment
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible to torch")
+    device = (
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
+    engine = AUTO_ENGINE[device] if args.engine == "auto" else args.engine
+    res = args.resolved
+    cfg, settings = concrete_foof_apply(args, res.config, device), res.settings
+    data, natural = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
+    x, y = data.x_train, data.y_train
+    n_clients = settings["clients"]
+    split_seed = args.seed if args.split_seed is None else args.split_seed
+    if natural is not None:
+        # FEMNIST (paper appendix): every writer is a client; --clients N keeps the first N writers
+        if args.train_subset:
+            raise ValueError("--train-subset does not apply to FEMNIST's writer partition; use --clients")
+        if n_clients and n_clients > len(natural):
+            raise ValueError(f"--clients {n_clients} exceeds the {len(natural)} writers of this FEMNIST folder")
+        parts = natural[:n_clients] if n_clients else natural
+    else:
+        if args.train_subset:
+            why = subset_problem(args.train_subset, y, data.num_classes)
+            if why:
+                raise ValueError(f"--train-subset {args.train_subset}: {why.replace('images', 'training images')}")
+            keep = balanced_subset(y, args.train_subset, data.num_classes, split_seed)
+            x, y = x[keep], y[keep]
+        parts = make_partition(args.split, y, n_clients or DEFAULT_CLIENTS, settings["alpha"], seed=split_seed)
+    participants = settings["participants"]
+    if participants and participants >= len(parts) and "participants" not in res.from_flags:
+        participants = None  # the preset samples more clients than this run has: everyone takes part
+    xt, yt = data.x_test, data.y_test
+    if args.test_subset:
+        why = subset_problem(args.test_subset, yt, data.num_classes)
+        if why:
+            raise ValueError(f"--test-subset {args.test_subset}: {why.replace('images', 'test images')}")
+        keep = balanced_subset(yt, args.test_subset, data.num_classes, split_seed)
+        xt, yt = xt[keep], yt[keep]
+    if participants and participants > len(parts):
+        raise ValueError(f"--participants {participants} exceeds the {len(parts)} clients")
+    to = lambda a: torch.as_tensor(a).to(device)  # noqa: E731
+    augment = resolved_augment(args.augment, data.name) == "crop-flip"
+    clients = [ClientData(to(x[p]), to(y[p]), data.mean, data.std, augment=augment) for p in parts]
+    exp = Experiment(
+        cfg=cfg,
+        model=args.model,
+        num_classes=data.num_classes,
+        clients=clients,
+        x_test=to(xt),
+        y_test=to(yt),
+        mean=data.mean,
+        std=data.std,
+        rounds=args.rounds,
+        participants=participants,
+        seed=args.seed,
+        device=device,
+        in_channels=x.shape[1],
+        image_size=x.shape[2],
+        engine=engine,
+        client_chunk=args.client_chunk,
+        max_ratio=args.max_ratio or None,
+        gn_groups=args.gn_groups or 2,
+        lr_schedule=lr_schedule(args),
+    )
+    counts = partition_table(y, parts, data.num_classes)
+    desc = {
+        "dataset": data.name,
+        "train_samples": int(len(y)),
+        "test_samples": int(len(yt)),
+        "num_classes": data.num_classes,
+        "clients": len(parts),
+        "alpha": settings["alpha"] if natural is None else None,
+        "partition": args.split if natural is None else "natural (writers)",
+        "seed": args.seed,
+        "split_seed": split_seed if natural is None else None,
+        # exp of the entropy of each client's class shares, averaged: 1 = one class per client, C = all alike
+        "effective_classes_per_client": float(effective_classes(counts).mean()),
+        "participants": participants or len(parts),
+        "augment": resolved_augment(args.augment, data.name),
+        "client_sizes": [int(len(p)) for p in parts],
+        "class_counts": counts.tolist(),
+        "preset": args.preset,
+        "preset_table": PRESETS[args.preset]["table"] if args.preset else None,
+        # where each setting and hyper-parameter came from; the rest are the defaults
+        "from_preset": res.from_preset,
+        "from_flags": res.from_flags,
+        "preset_overridden": res.conflicts,
+        "flags_not_applicable": list(res.not_applicable),
+        "device": device,
+        "engine": engine,
+        "config": {"name": cfg.name, **cfg.hyperparameters()},
+        "lr_schedule": exp.lr_schedule.as_dict() if exp.lr_schedule else None,
+    }
+    if args.model == "resnet18gn":
+        desc["gn_groups"] = exp.gn_groups
+    if data.source == "jpeg":
+        desc["note"] = (
+            "CIFAR-10 JPEG copy (lossy re-encoding): accuracies are close to, not identical with, the original"
+        )
+    return exp, desc

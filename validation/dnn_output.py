@@ -1,0 +1,174 @@
+"""What a run of ``python -m validation.dnn`` finds in and writes into its --out folder: a previous run's
+checkpoint settled (the same run done, another run refused, --overwrite), the folder marked as this tool's and left
+as found when no round completed, history.csv and summary.json after every round, and a failure's cause recorded in
+the summary."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import shutil
+
+import numpy as np
+
+from fedconvex.files import DamagedFile, FolderSwapped, NotARegularFile, read_json_object, written_atomically
+from validation import common
+from validation.dnn_cli import OUTPUT, PROG
+from validation.outputs import mark, written_by
+
+
+def settle_previous(run, exp, stacked: bool = False) -> str | None:
+    """For a run whose --out holds a checkpoint it was not asked to resume: with --overwrite the previous run's
+    files are removed (None); when the checkpoint is this very run (the fingerprint compared resolved) with its
+    rounds done, the line saying so (nothing to compute); else one line refusing it (exit 2): another run, or this
+    one unfinished (--resume continues it)."""
+    from fedpm_dnn import checkpoint as ck
+
+    path = os.path.join(run.out, "checkpoint.pt")
+    if run.resume or not os.path.lexists(path):
+        return None
+    if run.overwrite:
+        for name in OUTPUT.files:  # a folder of ours holding only these (check_args, under the lock)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(run.out, name))
+        return None
+    try:
+        done, diff = ck.stored(path, exp)
+    except ck.CheckpointError as exc:
+        common.fail(PROG, ValueError(f"{exc}, or --overwrite to replace it"))
+    if diff:
+        common.fail(
+            PROG,
+            ValueError(
+                f"--out {run.out}: holds another run ({stack_advice(diff, run) if stacked else diff}); choose "
+                "another --out, or --overwrite to replace it"
+            ),
+        )
+    if done < run.rounds:
+        common.fail(
+            PROG,
+            ValueError(
+                f"--out {run.out}: holds {done} of the {run.rounds} rounds of this run; pass --resume to continue "
+                "it, or --overwrite to start over"
+            ),
+        )
+    best = ""
+    with contextlib.suppress(ValueError, OSError, TypeError, KeyError):
+        summary = read_json_object(os.path.join(run.out, "summary.json"))
+        best = f", best test accuracy {float(summary['best_test_acc']):.4f}"
+    rounds = f"{done} round{'s' if done != 1 else ''}"
+    return (
+        f"{run.out} already holds this run ({rounds}{best}); nothing to compute (--overwrite recomputes it, "
+        "--resume with more --rounds extends it)"
+    )
+
+
+def stack_advice(why: str, run) -> str:
+    """``why`` (a checkpoint's difference) with the engine advice made one a stack can follow: a stack trains on
+    the vectorized engine, so a run checkpointed by another engine continues alone."""
+    import re
+
+    from fedpm_dnn.checkpoint import ENGINE_ADVICE
+
+    pattern = re.escape(ENGINE_ADVICE).replace(re.escape("{}"), r"(\w+)")
+    return re.sub(
+        pattern,
+        lambda m: (
+            f"a stack trains on the vectorized engine: resume this run alone, with --engine {m.group(1)} "
+            f"--out {run.out}"
+        ),
+        why,
+    )
+
+
+def write_atomic(path, text):
+    with written_atomically(path) as fh:  # into a held --out only while it stands there (run)
+        fh.write(text)
+
+
+def write_outputs(out, history, summary):
+    from fedconvex.history import history_csv
+    from fedpm_dnn.simulation import HISTORY_COLUMNS
+
+    write_atomic(os.path.join(out, "history.csv"), history_csv(history, columns=HISTORY_COLUMNS))
+    write_atomic(os.path.join(out, "summary.json"), json.dumps(summary, indent=2))
+
+
+def summarize(desc, history, command):
+    import torch
+
+    accs = [r["test_acc"] for r in history]
+    n = len(history)
+    return {
+        **desc,
+        "rounds_done": n,
+        "best_test_acc": max(accs) if accs else None,
+        "final_test_acc": accs[-1] if accs else None,
+        "mean_client_seconds_per_round": float(np.mean([r["client_seconds"] for r in history])) if n else None,
+        "mean_server_seconds_per_round": float(np.mean([r["server_seconds"] for r in history])) if n else None,
+        "bytes_up_per_round": history[-1]["bytes_up"] / n if n else None,
+        "bytes_down_per_round": history[-1]["bytes_down"] / n if n else None,
+        "peak_memory_mb": max(r["peak_memory_mb"] for r in history) if n else None,
+        "command": command,
+        "torch_threads": torch.get_num_threads(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
+        **common.provenance(
+            torch.cuda.get_device_name(desc["device"]) if str(desc["device"]).startswith("cuda") else "none"
+        ),
+    }
+
+
+def open_out(out) -> str:
+    """Create ``out`` (marked as ours) if needed: 'created' (this run made it), 'marked' (it was an empty folder,
+    now marked as ours) or 'ours' (a previous result)."""
+    created = not os.path.exists(out)
+    os.makedirs(out, exist_ok=True)
+    if created or written_by(out) is None:  # new, or empty (check_args refused anything else)
+        mark(out, PROG)
+        return "created" if created else "marked"
+    return "ours"
+
+
+def undo_open_out(out, state: str, held) -> None:
+    """A run that ended before its first round leaves ``out`` as it found it: a folder it created is removed,
+    the marker it put into an empty folder too; nothing when ``out`` no longer names the ``held`` folder (it was
+    swapped for someone else's)."""
+    from validation.outputs import MARKER
+
+    if held.problem():
+        return
+    if state == "created":
+        shutil.rmtree(out, ignore_errors=True)
+    elif state == "marked" and os.listdir(out) == [MARKER]:
+        os.remove(os.path.join(out, MARKER))
+
+
+def fail_run(args, exc):
+    # keep what the run reached, and say why it stopped (a re-run would stop the same way)
+    if isinstance(exc, ArithmeticError):
+        common.fail(PROG, ArithmeticError(note_failure(os.path.join(args.out, "summary.json"), exc)))
+    if isinstance(exc, OSError):  # a full disk, a folder made read-only: each file is replaced whole
+        kept = os.path.isfile(os.path.join(args.out, "checkpoint.pt"))
+        common.fail(
+            PROG,
+            OSError(
+                f"{exc}; "
+                + (f"{args.out} keeps the rounds done so far (--resume continues)" if kept else "nothing was written")
+            ),
+        )
+    common.fail(PROG, exc)
+
+
+def note_failure(summary_path, exc) -> str:
+    """Record a diverged run's cause in its summary.json (the rounds before it stay); the line that reports it,
+    which also names the summary when it is damaged or its folder was swapped (it is then left as it is)."""
+    if not os.path.isfile(summary_path):
+        return str(exc)
+    try:
+        partial = read_json_object(summary_path)
+        write_atomic(summary_path, json.dumps({**partial, "failed": str(exc)}, indent=2))
+    except (DamagedFile, NotARegularFile, FolderSwapped, OSError) as why:
+        return f"{exc}; not recorded in the summary: {why}"
+    return str(exc)

@@ -209,6 +209,14 @@ def build_parser():
         help="vectorized: clients per chunk (default: as many as fit in the free device memory)",
     )
     p.add_argument(
+        "--step-graph",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="vectorized: the local steps every client of a chunk takes as one function of static buffers, on CUDA "
+        "replayed as one CUDA graph a step (same models to float32 round-off); auto: on CUDA, off on a CPU, where "
+        "the loop is as fast (default: auto)",
+    )
+    p.add_argument(
         "--out",
         default=None,
         help="output folder (default: results/dnn-<preset or dataset>-<method>-s<seed>-r<rounds>, then what else "
@@ -583,6 +591,11 @@ def check_args(p, args):
             p.error(f"--lr-milestones {args.lr_milestones}: a milestone starts at round {first}, after the last round")
     if args.client_chunk is not None and args.engine == "sequential":
         p.error("--client-chunk applies to --engine vectorized (or auto on a GPU), not to --engine sequential")
+    if args.step_graph != "auto" and args.engine == "sequential":
+        p.error(
+            f"--step-graph {args.step_graph} applies to --engine vectorized (or auto on a GPU), "
+            "not to --engine sequential"
+        )
     common.check_out_arg(p, args.out, kind=OUTPUT)
     why = checkpoint_conflict(args)
     if why:
@@ -672,13 +685,14 @@ def stack_advice(why: str, run) -> str:
 # seeds, alphas, run_names, runs: how a stack is given (each run's fingerprint has its own seed and alpha), so a
 # stacked run and the same run alone resume each other
 # overwrite: what happens to --out's previous run, not what this run computes
+# step_graph: how the vectorized engine issues its steps (the same kernels, replayed or not), recorded in the summary
 # the hyper-parameters and the settings a preset supplies enter the fingerprint resolved, not as flags: the method's
 # configuration (config.* in fedpm_dnn.checkpoint.fingerprint) and the client and participant counts the run uses
 # (n_clients, participants), so that a flag repeating the preset's value or a default is no difference, and a real
 # difference is named by what differs (checkpoints that recorded these flags still resume: fedpm_dnn.checkpoint)
 NOT_IN_FINGERPRINT = {
     *("out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "deadline", "resolved"),
-    *("gn_groups", "seeds", "alphas", "run_names", "runs", "overwrite"),
+    *("gn_groups", "seeds", "alphas", "run_names", "runs", "overwrite", "step_graph"),
     *HYPERPARAMETER_FLAGS,
     *("local_epochs", "foof_samples", "clients", "participants"),
     *("lr_warmup_rounds", "lr_milestones"),  # in the fingerprint as the resolved lr_schedule (run_fingerprint)
@@ -818,6 +832,15 @@ def concrete_foof_apply(args, cfg, device: str):
     return dataclasses.replace(cfg, **{k: concrete[k] for k in auto})
 
 
+def resolved_step_graph(mode: str, engine: str, device: str) -> str | None:
+    """--step-graph as the run uses it: 'on' or 'off' on the vectorized engine, None on the sequential one."""
+    if engine != "vectorized":
+        return None
+    from fedpm_dnn import step_graph
+
+    return "on" if step_graph.resolve(mode, device) else "off"
+
+
 def torch_device_type(device: str) -> str:
     return str(device).split(":")[0]
 
@@ -893,6 +916,7 @@ def build(args):
         image_size=x.shape[2],
         engine=engine,
         client_chunk=args.client_chunk,
+        step_graph=args.step_graph,
         max_ratio=args.max_ratio or None,
         gn_groups=args.gn_groups or 2,
         lr_schedule=lr_schedule(args),
@@ -923,6 +947,8 @@ def build(args):
         "flags_not_applicable": list(res.not_applicable),
         "device": device,
         "engine": engine,
+        # the vectorized engine's full steps as one static function, captured as a CUDA graph there (step_graph)
+        "step_graph": resolved_step_graph(args.step_graph, engine, device),
         "config": {"name": cfg.name, **cfg.hyperparameters()},
         "lr_schedule": exp.lr_schedule.as_dict() if exp.lr_schedule else None,
     }

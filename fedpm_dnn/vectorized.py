@@ -81,6 +81,31 @@ def _pad(rows, width, fill=0, dtype=torch.long):
     return out
 
 
+def schedule_tensors(steps: list, offsets: list, T: int, B: int) -> tuple:
+    """The round's draws as (T, K, B) tensors (gidx, mask, oy, ox, flip) from each client's ``client_schedule``
+    steps [(idx, oy, ox, flip)] and its first row in the engine's data (``offsets``): rows beyond a batch's draws read
+    the client's first image, masked out; steps after a client's last are all padding.  One write per tensor and
+    client, not per step: each write is a host operator, and a round has hundreds of steps."""
+    K = len(steps)
+    gidx = torch.zeros(T, K, B, dtype=torch.long)
+    mask = torch.zeros(T, K, B, dtype=torch.bool)
+    oy = torch.full((T, K, B), PAD, dtype=torch.long)
+    ox = torch.full((T, K, B), PAD, dtype=torch.long)
+    flip = torch.zeros(T, K, B, dtype=torch.bool)
+    for j, (own, offset) in enumerate(zip(steps, offsets, strict=True)):
+        n = len(own)
+        lens = torch.tensor([len(st[0]) for st in own])
+        t_of = torch.repeat_interleave(torch.arange(n), lens)  # each drawn row's step and place in its batch
+        b_of = torch.arange(len(t_of)) - torch.repeat_interleave(lens.cumsum(0) - lens, lens)
+        gidx[:n, j] = offset
+        gidx[t_of, j, b_of] = torch.cat([st[0] for st in own]) + offset
+        mask[t_of, j, b_of] = True
+        oy[t_of, j, b_of] = torch.cat([st[1] for st in own])
+        ox[t_of, j, b_of] = torch.cat([st[2] for st in own])
+        flip[t_of, j, b_of] = torch.cat([st[3] for st in own])
+    return gidx, mask, oy, ox, flip
+
+
 _clip_ = step_graph.clip_  # torch.nn.utils.clip_grad_norm_ per client on (K, ...) stacks
 
 
@@ -310,18 +335,9 @@ class VectorizedEngine:
         n_steps = [len(sc["steps"]) for sc in scheds]
         T = max(n_steps)
         # the whole schedule as (T, K, B) tensors, moved to the device once
-        gidx = torch.zeros(T, K, B, dtype=torch.long)
-        mask = torch.zeros(T, K, B, dtype=torch.bool)
-        oy = torch.full((T, K, B), PAD, dtype=torch.long)
-        ox = torch.full((T, K, B), PAD, dtype=torch.long)
-        flip = torch.zeros(T, K, B, dtype=torch.bool)
-        for j, (i, sc) in enumerate(zip(sel, scheds, strict=False)):
-            for t, (ix, a, b_, f) in enumerate(sc["steps"]):
-                m = len(ix)
-                gidx[t, j, :m] = ix + self.offsets[i]
-                gidx[t, j, m:] = self.offsets[i]
-                mask[t, j, :m] = True
-                oy[t, j, :m], ox[t, j, :m], flip[t, j, :m] = a, b_, f
+        gidx, mask, oy, ox, flip = schedule_tensors(
+            [sc["steps"] for sc in scheds], [self.offsets[i] for i in sel], T, B
+        )
         gidx, mask, oy, ox, flip = (v.to(dev) for v in (gidx, mask, oy, ox, flip))
         counts = mask.sum(2)  # (T, K)
         loss_sum = torch.zeros(K, dtype=torch.float64, device=dev)

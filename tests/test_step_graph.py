@@ -243,3 +243,40 @@ def test_the_command_line_passes_the_mode_and_the_summary_records_what_the_engin
         assert desc["step_graph"] == want and exp.step_graph == (extra[-1] if "--step-graph" in extra else "auto")
     vec = base + ["--engine", "vectorized"]
     assert dnn.command_fingerprint(vec + ["--step-graph", "on"]) == dnn.command_fingerprint(vec)
+
+
+def test_the_schedule_tensors_hold_each_step_of_each_client():
+    """vectorized.schedule_tensors (one write per client) against the definition, step by step: a step's drawn rows
+    first (offset into the engine's data, mask set), the rest of the batch the client's first image, masked out, no
+    crop shift and no flip; a finished client's later steps all zero rows and masked out."""
+    from fedpm_dnn.vectorized import PAD, schedule_tensors
+
+    g = torch.Generator().manual_seed(0)
+    B, sizes, offsets = 5, (12, 3, 7), (0, 12, 15)
+    steps = []
+    for n in sizes:
+        own = []
+        for _ in range(2):  # epochs
+            order = torch.randperm(n, generator=g)
+            for s in range(0, n, B):
+                ix = order[s : s + B]
+                oy = torch.randint(0, 9, (len(ix),), generator=g)
+                ox = torch.randint(0, 9, (len(ix),), generator=g)
+                own.append((ix, oy, ox, torch.rand(len(ix), generator=g) < 0.5))
+        steps.append(own)
+    T = max(len(s) for s in steps)
+    gidx, mask, oy, ox, flip = schedule_tensors(steps, list(offsets), T, B)
+    assert gidx.shape == mask.shape == oy.shape == ox.shape == flip.shape == (T, 3, B)
+    for j, own in enumerate(steps):
+        for t in range(T):
+            if t >= len(own):
+                assert not mask[t, j].any() and not gidx[t, j].any() and not flip[t, j].any()
+                assert (oy[t, j] == PAD).all() and (ox[t, j] == PAD).all()
+                continue
+            ix, a, b, f = own[t]
+            m = len(ix)
+            assert torch.equal(gidx[t, j, :m], ix + offsets[j]) and (gidx[t, j, m:] == offsets[j]).all()
+            assert mask[t, j, :m].all() and not mask[t, j, m:].any()
+            assert torch.equal(oy[t, j, :m], a) and torch.equal(ox[t, j, :m], b) and torch.equal(flip[t, j, :m], f)
+            assert (oy[t, j, m:] == PAD).all() and (ox[t, j, m:] == PAD).all() and not flip[t, j, m:].any()
+    assert len(steps[1]) < T  # a finished client's padding is checked

@@ -369,6 +369,7 @@ def test_proxies_count_operators_per_local_step_and_round(capsys):
         loop, static = m["step_forms"]["loop"], m["step_forms"]["static"]
         assert m["step_form"] == "loop" and all(m[k] == v for k, v in loop.items())
         assert set(static) == set(loop) and static["kernel_launches_per_local_step"] is None
+        assert static["graph_replays_per_local_step"] == loop["graph_replays_per_local_step"] == 0  # no CUDA here
         assert 0 < static["operators_per_local_step"] <= loop["operators_per_local_step"]
         assert loop["operators_per_local_step_graphed"] == loop["operators_per_local_step"]
         assert 1 <= static["operators_per_local_step_graphed"] < loop["operators_per_local_step"] / 2

@@ -227,7 +227,7 @@ def _profiled_run(model, method, device, size, epochs, apply, mode, seed=0, step
     {wall: round 1's client seconds (unprofiled), ops: top-level operators, kernels: CUDA kernel launches,
     host_ms: the operators' own CPU time (ms), in_step_ops: the top-level operators issued inside the static step
     function (``step_graph.FullStep``, run eagerly: those a CUDA graph replays as one launch)} -- the last four of
-    round 2."""
+    round 2 -- and replays: the step's CUDA graph replays in both rounds."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -246,19 +246,23 @@ def _profiled_run(model, method, device, size, epochs, apply, mode, seed=0, step
             _sync(device)
             prof.__enter__()
 
-    call = sg.FullStep.__call__
+    call, release, replays = sg.FullStep.__call__, sg.Runner.release, []
 
     def marked(step):  # the step function's operators under one range, so that they can be told apart
         with record_function(STEP_RANGE):
             return call(step)
 
-    sg.FullStep.__call__ = marked
+    def counted(runner):  # the graph replays of each chunk and round (0 where nothing was captured)
+        replays.append(runner.replays)
+        release(runner)
+
+    sg.FullStep.__call__, sg.Runner.release = marked, counted
     try:
         hist = run_experiment(exp, on_round=on_round)
         _sync(device)
     finally:
         prof.__exit__(None, None, None)
-        sg.FullStep.__call__ = call
+        sg.FullStep.__call__, sg.Runner.release = call, release
     events = prof.events()
     top = [
         e
@@ -279,6 +283,7 @@ def _profiled_run(model, method, device, size, epochs, apply, mode, seed=0, step
         "wall": hist[0]["client_seconds"],
         "ops": len(top),
         "in_step_ops": sum(1 for e in top if in_step(e)),
+        "replays": sum(replays),
         "kernels": sum(1 for e in events if e.name in launch),
         "host_ms": sum(e.self_cpu_time_total for e in events if e.name.startswith("aten::")) / 1000,
     }
@@ -308,7 +313,7 @@ def launch_proxies(
         forms = {}
         for form, flag in STEP_FORMS.items():
             one, two = (_profiled_run(model, method, device, size, e, apply, mode, step_graph=flag) for e in (1, 2))
-            per_step = {k: (two[k] - one[k]) / steps for k in ("ops", "kernels", "host_ms", "in_step_ops")}
+            per_step = {k: (two[k] - one[k]) / steps for k in ("ops", "kernels", "host_ms", "in_step_ops", "replays")}
             forms[form] = {
                 "operators_per_local_step": per_step["ops"],
                 # what the host issues a full step once the static function is one graph replay: the operators
@@ -320,6 +325,8 @@ def launch_proxies(
                 "host_operator_ms_per_local_step": per_step["host_ms"],
                 "wall_ms_per_local_step": 1000 * (two["wall"] - one["wall"]) / steps,
                 "operators_per_round": one["ops"] + (epochs - 1) * (two["ops"] - one["ops"]),
+                # ~1 where the static step ran as a graph (CUDA), 0 where it ran eagerly (a CPU, a failed capture)
+                "graph_replays_per_local_step": per_step["replays"] / 2,  # both rounds of each run
             }
         out[method] = {"local_steps_per_epoch": steps, "step_form": plain, **forms[plain], "step_forms": forms}
     return out

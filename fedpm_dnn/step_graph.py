@@ -17,6 +17,10 @@ that eager function.  Steps where a client has finished (unequal client sizes) s
 capture fails, the engine warns once and runs the same function eagerly.  ``--step-graph`` (``resolve``): 'auto'
 uses the static step on CUDA and the loop on a CPU; 'on' uses it on any device (on a CPU eagerly: the tests'
 form); 'off' the loop.  ``solve_graph.ENV`` = 0 switches every capture off (the static step then runs eagerly).
+
+Costs of the graph: one capture per chunk and round (``torch.cuda.graph`` synchronises the device, collects
+garbage and empties the allocator's cache as it starts), and the step's intermediate tensors held in the graph's
+own memory pool until the chunk's steps end (``Runner.release``, before the end-of-round statistics pass).
 """
 
 from __future__ import annotations

@@ -280,3 +280,23 @@ def test_the_schedule_tensors_hold_each_step_of_each_client():
             assert torch.equal(oy[t, j, :m], a) and torch.equal(ox[t, j, :m], b) and torch.equal(flip[t, j, :m], f)
             assert (oy[t, j, m:] == PAD).all() and (ox[t, j, m:] == PAD).all() and not flip[t, j, m:].any()
     assert len(steps[1]) < T  # a finished client's padding is checked
+
+
+@pytest.mark.parametrize("method", ["scaffold", "fedpm"])
+def test_stacked_runs_take_the_static_step_to_the_loops_models(method, tmp_path, monkeypatch):
+    """Two runs trained as one stack (fedpm_dnn.run_stack), in chunks that span both: each participant's broadcast
+    stacked (SCAFFOLD's hook reads both runs' controls), the static step gives the loop's replies bit for bit."""
+    from test_run_stack import CFG as STACK_CFG
+    from test_run_stack import stacked
+
+    cfg = make(method, **STACK_CFG)
+    paths = [str(tmp_path / f"loop{r}.pt") for r in range(2)]
+    _, loop = stacked(cfg, paths, chunk=3)
+    calls, step = [], step_graph.FullStep.__call__
+    monkeypatch.setattr(step_graph, "resolve", lambda mode, device: True)
+    monkeypatch.setattr(step_graph.FullStep, "__call__", lambda self: calls.append(1) or step(self))
+    paths = [str(tmp_path / f"static{r}.pt") for r in range(2)]
+    _, static = stacked(cfg, paths, chunk=3)
+    assert len(calls) >= 4  # every chunk of both rounds took its first step in the static function
+    for a, b in zip(static, loop, strict=True):
+        assert_identical(a, b)

@@ -213,8 +213,8 @@ def build_parser():
         choices=("auto", "on", "off"),
         default="auto",
         help="vectorized: the local steps every client of a chunk takes as one function of static buffers, on CUDA "
-        "replayed as one CUDA graph a step (same models to float32 round-off); auto: on CUDA, off on a CPU, where "
-        "the loop is as fast (default: auto)",
+        "replayed as one CUDA graph a step (the same operations as the loop); auto: on CUDA, off on a CPU, where no "
+        "graph can be captured (default: auto)",
     )
     p.add_argument(
         "--out",

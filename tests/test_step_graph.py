@@ -220,7 +220,9 @@ def test_cuda_graph_replays_give_the_eager_steps_models(variant, monkeypatch):
         for key, reply in a.items():
             for part, values in reply.items():
                 for n, v in values.items():
-                    torch.testing.assert_close(r_graph[key][part][n], v, rtol=1e-5, atol=1e-6)
+                    # SCAFFOLD's dcontrol divides a difference of nearby parameters by steps * lr (test_vectorized)
+                    tol = dict(rtol=1e-4, atol=1e-5) if part == "dcontrol" else dict(rtol=1e-5, atol=1e-6)
+                    torch.testing.assert_close(r_graph[key][part][n], v, **tol)
 
 
 def test_the_command_line_passes_the_mode_and_the_summary_records_what_the_engine_does(tmp_path):

@@ -142,11 +142,12 @@ def clip_(grads: list, max_norm: float) -> None:
 
 class Runner:
     """Runs a ``FullStep`` once per call: eagerly, or with ``capture`` on CUDA the first ``WARMUP`` calls eagerly
-    on a side stream, then one capture, then a replay per call.  A failed capture warns once per process and leaves
-    the calls eager.  ``replays`` counts the replays (the benchmarks and tests read it)."""
+    on a side stream, then one capture, then a replay per call.  A failed capture warns and leaves the calls eager,
+    for the rest of the process (no later round tries again).  ``replays`` counts the replays (the benchmarks and
+    tests read it)."""
 
     def __init__(self, step: FullStep, capture: bool):
-        self.step, self.capture, self.calls, self.replays = step, capture, 0, 0
+        self.step, self.capture, self.calls, self.replays = step, capture and not _warned, 0, 0
         self.graph = None
 
     def __call__(self) -> None:

@@ -184,19 +184,22 @@ def test_the_static_step_reads_nothing_back_to_the_host(one_step):
 
 
 def test_a_failed_capture_warns_once_and_runs_the_step_eagerly(one_step):
-    """Capture needs CUDA: on the CPU it fails, warns once, and the call is the eager step (the same parameters)."""
+    """Capture needs CUDA: on the CPU it fails, warns once, and the call is the eager step (the same parameters);
+    no later runner of the process tries again."""
     step, reset = one_step
     reset()
     step()
     expect = {n: v.clone() for n, v in step.P.items()}
     reset()
+    step_graph._warned.clear()
     runner = step_graph.Runner(step, capture=True)
     runner.calls = step_graph.WARMUP  # past the warm-up: this call captures
-    step_graph._warned.clear()
     with pytest.warns(RuntimeWarning, match="CUDA graph capture of the local step failed"):
         runner()
     assert runner.graph is None and not runner.capture and int(step.t) == 1
     assert all(torch.equal(step.P[n], expect[n]) for n in expect)
+    assert not step_graph.Runner(step, capture=True).capture  # later rounds do not try again
+    step_graph._warned.clear()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

@@ -49,7 +49,9 @@ class RunStack:
         for e in exps:
             self.offsets.append(len(clients))
             clients += e.clients
-        self.engine = VectorizedEngine(model, foof.foof_blocks(model), clients, first.device, first.client_chunk)
+        self.engine = VectorizedEngine(
+            model, foof.foof_blocks(model), clients, first.device, first.client_chunk, first.step_graph
+        )
         self.last_chunk = None
         self._cond = threading.Condition()
         self._active = set(range(len(exps)))

@@ -65,6 +65,7 @@ class Experiment:
     engine: str = "sequential"  # or "vectorized": the participants trained together (fedpm_dnn.vectorized)
     max_ratio: float | None = None  # server magnitude guard (fedconvex.screening); None: off, as in the paper
     client_chunk: int | None = None  # vectorized: clients per chunk (None: from the free device memory)
+    step_graph: str = "auto"  # vectorized: full local steps as one CUDA graph (fedpm_dnn.step_graph; auto: on CUDA)
     gn_groups: int = 2  # ResNet18-GN's GroupNorm group count
     lr_schedule: object = None  # fedpm_dnn.schedule.LrSchedule, or None: the method's rate in every round
 
@@ -138,7 +139,7 @@ def build(exp: Experiment, tamper=None):
     with _SEEDED:
         torch.manual_seed(exp.seed)
         model = make_model(exp.model, exp.num_classes, exp.in_channels, exp.image_size, exp.gn_groups).to(dev)
-    task = DnnTask(model, exp.clients, dev, exp.seed, exp.engine, exp.client_chunk)
+    task = DnnTask(model, exp.clients, dev, exp.seed, exp.engine, exp.client_chunk, step_graph=exp.step_graph)
     task.lr_schedule = exp.lr_schedule
     driver = make_driver(
         alg,

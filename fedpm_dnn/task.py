@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from . import foof
+from . import step_graph as step_graph_module
 from .augment import normalize
 from .client import _load, client_round
 
@@ -48,7 +49,9 @@ def _vectorized(task, alg, down, states, sel):
     if task.engine_state is None:
         from .vectorized import VectorizedEngine
 
-        task.engine_state = VectorizedEngine(task.model, task.blocks, task.clients, task.device, task.client_chunk)
+        task.engine_state = VectorizedEngine(
+            task.model, task.blocks, task.clients, task.device, task.client_chunk, task.step_graph
+        )
     out = task.engine_state.round(
         alg, sel, states, down, [client_generator(task.seed, task.round, int(i)) for i in sel]
     )
@@ -71,9 +74,11 @@ class DnnTask:
         engine: str = "sequential",
         client_chunk: int | None = None,
         loss_fn=F.cross_entropy,
+        step_graph: str = "auto",
     ):
         if engine not in ENGINES:
             raise ValueError(f"engine must be {' or '.join(ENGINES)}, got {engine!r}")
+        self.step_graph = step_graph_module.check(step_graph)  # vectorized: full steps as one graph (step_graph)
         self.loss_fn = loss_fn  # loss_fn(outputs, targets); the vectorized engine trains with cross-entropy
         self.model, self.blocks, self.clients = model, foof.foof_blocks(model), clients
         self.device, self.seed, self.engine, self.client_chunk = device, seed, engine, client_chunk

@@ -19,6 +19,9 @@ sequential engine's (``client.local_train`` / ``simulation.client_round``), clie
   batched triangular solves or one batched product with the round's inverse (``foof.direction``,
   ``--foof-apply``; on CUDA replayed as one graph per step, ``solve_graph``), theta -= lr direction,
   decoupled weight decay;
+* the steps every client of a chunk takes (all but the last few of a client that finishes early) as one function
+  of static buffers, on CUDA captured once per chunk and round and replayed as one CUDA graph a step
+  (``step_graph``, ``--step-graph``; the partial steps stay in the loop below);
 * FOOF matrices from batched Gram products (``batched_foof``) with the same first-layer cache.
 
 Replies are built by the method's ``client_reply``, shared with the sequential engine, so the message
@@ -32,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
-from . import batched_foof, foof, precision, solve_graph, stacked
+from . import batched_foof, foof, precision, solve_graph, stacked, step_graph
 from .augment import crop_flip
 
 STATS_BATCH = 512  # the sequential path's plain-data chunk (client.ClientData.plain_batches)
@@ -78,14 +81,32 @@ def _pad(rows, width, fill=0, dtype=torch.long):
     return out
 
 
-def _clip_(grads: list, max_norm: float):
-    """torch.nn.utils.clip_grad_norm_ per client: grads are (K, ...) stacks."""
-    K = grads[0].shape[0]
-    norms = torch.stack([torch.linalg.vector_norm(g.reshape(K, -1), dim=1) for g in grads], 1)
-    total = torch.linalg.vector_norm(norms, dim=1)
-    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for g in grads:
-        g.mul_(coef.view(K, *([1] * (g.dim() - 1))))
+def schedule_tensors(steps: list, offsets: list, T: int, B: int) -> tuple:
+    """The round's draws as (T, K, B) tensors (gidx, mask, oy, ox, flip) from each client's ``client_schedule``
+    steps [(idx, oy, ox, flip)] and its first row in the engine's data (``offsets``): rows beyond a batch's draws read
+    the client's first image, masked out; steps after a client's last are all padding.  One write per tensor and
+    client, not per step: each write is a host operator, and a round has hundreds of steps."""
+    K = len(steps)
+    gidx = torch.zeros(T, K, B, dtype=torch.long)
+    mask = torch.zeros(T, K, B, dtype=torch.bool)
+    oy = torch.full((T, K, B), PAD, dtype=torch.long)
+    ox = torch.full((T, K, B), PAD, dtype=torch.long)
+    flip = torch.zeros(T, K, B, dtype=torch.bool)
+    for j, (own, offset) in enumerate(zip(steps, offsets, strict=True)):
+        n = len(own)
+        lens = torch.tensor([len(st[0]) for st in own])
+        t_of = torch.repeat_interleave(torch.arange(n), lens)  # each drawn row's step and place in its batch
+        b_of = torch.arange(len(t_of)) - torch.repeat_interleave(lens.cumsum(0) - lens, lens)
+        gidx[:n, j] = offset
+        gidx[t_of, j, b_of] = torch.cat([st[0] for st in own]) + offset
+        mask[t_of, j, b_of] = True
+        oy[t_of, j, b_of] = torch.cat([st[1] for st in own])
+        ox[t_of, j, b_of] = torch.cat([st[2] for st in own])
+        flip[t_of, j, b_of] = torch.cat([st[3] for st in own])
+    return gidx, mask, oy, ox, flip
+
+
+_clip_ = step_graph.clip_  # torch.nn.utils.clip_grad_norm_ per client on (K, ...) stacks
 
 
 def _per_client_bytes(model, cfg, sample, blocks) -> int:
@@ -148,9 +169,14 @@ def _stack_downs(downs: list, rows=None) -> dict:
 class VectorizedEngine:
     """Trains a list of participants together; ``round(...)`` returns what client_round returns, per client."""
 
-    def __init__(self, model, blocks: dict, clients: list, device, client_chunk: int | None = None):
+    def __init__(
+        self, model, blocks: dict, clients: list, device, client_chunk: int | None = None, step_graph_mode="auto"
+    ):
         self.model, self.blocks, self.clients, self.device = model, blocks, clients, device
         self.client_chunk = client_chunk
+        # full steps as one function of static buffers, on CUDA replayed as a graph (fedpm_dnn.step_graph)
+        self.static_step = step_graph.resolve(step_graph_mode, device)
+        self.last_step_graph = None  # the last chunk's full steps and graph replays (benchmarks, tests)
         self.last_chunk = None
         self.offsets, total = [], 0
         for c in clients:
@@ -309,25 +335,61 @@ class VectorizedEngine:
         n_steps = [len(sc["steps"]) for sc in scheds]
         T = max(n_steps)
         # the whole schedule as (T, K, B) tensors, moved to the device once
-        gidx = torch.zeros(T, K, B, dtype=torch.long)
-        mask = torch.zeros(T, K, B, dtype=torch.bool)
-        oy = torch.full((T, K, B), PAD, dtype=torch.long)
-        ox = torch.full((T, K, B), PAD, dtype=torch.long)
-        flip = torch.zeros(T, K, B, dtype=torch.bool)
-        for j, (i, sc) in enumerate(zip(sel, scheds, strict=False)):
-            for t, (ix, a, b_, f) in enumerate(sc["steps"]):
-                m = len(ix)
-                gidx[t, j, :m] = ix + self.offsets[i]
-                gidx[t, j, m:] = self.offsets[i]
-                mask[t, j, :m] = True
-                oy[t, j, :m], ox[t, j, :m], flip[t, j, :m] = a, b_, f
+        gidx, mask, oy, ox, flip = schedule_tensors(
+            [sc["steps"] for sc in scheds], [self.offsets[i] for i in sel], T, B
+        )
         gidx, mask, oy, ox, flip = (v.to(dev) for v in (gidx, mask, oy, ox, flip))
         counts = mask.sum(2)  # (T, K)
         loss_sum = torch.zeros(K, dtype=torch.float64, device=dev)
         steps_t = torch.tensor(n_steps)
         blocks = list(self.blocks.items())
         graph, graph_wanted = None, factors is not None and solve_graph.enabled(dev)
+
+        def refresh(t, due):  # FOOF matrices every refresh_every steps, at the clients ``due`` still training
+            if cfg.uses_foof and cfg.refresh_every and (t + 1) % cfg.refresh_every == 0 and due:
+                mats = self.foof_for(
+                    [sel[j] for j in due],
+                    {n: P[n][due] for n in self.names},
+                    [scheds[j]["refresh"][t + 1] for j in due],
+                    [states[j].get("foof_static") for j in due],
+                )
+                new_f = batched_foof.factorize_stacked(
+                    {b: torch.stack([m[b] for m in mats]) for b in self.blocks}, cfg.damping, torch.float64
+                )
+                for b, op in foof.operators(new_f, dtype, apply).items():
+                    for old, new in zip(factors[b], op, strict=True):  # in place: a CUDA graph reads them
+                        old[due] = new
+
+        # the steps every client of the chunk takes (a prefix of the schedule) as one static function
+        n_full = min(n_steps) if self.static_step else 0
+        runner = None
+        if n_full:
+            hook = cfg.grad_hook(down, per_client)
+            runner = step_graph.Runner(
+                step_graph.FullStep(
+                    cfg,
+                    self.train_forward,
+                    self.names,
+                    P,
+                    self.x_all,
+                    self.y_all,
+                    self.stats[torch.as_tensor(sel, device=dev)],  # float32, as the images (_norm)
+                    torch.stack([gidx, oy, ox]),
+                    torch.stack([mask, flip]),
+                    counts.to(dtype),
+                    hook,
+                    factors,
+                    self.blocks,
+                    loss_sum,
+                ),
+                step_graph.capturable(dev),
+            )
+        every = list(range(K))
         for t in range(T):
+            if t < n_full:
+                runner()
+                refresh(t, every)
+                continue
             act = (steps_t > t).nonzero().flatten()
             full = len(act) == K
             ids = None if full else act.to(dev)
@@ -413,21 +475,10 @@ class VectorizedEngine:
                     if not full:
                         P[n].index_copy_(0, ids, new)
                 loss_sum.index_add_(0, act.to(dev), (loss.detach() * c_t).to(torch.float64))
-            if cfg.uses_foof and cfg.refresh_every and (t + 1) % cfg.refresh_every == 0:
-                due = [j for j in act.tolist()]
-                if due:
-                    mats = self.foof_for(
-                        [sel[j] for j in due],
-                        {n: P[n][due] for n in self.names},
-                        [scheds[j]["refresh"][t + 1] for j in due],
-                        [states[j].get("foof_static") for j in due],
-                    )
-                    new_f = batched_foof.factorize_stacked(
-                        {b: torch.stack([m[b] for m in mats]) for b in self.blocks}, cfg.damping, torch.float64
-                    )
-                    for b, op in foof.operators(new_f, dtype, apply).items():
-                        for old, new in zip(factors[b], op, strict=True):  # in place: a CUDA graph reads them
-                            old[due] = new
+            refresh(t, act.tolist())
+        if runner is not None:
+            self.last_step_graph = {"full_steps": n_full, "replays": runner.replays}
+            runner.release()
         end = None
         if cfg.uses_foof:  # matrices at the end of the round, on plain data
             end = self.foof_for(

@@ -345,16 +345,34 @@ def test_the_paper_cost_reproduces_the_resnet_products_at_the_papers_size():
     assert 0.80 < wide / c["total"]["apply_flop"] < 0.82  # 81 % of the apply products
 
 
-def test_proxies_count_operators_per_local_step_and_round():
-    """--proxies: operators per local step (the difference of a one- and a two-epoch run, per step) and per round;
-    FedPM's step issues more operators than FedAvg's (its preconditioning), a round at least its steps'."""
+def test_proxies_count_operators_per_local_step_and_round(capsys):
+    """--proxies in the JSON: operators per local step (the difference of a one- and a two-epoch run, per step) and
+    per round; FedPM's step issues more operators than FedAvg's (its preconditioning), a round at least its steps'.
+    Both forms of the step side by side (step_forms): the static function issues no more operators than the loop,
+    and once it is one graph replay the host is left with fewer; the plain keys are the CPU's form, the loop."""
     pytest.importorskip("torch")
+    import json
+
     from validation import bench_dnn
 
-    p = bench_dnn.launch_proxies("cnn", "cpu", (1, 32, 1, 2), "inverse", "fp32")
-    assert set(p) == {"fedavg", "fedpm"}
+    argv = ["--models", "cnn", "--engine", "vectorized", "--sizes", "1,32,1,2", "--repeats", "1", "--threads", "1"]
+    assert bench_dnn.main([*argv, "--foof-apply", "inverse", "--proxies", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)["results"][0]
+    p = result["proxies"]
+    assert result["step_graph"] == "off" and set(p) == {"fedavg", "fedpm"}
     for m in p.values():
         assert m["local_steps_per_epoch"] == 1 and m["operators_per_local_step"] > 0
-        assert m["operators_per_round"] >= m["operators_per_local_step"] and m["host_operator_ms_per_local_step"] > 0
+        assert m["operators_per_round"] >= m["operators_per_local_step"]
+        # a difference of two runs' times, one step apart: its sign is the machine's noise at this size
+        assert isinstance(m["host_operator_ms_per_local_step"], float)
         assert m["kernel_launches_per_local_step"] is None  # a CPU launches no kernels
+        loop, static = m["step_forms"]["loop"], m["step_forms"]["static"]
+        assert m["step_form"] == "loop" and all(m[k] == v for k, v in loop.items())
+        assert set(static) == set(loop) and static["kernel_launches_per_local_step"] is None
+        assert static["graph_replays_per_local_step"] == loop["graph_replays_per_local_step"] == 0  # no CUDA here
+        assert 0 < static["operators_per_local_step"] <= loop["operators_per_local_step"]
+        assert loop["operators_per_local_step_graphed"] == loop["operators_per_local_step"]
+        assert 1 <= static["operators_per_local_step_graphed"] < loop["operators_per_local_step"] / 2
+        assert isinstance(static["host_operator_ms_per_local_step"], float)
+        assert isinstance(static["wall_ms_per_local_step"], float)
     assert p["fedpm"]["operators_per_local_step"] > p["fedavg"]["operators_per_local_step"]

@@ -155,9 +155,12 @@ def test_cuda_graph_capture_falls_back_to_eager_solves_where_it_cannot_run():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("method", ["fedpm", "localnewton"])
 def test_cuda_graph_solves_give_the_eager_and_sequential_replies(method, monkeypatch):
-    """On CUDA the full steps replay the captured solves (steps where a client has dropped out solve
-    eagerly): the same replies as eager solves, and as the sequential engine within float32 tolerance."""
-    from fedpm_dnn import solve_graph
+    """On CUDA the loop's full steps replay the captured solves (steps where a client has dropped out solve
+    eagerly): the same replies as eager solves, and as the sequential engine within float32 tolerance.  The loop
+    is --step-graph off (on CUDA 'auto' replays the whole step instead: tests/test_step_graph.py)."""
+    from fedpm_dnn import solve_graph, step_graph
+
+    monkeypatch.setattr(step_graph, "resolve", lambda mode, device: False)
 
     replays = []
     real = solve_graph.GraphedDirections.replay

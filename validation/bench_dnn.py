@@ -78,6 +78,7 @@ def _experiment(
     seed=0,
     foof_apply="solve",
     foof_precision="fp32",
+    step_graph="auto",
 ):
     import torch
 
@@ -118,6 +119,7 @@ def _experiment(
         device=device,
         engine=engine,
         client_chunk=chunk,
+        step_graph=step_graph,
     )
 
 
@@ -164,14 +166,37 @@ class FoofTimer:
             setattr(owner, name, fn)
 
 
-def _rounds(model, method, device, size, engine, chunk=None, seed=0, foof_apply="solve", foof_precision="fp32"):
+def _rounds(
+    model,
+    method,
+    device,
+    size,
+    engine,
+    chunk=None,
+    seed=0,
+    foof_apply="solve",
+    foof_precision="fp32",
+    step_graph="auto",
+):
     """Per round (rounds after the first) its parts {seconds, statistics, factorisations, server}, peak MB, chunk
     used.  ``server`` is the round's time outside the clients (screening, decoding, mixing)."""
     from fedpm_dnn.simulation import run_experiment
 
     clients, per_client, epochs, rounds = size
     exp = _experiment(
-        model, method, device, clients, per_client, epochs, rounds, engine, chunk, seed, foof_apply, foof_precision
+        model,
+        method,
+        device,
+        clients,
+        per_client,
+        epochs,
+        rounds,
+        engine,
+        chunk,
+        seed,
+        foof_apply,
+        foof_precision,
+        step_graph,
     )
     marks = []
     with FoofTimer(device) as timer:
@@ -194,17 +219,25 @@ def _rounds(model, method, device, size, engine, chunk=None, seed=0, foof_apply=
     return parts[keep], max(r["peak_memory_mb"] for r in hist), exp.meta.get("client_chunk")
 
 
-def _profiled_run(model, method, device, size, epochs, apply, mode, seed=0) -> dict:
+STEP_RANGE = "fedpm::static_step"  # the profiler range around the static step function (_profiled_run)
+
+
+def _profiled_run(model, method, device, size, epochs, apply, mode, seed=0, step_graph="auto") -> dict:
     """A two-round run on the vectorized engine with ``epochs`` local epochs, its second round under torch.profiler:
     {wall: round 1's client seconds (unprofiled), ops: top-level operators, kernels: CUDA kernel launches,
-    host_ms: the operators' own CPU time (ms)} -- the last three of round 2."""
+    host_ms: the operators' own CPU time (ms), in_step_ops: the top-level operators issued inside the static step
+    function (``step_graph.FullStep``, run eagerly: those a CUDA graph replays as one launch)} -- the last four of
+    round 2 -- and replays: the step's CUDA graph replays in both rounds."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
+    from fedpm_dnn import step_graph as sg
     from fedpm_dnn.simulation import run_experiment
 
     clients, per_client, _, _ = size
-    exp = _experiment(model, method, device, clients, per_client, epochs, 2, "vectorized", None, seed, apply, mode)
+    exp = _experiment(
+        model, method, device, clients, per_client, epochs, 2, "vectorized", None, seed, apply, mode, step_graph
+    )
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if str(device).startswith("cuda") else [])
     prof = profile(activities=acts)
 
@@ -213,11 +246,23 @@ def _profiled_run(model, method, device, size, epochs, apply, mode, seed=0) -> d
             _sync(device)
             prof.__enter__()
 
+    call, release, replays = sg.FullStep.__call__, sg.Runner.release, []
+
+    def marked(step):  # the step function's operators under one range, so that they can be told apart
+        with record_function(STEP_RANGE):
+            return call(step)
+
+    def counted(runner):  # the graph replays of each chunk and round (0 where nothing was captured)
+        replays.append(runner.replays)
+        release(runner)
+
+    sg.FullStep.__call__, sg.Runner.release = marked, counted
     try:
         hist = run_experiment(exp, on_round=on_round)
         _sync(device)
     finally:
         prof.__exit__(None, None, None)
+        sg.FullStep.__call__, sg.Runner.release = call, release
     events = prof.events()
     top = [
         e
@@ -225,37 +270,65 @@ def _profiled_run(model, method, device, size, epochs, apply, mode, seed=0) -> d
         if e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
     ]
     launch = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaGraphLaunch")
+
+    def in_step(e):
+        while e is not None:
+            if e.name == STEP_RANGE:
+                return True
+            e = e.cpu_parent
+        return False
+
     del torch
     return {
         "wall": hist[0]["client_seconds"],
         "ops": len(top),
+        "in_step_ops": sum(1 for e in top if in_step(e)),
+        "replays": sum(replays),
         "kernels": sum(1 for e in events if e.name in launch),
         "host_ms": sum(e.self_cpu_time_total for e in events if e.name.startswith("aten::")) / 1000,
     }
 
 
-def launch_proxies(model, device, size, apply="solve", mode="fp32", methods=("fedavg", "fedpm")) -> dict:
+STEP_FORMS = {"loop": "off", "static": "on"}  # the proxies' two forms of the local step: --step-graph off / on
+
+
+def launch_proxies(
+    model, device, size, apply="solve", mode="fp32", methods=("fedavg", "fedpm"), step_graph="auto"
+) -> dict:
     """What a CPU can measure of a round's overhead, per method on the vectorized engine: runs with one and with two
     local epochs (``_profiled_run``), whose differences are one epoch's local steps (the per-round costs --
     statistics, factorisations, server, evaluation -- cancel): operators (and CUDA kernel launches) per local
     step, the operators' own host ms per local step, wall ms per local step (on a CPU the host does the work too),
-    and operators per round at ``size``'s local epochs."""
+    and operators per round at ``size``'s local epochs.  Each for both forms of the step (``step_forms``: 'loop',
+    the eager loop, --step-graph off; 'static', the static-buffer step, --step-graph on: eager on a CPU, one graph
+    replay on CUDA); the plain keys are those of the form ``step_graph`` resolves to on ``device``."""
+    from fedpm_dnn import step_graph as sg
     from fedpm_dnn.algorithms import make_method
 
     clients, per_client, epochs, _ = size
     steps = -(-per_client // make_method("fedavg").batch_size)  # the lockstep engine's steps per epoch
+    plain = "static" if sg.resolve(step_graph, device) else "loop"
     out = {}
     for method in methods:
-        one, two = (_profiled_run(model, method, device, size, e, apply, mode) for e in (1, 2))
-        per_step = {k: (two[k] - one[k]) / steps for k in ("ops", "kernels", "host_ms")}
-        out[method] = {
-            "local_steps_per_epoch": steps,
-            "operators_per_local_step": per_step["ops"],
-            "kernel_launches_per_local_step": per_step["kernels"] if str(device).startswith("cuda") else None,
-            "host_operator_ms_per_local_step": per_step["host_ms"],
-            "wall_ms_per_local_step": 1000 * (two["wall"] - one["wall"]) / steps,
-            "operators_per_round": one["ops"] + (epochs - 1) * (two["ops"] - one["ops"]),
-        }
+        forms = {}
+        for form, flag in STEP_FORMS.items():
+            one, two = (_profiled_run(model, method, device, size, e, apply, mode, step_graph=flag) for e in (1, 2))
+            per_step = {k: (two[k] - one[k]) / steps for k in ("ops", "kernels", "host_ms", "in_step_ops", "replays")}
+            forms[form] = {
+                "operators_per_local_step": per_step["ops"],
+                # what the host issues a full step once the static function is one graph replay: the operators
+                # outside it, and the replay (on a CPU, where it runs eagerly, the count a GPU's graph would leave)
+                "operators_per_local_step_graphed": per_step["ops"] - per_step["in_step_ops"] + 1
+                if form == "static"
+                else per_step["ops"],
+                "kernel_launches_per_local_step": per_step["kernels"] if str(device).startswith("cuda") else None,
+                "host_operator_ms_per_local_step": per_step["host_ms"],
+                "wall_ms_per_local_step": 1000 * (two["wall"] - one["wall"]) / steps,
+                "operators_per_round": one["ops"] + (epochs - 1) * (two["ops"] - one["ops"]),
+                # ~1 where the static step ran as a graph (CUDA), 0 where it ran eagerly (a CPU, a failed capture)
+                "graph_replays_per_local_step": per_step["replays"] / 2,  # both rounds of each run
+            }
+        out[method] = {"local_steps_per_epoch": steps, "step_form": plain, **forms[plain], "step_forms": forms}
     return out
 
 
@@ -318,6 +391,7 @@ def measure(
     applies=("solve", "inverse"),
     methods=METHODS,
     foof_precision="fp32",
+    step_graph="auto",
 ):
     """The benchmark's numbers for one model; an engine left out of ``engines`` gets null numbers (a GPU
     run short of time measures the vectorized engine's FedPM/FedAvg over more rounds instead).  A FOOF method
@@ -336,7 +410,9 @@ def measure(
     for _ in range(repeats):  # alternate engines and methods so machine drift hits all alike
         for engine in engines:
             for label, method, apply in runs:
-                parts, mb, ch = _rounds(model, method, device, size, engine, chunk, seed, apply, foof_precision)
+                parts, mb, ch = _rounds(
+                    model, method, device, size, engine, chunk, seed, apply, foof_precision, step_graph
+                )
                 bar.update(1, f"{engine} {label}")
                 times[(engine, label)] += [p["seconds"] for p in parts]
                 if label == "fedpm":
@@ -381,6 +457,7 @@ def measure(
         "paper_ratio": PAPER[model],
         "plain_apply": applies[0],  # the apply of the plain FedPM keys
         "foof_precision": foof_precision,
+        "step_graph": step_graph_used(step_graph, device) if "vectorized" in engines else None,
         "foof_cost_model": cost_model(model, size, applies[0], foof_precision),
     }
     if "fedavg" in methods:
@@ -427,8 +504,15 @@ def measure(
     return out
 
 
+def step_graph_used(mode: str, device) -> str:
+    """--step-graph as the vectorized engine uses it on ``device``: 'on' or 'off'."""
+    from fedpm_dnn import step_graph
+
+    return "on" if step_graph.resolve(mode, device) else "off"
+
+
 def _stack_round_seconds(
-    model, method, device, size, runs, chunk=None, foof_apply="solve", foof_precision="fp32"
+    model, method, device, size, runs, chunk=None, foof_apply="solve", foof_precision="fp32", step_graph="auto"
 ) -> list:
     """Seconds per round (after the first) of ``runs`` runs (seeds 0..runs-1) trained as one stack on the
     vectorized engine: the time between the ends of consecutive rounds (the last run's end)."""
@@ -449,6 +533,7 @@ def _stack_round_seconds(
             s,
             foof_apply,
             foof_precision,
+            step_graph,
         )
         for s in range(runs)
     ]
@@ -467,13 +552,23 @@ def _stack_round_seconds(
 
 
 def measure_stack(
-    model, device, size, runs, repeats, chunk=None, method="fedpm", foof_apply="solve", foof_precision="fp32"
+    model,
+    device,
+    size,
+    runs,
+    repeats,
+    chunk=None,
+    method="fedpm",
+    foof_apply="solve",
+    foof_precision="fp32",
+    step_graph="auto",
 ) -> dict:
     """One run alone and ``runs`` runs stacked, alternated ``repeats`` times in this process (medians)."""
     single, stacked = [], []
     for _ in range(repeats):
-        single += _stack_round_seconds(model, method, device, size, 1, chunk, foof_apply, foof_precision)
-        stacked += _stack_round_seconds(model, method, device, size, runs, chunk, foof_apply, foof_precision)
+        args = (chunk, foof_apply, foof_precision, step_graph)
+        single += _stack_round_seconds(model, method, device, size, 1, *args)
+        stacked += _stack_round_seconds(model, method, device, size, runs, *args)
     one, many = float(np.median(single)), float(np.median(stacked))
     return {
         "stack_method": method,
@@ -539,6 +634,13 @@ def parse_args(argv=None):
         "(default: auto)",
     )
     p.add_argument(
+        "--step-graph",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the vectorized engine's --step-graph: full local steps as one static function, on CUDA one graph "
+        "replay (auto: on CUDA) (default: auto)",
+    )
+    p.add_argument(
         "--stack", type=positive_int, default=None, help="also time S runs stacked against one alone (default: off)"
     )
     p.add_argument(
@@ -589,6 +691,8 @@ def parse_args(argv=None):
     args.engines = tuple(e for e in ENGINES if e in chosen)  # sequential first, as the alternation runs them
     if args.client_chunk is not None and "vectorized" not in args.engines:
         p.error(f"--client-chunk applies to the vectorized engine, not to {engine_flag} sequential")
+    if args.step_graph != "auto" and "vectorized" not in args.engines:
+        p.error(f"--step-graph {args.step_graph} applies to the vectorized engine, not to {engine_flag} sequential")
     if args.stack is not None and "vectorized" not in args.engines:
         p.error(f"--stack times runs stacked on the vectorized engine, not on {engine_flag} sequential")
     try:
@@ -674,6 +778,7 @@ def main(argv=None) -> int:
                 args.applies,
                 args.methods,
                 mode,
+                args.step_graph,
             )
             for m in models
         ],
@@ -684,11 +789,20 @@ def main(argv=None) -> int:
             reps = args.repeats or (1 if (m == "resnet18gn" and device == "cpu") else 2)
             r.update(
                 measure_stack(
-                    m, device, size, args.stack, reps, args.client_chunk, args.stack_method, args.applies[0], mode
+                    m,
+                    device,
+                    size,
+                    args.stack,
+                    reps,
+                    args.client_chunk,
+                    args.stack_method,
+                    args.applies[0],
+                    mode,
+                    args.step_graph,
                 )
             )
         if args.proxies:
-            r["proxies"] = launch_proxies(m, device, size, args.applies[0], mode)
+            r["proxies"] = launch_proxies(m, device, size, args.applies[0], mode, step_graph=args.step_graph)
     cnn = next((r for r in out["results"] if r["model"] == "cnn"), None)
     if cnn:  # the headline keys: SimpleCNN, CIFAR-10 setting
         out.update(

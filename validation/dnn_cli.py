@@ -170,6 +170,14 @@ def build_parser(doc: str | None = None):
         help="vectorized: clients per chunk (default: as many as fit in the free device memory)",
     )
     p.add_argument(
+        "--step-graph",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="vectorized: the local steps every client of a chunk takes as one function of static buffers, on CUDA "
+        "replayed as one CUDA graph a step (the same operations as the loop); auto: on CUDA, off on a CPU, where no "
+        "graph can be captured (default: auto)",
+    )
+    p.add_argument(
         "--out",
         default=None,
         help="output folder (default: results/dnn-<preset or dataset>-<method>-s<seed>-r<rounds>, then what else "
@@ -544,6 +552,11 @@ def check_args(p, args):
             p.error(f"--lr-milestones {args.lr_milestones}: a milestone starts at round {first}, after the last round")
     if args.client_chunk is not None and args.engine == "sequential":
         p.error("--client-chunk applies to --engine vectorized (or auto on a GPU), not to --engine sequential")
+    if args.step_graph != "auto" and args.engine == "sequential":
+        p.error(
+            f"--step-graph {args.step_graph} applies to --engine vectorized (or auto on a GPU), "
+            "not to --engine sequential"
+        )
     common.check_out_arg(p, args.out, kind=OUTPUT)
     why = checkpoint_conflict(args)
     if why:
@@ -569,13 +582,14 @@ def checkpoint_conflict(args) -> str | None:
 # seeds, alphas, run_names, runs: how a stack is given (each run's fingerprint has its own seed and alpha), so a
 # stacked run and the same run alone resume each other
 # overwrite: what happens to --out's previous run, not what this run computes
+# step_graph: how the vectorized engine issues its steps (the same kernels, replayed or not), recorded in the summary
 # the hyper-parameters and the settings a preset supplies enter the fingerprint resolved, not as flags: the method's
 # configuration (config.* in fedpm_dnn.checkpoint.fingerprint) and the client and participant counts the run uses
 # (n_clients, participants), so that a flag repeating the preset's value or a default is no difference, and a real
 # difference is named by what differs (checkpoints that recorded these flags still resume: fedpm_dnn.checkpoint)
 NOT_IN_FINGERPRINT = {
     *("out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "deadline", "resolved"),
-    *("gn_groups", "seeds", "alphas", "run_names", "runs", "overwrite"),
+    *("gn_groups", "seeds", "alphas", "run_names", "runs", "overwrite", "step_graph"),
     *HYPERPARAMETER_FLAGS,
     *("local_epochs", "foof_samples", "clients", "participants"),
     *("lr_warmup_rounds", "lr_milestones"),  # in the fingerprint as the resolved lr_schedule (run_fingerprint)

@@ -81,6 +81,15 @@ def concrete_foof_apply(args, cfg, device: str):
     return dataclasses.replace(cfg, **{k: concrete[k] for k in auto})
 
 
+def resolved_step_graph(mode: str, engine: str, device: str) -> str | None:
+    """--step-graph as the run uses it: 'on' or 'off' on the vectorized engine, None on the sequential one."""
+    if engine != "vectorized":
+        return None
+    from fedpm_dnn import step_graph
+
+    return "on" if step_graph.resolve(mode, device) else "off"
+
+
 def torch_device_type(device: str) -> str:
     return str(device).split(":")[0]
 
@@ -156,6 +165,7 @@ def build(args):
         image_size=x.shape[2],
         engine=engine,
         client_chunk=args.client_chunk,
+        step_graph=args.step_graph,
         max_ratio=args.max_ratio or None,
         gn_groups=args.gn_groups or 2,
         lr_schedule=lr_schedule(args),
@@ -186,6 +196,8 @@ def build(args):
         "flags_not_applicable": list(res.not_applicable),
         "device": device,
         "engine": engine,
+        # the vectorized engine's full steps as one static function, captured as a CUDA graph there (step_graph)
+        "step_graph": resolved_step_graph(args.step_graph, engine, device),
         "config": {"name": cfg.name, **cfg.hyperparameters()},
         "lr_schedule": exp.lr_schedule.as_dict() if exp.lr_schedule else None,
     }

@@ -6,12 +6,15 @@
 #    2. ResNet18-GN, 10 clients x 1,000 images x 1 epoch, FedPM (inverse, split-tf32) / FedAvg, with the clients per
 #       chunk the engine chose and the peak memory                                        -> resnet_split_tf32.json
 #    3. SimpleCNN at the paper's size (10 x 5,000 x 5), vectorized, FedPM inverse and solve / FedAvg, with the
-#       operator and launch counts per local step (--proxies)                             -> cnn_paper.json
-#    4. ResNet18-GN as in 2 with --foof-precision fp32 (what split-tf32 gains)            -> resnet_fp32.json
-#    5. six SimpleCNN FedPM runs stacked against one alone, the paper's size              -> stack6_cnn.json
-#    6. torch.profiler of a SimpleCNN FedAvg and FedPM round                              -> cuda_round_profile.txt
-#    7. the --foof-apply and CUDA-graph tests on CUDA                                     -> cuda_tests.txt
-#    8. the stacks, each a unit of its own (one 10-minute job each, resumable):
+#       operator and launch counts per local step, the loop's and the graphed step's (--proxies)
+#                                                                                         -> cnn_paper.json
+#    4. SimpleCNN FedAvg and FedPM rounds at the paper's size with --step-graph on against off, and the first
+#       round's parameters of the two within float tolerance (exit 1 where not)          -> step_graph.json
+#    5. ResNet18-GN as in 2 with --foof-precision fp32 (what split-tf32 gains)            -> resnet_fp32.json
+#    6. six SimpleCNN FedPM runs stacked against one alone, the paper's size              -> stack6_cnn.json
+#    7. torch.profiler of a SimpleCNN FedAvg and FedPM round                              -> cuda_round_profile.txt
+#    8. the --foof-apply, CUDA-graph and step-graph tests on CUDA                         -> cuda_tests.txt
+#    9. the stacks, each a unit of its own (one 10-minute job each, resumable):
 #       stack_fedavg_a1.0, stack_fedpm_a1.0   (--preset cifar10-a1.0)
 #       stack_fedpm_a0.1_even, stack_fedavg_a0.1_even   (--preset cifar10-a0.1 --split relaysum-even)
 #       each run's folder under OUT_DIR/stacks/ (history.csv, summary.json, checkpoint.pt)
@@ -75,8 +78,9 @@ BENCH=($PY -m validation.bench_dnn --device $DEV --json --repeats 1 --threads 1)
 run precision_tests 60 precision_tests.txt $PY -m pytest -q -p no:cacheprovider -rs tests/test_foof_precision.py -k cuda
 run resnet_split_tf32 150 resnet_split_tf32.json "${BENCH[@]}" --models $RESNET --engine vectorized \
     --sizes $RESNET_SIZE --foof-apply inverse --foof-precision split-tf32
-run cnn_paper 120 cnn_paper.json "${BENCH[@]}" --models cnn --engine vectorized --sizes $CNN_PAPER \
+run cnn_paper 150 cnn_paper.json "${BENCH[@]}" --models cnn --engine vectorized --sizes $CNN_PAPER \
     --foof-apply inverse,solve --proxies
+run step_graph 90 step_graph.json $PY benchmarks/step_graph_round.py --device $DEV --sizes $CNN_PAPER
 run resnet_fp32 150 resnet_fp32.json "${BENCH[@]}" --models $RESNET --engine vectorized --sizes $RESNET_SIZE \
     --foof-apply inverse --foof-precision fp32
 run stack6_cnn 150 stack6_cnn.json "${BENCH[@]}" --models cnn --engine vectorized --sizes $CNN_PAPER \
@@ -84,7 +88,7 @@ run stack6_cnn 150 stack6_cnn.json "${BENCH[@]}" --models cnn --engine vectorize
 run round_profile 90 cuda_round_profile.txt $PY benchmarks/cuda_round_profile.py \
     "$([ $DEV = cpu ] && echo 8 || echo 5000)" --device $DEV --clients "$([ $DEV = cpu ] && echo 1 || echo 10)"
 run cuda_tests 120 cuda_tests.txt $PY -m pytest -q -p no:cacheprovider -rs tests/test_foof_apply.py \
-    tests/test_vectorized.py -k "cuda"
+    tests/test_vectorized.py tests/test_step_graph.py -k "cuda"
 
 # the 100-round stacks: 3 seeds of one method and setting trained together, checkpointing every round, resumable
 stack() {

@@ -1,0 +1,101 @@
+"""SimpleCNN rounds on the vectorized engine with --step-graph on against off, alternated in one process, and the
+agreement of the two: the clients' parameters after the first round (relative difference, largest over clients and
+tensors) and its training loss.  The paper's 10 clients x 5,000 images x 5 epochs unless --sizes says otherwise.
+
+    python benchmarks/step_graph_round.py [--device cuda|cpu] [--sizes C,N,E,R] [--methods fedavg,fedpm] [--tol T]
+
+Prints one JSON object; exits 1 when a method's parameters differ by more than --tol (default 1e-3: the run-to-run
+spread that cuDNN's non-deterministic convolution gradients leave after a round's steps on a GPU; on a CPU both
+forms give the same parameters bit for bit).  On a CPU 'on' is the static step run eagerly: no graph."""
+
+import argparse
+import json
+import sys
+
+import numpy as np
+import torch
+
+from fedpm_dnn import step_graph
+from fedpm_dnn.simulation import run_experiment
+from validation.bench_dnn import _experiment, _sync
+
+p = argparse.ArgumentParser()
+p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+p.add_argument("--sizes", default="10,5000,5,3", help="clients,images per client,local epochs,rounds")
+p.add_argument("--methods", default="fedavg,fedpm")
+p.add_argument("--foof-apply", default="inverse")
+p.add_argument("--foof-precision", default="fp32")
+p.add_argument("--repeats", type=int, default=1)
+p.add_argument("--tol", type=float, default=1e-3)
+args = p.parse_args()
+clients, per_client, epochs, rounds = (int(v) for v in args.sizes.split(","))
+
+
+def one_run(method, mode):
+    """(seconds of each round after the first, round 1's replies, graph replays of each chunk of each round)."""
+    replies, replays = {}, []
+    release = step_graph.Runner.release
+
+    def counted(runner):
+        replays.append(runner.replays)
+        release(runner)
+
+    def tamper(t, i, reply):
+        if t == 1:
+            replies[i] = {k: v.detach().double().cpu() for k, v in reply["params"].items()}
+        return reply
+
+    exp = _experiment(
+        "cnn",
+        method,
+        args.device,
+        clients,
+        per_client,
+        epochs,
+        rounds,
+        "vectorized",
+        None,
+        0,
+        args.foof_apply,
+        args.foof_precision,
+        mode,
+    )
+    step_graph.Runner.release = counted
+    try:
+        hist = run_experiment(exp, tamper=tamper)
+        _sync(args.device)
+    finally:
+        step_graph.Runner.release = release
+    secs = [r["client_seconds"] + r["server_seconds"] for r in hist[1:]] or [hist[0]["client_seconds"]]
+    return secs, replies, hist[0]["train_loss"], replays
+
+
+def rel(a, b):
+    return float((a - b).norm() / max(float(b.norm()), 1e-30))
+
+
+out = {"device": args.device, "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU"}
+out.update({"sizes": [clients, per_client, epochs, rounds], "foof_apply": args.foof_apply, "tol": args.tol})
+ok = True
+for method in args.methods.split(","):
+    times, first = {"off": [], "on": []}, {}
+    for _ in range(args.repeats):
+        for mode in ("off", "on"):  # alternated: machine drift hits both alike
+            secs, replies, loss, replays = one_run(method, mode)
+            times[mode] += secs
+            first.setdefault(mode, (replies, loss, replays))
+    (r_off, loss_off, _), (r_on, loss_on, replays_on) = first["off"], first["on"]
+    diff = max(rel(r_on[i][k], v) for i, params in r_off.items() for k, v in params.items())
+    med = {m: float(np.median(v)) for m, v in times.items()}
+    out[method] = {
+        "round_seconds": med,
+        "rounds_timed": {m: len(v) for m, v in times.items()},
+        "off_over_on": med["off"] / med["on"],
+        "round1_max_rel_param_diff": diff,
+        "round1_train_loss": {"off": loss_off, "on": loss_on},
+        "graph_replays_per_chunk": replays_on,  # each chunk of each round, in order (0: no graph, e.g. on a CPU)
+        "agree": diff <= args.tol,
+    }
+    ok = ok and diff <= args.tol
+print(json.dumps(out, indent=1))
+sys.exit(0 if ok else 1)

@@ -320,9 +320,19 @@ def test_the_foof_cost_model_matches_hand_counts_on_small_layers():
     assert c["total"]["state_bytes"] == 2 * 8 * (19 * 19 + 49 * 49)  # float64 A per client
     assert c["total"]["operator_bytes"] == 2 * 4 * (19 * 19 + 49 * 49)  # one float32 inverse per block
     assert c["total"]["stats_patch_bytes_peak"] == 4 * 2 * 5 * 16 * 18  # the conv's patches, both clients
-    split = foof_cost(shapes, 2, 5, 2, 2, apply="inverse", mode="split-tf32", symmetric_gram=True)
+    split = foof_cost(shapes, 2, 5, 2, 2, apply="inverse", mode="split-tf32")
     assert split["blocks"][0]["apply_flop_per_step"] == 3 * 2166  # three TF32 products
-    assert split["blocks"][0]["gram_flop_per_image"] == 2 * 16 * 18 * 19  # two products of one triangle each
+    assert split["blocks"][0]["gram_flop_per_image"] == 2 * 2 * 16 * 18 * 18  # hi^T hi and C = hi^T lo
+    # CUDA's half products: an 18-wide block is one block row, the full product (two in split-tf32), and this
+    # small conv keeps the patch form
+    half = foof_cost(shapes, 2, 5, 2, 2, apply="inverse", mode="split-tf32", gram_form="half")
+    assert [b["gram_form"] for b in half["blocks"]] == ["patch", "patch"]
+    assert half["blocks"][0]["gram_flop_per_image"] == 2 * 2 * 16 * 18 * 18
+    wide = block_shapes(torch.nn.Linear(1200, 2), torch.zeros(1200))
+    # 1,200 = 4 block rows of 300: (1 + 2 + 3 + 4) / 16 of the product; split-tf32: 3 such products, not 2 whole
+    for mode, products in (("fp32", 1), ("tf32", 1), ("split-tf32", 3)):
+        b = foof_cost(wide, 2, 5, 2, 2, mode=mode, gram_form="half")["blocks"][0]
+        assert b["gram_flop_per_image"] == 2 * 1200**2 * 10 // 16 * products
     solve = foof_cost(shapes, 2, 5, 2, 2, apply="solve", mode="split-tf32")
     assert solve["blocks"][0]["apply_flop_per_step"] == 2166  # two triangular solves: rows d^2 each, in float32
     assert solve["blocks"][0]["factorisation_flop"] == 2 * 19**3 // 3 and solve["total"][
@@ -343,6 +353,12 @@ def test_the_paper_cost_reproduces_the_resnet_products_at_the_papers_size():
     assert c["total"]["gram_flop"] == pytest.approx(468e12, rel=0.01)
     wide = sum(b["apply_flop"] for b in c["blocks"] if b["d"] == 4608)
     assert 0.80 < wide / c["total"]["apply_flop"] < 0.82  # 81 % of the apply products
+    # CUDA's forms: ResNet18-GN's last 3x3 convs in the row form (tests/test_conv_gram.py counts its rows by hand)
+    half = paper_cost("resnet18gn", "inverse", "fp32", gram_form="half")
+    last = [b for b in half["blocks"] if b["d"] == 4608]
+    assert len(last) == 3 and all(b["gram_form"] == "row" for b in last)
+    assert all(b["gram_flop_per_image"] == round(2 * 4 * 1536**2 * (9 + 6 * 21 / 36)) for b in last)
+    assert half["total"]["gram_flop"] < 0.4 * c["total"]["gram_flop"]
 
 
 def test_proxies_count_operators_per_local_step_and_round():

@@ -280,14 +280,20 @@ ENGINES = ("sequential", "vectorized")
 PRECISIONS = ("fp32", "split-tf32", "tf32", "bf16")  # fedpm_dnn.precision.MODES (not imported: --help stays fast)
 
 
-def cost_model(model: str, size, apply: str, mode: str) -> dict:
-    """fedpm_dnn.foof_cost's totals for FedPM at the measured size and at the paper's (10 x 5,000 x 5 epochs)."""
+def cost_model(model: str, size, apply: str, mode: str, device: str = "cpu") -> dict:
+    """fedpm_dnn.foof_cost's totals for FedPM at the measured size and at the paper's (10 x 5,000 x 5 epochs), with
+    the statistics Gram in the forms ``device`` takes (``gram_form``: 'half' on CUDA, 'full' elsewhere)."""
     from fedpm_dnn.foof_cost import paper_cost
 
     clients, per_client, epochs, _ = size
+    form = "half" if device.startswith("cuda") else "full"
+    kw = {"gram_form": form}
     return {
-        "measured_size": paper_cost(model, apply, mode, clients=clients, per_client=per_client, epochs=epochs)["total"],
-        "paper_size": paper_cost(model, apply, mode)["total"],
+        "gram_form": form,
+        "measured_size": paper_cost(model, apply, mode, clients=clients, per_client=per_client, epochs=epochs, **kw)[
+            "total"
+        ],
+        "paper_size": paper_cost(model, apply, mode, **kw)["total"],
     }
 
 
@@ -381,7 +387,7 @@ def measure(
         "paper_ratio": PAPER[model],
         "plain_apply": applies[0],  # the apply of the plain FedPM keys
         "foof_precision": foof_precision,
-        "foof_cost_model": cost_model(model, size, applies[0], foof_precision),
+        "foof_cost_model": cost_model(model, size, applies[0], foof_precision, device),
     }
     if "fedavg" in methods:
         out.update(

@@ -178,6 +178,18 @@ def test_dnn_benchmark_measures_only_the_engines_asked_for(capsys):
     assert r["fedpm_over_fedavg"] > 0 and r["images_per_second_vectorized"] > 0 and r["client_chunk"] == 2
     assert r["images_per_second_sequential"] is None and r["vectorized_speedup"] is None
     assert r["fedpm_over_fedavg_sequential"] is None and r["projected_100_round_minutes_sequential"] is None
+    # per measured run (2 repeats x FedAvg, FedPM): peak memory per phase, null on a CPU, and the engine's plan
+    runs = r["memory_by_run"]
+    assert [(m["engine"], m["method"]) for m in runs] == [("vectorized", "fedavg"), ("vectorized", "fedpm")] * 2
+    for m in runs:
+        assert m["peak_memory_mb"] > 0
+        assert m["peak_memory_mb_by_phase"] == dict.fromkeys(bench_dnn.PHASES)
+        plan = m["memory_plan"]
+        assert plan["client_chunk"] == 2 and plan["free_bytes"] > 0 and plan["predicted_train_bytes_per_client"] > 0
+        if m["method"] == "fedpm":  # its statistics pass took both clients at once; its own bytes per client
+            assert plan["stats_client_chunk"] == 2 and plan["predicted_stats_bytes_per_client"] > 0
+        else:
+            assert plan["stats_client_chunk"] is None and plan["predicted_stats_bytes_per_client"] == 0
     assert bench_dnn.main(argv) == 0  # the table prints a dash where an engine was left out
     assert "sequential - img/s" in capsys.readouterr().out
 
@@ -374,3 +386,54 @@ def test_proxies_count_operators_per_local_step_and_round():
         assert m["operators_per_round"] >= m["operators_per_local_step"] and m["host_operator_ms_per_local_step"] > 0
         assert m["kernel_launches_per_local_step"] is None  # a CPU launches no kernels
     assert p["fedpm"]["operators_per_local_step"] > p["fedavg"]["operators_per_local_step"]
+
+
+def test_phase_peaks_credit_each_part_of_a_run_to_its_innermost_phase():
+    """PhasePeaks with a fake allocator (the CUDA counters' arithmetic): memory held by the outer phase counts in
+    the inner phase's peak; the outer phase's peak is the largest of its parts outside the inner one; the round's
+    peak is the largest of all; leaving restores every wrapped function (an inherited one is removed again)."""
+    pytest.importorskip("torch")
+    import types
+
+    from fedpm_dnn import foof, vectorized
+    from fedpm_dnn.algorithms import method_class
+    from validation import bench_dnn
+
+    class Allocator:
+        def __init__(self):
+            self.now = self.top = 0
+
+        def take(self, n):
+            self.now += n
+            self.top = max(self.top, self.now)
+
+        def reset(self):
+            self.top = self.now
+
+    mem = Allocator()
+    server_cls = type("Inherits", (method_class("fedavg"),), {})  # server_update inherited, not its own
+    originals = (vectorized.VectorizedEngine.round, vectorized.VectorizedEngine.foof_for, foof.operators)
+    peaks = bench_dnn.PhasePeaks("cpu", server_cls, reset=mem.reset, peak=lambda: mem.top)
+    ns = types.SimpleNamespace()
+
+    def stats():
+        mem.take(50)  # 100 held by training + 50
+        mem.take(-50)
+
+    def train():
+        mem.take(100)
+        ns.stats()
+        mem.take(300)  # training's own peak: 400
+        mem.take(-400)
+
+    ns.train, ns.stats = train, stats
+    with peaks:
+        peaks._wrap(ns, "train", "local_training")
+        peaks._wrap(ns, "stats", "statistics")
+        ns.train()
+        assert vectorized.VectorizedEngine.foof_for is not originals[1] and "server_update" in vars(server_cls)
+    assert peaks.bytes == {"local_training": 400, "statistics": 150, "factorisations": 0, "server": 0}
+    assert peaks.round_peak == 400 and peaks.mb()["statistics"] == 150 / 2**20
+    assert (vectorized.VectorizedEngine.round, vectorized.VectorizedEngine.foof_for, foof.operators) == originals
+    assert "server_update" not in vars(server_cls)
+    assert bench_dnn.PhasePeaks("cpu", server_cls).mb() == dict.fromkeys(bench_dnn.PHASES)  # a CPU: null

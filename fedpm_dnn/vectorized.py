@@ -102,8 +102,8 @@ def memory_model(model, cfg, sample, blocks) -> dict:
     * ``stats``: a statistics pass over ``STATS_BATCH`` plain images -- every block's captured input and the
       forward's two largest outputs at a time, the float64 sums, the matrices and a client's own copy of them
       (24 bytes per matrix entry); 0 for a method without FOOF;
-    * ``state``: the FOOF matrices a client keeps between rounds (float64); ``reply``: their float32 copy in its
-      reply.
+    * ``state``: the FOOF matrices a client keeps between rounds (``foof_state_dtype``); ``reply``: their float32
+      copy in its reply (none when they are kept in float32).
     The statistics pass's patch products take ``STATS_SHARED_BYTES`` for the whole stack."""
     sizes, inputs = [], [0]
     block_modules = {b.module for b in blocks.values()}
@@ -115,7 +115,7 @@ def memory_model(model, cfg, sample, blocks) -> dict:
 
     hooks = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), foof.buffers_kept(model):  # a BatchNorm's running statistics stay as they were
             model(sample[:1])
     finally:
         for h in hooks:
@@ -124,11 +124,12 @@ def memory_model(model, cfg, sample, blocks) -> dict:
     params = sum(p.numel() for p in model.parameters())
     mats = sum((b.module.weight[0].numel() + 1) ** 2 for b in blocks.values()) if cfg.uses_foof else 0
     largest = sum(sorted(sizes)[-2:])
+    kept = 4 if getattr(cfg, "foof_state_dtype", "float64") == "float32" else 8
     return {
         "train": 4 * (8 * params + 3 * act * cfg.batch_size) + 24 * mats,
         "stats": 4 * (inputs[0] + largest) * STATS_BATCH + 24 * mats if cfg.uses_foof else 0,
-        "state": 8 * mats,
-        "reply": 4 * mats,
+        "state": kept * mats,
+        "reply": 4 * mats if kept == 8 else 0,  # a float32 state is sent as it is
     }
 
 
@@ -374,7 +375,7 @@ class VectorizedEngine:
                     [states[j].setdefault("foof_static", {}) for j in first],
                 )
                 for j, m in zip(first, mats, strict=False):
-                    states[j]["foof"] = m
+                    states[j]["foof"] = cfg.kept_foof(m)
             steps = max(len(sc["steps"]) for sc in scheds)  # the steps one factor serves (auto's rule)
             apply = foof.resolve_apply(cfg.foof_apply, dev, self.blocks, min(steps, cfg.refresh_every or steps))
             factors = foof.operators(

@@ -370,7 +370,7 @@ class VectorizedEngine:
                 sub = [sel[j] for j in first]
                 mats = self.foof_for(
                     sub,
-                    {n: P[n][: len(first)] for n in self.names},
+                    {n: P[n][first] for n in self.names},  # each at its own model (runs stacked differ)
                     [scheds[j]["first"] for j in first],
                     [states[j].setdefault("foof_static", {}) for j in first],
                 )

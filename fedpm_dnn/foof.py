@@ -186,9 +186,10 @@ ROW_FORM_FLOAT64_COST = 250
 ROW_FORM_PRODUCT_COST = 1.5e6
 # On CUDA, where each product and each window sum is a kernel launch: unmeasured estimates from an H100's
 # published rates (~33 T float32 multiply-adds/s on the CUDA cores, ~3 TB/s): a launch ~5 us ~ 1.5e8
-# multiply-adds, one float64 element update (24 bytes moved) ~ 0.25.
+# multiply-adds, one float64 element update (24 bytes moved, ~8 ps) ~ 250 (benchmarks/foof_gram_forms.py
+# times the forms on a device).
 ROW_FORM_LAUNCH_COST_CUDA = 1.5e8
-ROW_FORM_FLOAT64_COST_CUDA = 0.25
+ROW_FORM_FLOAT64_COST_CUDA = 250
 
 
 def row_form_pays(m: nn.Conv2d, shape, device="cpu") -> bool:

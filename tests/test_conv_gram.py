@@ -229,15 +229,15 @@ def test_cudas_forms_keep_each_precision_modes_bound(case, mode):
 
 
 def test_cuda_takes_the_row_form_where_its_products_pay_and_half_products_always():
-    """conv_gram_form on CUDA (the rule alone; no device needed): ResNet18-GN's 3x3 convs at a 512-image statistics
-    chunk of 10 clients take the row form in every mode, SimpleCNN's 5x5 convs (small products, many launches)
-    and a 1x1 conv the patch form, all with half products; the CPU's choices stay as they were."""
-    resnet = [
-        (nn.Conv2d(64, 64, 3, padding=1), (10, 512, 64, 32, 32)),
+    """conv_gram_form on CUDA (the rule alone; no device needed), at a 512-image statistics chunk of 10 clients:
+    ResNet18-GN's first-stage 3x3 convs (64 channels, 32 x 32: many output rows share their input rows) take the
+    row form in every mode; its later 3x3 convs (few output rows: the row form's float64 window sums of wide blocks
+    outweigh the products saved), SimpleCNN's 5x5 convs (small products, many launches) and a 1x1 conv the patch
+    form; all with half products.  The CPU's choices stay as they were."""
+    resnet = [(nn.Conv2d(64, 64, 3, padding=1), (10, 512, 64, 32, 32))]
+    small = [
         (nn.Conv2d(256, 512, 3, stride=2, padding=1), (10, 512, 256, 8, 8)),
         (nn.Conv2d(512, 512, 3, padding=1), (10, 512, 512, 4, 4)),
-    ]
-    small = [
         (nn.Conv2d(3, 6, 5), (10, 512, 3, 32, 32)),
         (nn.Conv2d(6, 16, 5), (10, 512, 6, 14, 14)),
         (nn.Conv2d(256, 512, 1, stride=2), (10, 512, 256, 8, 8)),

@@ -159,7 +159,7 @@ def _client_round(alg, model, blocks, data, cs, down, gen, loss_fn):
     _load(model, down["params"])
     if alg.uses_foof and "foof" not in cs:  # first participation: matrices at the received model
         mats = foof_matrices(model, blocks, data, alg.foof_samples, gen, cs.setdefault("foof_static", {}))
-        cs["foof"] = alg.kept_foof(mats)
+        cs["foof"] = getattr(alg, "kept_foof", dict)(mats)  # foof_state_dtype (LocalNewton and its kin)
     loss, steps, _ = local_train(
         model,
         alg,

@@ -375,7 +375,7 @@ class VectorizedEngine:
                     [states[j].setdefault("foof_static", {}) for j in first],
                 )
                 for j, m in zip(first, mats, strict=False):
-                    states[j]["foof"] = cfg.kept_foof(m)
+                    states[j]["foof"] = getattr(cfg, "kept_foof", dict)(m)  # foof_state_dtype
             steps = max(len(sc["steps"]) for sc in scheds)  # the steps one factor serves (auto's rule)
             apply = foof.resolve_apply(cfg.foof_apply, dev, self.blocks, min(steps, cfg.refresh_every or steps))
             factors = foof.operators(

@@ -26,7 +26,7 @@ t = {r: [] for r in runs}
 for r in range(args.repeats):
     for m, g in runs:
         os.environ["FEDPM_CUDA_GRAPHS"] = g
-        parts, mb, ch = _rounds("cnn", m, args.device, size, "vectorized")
+        parts, mb, ch, _ = _rounds("cnn", m, args.device, size, "vectorized")
         secs = [q["seconds"] for q in parts]
         t[(m, g)] += secs
         foof_s = [round(q["statistics"] + q["factorisations"], 3) for q in parts]

@@ -38,7 +38,7 @@ def stacked_gram(block, x: torch.Tensor):
         return foof.conv_gram(block.module, x)
     a = x.reshape(K, -1, x.shape[-1])
     per = a.shape[1] // B
-    return precision.gram(a), a.sum(1), per
+    return precision.gram(a, half=foof.half_forms(a.device)), a.sum(1), per
 
 
 class StackedCapture:

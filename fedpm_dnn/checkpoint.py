@@ -99,6 +99,8 @@ def first_difference(saved: dict, now: dict) -> str | None:
         saved = {**saved, "run.split_seed": None}  # spelled out as the --seed it defaults to: recorded so since
     if "config.foof_precision" in now and "config.foof_precision" not in saved:  # before --foof-precision: float32
         saved = {**saved, "config.foof_precision": "fp32"}
+    if "config.foof_state_dtype" in now and "config.foof_state_dtype" not in saved:  # before the option: float64
+        saved = {**saved, "config.foof_state_dtype": "float64"}
     # a flag added since the checkpoint was written, and not given now, is the same run as before it existed
     saved = {**{k: None for k, v in now.items() if k.startswith("run.") and v is None and k not in saved}, **saved}
     order = list(now) + [k for k in saved if k not in now]

@@ -158,7 +158,8 @@ def client_round(alg, model, blocks, data, cs: dict, down: dict, gen, loss_fn=F.
 def _client_round(alg, model, blocks, data, cs, down, gen, loss_fn):
     _load(model, down["params"])
     if alg.uses_foof and "foof" not in cs:  # first participation: matrices at the received model
-        cs["foof"] = foof_matrices(model, blocks, data, alg.foof_samples, gen, cs.setdefault("foof_static", {}))
+        mats = foof_matrices(model, blocks, data, alg.foof_samples, gen, cs.setdefault("foof_static", {}))
+        cs["foof"] = getattr(alg, "kept_foof", dict)(mats)  # foof_state_dtype (LocalNewton and its kin)
     loss, steps, _ = local_train(
         model,
         alg,

@@ -36,7 +36,7 @@ class LinearBlock:
     def gram(self, x):
         """(sum_rows a a^T, sum_rows a, rows) of the block's input batch."""
         a = self.patches(x)
-        return precision.gram(a), a.sum(0), a.shape[0]
+        return precision.gram(a, half=half_forms(a.device)), a.sum(0), a.shape[0]
 
     def weight_matrix(self, w):
         return w
@@ -86,18 +86,37 @@ def conv_patches(m: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return v.permute(0, 2, 3, 1, 4, 5).reshape(N, oh * ow, C * kh * kw)
 
 
+def half_forms(device) -> bool:
+    """Whether the Grams on ``device`` multiply only what a symmetric result needs (``precision.half_gram``; the
+    row form's own Grams of one row with itself): on CUDA.  The CPU keeps the full products it has always made
+    (a measured syrk there was no faster, docs/decisions.md), and with them its results."""
+    return torch.device(device).type == "cuda"
+
+
+def conv_gram_form(m: nn.Conv2d, shape, device, mode: str) -> tuple:
+    """(form, half) that ``conv_gram`` takes for images of ``shape`` on ``device`` in precision ``mode``: form
+    'row' (``row_form_gram``) or 'patch' (``patch_gram``), half as ``half_forms``.  On a CPU the row form in fp32
+    where the CPU's rule says it pays, else the patch form; on CUDA the row form in every mode where the CUDA rule
+    says it pays, else the patch form, both with half products; elsewhere the patch form."""
+    kind = torch.device(device).type
+    if kind == "cpu":
+        return ("row" if mode == "fp32" and row_form_pays(m, shape) else "patch"), False
+    if kind == "cuda":
+        return ("row" if row_form_pays(m, shape, "cuda") else "patch"), True
+    return "patch", False
+
+
 def conv_gram(m: nn.Conv2d, x: torch.Tensor):
     """Per stack k of images x (K, B, C, H, W): (sum of a a^T, sum of a) over every patch a of conv ``m``,
     (K, D, D) and (K, D), and the patches per image L; the sequential engine's blocks are the K = 1 case.
 
-    On a CPU, where ``row_form_pays``, by Grams of input rows (``row_form_gram``: S and total in float64);
-    else from the materialised patches (``patch_gram``: in x's dtype; the only form on a GPU, unchanged).
-    Both take the images in chunks of the same size; the row form's float products each sum at most half the
-    terms of the patch form's (as many for one output row; see ``row_pairings``), so the float32 round-off
-    bound is no larger, and measured smaller (tests/test_conv_gram.py)."""
-    if x.device.type == "cpu" and precision.current() == "fp32" and row_form_pays(m, x.shape):
-        return row_form_gram(m, x)
-    return patch_gram(m, x)
+    Where ``conv_gram_form`` says, by Grams of input rows (``row_form_gram``: S and total in float64); else
+    from the materialised patches (``patch_gram``: in x's dtype).  Both take the images in chunks of the same
+    size; the row form's float products each sum at most half the terms of the patch form's (as many for one
+    output row; see ``row_pairings``), so the float32 round-off bound is no larger, and measured smaller
+    (tests/test_conv_gram.py)."""
+    form, half = conv_gram_form(m, x.shape, x.device, precision.current())
+    return row_form_gram(m, x, half) if form == "row" else patch_gram(m, x, half)
 
 
 def _chunk(K: int, L: int, D: int) -> int:
@@ -105,8 +124,9 @@ def _chunk(K: int, L: int, D: int) -> int:
     return max(1, int(2**25 // (K * L * D)))
 
 
-def patch_gram(m: nn.Conv2d, x: torch.Tensor):
-    """conv_gram from the patches, in chunks of images (``_chunk``), one batched product each."""
+def patch_gram(m: nn.Conv2d, x: torch.Tensor, half: bool = False):
+    """conv_gram from the patches, in chunks of images (``_chunk``), one batched product each (``half``: the
+    lower triangle's block rows, ``precision.half_gram``)."""
     K, B = x.shape[:2]
     D = m.weight[0].numel()
     L = conv_patches(m, x[0, :1]).shape[1]
@@ -116,10 +136,10 @@ def patch_gram(m: nn.Conv2d, x: torch.Tensor):
     for i in range(0, B, step):
         # reshape, not view: an unpadded 1x1 stride-1 conv's patches are a permuted view of x
         a = conv_patches(m, x[:, i : i + step].reshape(-1, *x.shape[2:])).reshape(K, -1, D)
-        if precision.current() == "fp32":
+        if precision.current() == "fp32" and not half:
             S.baddbmm_(a.transpose(1, 2), a)
-        else:  # --foof-precision: the products on tensor cores (fedpm_dnn.precision)
-            S += precision.gram(a)
+        else:  # --foof-precision: the products on tensor cores (fedpm_dnn.precision); or half of them
+            S += precision.gram(a, half=half)
         total += a.sum(1)
     return S, total, L
 
@@ -164,13 +184,27 @@ def row_pairings(kh: int, dh: int, sh: int, oh: int) -> tuple:
 # more product (its call and its float64 sums' overhead).
 ROW_FORM_FLOAT64_COST = 250
 ROW_FORM_PRODUCT_COST = 1.5e6
+# On CUDA, where each product and each window sum is a kernel launch: unmeasured estimates from an H100's
+# published rates (~33 T float32 multiply-adds/s on the CUDA cores, ~3 TB/s): a launch ~5 us ~ 1.5e8
+# multiply-adds, one float64 element update (24 bytes moved, ~8 ps) ~ 250 (benchmarks/foof_gram_forms.py
+# times the forms on a device).
+ROW_FORM_LAUNCH_COST_CUDA = 1.5e8
+ROW_FORM_FLOAT64_COST_CUDA = 250
 
 
-def row_form_pays(m: nn.Conv2d, shape) -> bool:
+def row_form_pays(m: nn.Conv2d, shape, device="cpu") -> bool:
     """Whether the multiply-adds the row form saves on images of ``shape`` (K, B, C, H, W) pay for its float64
-    work and its products, at the measured costs above."""
-    saved, float64_updates, products = row_form_costs(m, shape)
-    return saved > ROW_FORM_FLOAT64_COST * float64_updates + ROW_FORM_PRODUCT_COST * products
+    work and its products, at the measured CPU costs above; for ``device`` CUDA, against the patch form's half
+    products (``precision.half_gram``) with the row form's own Grams halved too, at the CUDA estimates."""
+    if torch.device(device).type != "cuda":
+        saved, float64_updates, products = row_form_costs(m, shape)
+        return saved > ROW_FORM_FLOAT64_COST * float64_updates + ROW_FORM_PRODUCT_COST * products
+    c = row_form_counts(m, shape)
+    if c is None:
+        return False
+    saved = c["patch_half_ma"] - c["row_half_ma"]
+    extra = ROW_FORM_FLOAT64_COST_CUDA * c["float64_updates"] + ROW_FORM_LAUNCH_COST_CUDA * c["launches"]
+    return saved > extra
 
 
 def row_form_costs(m: nn.Conv2d, shape) -> tuple:
@@ -178,18 +212,41 @@ def row_form_costs(m: nn.Conv2d, shape) -> tuple:
 
     Per image and output column the patch form multiplies (C kh kw)^2 per output row, the row form
     (C kw)^2 per input row of a segment."""
+    c = row_form_counts(m, shape)
+    if c is None:
+        return 0, 0, 0
+    return c["patch_ma"] - c["row_ma"], c["float64_updates"], c["products"]
+
+
+def row_form_counts(m: nn.Conv2d, shape) -> dict | None:
+    """The work of both forms of the conv Gram on images of ``shape`` (K, B, C, H, W), in multiply-adds (``_ma``:
+    full products; ``_half_ma``: with ``precision.half_gram``'s products where a Gram is of one matrix with
+    itself -- the patch form's, the row form's segments of a row with itself), the row form's float64 element
+    updates, products and launches (products and window sums); ``row_other_ma`` the row form's products of a row
+    with another row; None when the conv has no output."""
     K, B, C, H, W = shape
     (kh, kw), (sh, sw), (dh, dw), (ph, pw) = conv_geometry(m)
     oh, ow = _out_size(H, kh, sh, dh, ph), _out_size(W, kw, sw, dw, pw)
     if oh < 1 or ow < 1:
-        return 0, 0, 0
+        return None
     E, D = C * kw, C * kh * kw
     pairings = row_pairings(kh, dh, sh, oh)
     chunks = -(-B // _chunk(K, oh * ow, D))
     rows = sum(b - a for *_, segments, _ in pairings for a, b in segments)
+    own = sum(b - a for e, *_, segments, _ in pairings if e == 0 for a, b in segments)  # rows with themselves
     products = chunks * sum(len(segments) for *_, segments, _ in pairings)
     sums = chunks * sum(len(members) for *_, windows in pairings for members in windows.values())
-    return K * B * ow * (oh * kh * kh - rows) * E * E, K * (sums * E * E + D * D), products
+    per_row = K * B * ow * E * E
+    return {
+        "patch_ma": per_row * oh * kh * kh,
+        "row_ma": per_row * rows,
+        "patch_half_ma": per_row * oh * kh * kh * precision.half_gram_cost(D),
+        "row_half_ma": per_row * (rows - own + own * precision.half_gram_cost(E)),
+        "row_other_ma": per_row * (rows - own),
+        "float64_updates": K * (sums * E * E + D * D),
+        "products": products,
+        "launches": products + sums,
+    }
 
 
 def width_patches(m: nn.Conv2d, x: torch.Tensor) -> list:
@@ -207,22 +264,25 @@ def width_patches(m: nn.Conv2d, x: torch.Tensor) -> list:
     return [v[:, :, :, r::sh].permute(0, 2, 5, 3, 1, 4).reshape(K, C * kw, -1, B * v.shape[4]) for r in range(sh)]
 
 
-def row_form_gram(m: nn.Conv2d, x: torch.Tensor):
+def row_form_gram(m: nn.Conv2d, x: torch.Tensor, half: bool = False):
     """conv_gram by Grams of input rows (``row_pairings``): the receptive fields of neighbouring output rows
     share kh - 1 input rows, so the patch form multiplies most row pairs kh times over; this multiplies each
-    once.  float products (x's dtype) per segment, summed in float64 into the blocks of kernel rows (i, i + e)
-    of S, the blocks below by symmetry.  total = the patches' sum, from the images' float64 sum.  CPU tensors
-    only (its float64 sums live on the CPU; ``conv_gram`` sends nothing else here)."""
+    once.  float products (x's dtype, in the current ``precision`` mode) per segment, summed in float64 on x's
+    device into the blocks of kernel rows (i, i + e) of S, the blocks below by symmetry; ``half``: a segment's
+    Gram of rows with themselves (e = 0) from its lower triangle (``precision.half_gram``).  total = the
+    patches' sum, from the images' float64 sum."""
     K, B, C, H, W = x.shape
     (kh, kw), (sh, sw), (dh, dw), (ph, pw) = conv_geometry(m)
     oh, ow = _out_size(H, kh, sh, dh, ph), _out_size(W, kw, sw, dw, pw)
     D = C * kh * kw
     step = _chunk(K, oh * ow, D)
-    S = torch.zeros(K, C, kh, kw, C, kh, kw, dtype=torch.float64)
+    S = torch.zeros(K, C, kh, kw, C, kh, kw, dtype=torch.float64, device=x.device)
     for i in range(0, B, step):
         rows = width_patches(m, x[:, i : i + step])
         for e, r, r2, shift, segments, windows in row_pairings(kh, dh, sh, oh):
-            parts = [_segment_gram(rows[r], rows[r2], a, b, shift).view(K, C, kw, C, kw) for a, b in segments]
+            parts = [
+                _segment_gram(rows[r], rows[r2], a, b, shift, e == 0, half).view(K, C, kw, C, kw) for a, b in segments
+            ]
             for top, members in windows.items():
                 block = S[:, :, top, :, :, top + e, :]
                 for k in members:
@@ -232,11 +292,18 @@ def row_form_gram(m: nn.Conv2d, x: torch.Tensor):
     return S.view(K, D, D), total.sum(2), oh * ow
 
 
-def _segment_gram(left: torch.Tensor, right: torch.Tensor, a: int, b: int, shift: int) -> torch.Tensor:
+def _segment_gram(
+    left: torch.Tensor, right: torch.Tensor, a: int, b: int, shift: int, own: bool = False, half: bool = False
+) -> torch.Tensor:
     """Sum over positions t in [a, b) of the Gram between the width patches of rows left[t] and right[t + shift]
-    ((K, C kw, rows, B ow) each): one product, its inner dimension the rows' images and output columns."""
+    ((K, C kw, rows, B ow) each): one product, its inner dimension the rows' images and output columns, in the
+    current ``precision`` mode; ``own`` (right is left, shift 0): the Gram of one matrix, ``half`` as
+    ``precision.gram``'s."""
     K, E = left.shape[:2]
-    return torch.bmm(left[:, :, a:b].reshape(K, E, -1), right[:, :, a + shift : b + shift].reshape(K, E, -1).mT)
+    lhs = left[:, :, a:b].reshape(K, E, -1)
+    if own:
+        return precision.gram(lhs.mT, half=half)
+    return precision.matmul(lhs, right[:, :, a + shift : b + shift].reshape(K, E, -1).mT)
 
 
 def _mirror_kernel_rows(S: torch.Tensor) -> None:

@@ -7,9 +7,13 @@ the output positions for a Conv2d):
 
 * apply, per client and local step: ``2 rows d^2`` -- the product with the inverse (``G X``), or the two
   triangular solves (``rows d^2`` each); times 3 products in ``split-tf32`` (fedpm_dnn.precision), 1 otherwise;
-* Gram, per client and statistics image: ``2 L d_in^2`` for the plain product (``d_in`` = d without the bias
-  column, added from the row sums), half of it (``L d_in (d_in + 1)``) where only one triangle is formed; times 2
-  products in ``split-tf32``;
+* Gram, per client and statistics image, ``gram_form`` 'full' (every product whole: the CPU's patch form):
+  ``2 L d_in^2`` (``d_in`` = d without the bias column, added from the row sums), times 2 products in
+  ``split-tf32``; 'half' (the CUDA path, ``foof.half_forms``): the lower triangle's block rows alone where
+  ``precision.half_pays`` (``precision.half_gram_cost`` of the full product, times 3 in ``split-tf32``), else
+  the full product; and for a conv
+  where ``foof.row_form_pays`` on CUDA, the row form's products (``foof.row_form_counts``: a row with itself
+  as a half Gram, a row with another as a general product, times 3 in ``split-tf32``);
 * factorisation, per client and refresh: the float64 Cholesky ``d^3 / 3`` multiply-adds (``2 d^3 / 3`` FLOP) and,
   for the inverse apply, ``cholesky_inverse`` ``2 d^3 / 3`` more multiply-adds (``4 d^3 / 3`` FLOP);
 * memory: per client the matrix A in float64 (``8 d^2`` bytes: the client's state) and the step operators in
@@ -29,13 +33,17 @@ PATCH_ENTRIES = 2**25  # foof._chunk: the entries of one statistics product's pa
 
 
 def block_shapes(model: torch.nn.Module, image: torch.Tensor) -> list:
-    """[{name, d, d_in, rows, L}] of every FOOF block of ``model`` for one ``image`` (C, H, W)."""
+    """[{name, d, d_in, rows, L, conv}] of every FOOF block of ``model`` for one ``image`` (C, H, W); ``conv``: a
+    conv's input (C, H, W) and geometry (kernel, stride, dilation, padding), None for a Linear."""
     blocks = foof.foof_blocks(model)
-    found = {}
+    found, convs = {}, {}
 
     def hook(name):
         def record(mod, inp, out):
             found[name] = out[0, 0].numel() if isinstance(mod, torch.nn.Conv2d) else 1
+            if isinstance(mod, torch.nn.Conv2d):
+                geometry = [list(g) for g in foof.conv_geometry(mod)]
+                convs[name] = {"input": list(inp[0].shape[1:]), "geometry": geometry}
 
         return record
 
@@ -56,6 +64,7 @@ def block_shapes(model: torch.nn.Module, image: torch.Tensor) -> list:
                 "d_in": d_in,
                 "rows": b.module.weight.shape[0],
                 "L": found[name],
+                "conv": convs.get(name),
             }
         )
     return out
@@ -69,7 +78,7 @@ def foof_cost(
     batch: int,
     apply: str = "inverse",
     mode: str = "fp32",
-    symmetric_gram: bool = False,
+    gram_form: str = "full",
     stats_chunk: int = 512,
     refreshes: int = 1,
 ) -> dict:
@@ -78,19 +87,21 @@ def foof_cost(
     precision.check(mode)
     if apply not in ("solve", "inverse"):
         raise ValueError(f"apply must be solve or inverse, got {apply!r}")
+    if gram_form not in GRAM_FORMS:
+        raise ValueError(f"gram_form must be one of {', '.join(GRAM_FORMS)}, got {gram_form!r}")
     steps = epochs * -(-per_client // batch)
     apply_products = precision.PRODUCTS[mode] if apply == "inverse" else 1  # the solves stay in float32
-    gram_products = precision.GRAM_PRODUCTS[mode]
     blocks = []
     total = {"apply_flop": 0, "gram_flop": 0, "factorisation_flop": 0, "state_bytes": 0, "operator_bytes": 0}
     for s in shapes:
         d, d_in, rows, L = s["d"], s["d_in"], s["rows"], s["L"]
-        gram_per_image = L * d_in * (d_in + 1) if symmetric_gram else 2 * L * d_in * d_in
+        gram_per_image, form = gram_flop_per_image(s, mode, gram_form, clients, min(stats_chunk, per_client))
         row = {
             "name": s["name"],
             "d": d,
             "apply_flop_per_step": 2 * rows * d * d * apply_products,
-            "gram_flop_per_image": gram_per_image * gram_products,
+            "gram_flop_per_image": gram_per_image,
+            "gram_form": form,
             "factorisation_flop": (2 * d**3 // 3) * (2 if apply == "inverse" else 1),
             "state_bytes": FLOAT64 * d * d,
             "operator_bytes": FLOAT32 * d * d * (1 if apply == "inverse" else 2),
@@ -111,10 +122,46 @@ def foof_cost(
         "steps_per_client": steps,
         "apply": apply,
         "precision": mode,
-        "symmetric_gram": symmetric_gram,
+        "gram_form": gram_form,
         "total": total,
         "blocks": blocks,
     }
+
+
+GRAM_FORMS = ("full", "half")
+
+
+def gram_flop_per_image(shape: dict, mode: str, gram_form: str, clients: int, stats_chunk: int) -> tuple:
+    """(FLOPs, form) of one block's statistics Gram per client and image (module doc); form 'patch' (a Linear's
+    rows count as its patches) or 'row'."""
+    d_in, L = shape["d_in"], shape["L"]
+    full = 2 * L * d_in * d_in
+    if gram_form == "full":
+        return full * precision.GRAM_PRODUCTS[mode], "patch"
+    general_products = precision.PRODUCTS[mode]
+    patch = full * _half_gram_products(d_in, mode)
+    conv = shape.get("conv")
+    if conv is None:
+        return round(patch), "patch"
+    m = torch.nn.Conv2d(
+        conv["input"][0], 1, conv["geometry"][0], conv["geometry"][1], conv["geometry"][3], conv["geometry"][2]
+    )
+    image_shape = (clients, stats_chunk, *conv["input"])
+    if not foof.row_form_pays(m, image_shape, "cuda"):
+        return round(patch), "patch"
+    per_image = foof.row_form_counts(m, (1, 1, *conv["input"]))
+    E = conv["input"][0] * conv["geometry"][0][1]
+    own_rows = (per_image["row_ma"] - per_image["row_other_ma"]) / (E * E)  # rows x columns with themselves
+    own = 2 * own_rows * E * E * _half_gram_products(E, mode)
+    return round(own + 2 * per_image["row_other_ma"] * general_products), "row"
+
+
+def _half_gram_products(d: int, mode: str) -> float:
+    """``precision.gram(half=True)``'s products in full products of width d: ``half_gram``'s where it pays."""
+    full = precision.GRAM_PRODUCTS[mode]
+    if not precision.half_pays(d, mode):
+        return full
+    return precision.HALF_GRAM_PRODUCTS[mode] * precision.half_gram_cost(d)
 
 
 def paper_cost(model_name: str, apply: str = "inverse", mode: str = "fp32", **size) -> dict:

@@ -115,10 +115,17 @@ def matmul(a: torch.Tensor, b: torch.Tensor, mode: str | None = None, emulate=No
     return tf32_product(a_hi, b_hi, emulate) + small
 
 
-def gram(a: torch.Tensor, mode: str | None = None, emulate=None) -> torch.Tensor:
+def gram(a: torch.Tensor, mode: str | None = None, emulate=None, half: bool = False) -> torch.Tensor:
     """``a^T a`` over the rows of ``a`` (..., n, d) -> (..., d, d) in ``mode``; exactly symmetric in the split form
-    (two products: hi^T hi + (C + C^T), C = hi^T lo)."""
+    (two products: hi^T hi + (C + C^T), C = hi^T lo).  ``half``: exactly symmetric in every mode, from only the
+    lower triangle's block rows (``half_gram``) where that multiplies less (``half_pays``), else the full product
+    averaged with its transpose."""
     mode = current() if mode is None else check(mode)
+    if half:
+        if half_pays(a.shape[-1], mode if a.dtype == torch.float32 else "fp32"):
+            return half_gram(a, mode, emulate)
+        S = gram(a, mode, emulate)
+        return 0.5 * (S + S.mT)
     at = a.mT
     if mode == "fp32" or a.dtype != torch.float32:
         return torch.bmm(at, a) if a.dim() == 3 else at @ a
@@ -127,6 +134,56 @@ def gram(a: torch.Tensor, mode: str | None = None, emulate=None) -> torch.Tensor
     hi, lo = split(a)
     cross = tf32_product(hi.mT, lo, emulate)
     return tf32_product(hi.mT, hi, emulate) + (cross + cross.mT)
+
+
+GRAM_BLOCK = 256  # the narrowest block row of ``half_gram``: narrower products run below a GEMM's pace
+
+
+def triangle_blocks(d: int) -> list:
+    """[(start, end)] of ``half_gram``'s block rows: d // GRAM_BLOCK (at least 1) rows of equal width."""
+    t = max(1, d // GRAM_BLOCK)
+    width = -(-d // t)
+    return [(s, min(d, s + width)) for s in range(0, d, width)]
+
+
+def half_gram(a: torch.Tensor, mode: str | None = None, emulate=None) -> torch.Tensor:
+    """``a^T a`` (..., n, d) -> (..., d, d) from the lower triangle's block rows alone: block row [s, e) is the
+    product of a's columns s:e with its columns 0:e, one product per block row in ``mode`` (three in
+    ``split-tf32``: hi^T hi + (hi^T lo + lo^T hi), the terms of ``gram``'s two products), so with t block rows
+    the products cost (t + 1) / (2 t) of the full one.  The diagonal blocks are averaged with their transposes
+    and the blocks above are the transposes of those below: exactly symmetric.  Each entry is the same float
+    sum of n products as the full product's (up to the summation order a product picks)."""
+    mode = current() if mode is None else check(mode)
+    d = a.shape[-1]
+    S = a.new_empty(*a.shape[:-2], d, d)
+    if mode == "split-tf32" and a.dtype == torch.float32:
+        hi, lo = split(a)
+    for s, e in triangle_blocks(d):
+        if mode == "fp32" or a.dtype != torch.float32:
+            row = torch.matmul(a[..., s:e].mT, a[..., :e])
+        elif mode in APPROXIMATE:
+            row = matmul(a[..., s:e].mT, a[..., :e], mode, emulate)
+        else:
+            small = tf32_product(hi[..., s:e].mT, lo[..., :e], emulate) + tf32_product(
+                lo[..., s:e].mT, hi[..., :e], emulate
+            )
+            row = tf32_product(hi[..., s:e].mT, hi[..., :e], emulate) + small
+        diag = row[..., s:e]
+        S[..., s:e, s:e] = 0.5 * (diag + diag.mT)
+        S[..., s:e, :s] = row[..., :s]
+        S[..., :s, s:e] = row[..., :s].mT
+    return S
+
+
+def half_gram_cost(d: int) -> float:
+    """``half_gram``'s products as a fraction of the full product's multiply-adds."""
+    return sum((e - s) * e for s, e in triangle_blocks(d)) / (d * d) if d else 0.0
+
+
+def half_pays(d: int, mode: str) -> bool:
+    """Whether ``half_gram`` multiplies less than ``gram``'s full form for width d in ``mode``: in
+    ``split-tf32`` its three products of one triangle against the full form's two (from 4 block rows on)."""
+    return HALF_GRAM_PRODUCTS[mode] * half_gram_cost(d) < GRAM_PRODUCTS[mode]
 
 
 def default_mode(device) -> str:
@@ -138,3 +195,4 @@ def default_mode(device) -> str:
 # --- cost model -------------------------------------------------------------------------------------------------
 PRODUCTS = {"fp32": 1, "tf32": 1, "bf16": 1, "split-tf32": 3}  # products per apply
 GRAM_PRODUCTS = {"fp32": 1, "tf32": 1, "bf16": 1, "split-tf32": 2}  # per Gram (symmetric: C + C^T)
+HALF_GRAM_PRODUCTS = {"fp32": 1, "tf32": 1, "bf16": 1, "split-tf32": 3}  # per block row of half_gram

@@ -109,19 +109,34 @@ def schedule_tensors(steps: list, offsets: list, T: int, B: int) -> tuple:
 _clip_ = step_graph.clip_  # torch.nn.utils.clip_grad_norm_ per client on (K, ...) stacks
 
 
-def _per_client_bytes(model, cfg, sample, blocks) -> int:
-    """Rough memory of one client in the stack: parameters and their per-step copies, FOOF factors,
-    and the activations of a training batch and of a statistics chunk (from one forward's outputs)."""
-    sizes, patches = [], [0]
+FREE_SHARE = 0.7  # of the free memory a chunk may plan for (the allocator's fragmentation, the model's misses)
+STATS_SHARED_BYTES = 4 * 2 * 2**25  # a statistics pass's patches and their copy (foof._chunk), whatever its clients
+
+
+def memory_model(model, cfg, sample, blocks) -> dict:
+    """Bytes per client of the engine's phases, from one forward's outputs:
+
+    * ``train``: a local step -- the parameters and their per-step copies (8 x), the activations a backward keeps
+      for a batch (3 x their outputs, as measured for autograd's saved tensors and gradients), and for FOOF methods
+      the round's factorisation: the stacked float64 A, its float64 factor and the float32 step operators
+      (24 bytes per matrix entry);
+    * ``stats``: a statistics pass over ``STATS_BATCH`` plain images -- every block's captured input and the
+      forward's two largest outputs at a time, the float64 sums, the matrices and a client's own copy of them
+      (24 bytes per matrix entry); 0 for a method without FOOF;
+    * ``state``: the FOOF matrices a client keeps between rounds (``foof_state_dtype``); ``reply``: their float32
+      copy in its reply (none when they are kept in float32).
+    The statistics pass's patch products take ``STATS_SHARED_BYTES`` for the whole stack."""
+    sizes, inputs = [], [0]
+    block_modules = {b.module for b in blocks.values()}
 
     def hook(mod, inp, out):
         sizes.append(out.numel() if torch.is_tensor(out) else 0)
-        if isinstance(mod, torch.nn.Conv2d):  # the unfolded patches of a FOOF Gram product: D x L per image
-            patches[0] = max(patches[0], mod.weight[0].numel() * out[0, 0].numel())
+        if mod in block_modules and inp and torch.is_tensor(inp[0]):
+            inputs[0] += inp[0].numel()
 
     hooks = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), foof.buffers_kept(model):  # a BatchNorm's running statistics stay as they were
             model(sample[:1])
     finally:
         for h in hooks:
@@ -129,28 +144,74 @@ def _per_client_bytes(model, cfg, sample, blocks) -> int:
     act = sum(sizes) + sample[:1].numel() * 3
     params = sum(p.numel() for p in model.parameters())
     mats = sum((b.module.weight[0].numel() + 1) ** 2 for b in blocks.values()) if cfg.uses_foof else 0
-    stats = (act + 2 * patches[0]) * STATS_BATCH if cfg.uses_foof else 0
-    return 4 * (8 * params + 3 * act * cfg.batch_size + stats) + 8 * 3 * mats
+    largest = sum(sorted(sizes)[-2:])
+    kept = 4 if getattr(cfg, "foof_state_dtype", "float64") == "float32" else 8
+    return {
+        "train": 4 * (8 * params + 3 * act * cfg.batch_size) + 24 * mats,
+        "stats": 4 * (inputs[0] + largest) * STATS_BATCH + 24 * mats if cfg.uses_foof else 0,
+        "state": kept * mats,
+        "reply": 4 * mats if kept == 8 else 0,  # a float32 state is sent as it is
+    }
 
 
-def auto_client_chunk(model, cfg, sample, blocks, device, participants: int) -> int:
-    """Clients per chunk: as many as fit in 70 % of the free device memory (CUDA: mem_get_info;
-    CPU: MemAvailable), at least one."""
-    if str(device).startswith("cuda"):
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-    else:
-        free = None
-        try:
-            with open("/proc/meminfo") as fh:
-                for line in fh:
-                    if line.startswith("MemAvailable:"):
-                        free = int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        if free is None:
-            return participants
-    per = _per_client_bytes(model, cfg, sample, blocks)
-    return max(1, min(participants, int(0.7 * free // max(per, 1))))
+def _cuda_memory(device) -> tuple:
+    free, _ = torch.cuda.mem_get_info(device)
+    return free, torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
+
+
+def _host_memory(device) -> tuple | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, 0, 0
+    except OSError:
+        pass
+    return None
+
+
+def free_bytes(device, query=None) -> int | None:
+    """Memory a chunk may take on ``device``: the free memory plus what PyTorch's caching allocator holds reserved
+    but unallocated (it hands that out again before asking the driver for more).  ``query(device)`` gives
+    (free, reserved, allocated) or None (unknown); by default CUDA's ``mem_get_info`` free,
+    ``memory_reserved`` and ``memory_allocated``, on the CPU (MemAvailable, 0, 0)."""
+    dev = torch.device(device)
+    q = query or (_cuda_memory if dev.type == "cuda" else _host_memory)
+    got = q(dev)
+    if got is None:
+        return None
+    free, reserved, allocated = got
+    return int(free + max(0, reserved - allocated))
+
+
+def client_plan(model, cfg, sample, blocks, device, participants: int, new_states: int = 0, query=None) -> dict:
+    """The training chunk and what it was sized from: ``memory_model``'s bytes per client, the free bytes
+    (``free_bytes``), and ``chunk`` -- as many clients as fit in ``FREE_SHARE`` of the free memory after the
+    round's kept matrices (``new_states`` clients' first, every participant's reply copy), one client's
+    statistics pass and the pass's shared patches; at least one, all of them where the free memory is unknown."""
+    per = memory_model(model, cfg, sample, blocks)
+    free = free_bytes(device, query)
+    plan = {"train_bytes_per_client": per["train"], "stats_bytes_per_client": per["stats"], "free_bytes": free}
+    if free is None:
+        return {**plan, "chunk": participants}
+    kept = new_states * per["state"] + participants * per["reply"]
+    room = FREE_SHARE * free - kept - (per["stats"] + STATS_SHARED_BYTES if per["stats"] else 0)
+    return {**plan, "chunk": max(1, min(participants, int(room // max(per["train"], 1))))}
+
+
+def auto_client_chunk(model, cfg, sample, blocks, device, participants: int, query=None) -> int:
+    """Clients per training chunk (``client_plan``)."""
+    return client_plan(model, cfg, sample, blocks, device, participants, query=query)["chunk"]
+
+
+def stats_client_chunk(stats_bytes: int, device, clients: int, query=None) -> int:
+    """Clients per statistics pass, sized on its own from what is free when it starts: as many as fit in
+    ``FREE_SHARE`` of it after the shared patches, at least one, all where the free memory is unknown."""
+    free = free_bytes(device, query)
+    if free is None or not stats_bytes:
+        return clients
+    room = FREE_SHARE * free - STATS_SHARED_BYTES
+    return max(1, min(clients, int(room // stats_bytes)))
 
 
 def _stack_downs(downs: list, rows=None) -> dict:
@@ -170,14 +231,24 @@ class VectorizedEngine:
     """Trains a list of participants together; ``round(...)`` returns what client_round returns, per client."""
 
     def __init__(
-        self, model, blocks: dict, clients: list, device, client_chunk: int | None = None, step_graph_mode="auto"
+        self,
+        model,
+        blocks: dict,
+        clients: list,
+        device,
+        client_chunk: int | None = None,
+        step_graph_mode="auto",
+        memory_query=None,
     ):
         self.model, self.blocks, self.clients, self.device = model, blocks, clients, device
         self.client_chunk = client_chunk
+        self.memory_query = memory_query  # free_bytes' query (None: the device's own)
         # full steps as one function of static buffers, on CUDA replayed as a graph (fedpm_dnn.step_graph)
         self.static_step = step_graph.resolve(step_graph_mode, device)
         self.last_step_graph = None  # the last chunk's full steps and graph replays (benchmarks, tests)
         self.last_chunk = None
+        # the round's memory plan (client_plan) and the fewest clients a statistics pass took (stats_client_chunk)
+        self.last_plan, self.last_stats_chunk = None, None
         self.offsets, total = [], 0
         for c in clients:
             self.offsets.append(total)
@@ -237,7 +308,21 @@ class VectorizedEngine:
 
     # --- FOOF --------------------------------------------------------------------------------------------------
     def foof_for(self, sel, params, subsets, statics):
-        """client.foof_matrices for the clients ``sel`` at their stacked ``params``; updates the statics."""
+        """client.foof_matrices for the clients ``sel`` at their stacked ``params``; updates the statics.  The pass
+        takes as many clients at a time as fit in the memory free when it starts (``stats_client_chunk``)."""
+        k = len(sel)
+        per = self.last_plan["stats_bytes_per_client"] if self.last_plan else 0
+        step = stats_client_chunk(per, self.device, k, self.memory_query)
+        self.last_stats_chunk = step if self.last_stats_chunk is None else min(step, self.last_stats_chunk)
+        out = []
+        for s in range(0, k, step):
+            e = min(k, s + step)
+            part = {n: v[s:e] for n, v in params.items()} if step < k else params
+            out += self._foof_pass(sel[s:e], part, subsets[s:e], statics[s:e])
+        return out
+
+    def _foof_pass(self, sel, params, subsets, statics):
+        """foof_for for one statistics chunk of clients."""
         counts = torch.tensor(
             [len(self.clients[i]) if sub is None else len(sub) for i, sub in zip(sel, subsets, strict=False)],
             device=self.device,
@@ -273,7 +358,12 @@ class VectorizedEngine:
         downs = down if isinstance(down, list) else [down] * len(sel)
         k = len(sel)
         sample = self._plain([sel[0]], 0, 1)[0]
-        chunk = self.client_chunk or auto_client_chunk(self.model, cfg, sample, self.blocks, self.device, k)
+        new_states = sum(1 for cs in states if "foof" not in cs) if cfg.uses_foof else 0
+        self.last_plan = client_plan(
+            self.model, cfg, sample, self.blocks, self.device, k, new_states, self.memory_query
+        )
+        self.last_stats_chunk = None
+        chunk = self.client_chunk or self.last_plan["chunk"]
         self.last_chunk = min(chunk, k)
         results = []
         with precision.use(getattr(cfg, "foof_precision", "fp32")):  # FOOF's products (fedpm_dnn.precision)
@@ -313,12 +403,12 @@ class VectorizedEngine:
                 sub = [sel[j] for j in first]
                 mats = self.foof_for(
                     sub,
-                    {n: P[n][: len(first)] for n in self.names},
+                    {n: P[n][first] for n in self.names},  # each at its own model (runs stacked differ)
                     [scheds[j]["first"] for j in first],
                     [states[j].setdefault("foof_static", {}) for j in first],
                 )
                 for j, m in zip(first, mats, strict=False):
-                    states[j]["foof"] = m
+                    states[j]["foof"] = getattr(cfg, "kept_foof", dict)(m)  # foof_state_dtype
             steps = max(len(sc["steps"]) for sc in scheds)  # the steps one factor serves (auto's rule)
             apply = foof.resolve_apply(cfg.foof_apply, dev, self.blocks, min(steps, cfg.refresh_every or steps))
             factors = foof.operators(

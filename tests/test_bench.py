@@ -178,6 +178,18 @@ def test_dnn_benchmark_measures_only_the_engines_asked_for(capsys):
     assert r["fedpm_over_fedavg"] > 0 and r["images_per_second_vectorized"] > 0 and r["client_chunk"] == 2
     assert r["images_per_second_sequential"] is None and r["vectorized_speedup"] is None
     assert r["fedpm_over_fedavg_sequential"] is None and r["projected_100_round_minutes_sequential"] is None
+    # per measured run (2 repeats x FedAvg, FedPM): peak memory per phase, null on a CPU, and the engine's plan
+    runs = r["memory_by_run"]
+    assert [(m["engine"], m["method"]) for m in runs] == [("vectorized", "fedavg"), ("vectorized", "fedpm")] * 2
+    for m in runs:
+        assert m["peak_memory_mb"] > 0
+        assert m["peak_memory_mb_by_phase"] == dict.fromkeys(bench_dnn.PHASES)
+        plan = m["memory_plan"]
+        assert plan["client_chunk"] == 2 and plan["free_bytes"] > 0 and plan["predicted_train_bytes_per_client"] > 0
+        if m["method"] == "fedpm":  # its statistics pass took both clients at once; its own bytes per client
+            assert plan["stats_client_chunk"] == 2 and plan["predicted_stats_bytes_per_client"] > 0
+        else:
+            assert plan["stats_client_chunk"] is None and plan["predicted_stats_bytes_per_client"] == 0
     assert bench_dnn.main(argv) == 0  # the table prints a dash where an engine was left out
     assert "sequential - img/s" in capsys.readouterr().out
 
@@ -320,9 +332,19 @@ def test_the_foof_cost_model_matches_hand_counts_on_small_layers():
     assert c["total"]["state_bytes"] == 2 * 8 * (19 * 19 + 49 * 49)  # float64 A per client
     assert c["total"]["operator_bytes"] == 2 * 4 * (19 * 19 + 49 * 49)  # one float32 inverse per block
     assert c["total"]["stats_patch_bytes_peak"] == 4 * 2 * 5 * 16 * 18  # the conv's patches, both clients
-    split = foof_cost(shapes, 2, 5, 2, 2, apply="inverse", mode="split-tf32", symmetric_gram=True)
+    split = foof_cost(shapes, 2, 5, 2, 2, apply="inverse", mode="split-tf32")
     assert split["blocks"][0]["apply_flop_per_step"] == 3 * 2166  # three TF32 products
-    assert split["blocks"][0]["gram_flop_per_image"] == 2 * 16 * 18 * 19  # two products of one triangle each
+    assert split["blocks"][0]["gram_flop_per_image"] == 2 * 2 * 16 * 18 * 18  # hi^T hi and C = hi^T lo
+    # CUDA's half products: an 18-wide block is one block row, the full product (two in split-tf32), and this
+    # small conv keeps the patch form
+    half = foof_cost(shapes, 2, 5, 2, 2, apply="inverse", mode="split-tf32", gram_form="half")
+    assert [b["gram_form"] for b in half["blocks"]] == ["patch", "patch"]
+    assert half["blocks"][0]["gram_flop_per_image"] == 2 * 2 * 16 * 18 * 18
+    wide = block_shapes(torch.nn.Linear(1200, 2), torch.zeros(1200))
+    # 1,200 = 4 block rows of 300: (1 + 2 + 3 + 4) / 16 of the product; split-tf32: 3 such products, not 2 whole
+    for mode, products in (("fp32", 1), ("tf32", 1), ("split-tf32", 3)):
+        b = foof_cost(wide, 2, 5, 2, 2, mode=mode, gram_form="half")["blocks"][0]
+        assert b["gram_flop_per_image"] == 2 * 1200**2 * 10 // 16 * products
     solve = foof_cost(shapes, 2, 5, 2, 2, apply="solve", mode="split-tf32")
     assert solve["blocks"][0]["apply_flop_per_step"] == 2166  # two triangular solves: rows d^2 each, in float32
     assert solve["blocks"][0]["factorisation_flop"] == 2 * 19**3 // 3 and solve["total"][
@@ -343,6 +365,16 @@ def test_the_paper_cost_reproduces_the_resnet_products_at_the_papers_size():
     assert c["total"]["gram_flop"] == pytest.approx(468e12, rel=0.01)
     wide = sum(b["apply_flop"] for b in c["blocks"] if b["d"] == 4608)
     assert 0.80 < wide / c["total"]["apply_flop"] < 0.82  # 81 % of the apply products
+    # CUDA's forms: the first stage's 3x3 convs in the row form, the three 4,608-wide blocks with half products:
+    # 18 block rows of 256, (1 + ... + 18) / 18^2 = 19 / 36 of the product, over 4 x 4 output positions
+    half = paper_cost("resnet18gn", "inverse", "fp32", gram_form="half")
+    assert [b["name"] for b in half["blocks"] if b["gram_form"] == "row"] == [
+        f"layers.0.{i}.conv{j}" for i in (0, 1) for j in (1, 2)
+    ]
+    last = [b for b in half["blocks"] if b["d"] == 4608]
+    assert len(last) == 3 and all(b["gram_form"] == "patch" for b in last)
+    assert all(b["gram_flop_per_image"] == round(2 * 16 * 4608**2 * 19 / 36) for b in last)
+    assert half["total"]["gram_flop"] < 0.55 * c["total"]["gram_flop"]
 
 
 def test_proxies_count_operators_per_local_step_and_round(capsys):
@@ -376,3 +408,54 @@ def test_proxies_count_operators_per_local_step_and_round(capsys):
         assert isinstance(static["host_operator_ms_per_local_step"], float)
         assert isinstance(static["wall_ms_per_local_step"], float)
     assert p["fedpm"]["operators_per_local_step"] > p["fedavg"]["operators_per_local_step"]
+
+
+def test_phase_peaks_credit_each_part_of_a_run_to_its_innermost_phase():
+    """PhasePeaks with a fake allocator (the CUDA counters' arithmetic): memory held by the outer phase counts in
+    the inner phase's peak; the outer phase's peak is the largest of its parts outside the inner one; the round's
+    peak is the largest of all; leaving restores every wrapped function (an inherited one is removed again)."""
+    pytest.importorskip("torch")
+    import types
+
+    from fedpm_dnn import foof, vectorized
+    from fedpm_dnn.algorithms import method_class
+    from validation import bench_dnn
+
+    class Allocator:
+        def __init__(self):
+            self.now = self.top = 0
+
+        def take(self, n):
+            self.now += n
+            self.top = max(self.top, self.now)
+
+        def reset(self):
+            self.top = self.now
+
+    mem = Allocator()
+    server_cls = type("Inherits", (method_class("fedavg"),), {})  # server_update inherited, not its own
+    originals = (vectorized.VectorizedEngine.round, vectorized.VectorizedEngine.foof_for, foof.operators)
+    peaks = bench_dnn.PhasePeaks("cpu", server_cls, reset=mem.reset, peak=lambda: mem.top)
+    ns = types.SimpleNamespace()
+
+    def stats():
+        mem.take(50)  # 100 held by training + 50
+        mem.take(-50)
+
+    def train():
+        mem.take(100)
+        ns.stats()
+        mem.take(300)  # training's own peak: 400
+        mem.take(-400)
+
+    ns.train, ns.stats = train, stats
+    with peaks:
+        peaks._wrap(ns, "train", "local_training")
+        peaks._wrap(ns, "stats", "statistics")
+        ns.train()
+        assert vectorized.VectorizedEngine.foof_for is not originals[1] and "server_update" in vars(server_cls)
+    assert peaks.bytes == {"local_training": 400, "statistics": 150, "factorisations": 0, "server": 0}
+    assert peaks.round_peak == 400 and peaks.mb()["statistics"] == 150 / 2**20
+    assert (vectorized.VectorizedEngine.round, vectorized.VectorizedEngine.foof_for, foof.operators) == originals
+    assert "server_update" not in vars(server_cls)
+    assert bench_dnn.PhasePeaks("cpu", server_cls).mb() == dict.fromkeys(bench_dnn.PHASES)  # a CPU: null

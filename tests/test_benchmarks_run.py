@@ -22,6 +22,7 @@ TINY = {
     "foof_apply.py": ["--models", "cnn", "--repeats", "1"],
     "foof_centralised.py": ["--help"],  # trained end to end at a tiny size by tests/test_foof_optimizer.py
     "foof_conv_gram_rule.py": [],
+    "foof_gram_forms.py": ["--device", "cpu", "--models", "cnn", "--precision", "fp32,split-tf32"],
     "mixing_solve_forms.py": ["--model", "cnn", "--clients", "2", "--repeats", "1"],
     "profile_fedpm_parts.py": ["--model", "cnn", "--sizes", "1,8,1,2"],
     "stack_chunks_cpu.py": [],

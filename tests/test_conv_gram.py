@@ -1,4 +1,5 @@
-"""The conv Gram of the FOOF blocks (foof.conv_gram, both CPU forms) against a float64 F.unfold reference."""
+"""The conv Gram of the FOOF blocks (foof.conv_gram, both forms, and the half products CUDA takes) against a float64
+F.unfold reference; CUDA's forms are run on the CPU here (the same code; only the choice is CUDA's)."""
 
 import pytest
 
@@ -8,9 +9,19 @@ import torch.nn.functional as F  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from fedpm_dnn import foof  # noqa: E402
+from fedpm_dnn import foof, precision  # noqa: E402
 
-FORMS = [foof.conv_gram, foof.patch_gram, foof.row_form_gram]
+
+def half_patch(m, x):
+    return foof.patch_gram(m, x, half=True)
+
+
+def half_row(m, x):
+    return foof.row_form_gram(m, x, half=True)
+
+
+FORMS = [foof.conv_gram, foof.patch_gram, foof.row_form_gram, half_patch, half_row]
+SYMMETRIC = (foof.row_form_gram, half_patch, half_row)  # exactly symmetric by construction
 U32 = 2.0**-24  # float32 unit round-off
 
 
@@ -41,6 +52,9 @@ CASES = {
     "stride-dilation": (nn.Conv2d(3, 2, (4, 3), stride=(2, 1), padding=3, dilation=(3, 2)), (2, 3, 3, 5, 11)),
     "1x1-stride2": (nn.Conv2d(5, 3, 1, stride=2), (1, 4, 5, 7, 7)),
     "stacks-one-zero": (nn.Conv2d(6, 16, 5), (3, 4, 6, 14, 14)),
+    # wide enough for several block rows of the half products: patches 576 and 1,539 wide, rows 513
+    "wide-3x3": (nn.Conv2d(64, 4, 3, padding=1), (1, 2, 64, 5, 5)),
+    "wide-rows": (nn.Conv2d(171, 2, 3, padding=1), (2, 1, 171, 4, 5)),
 }
 
 
@@ -58,7 +72,7 @@ def test_float64_gram_is_the_sum_over_every_patch(form, case):
     S, total, L = form(m, x)
     assert L == L_ref and S.shape == S_ref.shape and total.shape == total_ref.shape
     assert rel(S, S_ref) < 1e-12 and rel(total, total_ref) < 1e-12
-    if form is foof.row_form_gram:
+    if form in SYMMETRIC:
         assert torch.equal(S, S.mT)
     if case == "stacks-one-zero":
         assert not S[1].any() and not total[1].any()
@@ -87,12 +101,12 @@ def test_row_form_matches_the_patches_for_any_geometry(C, kh, kw, sh, sw, ph, pw
         return  # no output position
     x = torch.randn(K, B, C, H, W, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     S_ref, total_ref, L_ref, _ = reference(m, x)
-    for form in (foof.row_form_gram, foof.conv_gram):
+    for form in (foof.row_form_gram, foof.conv_gram, half_row, half_patch):
         S, total, L = form(m, x)
         assert L == L_ref
         torch.testing.assert_close(S, S_ref, rtol=1e-12, atol=1e-12 * S_ref.abs().max().item())
         torch.testing.assert_close(total, total_ref, rtol=1e-12, atol=1e-12 * total_ref.abs().max().item())
-        if form is foof.row_form_gram:
+        if form in SYMMETRIC:
             assert torch.equal(S, S.mT)
 
 
@@ -173,8 +187,8 @@ def test_a_convolution_without_kernel_rows_to_share_keeps_the_patch_form():
         assert not foof.row_form_pays(m, (1, 64, m.in_channels, 16, 16))
 
 
-def test_only_cpu_tensors_take_the_row_form(monkeypatch):
-    """Elsewhere (a GPU; here the meta device) conv_gram stays the patch form."""
+def test_a_device_neither_cpu_nor_cuda_keeps_the_full_patch_form(monkeypatch):
+    """Elsewhere (here the meta device) conv_gram stays the full patch form."""
 
     def refuse(*_):
         raise AssertionError("row form used off the CPU")
@@ -184,3 +198,68 @@ def test_only_cpu_tensors_take_the_row_form(monkeypatch):
     S, total, L = foof.conv_gram(m, torch.empty(1, 300, 6, 14, 14, device="meta"))
     assert S.device.type == "meta" and S.shape == (1, 150, 150) and L == 100
     assert foof.row_form_pays(m, (1, 300, 6, 14, 14))  # on the CPU, the same input takes the row form
+
+
+def bound(mode, k, absab, ab):
+    """tests/test_foof_precision.py's elementwise bound of a product of length k in ``mode``."""
+    if mode in ("fp32", "split-tf32"):
+        return (k + 24) * U32 * absab
+    if mode == "tf32":
+        return (2.0**-10 + 2.0**-22 + k * U32) * absab
+    return (2.0**-7 + 2.0**-16 + k * U32) * absab + 2.0**-8 * ab.abs()
+
+
+@pytest.mark.parametrize("case", ["3x3-pad1", "stride2", "stride-dilation", "wide-3x3", "wide-rows"])
+@pytest.mark.parametrize("mode", precision.MODES)
+def test_cudas_forms_keep_each_precision_modes_bound(case, mode):
+    """float32 inputs, every --foof-precision mode (TF32 emulated): the half patch form and the row form with
+    half products are within the mode's elementwise bound of the float64 sums (n = every patch of a stack), and
+    exactly symmetric; fp32 and split-tf32 within float32's own bound."""
+    m, shape = CASES[case]
+    x = activations(shape, 5, torch.float32)
+    S_ref, total_ref, L, a = reference(m, x)
+    n = shape[1] * L
+    absab = a.abs().mT @ a.abs()
+    with precision.use(mode):
+        for form in (half_patch, half_row):
+            S, total, _ = form(m.float(), x)
+            assert ((S.double() - S_ref).abs() <= bound(mode, n, absab, S_ref)).all(), (form.__name__, mode)
+            assert torch.equal(S, S.mT)
+            assert rel(total, total_ref) < n * U32
+
+
+def test_cuda_takes_the_row_form_where_its_products_pay_and_half_products_always():
+    """conv_gram_form on CUDA (the rule alone; no device needed), at a 512-image statistics chunk of 10 clients:
+    ResNet18-GN's first-stage 3x3 convs (64 channels, 32 x 32: many output rows share their input rows) take the
+    row form in every mode; its later 3x3 convs (few output rows: the row form's float64 window sums of wide blocks
+    outweigh the products saved), SimpleCNN's 5x5 convs (small products, many launches) and a 1x1 conv the patch
+    form; all with half products.  The CPU's choices stay as they were."""
+    resnet = [(nn.Conv2d(64, 64, 3, padding=1), (10, 512, 64, 32, 32))]
+    small = [
+        (nn.Conv2d(256, 512, 3, stride=2, padding=1), (10, 512, 256, 8, 8)),
+        (nn.Conv2d(512, 512, 3, padding=1), (10, 512, 512, 4, 4)),
+        (nn.Conv2d(3, 6, 5), (10, 512, 3, 32, 32)),
+        (nn.Conv2d(6, 16, 5), (10, 512, 6, 14, 14)),
+        (nn.Conv2d(256, 512, 1, stride=2), (10, 512, 256, 8, 8)),
+    ]
+    for mode in precision.MODES:
+        for m, shape in resnet:
+            assert foof.conv_gram_form(m, shape, "cuda", mode) == ("row", True)
+        for m, shape in small:
+            assert foof.conv_gram_form(m, shape, "cuda", mode) == ("patch", True)
+    m, shape = nn.Conv2d(6, 16, 5), (1, 300, 6, 14, 14)
+    assert foof.conv_gram_form(m, shape, "cpu", "fp32") == ("row", False)
+    assert foof.conv_gram_form(m, shape, "cpu", "split-tf32") == ("patch", False)
+
+
+def test_the_row_forms_counts_match_a_hand_count():
+    """ResNet18-GN's last 3x3 conv (512 channels, 4 x 4, padding 1): padded rows 6; the row form multiplies 6 rows
+    with themselves, 5 + 4 with their neighbours at kernel-row offsets 1 and 2, each (C kw)^2 per output column,
+    against the patch form's 4 output rows x 9 kernel-row pairs; the half products count the lower triangle."""
+    m = nn.Conv2d(512, 512, 3, padding=1)
+    c = foof.row_form_counts(m, (1, 1, 512, 4, 4))
+    unit = 4 * 1536**2  # output columns x (C kw)^2
+    assert c["patch_ma"] == 36 * unit and c["row_ma"] == 15 * unit and c["row_other_ma"] == 9 * unit
+    # 1,536 = 6 block rows of 256: (1 + ... + 6) / 36 of a product; 4,608 = 18 of 256: 19 / 36
+    assert c["row_half_ma"] == pytest.approx((9 + 6 * 21 / 36) * unit)
+    assert c["patch_half_ma"] == pytest.approx(36 * 19 / 36 * unit)

@@ -110,6 +110,54 @@ def test_each_mode_of_the_gram_is_within_its_bound_and_the_split_gram_is_exactly
             assert torch.equal(S, S.mT)
 
 
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("rows,d", [(64, 7), (300, 515), (512, 1152)])
+def test_the_half_gram_keeps_each_modes_bound_and_is_exactly_symmetric(device, rows, d):
+    """precision.half_gram (the lower triangle's block rows only; 1, 2 and 4 block rows here, odd widths) and
+    gram(half=True) (half_gram where it multiplies less, else the full form symmetrised) within each mode's bound
+    of the float64 Gram, the split form within 1.25x the full float32 product's own error; exactly symmetric."""
+    g = torch.Generator().manual_seed(d)
+    a = torch.relu(torch.randn(2, rows, d, generator=g)).to(device)
+    ref = a.double().mT @ a.double()
+    absab = a.double().abs().mT @ a.double().abs()
+    fp32 = check("fp32", rows, precision.gram(a, "fp32"), ref, absab, "gram")
+    for mode in precision.MODES:
+        for S in (precision.half_gram(a, mode), precision.gram(a, mode, half=True)):
+            check(mode, rows, S, ref, absab, "half gram", fp32)
+            assert torch.equal(S, S.mT), mode
+
+
+@pytest.mark.parametrize("d", [1, 255, 256, 511, 515, 1152, 4609])
+def test_the_half_gram_is_the_full_product_up_to_summation_order(d):
+    """In float64 the half form is a^T a to round-off, for one block row or many of unequal width; the block rows
+    cover the triangle once, and its cost is what they multiply."""
+    g = torch.Generator().manual_seed(d)
+    a = torch.randn(3, 40, d, generator=g, dtype=torch.float64)
+    S = precision.half_gram(a)
+    torch.testing.assert_close(S, a.mT @ a, rtol=1e-13, atol=1e-12)
+    assert torch.equal(S, S.mT)
+    blocks = precision.triangle_blocks(d)
+    assert (
+        blocks[0][0] == 0
+        and blocks[-1][1] == d
+        and all(e == s for (_, e), (s, _) in zip(blocks, blocks[1:], strict=False))
+    )
+    t = len(blocks)
+    assert t == max(1, d // precision.GRAM_BLOCK)
+    assert precision.half_gram_cost(d) == pytest.approx(sum((e - s) * e for s, e in blocks) / d**2)
+    if d % t == 0:  # equal widths: (t + 1) / (2 t) of the full product
+        assert precision.half_gram_cost(d) == pytest.approx((t + 1) / (2 * t))
+
+
+def test_the_half_form_is_taken_only_where_it_multiplies_less():
+    """fp32 from 2 block rows on (3/4 of the product); split-tf32's three products of a triangle beat the full
+    form's two from 4 block rows on."""
+    assert not precision.half_pays(511, "fp32") and precision.half_pays(512, "fp32")
+    assert not precision.half_pays(767, "split-tf32")  # 2 block rows: 3 x 3/4 > 2
+    assert not precision.half_pays(1023, "split-tf32")  # 3 block rows: 3 x 2/3 = 2
+    assert precision.half_pays(1024, "split-tf32") and precision.half_pays(4608, "split-tf32")
+
+
 def test_fp32_is_the_plain_product_the_kernels_made_before():
     """The default changes nothing: the fp32 mode is bit for bit the product each call site made."""
     g = torch.Generator().manual_seed(1)
@@ -142,6 +190,57 @@ def test_the_kernels_follow_the_mode_and_keep_their_bound():
     with precision.use("split-tf32"):
         assert torch.equal(foof.direction(T, (X,)), precision.matmul(T, X, "split-tf32"))
     assert precision.current() == "fp32"
+
+
+def cuda_forms(monkeypatch, conv_form):
+    """The CUDA path's Gram forms on this device: half products everywhere, every conv in ``conv_form``."""
+    monkeypatch.setattr(foof, "half_forms", lambda device: True)
+    monkeypatch.setattr(foof, "conv_gram_form", lambda m, shape, device, mode: (conv_form, True))
+
+
+class OddBlocks(torch.nn.Module):
+    """Linear and Conv2d blocks with and without bias, odd sizes; fc2 525 wide (2 unequal block rows of the
+    half products, a ragged last one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 5, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(5, 7, (3, 2), stride=2, bias=False)
+        self.fc1 = torch.nn.Linear(7 * 3 * 5, 525, bias=False)
+        self.fc2 = torch.nn.Linear(525, 3)
+
+    def forward(self, x):
+        x = torch.relu(self.c2(torch.relu(self.c1(x)))).flatten(1)
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+@pytest.mark.parametrize("conv_form", ["patch", "row"])
+def test_the_cuda_forms_give_every_blocks_matrix(conv_form, monkeypatch):
+    """With the CUDA path's Gram forms (half products; the row form or the patch form for the convs), every
+    block's FOOF matrix -- Linear and Conv2d, with and without bias -- is the full form's: to float64 round-off in
+    float64, within float32's bound of the float64 matrix in fp32 and split-tf32, within 2^-8 relative in tf32
+    and bf16; the stacked engine's Linear Gram too."""
+    torch.manual_seed(0)
+    model = OddBlocks()
+    blocks = foof.foof_blocks(model)
+    x = torch.rand(12, 3, 7, 11)
+    ref = foof.compute_foof(model.double(), blocks, [x.double()])
+    cuda_forms(monkeypatch, conv_form)
+    got64 = foof.compute_foof(model, blocks, [x.double()])
+    for name in blocks:
+        torch.testing.assert_close(got64[name], ref[name], rtol=1e-12, atol=1e-12 * float(ref[name].abs().max()))
+    model.float()
+    for mode in precision.MODES:
+        with precision.use(mode):
+            got = foof.compute_foof(model, blocks, [x])
+        for name in blocks:
+            err = float((got[name] - ref[name]).norm() / ref[name].norm())
+            limit = 64 * U * math.sqrt(ref[name].shape[0] * 12 * 7 * 11) if mode in ("fp32", "split-tf32") else 2**-8
+            assert err < limit, (mode, name, err)
+    a = torch.rand(2, 30, 525, dtype=torch.float64)
+    S = batched_foof.stacked_gram(blocks["fc2"], a)[0]
+    torch.testing.assert_close(S, a.mT @ a, rtol=1e-13, atol=1e-12)
+    assert torch.equal(S, S.mT)
 
 
 @pytest.mark.parametrize("engine", ["sequential", "vectorized"])

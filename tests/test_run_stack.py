@@ -4,6 +4,7 @@ vectorized engine: replies every round, the global model, the history; a killed 
 import csv
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -237,3 +238,15 @@ def test_ensure_trains_a_group_as_one_stack_on_a_gpu_and_alone_on_a_cpu(tmp_path
     monkeypatch.setattr(ex, "_cuda", lambda: False)
     ex.ensure("quick", "data", str(tmp_path), log=lambda m: None)
     assert len(calls) == 2 and all("--seeds" not in a for a in calls)
+
+
+def test_a_client_joining_late_behind_another_runs_clients_starts_from_its_own_model(tmp_path, monkeypatch):
+    """The run whose clients all take part first, then the run sampling 2 of 3: in rounds 2 and 3 a client of the
+    second run takes part for the first time behind the first run's clients in one chunk; its first FOOF matrices
+    are computed at its own run's model (not at the first participant's of the chunk), as alone."""
+    monkeypatch.setattr(sys.modules[__name__], "RUNS", (RUNS[1], RUNS[0]))
+    cfg = make_method("fedpm", **applicable("fedpm", CFG))
+    _, seen = stacked(cfg, [str(tmp_path / f"stack{r}.pt") for r in range(2)], rounds=(3, 3))
+    assert {i for t, i in seen[1] if t > 1} - {i for t, i in seen[1] if t == 1}  # someone joins late
+    for r, run in enumerate(RUNS):
+        assert_close_replies(seen[r], alone(cfg, run, str(tmp_path / f"alone{r}.pt"), rounds=3)[1])

@@ -166,6 +166,97 @@ class FoofTimer:
             setattr(owner, name, fn)
 
 
+PHASES = ("local_training", "statistics", "factorisations", "server")
+
+
+class PhasePeaks:
+    """Peak device memory (bytes) of each phase of a run: ``local_training`` (an engine's round, the sequential
+    engine's client rounds, outside the two FOOF phases inside them), ``statistics`` (``foof_for``,
+    ``foof_matrices``), ``factorisations`` (``factorize_stacked``, ``factorize``, ``operators``) and ``server``
+    (the method's ``server_update``: screening, decoding, mixing).  A phase inside another is the inner one's.
+
+    On CUDA from the allocator's peak, reset on entering and on leaving each phase (the peak of the part before is
+    credited to the phase it belonged to); the history's per-round ``peak_memory_mb`` stays the round's whole peak
+    (``simulation._peak_memory_mb`` answers the larger of the allocator's and the parts' peaks).  Elsewhere every
+    phase is None: the host's peak RSS cannot be reset per phase.  ``reset()`` and ``peak()`` replace CUDA's
+    (tests).  ``plans``: the vectorized engine's memory plan and statistics chunk after each of its rounds."""
+
+    def __init__(self, device, server_cls, reset=None, peak=None):
+        self.device, self.server_cls = device, server_cls
+        import torch
+
+        self.on = str(device).startswith("cuda") or peak is not None
+        self.reset = reset or (lambda: torch.cuda.reset_peak_memory_stats(device))
+        self.peak = peak or (lambda: torch.cuda.max_memory_allocated(device))
+        self.bytes = dict.fromkeys(PHASES, 0 if self.on else None)
+        self.stack, self.saved, self.plans, self.round_peak = [], [], [], 0
+
+    def _close(self):
+        """End the current part: its peak to the innermost open phase (and the round's), then a fresh count."""
+        p = self.peak()
+        self.round_peak = max(self.round_peak, p)
+        if self.stack:
+            self.bytes[self.stack[-1]] = max(self.bytes[self.stack[-1]], p)
+        self.reset()
+
+    def _wrap(self, owner, name, phase):
+        fn = getattr(owner, name)
+        # an inherited method is wrapped on the class itself and removed from it again on leaving
+        self.saved.append((owner, name, fn if name in vars(owner) else None))
+
+        def measured(*a, **kw):
+            if self.on:
+                self._close()
+            self.stack.append(phase)
+            try:
+                return fn(*a, **kw)
+            finally:
+                if self.on:
+                    self._close()
+                self.stack.pop()
+                if name == "round" and not self.stack:  # the engine (a) after its round: what it planned
+                    plan = getattr(a[0], "last_plan", None)
+                    if plan is not None:
+                        self.plans.append({**plan, "stats_chunk": a[0].last_stats_chunk, "chunk": a[0].last_chunk})
+
+        setattr(owner, name, measured)
+
+    def __enter__(self):
+        from fedpm_dnn import batched_foof, client, foof, simulation, task, vectorized
+
+        self._wrap(vectorized.VectorizedEngine, "round", "local_training")
+        self._wrap(task, "client_round", "local_training")
+        self._wrap(vectorized.VectorizedEngine, "foof_for", "statistics")
+        self._wrap(client, "foof_matrices", "statistics")
+        self._wrap(batched_foof, "factorize_stacked", "factorisations")
+        self._wrap(foof, "factorize", "factorisations")
+        self._wrap(foof, "operators", "factorisations")
+        self._wrap(self.server_cls, "server_update", "server")
+        if self.on:  # the round's peak: the largest of its parts' and of the allocator's since the last part
+            real_peak, real_reset = simulation._peak_memory_mb, simulation._reset_peak_memory
+            self.saved += [(simulation, "_peak_memory_mb", real_peak), (simulation, "_reset_peak_memory", real_reset)]
+
+            def round_peak_mb(device):
+                return max(real_peak(device), self.round_peak / 2**20)
+
+            def reset_round(device):
+                real_reset(device)
+                self.round_peak = 0
+
+            simulation._peak_memory_mb, simulation._reset_peak_memory = round_peak_mb, reset_round
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, fn in reversed(self.saved):
+            if fn is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, fn)
+
+    def mb(self) -> dict:
+        return {k: None if v is None else v / 2**20 for k, v in self.bytes.items()}
+
+
 def _rounds(
     model,
     method,
@@ -179,7 +270,8 @@ def _rounds(
     step_graph="auto",
 ):
     """Per round (rounds after the first) its parts {seconds, statistics, factorisations, server}, peak MB, chunk
-    used.  ``server`` is the round's time outside the clients (screening, decoding, mixing)."""
+    used, and the run's memory: peak MB per phase (``PhasePeaks``) and the vectorized engine's last memory plan.
+    ``server`` is the round's time outside the clients (screening, decoding, mixing)."""
     from fedpm_dnn.simulation import run_experiment
 
     clients, per_client, epochs, rounds = size
@@ -199,7 +291,7 @@ def _rounds(
         step_graph,
     )
     marks = []
-    with FoofTimer(device) as timer:
+    with FoofTimer(device) as timer, PhasePeaks(device, type(exp.cfg)) as peaks:
 
         def on_round(row, history):
             marks.append(dict(timer.seconds))
@@ -216,7 +308,24 @@ def _rounds(
             }
         )
     keep = slice(1, None) if len(hist) > 1 else slice(None)
-    return parts[keep], max(r["peak_memory_mb"] for r in hist), exp.meta.get("client_chunk")
+    memory = {"peak_memory_mb_by_phase": peaks.mb(), "memory_plan": memory_plan(peaks.plans)}
+    return parts[keep], max(r["peak_memory_mb"] for r in hist), exp.meta.get("client_chunk"), memory
+
+
+def memory_plan(plans: list) -> dict | None:
+    """The vectorized engine's last round's plan in the JSON's words (None for the sequential engine): the training
+    chunk it chose, the fewest clients a statistics pass took, the model's bytes per client of each phase, and the
+    free bytes it sized them from (cached allocator memory counted; fedpm_dnn.vectorized.client_plan)."""
+    if not plans:
+        return None
+    p = plans[-1]
+    return {
+        "client_chunk": p["chunk"],
+        "stats_client_chunk": p["stats_chunk"],
+        "predicted_train_bytes_per_client": p["train_bytes_per_client"],
+        "predicted_stats_bytes_per_client": p["stats_bytes_per_client"],
+        "free_bytes": p["free_bytes"],
+    }
 
 
 STEP_RANGE = "fedpm::static_step"  # the profiler range around the static step function (_profiled_run)
@@ -353,14 +462,20 @@ ENGINES = ("sequential", "vectorized")
 PRECISIONS = ("fp32", "split-tf32", "tf32", "bf16")  # fedpm_dnn.precision.MODES (not imported: --help stays fast)
 
 
-def cost_model(model: str, size, apply: str, mode: str) -> dict:
-    """fedpm_dnn.foof_cost's totals for FedPM at the measured size and at the paper's (10 x 5,000 x 5 epochs)."""
+def cost_model(model: str, size, apply: str, mode: str, device: str = "cpu") -> dict:
+    """fedpm_dnn.foof_cost's totals for FedPM at the measured size and at the paper's (10 x 5,000 x 5 epochs), with
+    the statistics Gram in the forms ``device`` takes (``gram_form``: 'half' on CUDA, 'full' elsewhere)."""
     from fedpm_dnn.foof_cost import paper_cost
 
     clients, per_client, epochs, _ = size
+    form = "half" if device.startswith("cuda") else "full"
+    kw = {"gram_form": form}
     return {
-        "measured_size": paper_cost(model, apply, mode, clients=clients, per_client=per_client, epochs=epochs)["total"],
-        "paper_size": paper_cost(model, apply, mode)["total"],
+        "gram_form": form,
+        "measured_size": paper_cost(model, apply, mode, clients=clients, per_client=per_client, epochs=epochs, **kw)[
+            "total"
+        ],
+        "paper_size": paper_cost(model, apply, mode, **kw)["total"],
     }
 
 
@@ -404,15 +519,16 @@ def measure(
     runs = variants(methods, applies)
     times = {(e, label): [] for e in engines for label, _, _ in runs}
     fedpm_parts = {e: [] for e in engines}
-    foof_share, peak, used = [], {}, {}
+    foof_share, peak, used, memory = [], {}, {}, []
     reported = "vectorized" if "vectorized" in engines else "sequential"  # FOOF share and peak memory of its runs
     bar = Progress(repeats * len(engines) * len(runs), model, enabled=not quiet, unit="run")
     for _ in range(repeats):  # alternate engines and methods so machine drift hits all alike
         for engine in engines:
             for label, method, apply in runs:
-                parts, mb, ch = _rounds(
+                parts, mb, ch, mem = _rounds(
                     model, method, device, size, engine, chunk, seed, apply, foof_precision, step_graph
                 )
+                memory.append({"engine": engine, "method": label, "peak_memory_mb": mb, **mem})
                 bar.update(1, f"{engine} {label}")
                 times[(engine, label)] += [p["seconds"] for p in parts]
                 if label == "fedpm":
@@ -454,11 +570,13 @@ def measure(
         "timed_rounds_per_method": repeats * max(size[3] - 1, 1),
         "round_seconds_by_method": {e: {label: med[(e, label)] for label, _, _ in runs} for e in ENGINES},
         "peak_memory_mb_by_method": peak,
+        # per measured run: peak MB per phase (CUDA; null elsewhere) and the vectorized engine's memory plan
+        "memory_by_run": memory,
         "paper_ratio": PAPER[model],
         "plain_apply": applies[0],  # the apply of the plain FedPM keys
         "foof_precision": foof_precision,
         "step_graph": step_graph_used(step_graph, device) if "vectorized" in engines else None,
-        "foof_cost_model": cost_model(model, size, applies[0], foof_precision),
+        "foof_cost_model": cost_model(model, size, applies[0], foof_precision, device),
     }
     if "fedavg" in methods:
         out.update(

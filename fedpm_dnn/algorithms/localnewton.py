@@ -14,11 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
+
 from fedconvex.mixing import simple_mix
 
 from .. import foof, precision
 from ..foof import DEFAULT_DAMPING
 from .base import DnnAlgorithm, State, mixing_weights
+
+STATE_DTYPES = {"float64": torch.float64, "float32": torch.float32}  # foof_state_dtype
 
 
 @dataclass(frozen=True)
@@ -37,15 +41,26 @@ class LocalNewton(DnnAlgorithm):
     # the arithmetic of the apply's product and the statistics Gram (fedpm_dnn.precision): 'fp32' (plain float32),
     # 'split-tf32' (tensor cores at float32's accuracy), 'tf32' / 'bf16' (opt-in approximations)
     foof_precision: str = "fp32"
+    # the dtype of the FOOF matrices a client keeps between rounds: 'float64' (as accumulated), or 'float32' (half
+    # the memory; opt-in: the next round's factorisation, still in float64, then starts from A rounded to float32,
+    # which changes results at float32 round-off)
+    foof_state_dtype: str = "float64"
 
     def __post_init__(self):
         super().__post_init__()  # types and ranges (fedconvex.hyperparams), damping >= 0 among them
         if self.foof_apply not in foof.APPLIES:
             raise ValueError(f"foof_apply must be {' or '.join(foof.APPLIES)}, got {self.foof_apply!r}")
         precision.check(self.foof_precision)
+        if self.foof_state_dtype not in STATE_DTYPES:
+            raise ValueError(f"foof_state_dtype must be float64 or float32, got {self.foof_state_dtype!r}")
+
+    def kept_foof(self, mats: dict) -> dict:
+        """The FOOF matrices ``mats`` as a client keeps them between rounds (``foof_state_dtype``)."""
+        dtype = STATE_DTYPES[self.foof_state_dtype]
+        return {k: v.to(dtype) for k, v in mats.items()}
 
     def finish_reply(self, cs, local, steps, down, end_foof):
-        cs["foof"] = end_foof  # matrices at the end of the round: mixing now, local steps next round
+        cs["foof"] = self.kept_foof(end_foof)  # matrices at the end of the round: mixing now, local steps next round
         return {"params": local}
 
     def mix(self, task, params: dict, up: dict, w) -> dict:

@@ -61,26 +61,39 @@ def flower_check_runs(tmp_path_factory):
     return runs
 
 
-# Session fixtures that start something expensive (a secure deployment, Ray simulations): every module that uses
-# one runs on the same pytest-xdist worker, so each is built once per suite, not once per worker.
+# pytest-xdist (the suite's default: `-n auto`, pyproject.toml) runs the tests of one group on one worker: a module's
+# tests together (its module fixtures are built once), and the modules that use a session fixture which starts
+# something expensive together (the shared secure deployment, the Flower check runs), so that each is built once.
 SHARED_FIXTURES = ("deployment_runs", "flower_check_runs")
+SHARED_GROUP = "flower-shared-runs"
+SHARED_MODULES = {"test_cli_vocabulary.py", "test_flower.py", "test_flower_secure.py", "test_hostile_params.py"}
 
 
+def xdist_group(nodeid: str) -> str:
+    """The group of a test from its node id (all pytest-xdist's scheduler sees)."""
+    path = nodeid.split("::", 1)[0]
+    return SHARED_GROUP if os.path.basename(path) in SHARED_MODULES else path
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Groups for pytest-xdist's `--dist loadgroup` (the suite's default, pyproject.toml): a module's tests stay
-    together (its module fixtures are built once), and modules joined by a shared session fixture stay together."""
-    parent = {}
+    """Groups holding a slow test first, so that the longest ones start early rather than finish last on one
+    worker; each group's tests stay in their order."""
+    slow = {xdist_group(item.nodeid) for item in items if item.get_closest_marker("slow")}
+    first = {}
+    for n, item in enumerate(items):
+        first.setdefault(xdist_group(item.nodeid), n)
+    items.sort(key=lambda item: (xdist_group(item.nodeid) not in slow, first[xdist_group(item.nodeid)]))
 
-    def find(key):
-        while parent.setdefault(key, key) != key:
-            key = parent[key]
-        return key
 
-    for item in items:
-        module = item.module.__name__
-        for fixture in SHARED_FIXTURES:
-            if fixture in item.fixturenames:
-                parent[find(module)] = find(fixture)
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(find(item.module.__name__)))
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scope scheduler with our groups as scopes, in the collection's order (pytest-xdist's own
+    `xdist_group` mark is not read on this pytest: it rewrites node ids, which pytest 9.2 no longer allows)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return xdist_group(nodeid)
+
+    config.option.loadscopereorder = False
+    return GroupScheduling(config, log)

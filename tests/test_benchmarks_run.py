@@ -82,6 +82,7 @@ def test_the_gpu_script_runs_every_step_at_a_tiny_size_on_the_cpu(tmp_path):
         assert (out / "done" / name).is_file() and result["fedpm_round_seconds_vectorized"] > 0, name
     assert json.loads((out / "cnn_paper.json").read_text())["results"][0]["proxies"]["fedpm"]["operators_per_round"] > 0
     assert "aten operators" in (out / "cuda_round_profile.txt").read_text()
+    assert (out / "done" / "gram_forms").is_file() and (out / "foof_gram_forms.txt").read_text().strip()
     graph = json.loads((out / "step_graph.json").read_text())
     assert (out / "done" / "step_graph").is_file() and all(graph[m]["agree"] for m in ("fedavg", "fedpm"))
     for unit in ("stack_fedavg_a1.0", "stack_fedpm_a1.0"):

@@ -79,7 +79,9 @@ def test_inverse_directions_agree_with_the_solves_within_the_float32_bound(name,
     blocks = foof.foof_blocks(model)
     A = foof.compute_foof(model, blocks, [x])
     F.cross_entropy(model(x), torch.arange(len(x), device=device) % 10).backward()
-    for lam in (1.0, 1e-4):
+    # the paper's width (blocks of 2,304 and 4,608, the slow case) at the damping where the bound is tight; both
+    # dampings, and the bound's non-vacuity, at the smaller widths
+    for lam in (1e-4,) if name == "resnet18gn" else (1.0, 1e-4):
         solve, inverse = (foof.prepare(A, lam, torch.float32, apply) for apply in ("solve", "inverse"))
         for bname, block in blocks.items():
             m = block.module

@@ -11,6 +11,8 @@
 #    4. SimpleCNN FedAvg and FedPM rounds at the paper's size with --step-graph on against off, and the first
 #       round's parameters of the two within float tolerance (exit 1 where not)          -> step_graph.json
 #    5. ResNet18-GN as in 2 with --foof-precision fp32 (what split-tf32 gains)            -> resnet_fp32.json
+#    5a. every FOOF Gram form (full, half, row) timed on the device beside the form the CUDA rule picks (its two
+#       costs are estimates until this measures them)                                      -> foof_gram_forms.txt
 #    6. six SimpleCNN FedPM runs stacked against one alone, the paper's size              -> stack6_cnn.json
 #    7. torch.profiler of a SimpleCNN FedAvg and FedPM round                              -> cuda_round_profile.txt
 #    8. the --foof-apply, CUDA-graph and step-graph tests on CUDA                         -> cuda_tests.txt
@@ -83,6 +85,8 @@ run cnn_paper 150 cnn_paper.json "${BENCH[@]}" --models cnn --engine vectorized 
 run step_graph 90 step_graph.json $PY benchmarks/step_graph_round.py --device $DEV --sizes $CNN_PAPER
 run resnet_fp32 150 resnet_fp32.json "${BENCH[@]}" --models $RESNET --engine vectorized --sizes $RESNET_SIZE \
     --foof-apply inverse --foof-precision fp32
+run gram_forms 60 foof_gram_forms.txt $PY benchmarks/foof_gram_forms.py --device $DEV \
+    $([ $DEV = cpu ] && echo --clients 1 --images 4 --models cnn)
 run stack6_cnn 150 stack6_cnn.json "${BENCH[@]}" --models cnn --engine vectorized --sizes $CNN_PAPER \
     --method fedpm --foof-apply inverse --stack $STACK
 run round_profile 90 cuda_round_profile.txt $PY benchmarks/cuda_round_profile.py \

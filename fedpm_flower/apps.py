@@ -26,7 +26,7 @@ from fedconvex.files import replaced_atomically
 
 from . import logreg, wire
 from .config import FlowerRunConfig, progress_file
-from .transport import FlowerTransport, numpy, records
+from .transport import FlowerTransport, fine_polling, numpy, records
 
 log = logging.getLogger("fedpm.server")
 
@@ -93,6 +93,7 @@ class _Collect(logging.Handler):
 
 def serve(grid: Grid, cfg: FlowerRunConfig) -> dict:
     on_round = None
+    grid = fine_polling(grid)
     if cfg.out:
         grid = Heartbeat(grid, progress_file(cfg.out))
         on_round = grid.on_round

@@ -1,5 +1,7 @@
 import os
+import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -9,6 +11,21 @@ sys.path.insert(0, os.path.dirname(__file__))
 from fedconvex.data import load_bundled, sequential_split  # noqa: E402
 from fedconvex.problem import FederatedLogReg  # noqa: E402
 from fedconvex.reference import initial_point, solve_optimum  # noqa: E402
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, each worker's numerical libraries get an equal share of the cores: left at their default,
+    every worker's OpenMP and BLAS pools start a thread per core, and N workers' pools oversubscribe N cores (their
+    waiting threads spin: numerical test modules took 1.7x as long on 2 cores).  The variables are set before the
+    workers start, so their libraries read them when they load; a value the user set is kept."""
+    workers = getattr(config.option, "numprocesses", None)
+    if hasattr(config, "workerinput") or not isinstance(workers, int) or workers < 1:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    for name in THREAD_VARIABLES:
+        os.environ.setdefault(name, str(max(1, cores // workers)))
 
 
 @pytest.fixture(scope="session")
@@ -30,12 +47,76 @@ def rng():
 
 
 @pytest.fixture(scope="session")
-def deployment_runs(tmp_path_factory):
-    """Every run of the one shared secure deployment (tests/flower_deployment.py), done once for all modules."""
+def deployment_runs(request, tmp_path_factory):
+    """Every run of the one shared secure deployment (tests/flower_deployment.py), done once for all modules:
+    under pytest-xdist by the process that the first worker started beside the tests (``shared_deployment``),
+    else here."""
     pytest.importorskip("flwr")
-    from flower_deployment import run_all
+    import flower_deployment
 
-    return run_all(tmp_path_factory.mktemp("deployment"))
+    if not hasattr(request.config, "workerinput"):
+        return flower_deployment.run_all(tmp_path_factory.mktemp("deployment"))
+    folder = deployment_folder(tmp_path_factory)
+    deadline = time.time() + 600
+    while not os.path.exists(os.path.join(folder, "pid")):  # the first worker starts it at its first test
+        assert time.time() < deadline, "the shared deployment was never started"
+        time.sleep(1.0)
+    with open(os.path.join(folder, "pid")) as fh:
+        pid = int(fh.read())
+    return flower_deployment.wait_for(folder, lambda: _alive(pid))
+
+
+def deployment_folder(tmp_path_factory) -> str:
+    """The shared deployment's folder: in the session's temporary folder, which every worker of it shares."""
+    return str(tmp_path_factory.getbasetemp().parent / "shared-deployment")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_deployment(request, tmp_path_factory):
+    """On the first pytest-xdist worker, when a selected test needs the shared deployment: its runs start at
+    this worker's first test, in a process of their own beside the tests.  They spend most of their minutes
+    waiting on Flower's polls and process starts; done inside a test, they would hold a worker, and so a core,
+    for all of it.  At the end this worker waits for them (another worker may still read their findings)."""
+    workerinput = getattr(request.config, "workerinput", None)
+    if workerinput is None or workerinput.get("workerid") != "gw0":
+        yield
+        return
+    import importlib.util
+
+    wanted = any("deployment_runs" in getattr(item, "fixturenames", ()) for item in request.session.items)
+    if not wanted or importlib.util.find_spec("flwr") is None:
+        yield
+        return
+    folder = deployment_folder(tmp_path_factory)
+    os.makedirs(folder, exist_ok=True)
+    script = os.path.join(os.path.dirname(__file__), "flower_deployment.py")
+    with open(os.path.join(folder, "log.txt"), "w") as log:
+        # in this worker's process group: Ctrl-C reaches it, and its federation stops with it
+        proc = subprocess.Popen([sys.executable, script, folder], stdout=log, stderr=subprocess.STDOUT)
+    with open(os.path.join(folder, "pid.tmp"), "w") as fh:
+        fh.write(str(proc.pid))
+    os.replace(os.path.join(folder, "pid.tmp"), os.path.join(folder, "pid"))
+    try:
+        yield
+    finally:
+        stopping = request.session.shouldstop or request.session.shouldfail
+        try:
+            proc.wait(timeout=1 if stopping else 1800)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # its SIGTERM handler stops the federation
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.fixture(scope="session")
@@ -63,10 +144,11 @@ def flower_check_runs(tmp_path_factory):
 
 # pytest-xdist (the suite's default: `-n auto`, pyproject.toml) runs the tests of one group on one worker: a module's
 # tests together (its module fixtures are built once), and the modules that use a session fixture which starts
-# something expensive together (the shared secure deployment, the Flower check runs), so that each is built once.
-SHARED_FIXTURES = ("deployment_runs", "flower_check_runs")
+# something expensive together (the Flower check runs), so that it is built once.  The shared deployment needs no
+# group: it runs in a process of its own that every worker reads (``deployment_runs``).
+SHARED_FIXTURES = ("flower_check_runs",)
 SHARED_GROUP = "flower-shared-runs"
-SHARED_MODULES = {"test_cli_vocabulary.py", "test_flower.py", "test_flower_secure.py", "test_hostile_params.py"}
+SHARED_MODULES = {"test_cli_vocabulary.py", "test_flower.py"}
 
 
 def xdist_group(nodeid: str) -> str:

@@ -15,10 +15,9 @@ with its own node contexts.  ``deployment_runs`` (tests/conftest.py) does every 
 
 A run that fails keeps its exception, raised again by the tests that assert on that run alone."""
 
-import glob
+import json
 import os
 import sys
-import tempfile
 import time
 
 from fedpm_flower.config import FlowerRunConfig
@@ -65,9 +64,11 @@ class Federation(LocalFederation):
         return super().node_config(i) + (f' hostile="{",".join(HOSTILE)}"' if i == 2 else "")
 
 
-def run_all(folder) -> dict:
+def run_all(folder, report=None) -> dict:
+    """Every run, in order; ``report(line)`` (default: stderr) hears how long each took."""
     from test_flower import live_flower_processes
 
+    report = report or (lambda line: print(line, file=sys.stderr))
     folder = str(folder)
     cfgs = configs(folder)
     found = {"configs": cfgs, "errors": {}}
@@ -76,7 +77,6 @@ def run_all(folder) -> dict:
     os.environ[MARK] = folder
     mark = f"{MARK}={folder}"
     found["mark"] = mark
-    dirs_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "fedpm-flower-*")))
     old_path = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = TESTS + os.pathsep + (old_path or "")  # the ClientApps import hostile_clientapp
     try:
@@ -102,7 +102,7 @@ def run_all(folder) -> dict:
                     found[name]["seconds"] = time.time() - start
                 except Exception as exc:  # kept for the tests of this run; the other runs go on
                     found["errors"][name] = exc
-                print(f"deployment run {name}: {time.time() - start:.1f} s", file=sys.stderr)
+                report(f"deployment run {name}: {time.time() - start:.1f} s")
             found["logs"] = {name: log_of(fed, name) for name in ("unregistered", "untrusting", "superlink")}
             found["sqlite_files"] = sqlite_files(fed.dir)
     finally:
@@ -113,9 +113,53 @@ def run_all(folder) -> dict:
                 os.environ[name] = value
     time.sleep(1)
     found["private_left"] = os.path.exists(found.get("private", ""))
-    found["dirs_left"] = set(glob.glob(os.path.join(tempfile.gettempdir(), "fedpm-flower-*"))) - dirs_before
     found["procs_left"] = live_flower_processes(mark)
     return found
+
+
+# --------------------------------------------------------------------------- the runs in a process of their own
+# Under pytest-xdist the deployment runs beside the tests, in a process the first worker starts when a selected test
+# needs it (tests/conftest.py: shared_deployment): most of a deployment's time is waiting for Flower's polls and
+# process starts, which would otherwise hold a worker -- and so a core -- for its whole length.  Its findings come
+# back as JSON: what the tests compare stays the same, exceptions come back as their type and message.
+FOUND = "found.json"
+
+
+def dump(found: dict, folder) -> None:
+    """``found`` as JSON in ``folder``/found.json, written whole (a reader never sees part of it)."""
+    plain = {k: v for k, v in found.items() if k not in ("configs", "errors")}
+    plain["errors"] = {name: f"{type(exc).__name__}: {exc}" for name, exc in found.get("errors", {}).items()}
+    tmp = os.path.join(str(folder), FOUND + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(plain, fh)
+    os.replace(tmp, os.path.join(str(folder), FOUND))
+
+
+def load(folder) -> dict:
+    """What ``dump`` wrote, as ``run_all`` returned it (a failed run's exception as a RuntimeError naming it)."""
+    with open(os.path.join(str(folder), FOUND)) as fh:
+        found = json.load(fh)
+    found["configs"] = configs(str(folder))
+    found["errors"] = {name: RuntimeError(text) for name, text in found["errors"].items()}
+    found["rounds_seen"] = [tuple(pair) for pair in found.get("rounds_seen", ())]
+    return found
+
+
+def wait_for(folder, proc_alive, timeout: float = 3600.0) -> dict:
+    """The findings of the process writing ``folder``, once it has written them; ``proc_alive()`` says whether
+    it still may."""
+    path, deadline = os.path.join(str(folder), FOUND), time.time() + timeout
+    while not os.path.exists(path):
+        if not proc_alive():
+            if os.path.exists(path):  # written just before it ended
+                break
+            with open(os.path.join(str(folder), "log.txt"), errors="replace") as fh:
+                tail = fh.read()[-2000:]
+            raise RuntimeError(f"the shared deployment ended without its findings:\n{tail}")
+        if time.time() > deadline:
+            raise TimeoutError(f"the shared deployment gave no findings within {timeout:.0f} s")
+        time.sleep(1.0)
+    return load(folder)
 
 
 def sqlite_files(folder) -> list:
@@ -176,3 +220,9 @@ def result_of(runs: dict, name: str) -> dict:
     if name in runs["errors"]:
         raise runs["errors"][name]
     return runs[name]
+
+
+if __name__ == "__main__":  # python tests/flower_deployment.py FOLDER: every run, the findings in FOLDER/found.json
+    sys.path.insert(0, TESTS)
+    with open(os.path.join(sys.argv[1], "log.txt"), "a") as log:
+        dump(run_all(sys.argv[1], report=lambda line: print(line, file=log, flush=True)), sys.argv[1])

@@ -78,6 +78,9 @@ def test_inverse_directions_agree_with_the_solves_within_the_float32_bound(name,
     model, x = model.to(device), x.to(device)
     blocks = foof.foof_blocks(model)
     A = foof.compute_foof(model, blocks, [x])
+    if name == "resnet18gn":  # the blocks wider than any at an eighth of the width (576): 1,152, 2,304 and 4,608
+        blocks = {b: block for b, block in blocks.items() if A[b].shape[0] > 577}
+        A = {b: A[b] for b in blocks}
     F.cross_entropy(model(x), torch.arange(len(x), device=device) % 10).backward()
     # the paper's width (blocks of 2,304 and 4,608, the slow case) at the damping where the bound is tight; both
     # dampings, and the bound's non-vacuity, at the smaller widths

@@ -61,9 +61,10 @@ def images(tmp_path_factory):
 
 
 # ResNet-18's FOOF blocks reach 4,608 inputs (3x3x512): each FedPM participant's round costs about a minute of CPU
-# in their float64 factorisations, so one participant of the ten takes each round
+# in their float64 factorisations, so one participant of the ten takes each round.  FedPM's run passes the model
+# through everything FedAvg's would (its local steps are FedAvg's with the preconditioned direction)
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["fedavg", "fedpm"])
+@pytest.mark.parametrize("method", ["fedpm"])
 def test_resnet18gn_trains_on_cifar_format_images(images, tmp_path, method):
     was = torch.get_num_threads()
     torch.set_num_threads(min(2, os.cpu_count() or 1))

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
 
 from fedconvex.driver import Delivery
 from fedconvex.messages import client_problem, concat
@@ -63,8 +64,6 @@ class FinePolling:
 
 def fine_polling(grid):
     """``grid`` with FinePolling if it is a Flower grid (a test's stand-in keeps its own ``send_and_receive``)."""
-    from flwr.serverapp import Grid
-
     return FinePolling(grid) if isinstance(grid, Grid) else grid
 
 

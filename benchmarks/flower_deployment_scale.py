@@ -1,11 +1,15 @@
 """Wall time per round and peak memory of a secure local Flower deployment with many SuperNodes.
 
     python benchmarks/flower_deployment_scale.py --nodes 20 --rounds 3 --out scale.json
+    python benchmarks/flower_deployment_scale.py --nodes 20 --rounds 1 --result run.json --log-dir logs
+
 
 One SuperLink and N SuperNodes on 127.0.0.1 (TLS and SuperNode authentication, as
 ``python -m validation.flower --mode deployment``), FedPM on a9a split into N clients.  Memory is the
 sum of the resident set sizes of every process of the federation (SuperLink, SuperNodes, SuperExec,
 ServerApp, ClientApps), sampled every 0.2 s; its peak is reported with the start-up and per-round times.
+``--result`` keeps the run's own output (per-round history and final parameters, as ``validation.flower``
+writes it), ``--log-dir`` the logs of the SuperLink and every SuperNode.
 """
 
 from __future__ import annotations
@@ -33,13 +37,13 @@ def rss_bytes(pid: int) -> int:
 
 
 def settings(argv) -> list:
-    """The command's arguments without ``--out``'s value: where the report went is not part of it."""
+    """The command's arguments without where its files went (``--out``, ``--result``, ``--log-dir``)."""
     args, skip = [], False
     for a in argv if argv is not None else sys.argv[1:]:
-        if skip or a.startswith("--out="):
+        if skip or a.startswith(("--out=", "--result=", "--log-dir=")):
             skip = False
             continue
-        skip = a == "--out"
+        skip = a in ("--out", "--result", "--log-dir")
         if not skip:
             args.append(a)
     return args
@@ -51,7 +55,10 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--method", default="fedpm")
     p.add_argument("--insecure", action="store_true")
+    p.add_argument("--timeout", type=float, default=None, help="seconds the ServerApp waits for a round's replies")
     p.add_argument("--out", default=None, help="write the measurement as JSON here")
+    p.add_argument("--result", default=None, help="write the run's result (history, final parameters) as JSON here")
+    p.add_argument("--log-dir", default=None, help="keep the federation's process logs in this folder")
     args = p.parse_args(argv)
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
     from fedconvex.algorithms import REGISTRY
@@ -66,11 +73,13 @@ def main(argv=None) -> int:
             clients=args.nodes,
             rounds=args.rounds,
             lr=lr,
-            out=os.path.join(tmp, "r.json"),
+            out=os.path.abspath(args.result) if args.result else os.path.join(tmp, "r.json"),
+            **({"timeout": args.timeout} if args.timeout else {}),
         )
         peak, stop = [0], threading.Event()
         t0 = time.perf_counter()
-        with LocalFederation(args.nodes, secure=not args.insecure) as fed:
+        log_dir = os.path.abspath(args.log_dir) if args.log_dir else None
+        with LocalFederation(args.nodes, log_dir=log_dir, secure=not args.insecure) as fed:
             started = time.perf_counter() - t0
 
             def sample():

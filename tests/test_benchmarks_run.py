@@ -1,6 +1,7 @@
 """Every measurement script under benchmarks/ runs, at a tiny size on the CPU (FEDPM_BENCH_TINY=1 shrinks the ones
 without size flags; the CUDA benchmarks take --device cpu).  The Flower scripts, which start processes and need
-prepared data, print their help here and run in the slow tests."""
+prepared data, print their help here; the deployment one runs twenty SuperNodes for a round in
+tests/test_flower_many_nodes.py."""
 
 import os
 import subprocess
@@ -53,13 +54,6 @@ def test_each_benchmark_runs_at_a_tiny_size_on_the_cpu(script):
     r = run(script, TINY[script])
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stdout.strip(), script  # it printed its measurement (or its help)
-
-
-@pytest.mark.slow
-def test_the_flower_deployment_benchmark_runs_two_nodes_for_one_round():
-    pytest.importorskip("flwr")
-    r = run("flower_deployment_scale.py", ["--nodes", "2", "--rounds", "1"])
-    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -1,9 +1,13 @@
-"""Twenty secure SuperNodes on loopback (a9a split into 20 clients, FedPM): every node takes part in every round
-and the model equals the in-process run.  With twenty nodes on two cores the SuperLink's state once sat in a SQLite
-file whose lock timeouts failed replies ("database is locked"), so nodes went missing from rounds; the
+"""Twenty secure SuperNodes on loopback (a9a split into 20 clients, FedPM), through the deployment benchmark
+(benchmarks/flower_deployment_scale.py): every node takes part in the round, the model equals the in-process run,
+and the benchmark reports what it measured.  With twenty nodes on two cores the SuperLink's state once sat in a
+SQLite file whose lock timeouts failed replies ("database is locked"), so nodes went missing from rounds; the
 SuperLink's log must show no such failure."""
 
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,30 +16,36 @@ flwr = pytest.importorskip("flwr")
 
 from fedconvex.algorithms import REGISTRY  # noqa: E402
 from fedpm_flower.config import FlowerRunConfig  # noqa: E402
-from fedpm_flower.deploy import LocalFederation  # noqa: E402
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODES = 20
-os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+# twenty ClientApps starting at once on two loaded cores (the suite runs two test modules at a time) once took
+# longer than the default round wait plus its start-up grace (150 s): a node not yet started is not a failure here
+TIMEOUT = 400.0
 
 
 @pytest.mark.slow
-def test_twenty_secure_supernodes_all_answer_every_round(tmp_path, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # twenty ClientApps at once on a small machine
-    lr = REGISTRY["fedpm"].__dataclass_fields__["lr"].default
-    # twenty ClientApps starting at once on two loaded cores (the suite runs two test modules at a time) once took
-    # longer than the default round wait plus its start-up grace (150 s): a node not yet started is not a failure here
-    cfg = FlowerRunConfig(
-        method="fedpm", dataset="a9a", clients=NODES, rounds=2, lr=lr, timeout=400.0, out=str(tmp_path / "r.json")
-    )
-    logs = tmp_path / "logs"
-    with LocalFederation(NODES, log_dir=str(logs)) as fed:
-        assert fed.secure
-        result = fed.run(cfg, timeout=cfg.timeout)
+def test_twenty_secure_supernodes_all_answer_the_round_and_the_benchmark_reports_it(tmp_path):
+    scale, run, logs = tmp_path / "scale.json", tmp_path / "run.json", tmp_path / "logs"
+    argv = ["--nodes", str(NODES), "--rounds", "1", "--timeout", str(TIMEOUT)]
+    argv += ["--out", str(scale), "--result", str(run), "--log-dir", str(logs)]
+    # one thread per process: twenty ClientApps at once on a small machine
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0"}
+    script = os.path.join(ROOT, "benchmarks", "flower_deployment_scale.py")
+    r = subprocess.run([sys.executable, script, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    report, result = json.loads(scale.read_text()), json.loads(run.read_text())
+    assert report == json.loads(r.stdout)  # the measurement printed is the one written
+    assert report["command"] == "python benchmarks/flower_deployment_scale.py " + " ".join(argv[:6])
+    assert report["used_per_round"] == [NODES] and report["secure"]
+    assert report["startup_seconds"] > 0 and len(report["round_seconds"]) == 1 and report["peak_rss_mib"] > 0
+    assert [(h["used"], h["dropped"]) for h in result["history"][1:]] == [(NODES, 0)]
+
     from validation.flower import in_process
 
-    assert [h["used"] for h in result["history"][1:]] == [NODES, NODES]
-    assert [h["dropped"] for h in result["history"][1:]] == [0, 0]
+    lr = REGISTRY["fedpm"].__dataclass_fields__["lr"].default
+    cfg = FlowerRunConfig(method="fedpm", dataset="a9a", clients=NODES, rounds=1, lr=lr, timeout=TIMEOUT)
     np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)
     superlink = (logs / "superlink.log").read_text(errors="replace")
     assert "database is locked" not in superlink and 'HTTP/1.1" 500' not in superlink
-    assert not os.path.exists(fed.dir)  # its private folder (credentials, Flower's home) went with it
+    assert len(list(logs.glob("supernode-*.log"))) == NODES

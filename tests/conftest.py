@@ -154,12 +154,19 @@ def xdist_group(nodeid: str) -> str:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Groups holding a slow test first, so that the longest ones start early rather than finish last on one
-    worker; each group's tests stay in their order."""
+    worker; each group's tests stay in their order, except that those reading the shared deployment's findings
+    come last in their group: by then its runs, started with the suite, are done, and no worker sits waiting."""
     slow = {xdist_group(item.nodeid) for item in items if item.get_closest_marker("slow")}
     first = {}
     for n, item in enumerate(items):
         first.setdefault(xdist_group(item.nodeid), n)
-    items.sort(key=lambda item: (xdist_group(item.nodeid) not in slow, first[xdist_group(item.nodeid)]))
+    items.sort(
+        key=lambda item: (
+            xdist_group(item.nodeid) not in slow,
+            first[xdist_group(item.nodeid)],
+            "deployment_runs" in getattr(item, "fixturenames", ()),
+        )
+    )
 
 
 def pytest_xdist_make_scheduler(config, log):

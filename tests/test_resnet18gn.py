@@ -1,4 +1,4 @@
-"""ResNet18-GN: the reference ResNets' initialisation, the GroupNorm group count as a flag, and a short
+"""ResNet18-GN: the reference ResNets' initialisation, the GroupNorm group count as a flag, and a one-round
 training check through ``python -m validation.dnn`` on generated CIFAR-format images a model can learn."""
 
 import csv
@@ -60,9 +60,11 @@ def images(tmp_path_factory):
     return root
 
 
-# ResNet-18's FOOF blocks reach 4,608 inputs (3x3x512): each FedPM participant's round costs about a minute of CPU
-# in their float64 factorisations, so one participant of the ten takes each round.  FedPM's run passes the model
-# through everything FedAvg's would (its local steps are FedAvg's with the preconditioned direction)
+# ResNet-18's FOOF blocks reach 4,608 inputs (3x3x512): a FedPM round costs about a minute of CPU in the float64
+# factorisations of its participant and of the server's mixing, so one participant of the ten takes one round.
+# FedPM's run passes the model through everything FedAvg's would (its local steps are FedAvg's with the
+# preconditioned direction); that each round starts from the last one's mixed model is the round driver's, whatever
+# the model (tests/test_dnn_training.py: learning over rounds, a resumed run's identical history)
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["fedpm"])
 def test_resnet18gn_trains_on_cifar_format_images(images, tmp_path, method):
@@ -71,7 +73,7 @@ def test_resnet18gn_trains_on_cifar_format_images(images, tmp_path, method):
     try:
         out = tmp_path / method
         argv = ["--data-dir", str(images.parent), "--model", "resnet18gn", "--method", method, "--device", "cpu"]
-        argv += ["--clients", "10", "--participants", "1", "--local-epochs", "1", "--rounds", "2", "--alpha", "100"]
+        argv += ["--clients", "10", "--participants", "1", "--local-epochs", "1", "--rounds", "1", "--alpha", "100"]
         argv += ["--lr", "0.05", "--clip", "1", "--batch-size", "50", "--test-subset", "200", "--foof-samples", "64"]
         argv += ["--augment", "none", "--out", str(out), "--quiet"]
         assert dnn.main(argv) == 0
@@ -79,9 +81,9 @@ def test_resnet18gn_trains_on_cifar_format_images(images, tmp_path, method):
         torch.set_num_threads(was)
     with open(out / "history.csv") as fh:
         rows = list(csv.DictReader(fh))
-    loss = [float(r["train_loss"]) for r in rows]
-    acc = [float(r["test_acc"]) for r in rows]
-    assert len(rows) == 2 and all(math.isfinite(v) for v in loss + acc)
-    assert loss[1] < loss[0], loss  # the second round starts from the first round's mixed model
+    (row,) = rows
+    assert math.isfinite(float(row["train_loss"])) and 0 <= float(row["test_acc"]) <= 1
+    # the participant's FOOF matrices went up beside its model: more bytes up than the model coming down
+    assert int(row["bytes_up"]) > int(row["bytes_down"]) > 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["gn_groups"] == 2 and summary["train_samples"] == 2000
+    assert summary["gn_groups"] == 2 and summary["train_samples"] == 2000 and summary["rounds_done"] == 1

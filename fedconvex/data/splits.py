@@ -104,20 +104,28 @@ def _relaysum_draw(labels, clients: int, alpha: float, seed: int, min_fraction: 
     classes = np.unique(labels)
     by_class = [np.flatnonzero(labels == c) for c in classes]
     cap, floor = n / clients, max(1.0, min_fraction * n / clients)
+    concentration = np.full(clients, float(alpha))
+    ends = np.zeros(clients + 1, dtype=np.int64)  # 0, the cuts, the class's size: chunk i is ends[i]:ends[i + 1]
     for _ in range(max_tries):
-        parts: list[list[np.ndarray]] = [[] for _ in range(clients)]
         sizes = np.zeros(clients)
+        dealt = []  # per class: its shuffled samples and where they are cut between the clients
         for members in by_class:
             idx = rng.permutation(members)
             open_ = sizes < cap
-            p = rng.dirichlet(np.full(clients, float(alpha))) * open_
-            if not p.sum() > 0:  # every open share underflowed (alpha << 1): deal evenly among them
+            p = rng.dirichlet(concentration) * open_
+            total = p.sum()
+            if not total > 0:  # every open share underflowed (alpha << 1): deal evenly among them
                 p = open_.astype(float)
-            cuts = (np.cumsum(p / p.sum())[:-1] * len(idx)).astype(int)
-            for i, chunk in enumerate(np.split(idx, cuts)):
-                parts[i].append(chunk)
-                sizes[i] += len(chunk)
-        if sizes.min() >= floor:
+                total = p.sum()
+            cuts = (np.cumsum(p / total)[:-1] * len(idx)).astype(int)
+            ends[1:-1], ends[-1] = cuts, len(idx)
+            sizes += ends[1:] - ends[:-1]  # the sizes of the chunks np.split(idx, cuts) gives
+            dealt.append((idx, cuts))
+        if sizes.min() >= floor:  # chunks are made for the accepted draw only: most draws of a hard split are not
+            parts: list[list[np.ndarray]] = [[] for _ in range(clients)]
+            for idx, cuts in dealt:
+                for i, chunk in enumerate(np.split(idx, cuts)):
+                    parts[i].append(chunk)
             return [np.concatenate(p) for p in parts]
     raise DataError(
         f"no Dirichlet(alpha={alpha:g}) split of {n} samples over {clients} clients gave every client "

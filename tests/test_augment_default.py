@@ -30,7 +30,9 @@ def leaf(root, writers=4):
                 u: {"x": g.random((n, 784)).round(3).tolist(), "y": g.integers(0, 62, n).tolist()} for u in users
             },
         }
-        with gzip.open(os.path.join(root, split, f"all_data_0_niid_05_keep_0_{split}_9.json.gz"), "wt") as fh:
+        with gzip.open(
+            os.path.join(root, split, f"all_data_0_niid_05_keep_0_{split}_9.json.gz"), "wt", compresslevel=1
+        ) as fh:
             json.dump(data, fh)
     return root
 

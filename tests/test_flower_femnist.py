@@ -41,7 +41,9 @@ def leaf(root, seed=0, writers=WRITERS):
                 for u, n in zip(users, sizes, strict=True)
             },
         }
-        with gzip.open(os.path.join(root, split, f"all_data_0_niid_05_keep_0_{split}_9.json.gz"), "wt") as fh:
+        with gzip.open(
+            os.path.join(root, split, f"all_data_0_niid_05_keep_0_{split}_9.json.gz"), "wt", compresslevel=1
+        ) as fh:
             json.dump(data, fh)
 
 

@@ -10,11 +10,10 @@ with its own node contexts.  ``deployment_runs`` (tests/conftest.py) does every 
 * ``hostile``: SuperNode 2 runs tests/hostile_clientapp.py and falsifies round t's reply the t-th of the
   ``HOSTILE`` ways, one round each; SuperNodes 0 and 1 are honest;
 * ``killed``: SuperNode 2 is killed once it has received round 2's message;
-* ``dead``: a run submitted with SuperNode 2 dead from the start (a node dropping out); the launcher's timeout
-  is the round's (``cfg.timeout``), so it must bound each wait, not the whole run.  That wait is sized from the
-  slowest round of the plain logistic-regression runs (``dead_timeout``): a round's replies come from ClientApp
-  processes started for each message, which take seconds on an idle machine and near a minute beside a busy
-  test suite, and a wait shorter than that would leave the live nodes out too.
+* ``dead``: a run submitted with SuperNode 2 dead from the start (a node dropping out), four rounds; the
+  launcher's timeout is the round's (``cfg.timeout``), so it must bound each wait, not the whole run.  That wait
+  is sized from the plain logistic-regression runs (``dead_timeout``): each reply comes from a ClientApp process
+  started for that message, seconds on an idle machine and near a minute beside a busy test suite.
 
 A run that fails keeps its exception, raised again by the tests that assert on that run alone."""
 
@@ -32,7 +31,8 @@ NODES = 3
 HOSTILE = ("spoof", "nan", "huge", "dtype", "shape", "oversized", "codec")
 MARK = "FEDPM_TEST_RUN"  # in the environment of every process of this federation (live_flower_processes)
 KILL_TIMEOUT = 30.0  # the round's wait for the node killed mid-run
-DEAD_TIMEOUT = 20.0  # the least wait for the dead node (the launcher's timeout of that run): see dead_timeout
+DEAD_TIMEOUT = 20.0  # the dead node's wait where no plain run measured a round (see dead_timeout)
+DEAD_ROUNDS = 4
 
 
 def logreg(method, **kw):
@@ -43,13 +43,19 @@ def logreg(method, **kw):
 
 
 def dead_timeout(found: dict) -> float:
-    """The ``dead`` run's wait: three times the slowest round of the plain logistic-regression runs before it, at
-    least DEAD_TIMEOUT and at most 150 s."""
-    rounds = [0.0]
+    """The ``dead`` run's wait: 2.5 mean rounds of the plain logistic-regression runs before it, 10 to 150 s.
+
+    The live nodes' replies take about a mean round, so they have 2.5 times their usual time.  The run has its setup
+    and DEAD_ROUNDS rounds, each at least as long as the live nodes' replies -- also where the SuperLink, having
+    missed the dead node's heartbeats, answers for it at once -- so it lasts about five mean rounds or more, past
+    the wait: the launcher's timeout must then bound each wait, not the whole run, for the run to finish."""
+    rounds = []
     for name in ("scaffold", "fednl"):
         seconds = [row["seconds"] for row in found.get(name, {}).get("history", [])]  # cumulative
         rounds += [b - a for a, b in zip(seconds[:-1], seconds[1:], strict=True)]
-    return float(min(150.0, max(DEAD_TIMEOUT, 3.0 * max(rounds))))
+    if not rounds:
+        return DEAD_TIMEOUT
+    return float(min(150.0, max(10.0, 2.5 * sum(rounds) / len(rounds))))
 
 
 def configs(folder, dead_wait: float = DEAD_TIMEOUT):
@@ -61,7 +67,7 @@ def configs(folder, dead_wait: float = DEAD_TIMEOUT):
         "cnn": FlowerRunConfig(problem="cnn", method="fedpm", clients=NODES, rounds=2, lr=0.1, out=out("cnn")),
         "hostile": logreg("fedpm", rounds=len(HOSTILE), precond_codec="sym", out=out("hostile")),
         "killed": logreg("fedpm", timeout=KILL_TIMEOUT, out=out("killed")),
-        "dead": logreg("fedpm", timeout=dead_wait, out=out("dead")),
+        "dead": logreg("fedpm", rounds=DEAD_ROUNDS, timeout=dead_wait, out=out("dead")),
     }
 
 

@@ -3,6 +3,7 @@ examples/flower-fedpm (a LayerNorm MLP on FEMNIST writers) in-process and under 
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -236,7 +237,15 @@ def _flwr_run(app, data_dir, out, rounds, nodes, home):
         while not os.path.exists(out) and time.time() < deadline and link.poll() is None:
             time.sleep(1)
         time.sleep(0.5)
-        assert os.path.exists(out), open(os.path.join(home, "superlink.log")).read()[-2000:]
+        if not os.path.exists(out):  # the run's own log (its ServerApp's and ClientApps' output) says why
+            run_id = re.search(r"\brun (\d+)", sub.stdout + sub.stderr)
+            shown = "(no run id in flwr run's output)"
+            if run_id:
+                cmd = [executable("flwr"), "log", run_id.group(1), "sim", "--show"]
+                got = subprocess.run(cmd, env=env, cwd=home, capture_output=True, text=True, timeout=120)
+                shown = (got.stdout + got.stderr)[-4000:]
+            with open(os.path.join(home, "superlink.log"), errors="replace") as fh:
+                pytest.fail(f"no final model; the run's log:\n{shown}\nthe SuperLink's:\n{fh.read()[-1500:]}")
         return torch.load(out, weights_only=True)
     finally:
         os.killpg(link.pid, 15)

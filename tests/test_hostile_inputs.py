@@ -1077,10 +1077,15 @@ def test_dnn_threads_flag_sets_and_records_torchs_threads(base, tmp_path):
 
 
 def test_figures_write_again_into_their_own_out(tmp_path, capsys):
-    """An empty --out is taken and marked; a second run writes into it again (it is ours)."""
+    """An empty --out is taken and marked; a second run writes into it again (it is ours).  Drawn from the one run
+    of the Test 1 figure, under the smoke profile (which ships no runs to draw besides)."""
+    results = tmp_path / "results"
+    shutil.copytree(os.path.join(ROOT, "reference", "superlinear-a9a"), results / "smoke" / "superlinear-a9a")
     out = tmp_path / "figs"
     out.mkdir()
-    args = ["--no-compute", "--results", str(tmp_path / "none"), "--out", str(out)]
+    args = ["--no-compute", "--profile", "smoke", "--results", str(results), "--out", str(out)]
     assert figures_main.main(args) == 0 and (out / ".fedpm-result").exists()
-    (out / "table3_accuracy.md").write_text("an earlier table of ours\n")
+    assert sorted(p.name for p in out.iterdir()) == [".fedpm-result", "test1_convergence.pdf", "test1_convergence.png"]
+    (out / "test1_convergence.png").write_text("an earlier figure of ours\n")
     assert figures_main.main(args) == 0
+    assert (out / "test1_convergence.png").read_bytes().startswith(b"\x89PNG")  # drawn again over it

@@ -14,7 +14,6 @@ writes it), ``--log-dir`` the logs of the SuperLink and every SuperNode.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -50,18 +49,25 @@ def settings(argv) -> list:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--nodes", type=int, default=20)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--method", default="fedpm")
+    from fedconvex.algorithms import REGISTRY
+    from validation.common import OneLineParser, positive_int, wait_seconds
+
+    p = OneLineParser(prog="python benchmarks/flower_deployment_scale.py", doc=__doc__)
+    p.add_argument("--nodes", type=positive_int, default=20)
+    p.add_argument("--rounds", type=positive_int, default=3)
+    p.add_argument("--method", choices=sorted(REGISTRY), default="fedpm")
     p.add_argument("--insecure", action="store_true")
-    p.add_argument("--timeout", type=float, default=None, help="seconds the ServerApp waits for a round's replies")
+    p.add_argument("--timeout", type=wait_seconds, default=None, help="seconds the ServerApp waits for replies")
     p.add_argument("--out", default=None, help="write the measurement as JSON here")
     p.add_argument("--result", default=None, help="write the run's result (history, final parameters) as JSON here")
     p.add_argument("--log-dir", default=None, help="keep the federation's process logs in this folder")
     args = p.parse_args(argv)
+    for flag, path in (("--out", args.out), ("--result", args.result)):  # found out before the federation starts
+        if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            p.error(f"{flag} {path}: its folder does not exist")
+    if args.log_dir is not None and os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
+        p.error(f"--log-dir {args.log_dir}: not a folder")
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
-    from fedconvex.algorithms import REGISTRY
     from fedpm_flower.config import FlowerRunConfig
     from fedpm_flower.deploy import LocalFederation
 
@@ -74,7 +80,7 @@ def main(argv=None) -> int:
             rounds=args.rounds,
             lr=lr,
             out=os.path.abspath(args.result) if args.result else os.path.join(tmp, "r.json"),
-            **({"timeout": args.timeout} if args.timeout else {}),
+            **({} if args.timeout is None else {"timeout": args.timeout}),
         )
         peak, stop = [0], threading.Event()
         t0 = time.perf_counter()

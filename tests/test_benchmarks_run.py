@@ -87,3 +87,25 @@ def test_the_gpu_script_runs_every_step_at_a_tiny_size_on_the_cpu(tmp_path):
     assert log.count("--split relaysum-even") >= 2
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "cnn_paper: done earlier" in again.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--nodes", "0"], "--nodes: must be a positive integer"),
+        (["--rounds", "1.5"], "--rounds: must be an integer"),
+        (["--timeout", "0"], "--timeout: must be a number > 0"),
+        (["--timeout", "nan"], "--timeout: must be a finite number"),
+        (["--method", "nope"], "--method: invalid choice"),
+        (["--result", "{tmp}/none/run.json"], "--result {tmp}/none/run.json: its folder does not exist"),
+        (["--out", "{tmp}/none/scale.json"], "--out {tmp}/none/scale.json: its folder does not exist"),
+        (["--log-dir", "{tmp}/file"], "--log-dir {tmp}/file: not a folder"),
+    ],
+)
+def test_the_deployment_benchmark_refuses_a_bad_flag_in_one_line_before_starting_anything(tmp_path, argv, message):
+    (tmp_path / "file").write_text("")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    r = run("flower_deployment_scale.py", argv)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and message.replace("{tmp}", str(tmp_path)) in err[0], r.stderr
+    assert r.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["file"]

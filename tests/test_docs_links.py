@@ -121,3 +121,31 @@ def test_the_quick_profile_s_time_is_stated_once_from_the_shipped_runs():
         for line in read(rel).splitlines():
             if "quick" in line and "make figures" in line or "--profile quick" in line:
                 assert not restated.search(line), f"{rel}: {line.strip()}"
+
+
+def test_readme_tells_this_fedpm_from_flowers_baseline_of_the_same_name():
+    """Flower's repository has an unrelated ``baselines/fedpm`` (Isik et al.): README says so, pointing at the page
+    that names both methods."""
+    readme = read("README.md")
+    line = next((ln for ln in readme.splitlines() if "baselines/fedpm" in ln), "")
+    assert "unrelated" in line and "(docs/flower.md)" in line, line
+    flower = prose(read("docs/flower.md").split("\n## ", 1)[0])
+    assert "Preconditioned Mixing" in flower and "Isik et al." in flower and "unrelated" in flower
+
+
+def test_every_retired_benchmark_is_gone_and_keeps_its_finding_in_decisions():
+    """A script retired from benchmarks/ leaves one line in docs/decisions.md: its name, no longer in benchmarks/,
+    and what it measured (a number), runnable at the commit the section names."""
+    text = read("docs/decisions.md")
+    head, _, section = text.partition("## Settled measurements")
+    assert section, "docs/decisions.md has no 'Settled measurements' section"
+    commit = re.search(r"run at ([0-9a-f]{7,40})", section.splitlines()[0])
+    assert commit, section.splitlines()[0]
+    body = section.split("\n## ", 1)[0]
+    # a bullet runs on over its indented continuation lines
+    retired = re.findall(r"^\* `([\w.]+\.py)`: (.+(?:\n  .+)*)", body, flags=re.M)
+    assert retired
+    present = set(os.listdir(os.path.join(ROOT, "benchmarks")))
+    for name, finding in retired:
+        assert name not in present, f"{name} is still in benchmarks/"
+        assert re.search(r"\d", finding), (name, finding)

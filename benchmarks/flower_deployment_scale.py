@@ -50,6 +50,7 @@ def settings(argv) -> list:
 
 def main(argv=None) -> int:
     from fedconvex.algorithms import REGISTRY
+    from fedconvex.history import round_seconds
     from validation.common import OneLineParser, positive_int, wait_seconds
 
     p = OneLineParser(prog="python benchmarks/flower_deployment_scale.py", doc=__doc__)
@@ -102,8 +103,7 @@ def main(argv=None) -> int:
             stop.set()
             sampler.join()
     history = result["history"][1:]
-    cumulative = [h["seconds"] for h in history]
-    per_round = [b - a for a, b in zip([0.0] + cumulative[:-1], cumulative, strict=True)]
+    per_round = round_seconds(history)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     report = {
         "command": " ".join(["python benchmarks/flower_deployment_scale.py"] + settings(argv)),

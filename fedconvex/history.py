@@ -26,6 +26,17 @@ def columns_of(rows) -> list:
     return list(out)
 
 
+def round_seconds(rows) -> list:
+    """Each training round's own wall seconds, from the cumulative ``seconds`` column: one value per row of round
+    >= 1, in order (a round-0 row, where the front-end records one, only sets the start)."""
+    out, before = [], 0.0
+    for r in rows:
+        if r["round"] >= 1:
+            out.append(r["seconds"] - before)
+        before = r["seconds"]
+    return out
+
+
 def _cell(v) -> str:
     if isinstance(v, float):
         return repr(v)

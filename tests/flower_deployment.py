@@ -47,10 +47,9 @@ def dead_timeout(found: dict) -> float:
     """The ``dead`` run's wait: 2.5 mean rounds of the plain logistic-regression runs before it, 60 to 150 s.  The
     live nodes' replies take about a mean round and never waited that long beside the busiest tests; the run lasts
     longer than the wait whatever the load, since its setup waits it out for the dead node (module doc)."""
-    rounds = []
-    for name in ("scaffold", "fednl"):
-        seconds = [row["seconds"] for row in found.get(name, {}).get("history", [])]  # cumulative
-        rounds += [b - a for a, b in zip(seconds[:-1], seconds[1:], strict=True)]
+    from fedconvex.history import round_seconds
+
+    rounds = [s for name in ("scaffold", "fednl") for s in round_seconds(found.get(name, {}).get("history", []))]
     mean = sum(rounds) / len(rounds) if rounds else 0.0
     return float(min(150.0, max(DEAD_TIMEOUT, 2.5 * mean)))
 

@@ -2,10 +2,12 @@
 
 import math
 
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedconvex.history import histories_csv, history_csv, read_history, read_run
+from fedconvex.history import histories_csv, history_csv, read_history, read_run, round_seconds
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 
@@ -39,3 +41,17 @@ def test_several_methods_in_one_file_and_a_column_one_run_lacks(tmp_path):
         assert "holds 2 runs" in str(exc)
     else:
         raise AssertionError("a file of two runs read as one")
+
+
+@pytest.mark.parametrize("round0", [True, False])
+def test_round_seconds_are_the_steps_of_the_cumulative_column(round0):
+    """With or without a round-0 row (the DNN front-end records none): adding the rounds' own seconds up again gives
+    the cumulative column of the training rounds."""
+    g = np.random.default_rng(3)
+    seconds = np.cumsum(g.uniform(0.1, 5.0, 6))
+    rows = [{"round": 0, "seconds": 0.0}] * round0 + [
+        {"round": t + 1, "seconds": float(s)} for t, s in enumerate(seconds)
+    ]
+    per_round = round_seconds(rows)
+    assert len(per_round) == 6 and min(per_round) > 0
+    np.testing.assert_allclose(np.cumsum(per_round), seconds, rtol=1e-12)

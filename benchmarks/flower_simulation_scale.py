@@ -13,7 +13,6 @@ raylet and workers).  Round times come from the run's own history (its cumulativ
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -53,7 +52,9 @@ def tree_rss(root: int) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from validation.common import OneLineParser
+
+    p = OneLineParser(prog="python benchmarks/flower_simulation_scale.py", doc=__doc__)
     p.add_argument("--data-dir", required=True, help="a folder written by `python -m validation.flower prepare`")
     p.add_argument("--clients", type=int, default=300)
     p.add_argument("--participants", type=int, default=10)
@@ -62,6 +63,9 @@ def main(argv=None) -> int:
     p.add_argument("--preset", default="femnist")
     p.add_argument("--out", default=None, help="write the measurement as JSON here")
     args = p.parse_args(argv)
+    if args.out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        p.error(f"--out {args.out}: its folder does not exist")  # found out before the simulation, not after it
+    from fedconvex.history import round_seconds
     from validation.common import provenance
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -111,8 +115,7 @@ def main(argv=None) -> int:
         with open(os.path.join(run_out, "result.json")) as fh:
             result = json.load(fh)
     history = result["history"][1:]
-    cumulative = [h["seconds"] for h in history]
-    per_round = [b - a for a, b in zip([0.0] + cumulative[:-1], cumulative, strict=True)]
+    per_round = round_seconds(history)
     report = {
         "command": "python benchmarks/flower_simulation_scale.py " + " ".join(argv or sys.argv[1:]),
         "clients": args.clients,
@@ -121,7 +124,7 @@ def main(argv=None) -> int:
         "method": args.method,
         "preset": args.preset,
         "command_wall_seconds": round(wall, 2),
-        "outside_rounds_seconds": round(wall - cumulative[-1], 2),
+        "outside_rounds_seconds": round(wall - history[-1]["seconds"], 2),
         "round_seconds": [round(s, 2) for s in per_round],
         "used_per_round": [h["used"] for h in history],
         "test_acc": result.get("test_acc"),

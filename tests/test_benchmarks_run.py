@@ -109,3 +109,10 @@ def test_the_deployment_benchmark_refuses_a_bad_flag_in_one_line_before_starting
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(err) == 1 and message.replace("{tmp}", str(tmp_path)) in err[0], r.stderr
     assert r.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_the_simulation_benchmark_refuses_an_out_in_a_missing_folder_before_it_starts(tmp_path):
+    r = run("flower_simulation_scale.py", ["--data-dir", str(tmp_path), "--out", str(tmp_path / "none" / "s.json")])
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and "--out" in err[0] and "its folder does not exist" in err[0], err
+    assert "simulation" not in r.stdout and sorted(tmp_path.iterdir()) == []

@@ -1,12 +1,15 @@
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+from federations import LOCK_VARIABLE  # noqa: E402
 
 from fedconvex.data import load_bundled, sequential_split  # noqa: E402
 from fedconvex.problem import FederatedLogReg  # noqa: E402
@@ -16,12 +19,18 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 
 
 def pytest_configure(config):
-    """Under pytest-xdist, each worker's numerical libraries get an equal share of the cores: left at their default,
+    """Set before any worker starts (the workers inherit the environment): the lock file of tests/federations.py,
+    and, under pytest-xdist, each worker's share of the cores for its numerical libraries: left at their default,
     every worker's OpenMP and BLAS pools start a thread per core, and N workers' pools oversubscribe N cores (their
-    waiting threads spin: numerical test modules took 1.7x as long on 2 cores).  The variables are set before the
-    workers start, so their libraries read them when they load; a value the user set is kept."""
+    waiting threads spin: numerical test modules took 1.7x as long on 2 cores).  A value the user set is kept."""
+    if hasattr(config, "workerinput"):
+        return
+    if LOCK_VARIABLE not in os.environ:
+        lock = os.path.join(tempfile.gettempdir(), f"fedpm-test-federations-{os.getpid()}.lock")
+        os.environ[LOCK_VARIABLE] = lock
+        config.add_cleanup(lambda: os.path.exists(lock) and os.remove(lock))
     workers = getattr(config.option, "numprocesses", None)
-    if hasattr(config, "workerinput") or not isinstance(workers, int) or workers < 1:
+    if not isinstance(workers, int) or workers < 1:
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     for name in THREAD_VARIABLES:
@@ -138,33 +147,66 @@ def flower_check_runs(tmp_path_factory):
 
 # pytest-xdist (the suite's default: `-n auto`, pyproject.toml) runs the tests of one group on one worker: a module's
 # tests together (its module fixtures are built once), and the modules that use a session fixture which starts
-# something expensive together (the Flower check runs), so that it is built once.  The shared deployment needs no
-# group: it runs in a process of its own that every worker reads (``deployment_runs``).
+# something expensive together (the Flower check runs), so that it is built once.  Two groups go last: the tests
+# that read the shared deployment's findings (it runs in a process of its own from the suite's start, for about ten
+# minutes: reached earlier, a worker would sit waiting for it), and the twenty-SuperNode test, which runs alone
+# among Flower's federations (tests/federations.py) and so after the shared deployment.
 SHARED_FIXTURES = ("flower_check_runs",)
 SHARED_GROUP = "flower-shared-runs"
 SHARED_MODULES = {"test_cli_vocabulary.py", "test_flower.py"}
+DEPLOYMENT_GROUP = "flower-deployment-findings"
+# (module, test) of every test that reads ``deployment_runs``: the scheduler sees node ids only, not fixtures
+# (pytest_collection_modifyitems checks this list against the fixtures)
+DEPLOYMENT_READERS = {
+    ("test_flower.py", "test_deployment_gives_the_in_process_model_and_stops_everything"),
+    ("test_flower.py", "test_a_deployments_bar_counts_every_round_while_the_federation_runs"),
+    ("test_flower.py", "test_a_supernode_dropping_out_is_tolerated"),
+    ("test_flower.py", "test_cnn_deployment_gives_the_in_process_model"),
+    ("test_hostile_params.py", "test_the_deployment_timeout_bounds_a_round_and_a_killed_supernode_is_dropped"),
+    ("test_flower_secure.py", "test_secure_run_equals_in_process_and_keeps_intruders_out"),
+    ("test_flower_secure.py", "test_the_superlink_keeps_its_state_in_memory"),
+    ("test_flower_secure.py", "test_hostile_supernodes_are_each_rejected_with_their_reason"),
+    ("test_flower_secure.py", "test_a_supernode_killed_mid_round_is_dropped_and_reported"),
+}
+LAST_GROUPS = ("test_flower_many_nodes.py", DEPLOYMENT_GROUP)  # in this order, after every other group
+
+
+def _module_and_test(nodeid: str) -> tuple:
+    path, _, rest = nodeid.partition("::")
+    return os.path.basename(path), rest.split("[", 1)[0]
 
 
 def xdist_group(nodeid: str) -> str:
     """The group of a test from its node id (all pytest-xdist's scheduler sees)."""
-    path = nodeid.split("::", 1)[0]
-    return SHARED_GROUP if os.path.basename(path) in SHARED_MODULES else path
+    module, test = _module_and_test(nodeid)
+    if (module, test) in DEPLOYMENT_READERS:
+        return DEPLOYMENT_GROUP
+    return SHARED_GROUP if module in SHARED_MODULES else nodeid.split("::", 1)[0]
+
+
+def _last(group: str) -> int:
+    """0 for most groups; 1, 2, ... for LAST_GROUPS in their order."""
+    name = os.path.basename(group)
+    return LAST_GROUPS.index(name) + 1 if name in LAST_GROUPS else 0
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Groups holding a slow test first, so that the longest ones start early rather than finish last on one
-    worker; each group's tests stay in their order, except that those reading the shared deployment's findings
-    come last in their group: by then its runs, started with the suite, are done, and no worker sits waiting."""
+    worker; LAST_GROUPS at the end; each group's tests stay in their order."""
+    reads = [item for item in items if "deployment_runs" in getattr(item, "fixturenames", ())]
+    readers = {_module_and_test(item.nodeid) for item in reads}
+    if readers - DEPLOYMENT_READERS:
+        raise pytest.UsageError(f"tests/conftest.py: add {sorted(readers - DEPLOYMENT_READERS)} to DEPLOYMENT_READERS")
     slow = {xdist_group(item.nodeid) for item in items if item.get_closest_marker("slow")}
     first = {}
     for n, item in enumerate(items):
         first.setdefault(xdist_group(item.nodeid), n)
     items.sort(
         key=lambda item: (
+            _last(xdist_group(item.nodeid)),
             xdist_group(item.nodeid) not in slow,
             first[xdist_group(item.nodeid)],
-            "deployment_runs" in getattr(item, "fixturenames", ()),
         )
     )
 

@@ -14,6 +14,8 @@ import pytest
 
 flwr = pytest.importorskip("flwr")
 
+from federations import federation  # noqa: E402
+
 from fedconvex.algorithms import REGISTRY  # noqa: E402
 from fedpm_flower.config import FlowerRunConfig  # noqa: E402
 
@@ -24,6 +26,13 @@ NODES = 20
 TIMEOUT = 400.0
 
 
+def why_missing(result: dict, logs) -> str:
+    """What the server logged of nodes that did not take part, and the SuperLink's errors."""
+    superlink = (logs / "superlink.log").read_text(errors="replace").splitlines()
+    errors = [line for line in superlink if "ERROR" in line or "Error" in line or 'HTTP/1.1" 5' in line]
+    return f"server: {result.get('server_warnings')}\nSuperLink errors: {errors[-20:]}"
+
+
 @pytest.mark.slow
 def test_twenty_secure_supernodes_all_answer_the_round_and_the_benchmark_reports_it(tmp_path):
     scale, run, logs = tmp_path / "scale.json", tmp_path / "run.json", tmp_path / "logs"
@@ -31,13 +40,14 @@ def test_twenty_secure_supernodes_all_answer_the_round_and_the_benchmark_reports
     argv += ["--out", str(scale), "--result", str(run), "--log-dir", str(logs)]
     # one thread per process: twenty ClientApps at once on a small machine
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0"}
-    script = os.path.join(ROOT, "benchmarks", "flower_deployment_scale.py")
-    r = subprocess.run([sys.executable, script, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "flower_deployment_scale.py"), *argv]
+    with federation(alone=True):  # sixty processes starting at once: no other Flower run beside them
+        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     report, result = json.loads(scale.read_text()), json.loads(run.read_text())
     assert report == json.loads(r.stdout)  # the measurement printed is the one written
     assert report["command"] == "python benchmarks/flower_deployment_scale.py " + " ".join(argv[:6])
-    assert report["used_per_round"] == [NODES] and report["secure"]
+    assert report["used_per_round"] == [NODES] and report["secure"], why_missing(result, logs)
     assert report["startup_seconds"] > 0 and len(report["round_seconds"]) == 1 and report["peak_rss_mib"] > 0
     assert [(h["used"], h["dropped"]) for h in result["history"][1:]] == [(NODES, 0)]
 

@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 flwr = pytest.importorskip("flwr")
 
+from federations import federation  # noqa: E402
 from flower_loopback import AppGrid  # noqa: E402
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict  # noqa: E402
 from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME  # noqa: E402
@@ -243,9 +244,12 @@ def _flwr_run(app, data_dir, out, rounds, nodes, home):
             if run_id:
                 cmd = [executable("flwr"), "log", run_id.group(1), "sim", "--show"]
                 got = subprocess.run(cmd, env=env, cwd=home, capture_output=True, text=True, timeout=120)
-                shown = (got.stdout + got.stderr)[-4000:]
+                text = got.stdout + got.stderr
+                # the cause comes first (an exception in a ClientApp or a Ray worker), Flower's wrap-up last
+                causes = [line for line in text.splitlines() if re.search(r"Error|Exception|Killed|memory", line)]
+                shown = "\n".join(causes[:15]) + "\n...\n" + text[-2500:]
             with open(os.path.join(home, "superlink.log"), errors="replace") as fh:
-                pytest.fail(f"no final model; the run's log:\n{shown}\nthe SuperLink's:\n{fh.read()[-1500:]}")
+                pytest.fail(f"no final model; the run's log:\n{shown}\nthe SuperLink's:\n{fh.read()[-1000:]}")
         return torch.load(out, weights_only=True)
     finally:
         os.killpg(link.pid, 15)
@@ -255,7 +259,8 @@ def _flwr_run(app, data_dir, out, rounds, nodes, home):
 @pytest.mark.slow
 def test_flwr_run_of_the_example_gives_the_in_process_model(tmp_path):
     data = leaf_femnist(str(tmp_path / "leaf"))
-    flwr_model = _flwr_run(EXAMPLE, data, str(tmp_path / "final.pt"), 2, 3, str(tmp_path / "flwr-home"))
+    with federation():
+        flwr_model = _flwr_run(EXAMPLE, data, str(tmp_path / "final.pt"), 2, 3, str(tmp_path / "flwr-home"))
     result, _, _ = in_process(data, nodes=3, rounds=2)
     ours = result.arrays.to_torch_state_dict()
     assert list(flwr_model) == list(ours)

@@ -221,3 +221,16 @@ def test_every_module_using_a_shared_session_fixture_runs_in_its_group(request):
         if set(SHARED_FIXTURES) & set(getattr(item, "fixturenames", ()))
     }
     assert users <= SHARED_MODULES, users - SHARED_MODULES
+
+
+def test_the_tests_reading_the_shared_deployment_are_the_listed_ones_and_share_nothing_else(request):
+    """tests/conftest.py's DEPLOYMENT_READERS names the tests that go last in a group of their own (the scheduler
+    sees node ids, not fixtures): each listed test that was collected reads the deployment's findings, and none
+    needs a shared session fixture, which their own group would build a second time."""
+    from conftest import DEPLOYMENT_GROUP, DEPLOYMENT_READERS, SHARED_FIXTURES, xdist_group
+
+    for item in request.session.items:
+        if xdist_group(item.nodeid) == DEPLOYMENT_GROUP:
+            fixtures = set(getattr(item, "fixturenames", ()))
+            assert "deployment_runs" in fixtures and not fixtures & set(SHARED_FIXTURES), item.nodeid
+    assert all(xdist_group(f"tests/{module}::{test}[x]") == DEPLOYMENT_GROUP for module, test in DEPLOYMENT_READERS)

@@ -124,25 +124,22 @@ def shared_deployment(request, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def flower_check_runs(tmp_path_factory):
-    """The documented `python -m validation.flower --problem logreg --dataset a9a --method M --mode simulation
-    --check` for SCAFFOLD and FedNL, each with a terminal as its stderr: {method: (exit code, its --out folder,
-    what it drew there)}.
-    Shared by the check command's tests and the progress bar's: each simulation starts Ray (tens of seconds)."""
+    """README's `python -m validation.flower --problem logreg --dataset a9a --method fedpm --clients 3 --rounds 2
+    --mode simulation --check`, with a terminal as its stderr: {"fedpm": (exit code, its --out folder, what it drew
+    there)}.  Shared by the check command's test and the progress bar's: each simulation starts Ray (tens of seconds);
+    every method's Flower simulation is compared with its in-process run in tests/test_flower.py (``simulated``)."""
     pytest.importorskip("flwr")
     from test_cli_vocabulary import FakeTerminal
 
     from validation.flower import main
 
-    runs = {}
-    for method in ("scaffold", "fednl"):
-        out = tmp_path_factory.mktemp("check") / method
-        term = FakeTerminal()
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("sys.stderr", term)
-            argv = ["--problem", "logreg", "--dataset", "a9a", "--method", method, "--mode", "simulation", "--check"]
-            code = main(argv + ["--out", str(out)])
-        runs[method] = (code, out, term.getvalue())
-    return runs
+    out = tmp_path_factory.mktemp("check") / "fedpm"
+    term = FakeTerminal()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.stderr", term)
+        argv = ["--problem", "logreg", "--dataset", "a9a", "--method", "fedpm", "--clients", "3", "--rounds", "2"]
+        code = main(argv + ["--mode", "simulation", "--check", "--out", str(out)])
+    return {"fedpm": (code, out, term.getvalue())}
 
 
 # pytest-xdist (the suite's default: `-n auto`, pyproject.toml) runs the tests of one group on one worker: a module's

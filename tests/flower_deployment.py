@@ -5,8 +5,9 @@ with its own node contexts.  ``deployment_runs`` (tests/conftest.py) does every 
 
 * two intruders are started beside the three SuperNodes (an unregistered key; a registered key with a CA of its
   own) and must never get a node id;
-* ``scaffold``, ``fednl`` and ``cnn`` (FedPM on the CNN): plain runs, each to equal its in-process run; the
-  launcher draws ``fednl``'s progress bar on a terminal from the ServerApp's count of rounds done;
+* ``fednl`` and ``cnn`` (FedPM on the CNN): plain runs, each to equal its in-process run (FedNL keeps state on
+  the nodes; every method's Flower run is compared with its in-process run in tests/test_flower.py); the launcher
+  draws ``fednl``'s progress bar on a terminal from the ServerApp's count of rounds done;
 * ``hostile``: SuperNode 2 runs tests/hostile_clientapp.py and falsifies round t's reply the t-th of the
   ``HOSTILE`` ways, one round each; SuperNodes 0 and 1 are honest;
 * ``killed``: SuperNode 2 is killed once it has received round 2's message;
@@ -58,7 +59,6 @@ def configs(folder):
     """The runs, in the order they are submitted."""
     out = lambda name: os.path.join(folder, f"{name}.json")  # noqa: E731
     return {
-        "scaffold": logreg("scaffold", out=out("scaffold")),
         "fednl": logreg("fednl", out=out("fednl")),
         "cnn": FlowerRunConfig(problem="cnn", method="fedpm", clients=NODES, rounds=2, lr=0.1, out=out("cnn")),
         "hostile": logreg("fedpm", rounds=len(HOSTILE), precond_codec="sym", out=out("hostile")),

@@ -338,11 +338,11 @@ def test_dnn_draws_its_rounds_alone_and_stacked_and_counts_the_rounds_of_a_resum
 
 @pytest.mark.slow
 def test_flower_simulation_draws_one_bar_over_its_rounds(flower_check_runs):
-    """`python -m validation.flower ... --mode simulation` with a terminal as stderr (the check command's FedNL run,
+    """`python -m validation.flower ... --mode simulation` with a terminal as stderr (README's check command,
     shared with tests/test_flower.py: tests/conftest.py)."""
-    code, out, drawn = flower_check_runs["fednl"]
+    code, out, drawn = flower_check_runs["fedpm"]
     assert code == 0
     rounds = json.loads((out / "result.json").read_text())["config"]["rounds"]
-    lines = [ln for ln in drawn.replace("\r", "\n").splitlines() if ln.startswith("fednl rounds")]
+    lines = [ln for ln in drawn.replace("\r", "\n").splitlines() if ln.startswith("fedpm rounds")]
     assert rounds >= 2 and lines and f"{rounds}/{rounds}" in lines[-1]
     assert re.search(r"\[\d\d:\d\d<\d\d:\d\d", lines[-1])

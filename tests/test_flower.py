@@ -131,13 +131,12 @@ def test_simulation_gives_the_in_process_model(simulated, method):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["scaffold", "fednl"])
-def test_deployment_gives_the_in_process_model_and_stops_everything(deployment_runs, method):
-    """A real secure deployment (the one shared by the deployment tests, tests/flower_deployment.py): the
-    in-process model, and no Flower process or private folder is left once the federation stops."""
+def test_deployment_gives_the_in_process_model_and_stops_everything(deployment_runs):
+    """A real secure deployment (the one shared by the deployment tests, tests/flower_deployment.py; its FedNL
+    run): the in-process model, and no Flower process or private folder is left once the federation stops."""
     from flower_deployment import result_of
 
-    result, cfg = result_of(deployment_runs, method), deployment_runs["configs"][method]
+    result, cfg = result_of(deployment_runs, "fednl"), deployment_runs["configs"]["fednl"]
     np.testing.assert_allclose(np.asarray(result["theta"]), in_process(cfg), rtol=1e-10, atol=1e-12)
     assert not deployment_runs["procs_left"] and not deployment_runs["private_left"]
 
@@ -599,15 +598,14 @@ def test_cnn_on_prepared_data_trains_each_node_on_its_own_folder(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["scaffold", "fednl"])
-def test_the_check_command_passes_and_writes_the_one_history_format(flower_check_runs, method):
-    """The documented commands: `python -m validation.flower --problem logreg --dataset a9a --method M --mode simulation
+def test_the_check_command_passes_and_writes_the_one_history_format(flower_check_runs):
+    """README's command `python -m validation.flower --problem logreg --dataset a9a --method fedpm ... --mode simulation
     --check` exits 0, and history.csv holds the very rows of result.json's history (fedconvex.history)."""
     import json
 
     from fedconvex.history import read_run
 
-    code, out, _ = flower_check_runs[method]
+    code, out, _ = flower_check_runs["fedpm"]
     assert code == 0
     result = json.loads((out / "result.json").read_text())
     assert result["max_abs_diff_vs_in_process"] <= 1e-9

@@ -136,10 +136,10 @@ def in_process_without(cfg, absent=lambda t: ()):
 def test_secure_run_equals_in_process_and_keeps_intruders_out(deployment_runs):
     """TLS + authentication by default; a SuperNode with an unregistered key and one that does not trust
     the CA never get a node id, so no reply of theirs can reach the server; the run equals the in-process
-    run (the shared deployment's SCAFFOLD run, tests/flower_deployment.py); the private folder with every
+    run (the shared deployment's FedNL run, tests/flower_deployment.py); the private folder with every
     credential is gone afterwards."""
     runs = deployment_runs
-    result, cfg = result_of(runs, "scaffold"), runs["configs"]["scaffold"]
+    result, cfg = result_of(runs, "fednl"), runs["configs"]["fednl"]
     superlink = runs["superlink_args"]
     assert "--insecure" not in superlink and "--enable-supernode-auth" in superlink
     from validation.flower import in_process

@@ -61,7 +61,8 @@ def images(tmp_path_factory):
 
 
 # ResNet-18's FOOF blocks reach 4,608 inputs (3x3x512): a FedPM round costs about a minute of CPU in the float64
-# factorisations of its participant and of the server's mixing, so one participant of the ten takes one round.
+# factorisations of its participant and of the server's mixing, so one participant of twenty (100 images: two local
+# steps, each preconditioned through every block) takes one round.
 # FedPM's run passes the model through everything FedAvg's would (its local steps are FedAvg's with the
 # preconditioned direction); that each round starts from the last one's mixed model is the round driver's, whatever
 # the model (tests/test_dnn_training.py: learning over rounds, a resumed run's identical history)
@@ -73,8 +74,8 @@ def test_resnet18gn_trains_on_cifar_format_images(images, tmp_path, method):
     try:
         out = tmp_path / method
         argv = ["--data-dir", str(images.parent), "--model", "resnet18gn", "--method", method, "--device", "cpu"]
-        argv += ["--clients", "10", "--participants", "1", "--local-epochs", "1", "--rounds", "1", "--alpha", "100"]
-        argv += ["--lr", "0.05", "--clip", "1", "--batch-size", "50", "--test-subset", "200", "--foof-samples", "64"]
+        argv += ["--clients", "20", "--participants", "1", "--local-epochs", "1", "--rounds", "1", "--alpha", "100"]
+        argv += ["--lr", "0.05", "--clip", "1", "--batch-size", "50", "--test-subset", "100", "--foof-samples", "64"]
         argv += ["--augment", "none", "--out", str(out), "--quiet"]
         assert dnn.main(argv) == 0
     finally:

@@ -8,6 +8,7 @@ import glob
 import os
 import re
 import stat
+import subprocess
 
 import numpy as np
 import pytest
@@ -130,6 +131,24 @@ def in_process_without(cfg, absent=lambda t: ()):
 
     state, _ = run(problem, alg, np.zeros(problem.d), cfg.rounds, tamper=drop, client_streams=True)
     return np.asarray(state.theta)
+
+
+@pytest.mark.slow
+def test_keys_are_registered_in_order_and_the_first_refused_one_is_named(tmp_path, monkeypatch):
+    """LocalFederation registers the SuperNodes' public keys with Flower's own command, all in one process (one CLI
+    start-up, not one per key): a key registers, and the first one refused ends it with one error naming that key and
+    Flower's reason."""
+    from fedpm_flower.deploy import LocalFederation
+
+    other = write_credentials(str(tmp_path / "other"), 1)  # a valid key the SuperLink has not seen
+    bad = tmp_path / "bad.pub"
+    bad.write_text("not a public key\n")
+    with LocalFederation(1) as fed:  # its own node's key registered at start-up
+        started = []
+        monkeypatch.setattr(subprocess, "run", lambda *a, real=subprocess.run, **k: started.append(a) or real(*a, **k))
+        with pytest.raises(RuntimeError, match=r"refused to register bad\.pub: .*public key") as exc:
+            fed.register([other.node_pub(0), str(bad)])
+        assert "\n" not in str(exc.value) and len(started) == 1, (str(exc.value), started)
 
 
 @pytest.mark.slow

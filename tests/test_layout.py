@@ -234,3 +234,23 @@ def test_the_tests_reading_the_shared_deployment_are_the_listed_ones_and_share_n
             fixtures = set(getattr(item, "fixturenames", ()))
             assert "deployment_runs" in fixtures and not fixtures & set(SHARED_FIXTURES), item.nodeid
     assert all(xdist_group(f"tests/{module}::{test}[x]") == DEPLOYMENT_GROUP for module, test in DEPLOYMENT_READERS)
+
+
+def test_a_federation_alone_waits_for_the_shared_ones_and_gives_up_after_its_wait(tmp_path, monkeypatch):
+    """tests/federations.py: shared holders run together; one that must run alone waits for them, and gives up
+    after its wait with a TimeoutError naming the lock rather than hanging the suite."""
+    import time
+
+    from federations import LOCK_VARIABLE, federation
+
+    monkeypatch.setenv(LOCK_VARIABLE, str(tmp_path / "lock"))
+    with federation():
+        with federation(wait=0.5):  # another shared holder: at once
+            pass
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="lock"):
+            with federation(alone=True, wait=1.5):
+                pass
+        assert time.monotonic() - start >= 1.5
+    with federation(alone=True, wait=0.5):  # no holder left
+        pass

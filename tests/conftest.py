@@ -195,17 +195,12 @@ def pytest_collection_modifyitems(config, items):
     readers = {_module_and_test(item.nodeid) for item in reads}
     if readers - DEPLOYMENT_READERS:
         raise pytest.UsageError(f"tests/conftest.py: add {sorted(readers - DEPLOYMENT_READERS)} to DEPLOYMENT_READERS")
-    slow = {xdist_group(item.nodeid) for item in items if item.get_closest_marker("slow")}
+    group = {item.nodeid: xdist_group(item.nodeid) for item in items}
+    slow = {group[item.nodeid] for item in items if item.get_closest_marker("slow")}
     first = {}
     for n, item in enumerate(items):
-        first.setdefault(xdist_group(item.nodeid), n)
-    items.sort(
-        key=lambda item: (
-            _last(xdist_group(item.nodeid)),
-            xdist_group(item.nodeid) not in slow,
-            first[xdist_group(item.nodeid)],
-        )
-    )
+        first.setdefault(group[item.nodeid], n)
+    items.sort(key=lambda item: (_last(group[item.nodeid]), group[item.nodeid] not in slow, first[group[item.nodeid]]))
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -286,6 +286,76 @@ def test_the_lock_of_a_killed_run_is_taken_and_removed(base, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["other", "run"]
 
 
+# a run holding the lock forks a child (here one that sleeps; in a real run a subprocess between fork and exec) and
+# is killed with -9: the child holds the lock's descriptor after its run has ended
+FORKS = (
+    "import os, sys, time; from validation.outputs import exclusive\n"
+    "with exclusive(sys.argv[1]):\n"
+    " child = os.fork()\n"
+    " if child == 0:\n  time.sleep(float(sys.argv[2])); os._exit(0)\n"
+    " print(child, flush=True)\n sys.stdin.read()\n"
+)
+
+
+def _killed_with_a_child(out, child_seconds):
+    """(the killed run's pid, its child's pid): the run killed with -9 while its child, holding the lock, sleeps."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", FORKS, str(out), str(child_seconds)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    child = int(p.stdout.readline())
+    p.kill()
+    p.wait()
+    return p.pid, child
+
+
+def _running(pid) -> bool:
+    """Whether ``pid`` runs (an orphan that has ended may stay a zombie until whoever adopted it reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_lock_held_by_a_killed_runs_child_is_waited_for_then_taken(tmp_path):
+    out = tmp_path / "run"
+    _, child = _killed_with_a_child(out, 1.0)
+    start = time.monotonic()
+    with outputs.ResultDir(str(out)) as tmp:  # taken once the child has ended, not refused
+        assert time.monotonic() - start > 0.2
+        assert not _running(child)
+        open(os.path.join(tmp, "summary.json"), "w").write("{}")
+    assert sorted(os.listdir(tmp_path)) == ["run"]
+
+
+def test_a_lock_a_killed_runs_child_keeps_is_refused_naming_the_ended_run(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    run, child = _killed_with_a_child(out, 60.0)
+    monkeypatch.setattr(outputs, "ORPHAN_WAIT", 0.3)
+    try:
+        with pytest.raises(outputs.OutputError) as exc:
+            with outputs.ResultDir(str(out)):
+                pass
+        assert str(exc.value) == (
+            f"--out {out}: its run (pid {run}) has ended, but a process it started still holds its lock; wait for "
+            "that process to end or choose another --out"
+        )
+        assert not out.exists()
+    finally:
+        os.kill(child, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with outputs.ResultDir(str(out)):
+        pass
+    assert sorted(os.listdir(tmp_path)) == ["run"]
+
+
 # ------------------------------------------------------------------ 4, 15. the decoded-CIFAR cache
 def _load(src, cache):
     return cifar_mod.load_cifar_jpeg(str(src), str(src), str(cache))

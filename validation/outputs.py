@@ -30,6 +30,7 @@ import signal
 import stat
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 
 try:
@@ -144,6 +145,8 @@ def _lock_path(path: str) -> str:
 
 
 _HELD: dict = {}  # lock path -> how many blocks of this process hold it (a command's run, then its ResultDir)
+# seconds a run waits for a lock whose run has ended but which a process forked by that run still holds
+ORPHAN_WAIT = 10.0
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
@@ -214,8 +217,9 @@ def exclusive(path: str, flag: str = "--out"):
     """Within the block this process alone writes ``path``: a second run asking for the same folder is refused
     with OutputError naming the process that holds it.  The lock (``flock`` on a hidden file beside ``path``,
     never opened through a link) ends with the process however it ends; the file is removed on exit, or by the
-    next run after a kill -9, and so are the parent folders the block created when they are left empty.  A block
-    within one of the same process that holds it already just goes on."""
+    next run after a kill -9, and so are the parent folders the block created when they are left empty.  A lock
+    still held after its run has ended (by a process that run forked) is waited for up to ORPHAN_WAIT seconds.  A
+    block within one of the same process that holds it already just goes on."""
     lock = _lock_path(path)
     if fcntl is None or _HELD.get(lock, (None, 0))[0] == os.getpid():
         if fcntl is not None:
@@ -230,6 +234,7 @@ def exclusive(path: str, flag: str = "--out"):
         made = _made_dirs(os.path.dirname(lock))
     except OSError as exc:
         raise OutputError(f"{flag} {path}: its folder cannot be created ({exc.strerror})") from None
+    orphan_deadline = None
     try:
         while True:
             fd = _open_lock(lock, path, flag)
@@ -238,6 +243,19 @@ def exclusive(path: str, flag: str = "--out"):
             except OSError:
                 held_by = os.read(fd, 256).decode("ascii", "replace").strip()
                 os.close(fd)
+                who = _stamped(held_by)
+                if who is not None and not _runs(*who):
+                    # the run that took the lock has ended, but a process it forked holds the descriptor still: a
+                    # child killed with it between fork and exec (starting git, say), about to let go
+                    if orphan_deadline is None:
+                        orphan_deadline = time.monotonic() + ORPHAN_WAIT
+                    if time.monotonic() < orphan_deadline:
+                        time.sleep(0.05)
+                        continue
+                    raise OutputError(
+                        f"{flag} {path}: its run (pid {who[0]}) has ended, but a process it started still holds its "
+                        f"lock; wait for that process to end or choose another {flag}"
+                    ) from None
                 try:
                     holder = json.loads(held_by)["pid"]
                 except (ValueError, TypeError, KeyError):

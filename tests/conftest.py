@@ -125,21 +125,22 @@ def shared_deployment(request, tmp_path_factory):
 @pytest.fixture(scope="session")
 def flower_check_runs(tmp_path_factory):
     """README's `python -m validation.flower --problem logreg --dataset a9a --method fedpm --clients 3 --rounds 2
-    --mode simulation --check`, with a terminal as its stderr: {"fedpm": (exit code, its --out folder, what it drew
-    there)}.  Shared by the check command's test and the progress bar's: each simulation starts Ray (tens of seconds);
-    every method's Flower simulation is compared with its in-process run in tests/test_flower.py (``simulated``)."""
+    --mode simulation --check`, run as from a user's shell, its stderr a terminal (tests/terminal.py): {"fedpm": (exit
+    code, its --out folder, what reached the terminal, its stdout)}.  Shared by the check command's test, the progress
+    bar's and the one that keeps Flower's and Ray's output out of the terminal: each simulation starts Ray (tens of
+    seconds of CPU); every method's Flower simulation is compared with its in-process run in tests/test_flower.py
+    (``simulated``)."""
     pytest.importorskip("flwr")
-    from test_cli_vocabulary import FakeTerminal
+    from terminal import run_on_a_terminal
 
-    from validation.flower import main
-
-    out = tmp_path_factory.mktemp("check") / "fedpm"
-    term = FakeTerminal()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("sys.stderr", term)
-        argv = ["--problem", "logreg", "--dataset", "a9a", "--method", "fedpm", "--clients", "3", "--rounds", "2"]
-        code = main(argv + ["--mode", "simulation", "--check", "--out", str(out)])
-    return {"fedpm": (code, out, term.getvalue())}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    work = tmp_path_factory.mktemp("check")
+    out = work / "fedpm"
+    argv = ["--problem", "logreg", "--dataset", "a9a", "--method", "fedpm", "--clients", "3", "--rounds", "2"]
+    cmd = [sys.executable, "-m", "validation.flower", *argv, "--mode", "simulation", "--check", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": root}
+    code, stdout, drawn = run_on_a_terminal(cmd, env, str(work))
+    return {"fedpm": (code, out, drawn, stdout)}
 
 
 # pytest-xdist (the suite's default: `-n auto`, pyproject.toml) runs the tests of one group on one worker: a module's

@@ -8,8 +8,9 @@ with its own node contexts.  ``deployment_runs`` (tests/conftest.py) does every 
 * ``fednl`` and ``cnn`` (FedPM on the CNN): plain runs, each to equal its in-process run (FedNL keeps state on
   the nodes; every method's Flower run is compared with its in-process run in tests/test_flower.py); the launcher
   draws ``fednl``'s progress bar on a terminal from the ServerApp's count of rounds done;
-* ``hostile``: SuperNode 2 runs tests/hostile_clientapp.py and falsifies round t's reply the t-th of the
-  ``HOSTILE`` ways, one round each; SuperNodes 0 and 1 are honest;
+* ``hostile``: SuperNodes 1 and 2 run tests/hostile_clientapp.py and each falsifies its replies, round t the t-th
+  of its ``HOSTILE_MODES`` (the ``HOSTILE`` ways shared out between them, two falsified replies a round); SuperNode 0
+  is honest;
 * ``killed``: SuperNode 2 is killed once it has received round 2's message;
 * ``dead``: a run submitted with SuperNode 2 dead (a node dropping out), once the SuperLink has missed its
   heartbeats long enough to list it offline; the launcher's timeout is the round's (``cfg.timeout``), so it must
@@ -33,6 +34,10 @@ from fedpm_flower.deploy import LocalFederation
 TESTS = os.path.dirname(os.path.abspath(__file__))
 NODES = 3
 HOSTILE = ("spoof", "nan", "huge", "dtype", "shape", "oversized", "codec")
+# the falsifying SuperNodes and their ways, in the order of the rounds: every way once in as few rounds as two nodes
+# take (each round starts a ClientApp process per node), the last round's second reply falsified by its first way
+HOSTILE_MODES = {1: HOSTILE[0::2], 2: HOSTILE[1::2]}
+HOSTILE_ROUNDS = max(len(modes) for modes in HOSTILE_MODES.values())
 MARK = "FEDPM_TEST_RUN"  # in the environment of every process of this federation (live_flower_processes)
 KILL_TIMEOUT = 30.0  # the round's wait for the node killed mid-run
 # the dead run's wait: its live nodes' replies took up to 55 s beside the suite (ClientApp processes starting on two
@@ -60,10 +65,11 @@ def configs(folder):
     out = lambda name: os.path.join(folder, f"{name}.json")  # noqa: E731
     return {
         "fednl": logreg("fednl", out=out("fednl")),
-        "cnn": FlowerRunConfig(problem="cnn", method="fedpm", clients=NODES, rounds=2, lr=0.1, out=out("cnn")),
-        "hostile": logreg("fedpm", rounds=len(HOSTILE), precond_codec="sym", out=out("hostile")),
+        # one round each: carrying state from round to round is fednl's and killed's to show
+        "cnn": FlowerRunConfig(problem="cnn", method="fedpm", clients=NODES, rounds=1, lr=0.1, out=out("cnn")),
+        "hostile": logreg("fedpm", rounds=HOSTILE_ROUNDS, precond_codec="sym", out=out("hostile")),
         "killed": logreg("fedpm", timeout=KILL_TIMEOUT, out=out("killed")),
-        "dead": logreg("fedpm", timeout=DEAD_TIMEOUT, out=out("dead")),
+        "dead": logreg("fedpm", rounds=1, timeout=DEAD_TIMEOUT, out=out("dead")),
     }
 
 
@@ -73,10 +79,11 @@ def log_of(fed, name):
 
 
 class Federation(LocalFederation):
-    """SuperNode 2 carries the hostile modes in its node config; only the hostile ClientApp reads them."""
+    """SuperNodes 1 and 2 carry their hostile modes in their node configs; only the hostile ClientApp reads them."""
 
     def node_config(self, i):
-        return super().node_config(i) + (f' hostile="{",".join(HOSTILE)}"' if i == 2 else "")
+        modes = HOSTILE_MODES.get(i)
+        return super().node_config(i) + (f' hostile="{",".join(modes)}"' if modes else "")
 
 
 def run_all(folder, report=None) -> dict:

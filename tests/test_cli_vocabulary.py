@@ -340,9 +340,25 @@ def test_dnn_draws_its_rounds_alone_and_stacked_and_counts_the_rounds_of_a_resum
 def test_flower_simulation_draws_one_bar_over_its_rounds(flower_check_runs):
     """`python -m validation.flower ... --mode simulation` with a terminal as stderr (README's check command,
     shared with tests/test_flower.py: tests/conftest.py)."""
-    code, out, drawn = flower_check_runs["fedpm"]
+    code, out, drawn, _ = flower_check_runs["fedpm"]
     assert code == 0
     rounds = json.loads((out / "result.json").read_text())["config"]["rounds"]
     lines = [ln for ln in drawn.replace("\r", "\n").splitlines() if ln.startswith("fedpm rounds")]
     assert rounds >= 2 and lines and f"{rounds}/{rounds}" in lines[-1]
     assert re.search(r"\[\d\d:\d\d<\d\d:\d\d", lines[-1])
+
+
+@pytest.mark.slow
+def test_a_simulation_keeps_flowers_and_rays_output_out_of_the_terminal(flower_check_runs):
+    """No deprecation banner, no Flower log, no Ray warning reaches the user's terminal or the command's stdout,
+    whichever of the simulation's processes writes it: they are in the run's logs/flower.log; the terminal shows the
+    bar alone and stdout the command's own lines (the check run of tests/conftest.py, stderr a pseudo-terminal)."""
+    code, out, drawn, stdout = flower_check_runs["fedpm"]
+    assert code == 0
+    shown = [ln.strip() for ln in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", drawn).replace("\r", "\n").splitlines()]
+    assert [ln for ln in shown if ln and not ln.startswith("fedpm rounds")] == [], drawn
+    lines = stdout.splitlines()
+    assert [ln.split(" ")[0] for ln in lines] == ["fedpm", "largest", "wrote"], stdout
+    assert "deprecated" not in stdout + drawn
+    # what Flower and Ray printed (Ray's warnings; Flower's INFO lines where its logger emits them) is kept
+    assert (out / "logs" / "flower.log").read_text().strip()

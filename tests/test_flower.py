@@ -605,7 +605,7 @@ def test_the_check_command_passes_and_writes_the_one_history_format(flower_check
 
     from fedconvex.history import read_run
 
-    code, out, _ = flower_check_runs["fedpm"]
+    code, out, _, _ = flower_check_runs["fedpm"]
     assert code == 0
     result = json.loads((out / "result.json").read_text())
     assert result["max_abs_diff_vs_in_process"] <= 1e-9

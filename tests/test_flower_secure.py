@@ -18,7 +18,7 @@ flwr = pytest.importorskip("flwr")
 from cryptography import x509  # noqa: E402
 from cryptography.hazmat.primitives import serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
-from flower_deployment import HOSTILE, result_of  # noqa: E402
+from flower_deployment import HOSTILE, HOSTILE_MODES, NODES, result_of  # noqa: E402
 
 from fedpm_flower.credentials import write_credentials  # noqa: E402
 
@@ -201,20 +201,20 @@ REASONS = {
 
 @pytest.mark.slow
 def test_hostile_supernodes_are_each_rejected_with_their_reason(deployment_runs):
-    """A SuperNode falsifies its replies, round t the t-th way (one round per way), beside two honest ones:
-    every falsified reply is rejected with its reason in the server's warnings (kept in result.json), and
-    the model equals the in-process run in which only the two honest clients took part."""
+    """Two SuperNodes falsify their replies, round t each its t-th way (every way once between them), beside an
+    honest one: every falsified reply is rejected with its reason in the server's warnings (kept in result.json),
+    and the model equals the in-process run in which only the honest client took part."""
     result, cfg = result_of(deployment_runs, "hostile"), deployment_runs["configs"]["hostile"]
-    assert set(REASONS) == set(HOSTILE)
+    assert set(REASONS) == set(HOSTILE) == {mode for modes in HOSTILE_MODES.values() for mode in modes}
     warnings = result["server_warnings"]
     rounds = result["history"][1:]
-    assert [(h["used"], h["rejected"], h["dropped"]) for h in rounds] == [(2, 1, 0)] * len(HOSTILE), warnings
-    for t, mode in enumerate(HOSTILE, start=1):
-        assert any(w.startswith(f"round {t}: client 2 rejected: ") and REASONS[mode] in w for w in warnings), (
-            mode,
-            warnings,
-        )
-    reference = in_process_without(cfg, lambda t: {2})
+    hostile = len(HOSTILE_MODES)
+    assert [(h["used"], h["rejected"], h["dropped"]) for h in rounds] == [(NODES - hostile, hostile, 0)] * cfg.rounds
+    for node, modes in HOSTILE_MODES.items():
+        for t in range(1, cfg.rounds + 1):
+            mode, start = modes[(t - 1) % len(modes)], f"round {t}: client {node} rejected: "
+            assert any(w.startswith(start) and REASONS[mode] in w for w in warnings), (node, t, mode, warnings)
+    reference = in_process_without(cfg, lambda t: set(HOSTILE_MODES))
     np.testing.assert_allclose(np.asarray(result["theta"]), reference, rtol=1e-10, atol=1e-12)
 
 

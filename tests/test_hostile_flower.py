@@ -502,25 +502,6 @@ def test_the_cnn_on_prepared_femnist_takes_its_preset_by_default_and_records_the
 
 
 # ------------------------------------------------------------------------------------- the simulation's output
-@pytest.mark.slow
-def test_a_simulation_keeps_flowers_and_rays_output_out_of_the_terminal(tmp_path):
-    """No deprecation banner, no Flower log, no Ray warning on the command's stdout or stderr: they are in the run's
-    logs/flower.log; the command prints its own lines alone."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "validation.flower", "--method", "fedavg", "--dataset", "a9a", "--clients", "2"]
-    cmd += ["--rounds", "1"]
-    sub = subprocess.run(cmd + ["--mode", "simulation", "--out", str(out)], cwd=str(tmp_path), env=env,
-                         capture_output=True, text=True, timeout=900)  # fmt: skip
-    assert sub.returncode == 0, sub.stderr[-2000:]
-    assert sub.stderr == "", sub.stderr  # no bar either: stderr is not a terminal
-    assert [ln.split(" ")[0] for ln in sub.stdout.splitlines()] == ["fedavg", "wrote"], sub.stdout
-    assert "deprecated" not in sub.stdout
-    # what Flower and Ray printed (here Ray's warnings; Flower's INFO lines where its logger emits them) is kept
-    assert (out / "logs" / "flower.log").read_text().strip()
-
-
 def test_a_failed_simulation_names_the_first_error_of_its_log(tmp_path):
     """The log goes with the unfinished output: the command's one line carries the cause the log gave first."""
     from fedpm_flower.config import FlowerRunConfig

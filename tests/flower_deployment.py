@@ -10,8 +10,8 @@ with its own node contexts.  ``deployment_runs`` (tests/conftest.py) does every 
   draws ``fednl``'s progress bar on a terminal from the ServerApp's count of rounds done;
 * ``hostile``: SuperNodes 1 and 2 run tests/hostile_clientapp.py and each falsifies its replies, round t the t-th
   of its ``HOSTILE_MODES`` (the ``HOSTILE`` ways shared out between them, two falsified replies a round); SuperNode 0
-  is honest;
-* ``killed``: SuperNode 2 is killed once it has received round 2's message;
+  is honest.  SuperNode 2, its ways shown, is killed once it has received the last round's message (a node dropping
+  out mid-round): that round waits the run's ``KILL_TIMEOUT`` for it;
 * ``dead``: a run submitted with SuperNode 2 dead (a node dropping out), once the SuperLink has missed its
   heartbeats long enough to list it offline; the launcher's timeout is the round's (``cfg.timeout``), so it must
   bound each wait, not the whole run: the ServerApp's setup waits that long for a third node before it trains with
@@ -35,11 +35,16 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 NODES = 3
 HOSTILE = ("spoof", "nan", "huge", "dtype", "shape", "oversized", "codec")
 # the falsifying SuperNodes and their ways, in the order of the rounds: every way once in as few rounds as two nodes
-# take (each round starts a ClientApp process per node), the last round's second reply falsified by its first way
+# take (each round starts a ClientApp process per node); SuperNode 2's ways end a round early, as it is killed in the
+# last one
 HOSTILE_MODES = {1: HOSTILE[0::2], 2: HOSTILE[1::2]}
 HOSTILE_ROUNDS = max(len(modes) for modes in HOSTILE_MODES.values())
+KILLED = 2  # killed in the hostile run's last round, after its ways
+assert len(HOSTILE_MODES[KILLED]) < HOSTILE_ROUNDS
 MARK = "FEDPM_TEST_RUN"  # in the environment of every process of this federation (live_flower_processes)
-KILL_TIMEOUT = 30.0  # the round's wait for the node killed mid-run
+# the hostile run's wait for each round's replies, and so for the node killed in its last round: the honest and the
+# falsified replies of the rounds before must arrive within it (ClientApps starting beside a busy suite)
+KILL_TIMEOUT = 60.0
 # the dead run's wait: its live nodes' replies took up to 55 s beside the suite (ClientApp processes starting on two
 # loaded cores), and a wait sized from the earlier rounds was once too short when the load rose in between
 DEAD_TIMEOUT = 150.0
@@ -65,10 +70,11 @@ def configs(folder):
     out = lambda name: os.path.join(folder, f"{name}.json")  # noqa: E731
     return {
         "fednl": logreg("fednl", out=out("fednl")),
-        # one round each: carrying state from round to round is fednl's and killed's to show
+        # one round each: carrying state from round to round is fednl's and hostile's to show
         "cnn": FlowerRunConfig(problem="cnn", method="fedpm", clients=NODES, rounds=1, lr=0.1, out=out("cnn")),
-        "hostile": logreg("fedpm", rounds=HOSTILE_ROUNDS, precond_codec="sym", out=out("hostile")),
-        "killed": logreg("fedpm", timeout=KILL_TIMEOUT, out=out("killed")),
+        "hostile": logreg(
+            "fedpm", rounds=HOSTILE_ROUNDS, precond_codec="sym", timeout=KILL_TIMEOUT, out=out("hostile")
+        ),
         "dead": logreg("fedpm", rounds=1, timeout=DEAD_TIMEOUT, out=out("dead")),
     }
 
@@ -203,23 +209,22 @@ def sqlite_files(folder) -> list:
 def _submit(fed, name, cfg, found):
     if name == "fednl":  # as validation.flower's run_flower draws it, on a terminal
         return _with_bar(fed, cfg, found)
-    if name == "hostile":
-        return fed.run(cfg, timeout=600, clientapp="hostile_clientapp:app")
     if name == "dead":
         return fed.run(cfg, timeout=cfg.timeout)
-    if name != "killed":
+    if name != "hostile":
         return fed.run(cfg, timeout=600)
-    seen = log_of(fed, "supernode-2").count("Receiving: train message")  # from the earlier runs
+    node = f"supernode-{KILLED}"
+    seen = log_of(fed, node).count("Receiving: train message")  # from the earlier runs
 
-    def kill_in_round_2(fed):
+    def kill_in_the_last_round(fed):
         deadline = time.time() + 600
-        while log_of(fed, "supernode-2").count("Receiving: train message") < seen + 2:
-            assert time.time() < deadline, "the node never reached round 2"
+        while log_of(fed, node).count("Receiving: train message") < seen + cfg.rounds:
+            assert time.time() < deadline, f"the node never reached round {cfg.rounds}"
             time.sleep(0.1)
-        fed.kill_node(2)
+        fed.kill_node(KILLED)
         found["killed_at"] = time.time()
 
-    return fed.run(cfg, timeout=600, on_submitted=kill_in_round_2)
+    return fed.run(cfg, timeout=600, clientapp="hostile_clientapp:app", on_submitted=kill_in_the_last_round)
 
 
 def _with_bar(fed, cfg, found):

@@ -37,6 +37,7 @@ from fedconvex.files import DamagedFile, NotARegularFile, read_regular  # noqa: 
 from fedpm_dnn.data import DatasetError  # noqa: E402
 from fedpm_dnn.data import cifar as cifar_mod  # noqa: E402
 from fedpm_dnn.data.femnist import load_femnist  # noqa: E402
+from fedpm_flower.deploy import _zombie  # noqa: E402
 from figures import __main__ as figures_main  # noqa: E402
 from validation import dnn, experiments, flower, outputs, report, superlinear  # noqa: E402
 
@@ -313,22 +314,13 @@ def _killed_with_a_child(out, child_seconds):
     return p.pid, child
 
 
-def _running(pid) -> bool:
-    """Whether ``pid`` runs (an orphan that has ended may stay a zombie until whoever adopted it reaps it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_a_lock_held_by_a_killed_runs_child_is_waited_for_then_taken(tmp_path):
     out = tmp_path / "run"
     _, child = _killed_with_a_child(out, 1.0)
     start = time.monotonic()
     with outputs.ResultDir(str(out)) as tmp:  # taken once the child has ended, not refused
         assert time.monotonic() - start > 0.2
-        assert not _running(child)
+        assert _zombie(child)  # gone, or ended and not yet reaped by whoever adopted it
         open(os.path.join(tmp, "summary.json"), "w").write("{}")
     assert sorted(os.listdir(tmp_path)) == ["run"]
 
@@ -349,7 +341,7 @@ def test_a_lock_a_killed_runs_child_keeps_is_refused_naming_the_ended_run(tmp_pa
     finally:
         os.kill(child, signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while _running(child) and time.monotonic() < deadline:
+    while not _zombie(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     with outputs.ResultDir(str(out)):
         pass

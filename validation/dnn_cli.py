@@ -299,14 +299,7 @@ def build_parser(doc: str | None = None):
 def parse_args(argv=None, doc: str | None = None):
     p = build_parser(doc)
     args = p.parse_args(argv)
-    if args.seeds is not None and args.seed is not None:
-        p.error("--seed and --seeds exclude each other")
-    seeds = args.seeds or [0 if args.seed is None else args.seed]
-    args.alphas = args.alpha  # None (the preset's, else 0.1) or the values as typed (they name run folders)
-    args.seed, args.alpha = seeds[0], None if args.alpha is None else float(args.alpha[0])
-    combos = list(itertools.product(seeds, args.alphas or [None]))
-    check_preset(p, args)
-    resolve_into(p, args)
+    combos = settle(p, args)
     check_natural_split(p, args, p.given(sys.argv[1:] if argv is None else argv))
     if args.resume and args.overwrite:
         p.error("--resume and --overwrite exclude each other")
@@ -318,6 +311,21 @@ def parse_args(argv=None, doc: str | None = None):
             args.out = default_out(args)
         check_args(p, args)
     return args
+
+
+def settle(p, args) -> list:
+    """The parsed flags made the run's settings, the one way every reader sees them (the run itself, its default
+    --out, the sweep's comparison of a recorded command with a profile's: ``command_fingerprint``): --seed and
+    --alpha as the first run's, the preset applied under the flags (args.resolved), alpha in its canonical form.
+    Returns the (seed, alpha text) of each run a list of seeds and alphas makes."""
+    if args.seeds is not None and args.seed is not None:
+        p.error("--seed and --seeds exclude each other")
+    seeds = args.seeds or [0 if args.seed is None else args.seed]
+    args.alphas = args.alpha  # None (the preset's, else 0.1) or the canonical values (they name run folders)
+    args.seed, args.alpha = seeds[0], None if args.alpha is None else float(args.alpha[0])
+    check_preset(p, args)
+    resolve_into(p, args)
+    return list(itertools.product(seeds, args.alphas or [None]))
 
 
 def check_natural_split(p, args, given: set) -> None:
@@ -366,12 +374,14 @@ def default_out(args, stack: bool = False) -> str:
     if stack:
         differs = [k for k in differs if k not in ("seed", "alpha")]
     if "alpha" in differs:
-        head.append("a" + (args.alphas[0] if args.alphas else repr(args.resolved.settings["alpha"])))
+        head.append("a" + canonical_alpha(args.resolved.settings["alpha"]))
         differs.remove("alpha")
     if differs:
         text = json.dumps({k: want.get(k) for k in differs}, sort_keys=True, default=str)
         head.append(hashlib.sha256(text.encode()).hexdigest()[:8])
     name = os.path.join("results", "-".join(head))
+    if not stack and args.alphas and args.alphas.typed:
+        name = legacy_alpha_folder(name, args.alphas[0], args.alphas.typed[0])
     legacy = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")  # the earlier default
     if not stack and args.resume and not os.path.exists(name) and os.path.isfile(os.path.join(legacy, "checkpoint.pt")):
         return legacy
@@ -405,14 +415,37 @@ def lr_schedule(args):
     return schedule_for(args.lr_warmup_rounds, args.lr_milestones, args.rounds)
 
 
+def canonical_alpha(value) -> str:
+    """An alpha's one written form, as run folders, default --out names and the sweep's profiles write it: the
+    shortest text that reads back as the same float (1, 1.0 and 1.00 are all 1.0; 0.10 is 0.1)."""
+    return repr(float(value))
+
+
+class AlphaList(list):
+    """--alpha's values in their canonical form (``canonical_alpha``); ``typed``: as given on the command line,
+    which named run folders before names were canonical (found again under --resume: ``legacy_alpha_folder``)."""
+
+    typed: tuple = ()
+
+
 def alpha_list(text):
-    """--alpha: one Dirichlet concentration or a comma-separated list (kept as typed: they name run folders)."""
+    """--alpha: one Dirichlet concentration or a comma-separated list of distinct values (1 and 1.0 are one)."""
     parts = text.split(",")
-    for t in parts:
-        common.positive_float(t)
-    if len(set(parts)) != len(parts):
-        raise argparse.ArgumentTypeError(f"repeated value in {text}")
-    return parts
+    values = AlphaList(canonical_alpha(common.positive_float(t)) for t in parts)
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"repeated value in {text} (as numbers: {', '.join(values)})")
+    values.typed = tuple(parts)
+    return values
+
+
+def legacy_alpha_folder(folder: str, canonical: str, typed: str) -> str:
+    """``folder``, named with an alpha in its canonical form, or the folder a run under the same flags wrote
+    before names were canonical (the alpha as typed) where only that one holds a checkpoint to resume."""
+    if typed == canonical or os.path.exists(folder):
+        return folder
+    head, tail = os.path.split(folder)
+    old = os.path.join(head, tail.replace(f"a{canonical}", f"a{typed}", 1))
+    return old if os.path.isfile(os.path.join(old, "checkpoint.pt")) else folder
 
 
 def seed_list(text):
@@ -427,16 +460,22 @@ def stack_run_name(dataset: str, alpha: str, method: str, seed: int) -> str:
     return f"main-{dataset}-a{alpha}-{method}-s{seed}"
 
 
+def stack_names(args, combos) -> list:
+    """A stack's run folder names, in the order seeds x alphas: --run-names, else validation.experiments' names
+    of the main runs (alpha in its canonical form)."""
+    alpha_text = [a if a is not None else canonical_alpha(args.resolved.settings["alpha"]) for _, a in combos]
+    return args.run_names or [
+        stack_run_name(args.dataset, a, args.method, s) for (s, _), a in zip(combos, alpha_text, strict=True)
+    ]
+
+
 def check_stack_args(p, args, combos):
     """Several runs (--seeds / --alpha lists): args.runs gets one namespace per run, its own seed, alpha (resolved
     with the preset as a run alone would be) and folder under --out; a run folder with a checkpoint continues under
     --resume, one without starts."""
     if args.engine == "sequential":
         p.error("--seeds / --alpha lists train the runs as one stack on the vectorized engine, not --engine sequential")
-    alpha_text = [a if a is not None else repr(args.resolved.settings["alpha"]) for _, a in combos]
-    names = args.run_names or [
-        stack_run_name(args.dataset, a, args.method, s) for (s, _), a in zip(combos, alpha_text, strict=True)
-    ]
+    names = stack_names(args, combos)
     if len(names) != len(combos):
         p.error(f"--run-names: {len(names)} names for {len(combos)} runs (seeds x alphas)")
     if len(set(names)) != len(names) or any(not n or os.sep in n or n in (".", "..") for n in names):
@@ -448,9 +487,12 @@ def check_stack_args(p, args, combos):
     if args.out is None:
         args.out = default_out(args, stack=True)
     check_stack_out(p, args.out)
+    typed = dict(zip(args.alphas or (), getattr(args.alphas, "typed", ()), strict=False))
     for (seed, alpha), name in zip(combos, names, strict=True):
         run = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "runs"})
         run.seed, run.out = seed, os.path.join(args.out, name)
+        if args.run_names is None and alpha in typed:
+            run.out = legacy_alpha_folder(run.out, alpha, typed[alpha])
         run.alpha, run.alphas = (None, None) if alpha is None else (float(alpha), [alpha])
         run.resume = args.resume and os.path.isfile(os.path.join(run.out, "checkpoint.pt"))
         run.overwrite = args.overwrite
@@ -625,14 +667,22 @@ def run_fingerprint(args) -> dict:
     return dict(sorted({**flags, "alpha": args.resolved.settings["alpha"]}.items()))
 
 
-def command_fingerprint(argv) -> dict:
-    """What a command line computes, resolved without reading data (``resolved_fingerprint``).  The sweep compares
-    a profile's run with the command a result folder's summary.json records this way (validation/sweep.py)."""
-    args = build_parser().parse_args(list(argv))
-    args.resolved = resolve(args)
-    args.dataset = args.resolved.settings["dataset"]
-    if args.seed is None:
-        args.seed = 0
+def command_fingerprint(argv, run_name: str | None = None) -> dict:
+    """What a command line computes, resolved without reading data (``resolved_fingerprint``), its flags settled as
+    the command itself settles them (``settle``: presets applied, alpha canonical), so that a flag left to the
+    preset, or written another way (0.10, 1), is no difference.  A stack's command (--seeds, --alpha lists) is
+    read for its run in the folder ``run_name`` (ValueError when it has none of that name).  The sweep compares a
+    profile's run with the command a result folder's summary.json records this way (validation/sweep.py)."""
+    p = build_parser()
+    args = p.parse_args(list(argv))
+    combos = settle(p, args)
+    if len(combos) > 1 or args.seeds is not None or args.run_names is not None:
+        names = stack_names(args, combos)
+        if run_name not in names or len(names) != len(combos):
+            raise ValueError(f"the stack's command has no run {run_name!r}")
+        seed, alpha = combos[names.index(run_name)]
+        args.seed, args.alpha = seed, None if alpha is None else float(alpha)
+        resolve_into(p, args)
     return resolved_fingerprint(args)
 
 

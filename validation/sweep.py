@@ -135,12 +135,13 @@ def stack_argv(group: list) -> list:
 
 
 @functools.lru_cache(maxsize=4096)
-def _fingerprint(argv: tuple) -> dict | None:
+def _fingerprint(argv: tuple, run_name: str | None = None) -> dict | None:
+    """``argv``'s settings as validation.dnn settles them (a stack's command: its run in folder ``run_name``)."""
     from validation.dnn_cli import command_fingerprint
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # the parser's one-line complaint: we say "stale"
-            return command_fingerprint(argv)
+            return command_fingerprint(argv, run_name)
     except (SystemExit, ValueError):  # a recorded command this version no longer takes: another configuration
         return None
 
@@ -184,7 +185,8 @@ def status(run, folder: str) -> Status:
     want = _fingerprint(tuple(run.argv))
     if "command" in summary and want is not None:
         argv = recorded_argv(summary)
-        diff = first_difference(want, None if argv is None else _fingerprint(tuple(argv)))
+        have = None if argv is None else _fingerprint(tuple(argv), os.path.basename(os.path.normpath(folder)))
+        diff = first_difference(want, have)
         # the augmentation the run trained with, as its summary records it: a command that gave none trained
         # with the default of its version, which may not be this version's
         if not diff and summary.get("augment") not in (None, want.get("augment")):

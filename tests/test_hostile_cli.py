@@ -124,3 +124,90 @@ def test_a_run_and_the_sweep_see_one_fingerprint(alpha):
     args = dnn_cli.parse_args(PRESET + given + ["--out", "x"])
     assert dnn_cli.resolved_fingerprint(args) == dnn_cli.command_fingerprint(PRESET + given)
     assert dnn_cli.command_fingerprint(PRESET + given) == dnn_cli.command_fingerprint(PRESET)
+
+
+# ------------------------------------------------------------------ the shipped results are only read
+def tree(folder) -> list:
+    return sorted((d, sorted(fs)) for d, _, fs in os.walk(folder))
+
+
+@pytest.mark.parametrize("below", ["", "quick", "no-such-profile-folder", "quick/.."])
+def test_the_sweep_does_not_compute_into_the_shipped_results(capsys, below):
+    from validation import experiments
+
+    before = tree(experiments.REFERENCE)
+    root = os.path.join(experiments.REFERENCE, below)
+    with pytest.raises(SystemExit) as exc:
+        experiments.main(["--profile", "smoke", "--out", root, "--data-dir", "no-such-data"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "is the folder of the shipped results, which is only read" in err and "\n" not in err
+    assert tree(experiments.REFERENCE) == before
+
+
+def test_figures_compute_not_into_the_shipped_results_but_draw_from_them(tmp_path, capsys):
+    from figures.__main__ import main as figures_main
+    from validation import experiments
+
+    before = tree(experiments.REFERENCE)
+    argv = ["--profile", "smoke", "--results", experiments.REFERENCE, "--out", str(tmp_path / "figs")]
+    with pytest.raises(SystemExit) as exc:
+        figures_main(argv + ["--compute", "--data-dir", "no-such-data"])
+    assert exc.value.code == 2 and "only read" in capsys.readouterr().err
+    assert tree(experiments.REFERENCE) == before
+    # healthy counterparts: drawing from them, listing them
+    figures_main(argv + ["--no-compute"])
+    assert experiments.main(["--profile", "smoke", "--out", experiments.REFERENCE, "--list"]) == 0
+    assert tree(experiments.REFERENCE) == before
+
+
+# ------------------------------------------------------------------ one rule for old and new spellings
+def spellings():
+    """(command's main, arguments before the pair, the new spelling and a value, the old one and a value)."""
+    from validation import experiments, superlinear
+
+    return [
+        (experiments.main, ["--profile", "smoke", "--list"], ["--out", "A"], ["--results", "B"]),
+        (superlinear.main, ["--dataset", "w8a"], ["--device", "cpu"], ["--backend", "numpy"]),
+    ]
+
+
+@pytest.mark.parametrize("case", range(2))
+@pytest.mark.parametrize("old_first", [False, True])
+def test_an_old_spelling_given_with_its_new_one_is_refused(tmp_path, monkeypatch, capsys, case, old_first):
+    monkeypatch.chdir(tmp_path)
+    main, base, new, old = spellings()[case]
+    with pytest.raises(SystemExit) as exc:
+        main(base + (old + new if old_first else new + old))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"{old[0]} is the earlier spelling of {new[0]}: give one of them" in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_centralised_benchmark_refuses_both_spellings_of_its_subsets():
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "benchmarks", "foof_centralised.py")
+    spec = importlib.util.spec_from_file_location("foof_centralised_spellings", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for argv in (["--train", "3", "--train-subset", "4"], ["--test-subset", "4", "--test", "3"]):
+        with pytest.raises(SystemExit) as exc:
+            mod.parse_args(["--synthetic", "--out", "x", *argv])
+        assert exc.value.code == 2
+    # healthy counterparts: either spelling alone, the same spelling twice (the last wins, as argparse does)
+    base = ["--synthetic", "--out", "x"]
+    assert mod.parse_args(base + ["--train", "3"]).train == 3
+    assert mod.parse_args(base + ["--train-subset", "3", "--train-subset", "5"]).train == 5
+    assert "_spelled_as" not in vars(mod.parse_args(base + ["--test", "7"]))
+
+
+def test_an_old_spelling_alone_still_works_with_one_warning(tmp_path, capsys):
+    from validation import experiments
+
+    assert experiments.main(["--profile", "smoke", "--list", "--results", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert err == "python -m validation.experiments: warning: --results is deprecated; use --out\n"

@@ -587,13 +587,25 @@ def check_run_args(parser, args):
     return lambda r: run_seed(r) == args.seed
 
 
-def check_results_arg(parser, path: str, flag: str = "--results") -> None:
+def check_results_arg(parser, path: str, flag: str = "--results", computes: bool = True) -> None:
     """The runs' root (experiments --out, figures --results) must be a folder (or not exist yet): every run writes
-    below it."""
+    below it.  Where runs are computed (``computes``) it is not the shipped results' folder: reference/ is only
+    read (its runs are copied into the runs' root where that lacks them)."""
     if not path.strip():
         parser.error(f"{flag}: empty path")
     if os.path.lexists(path) and not os.path.isdir(path):
         parser.error(f"{flag} {path}: is not a folder")
+    if computes and within(path, REFERENCE):
+        parser.error(
+            f"{flag} {path}: is the folder of the shipped results, which is only read; give another folder (its "
+            "runs are copied there where it lacks them)"
+        )
+
+
+def within(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or below it, links resolved (a path that does not exist yet included)."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([path, folder]) == folder
 
 
 def add_sweep_args(p) -> None:
@@ -701,7 +713,7 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
     by_seed = check_run_args(p, args)
-    check_results_arg(p, args.results, "--out")
+    check_results_arg(p, args.results, "--out", computes=not args.list)
     check_profile_folder(p, args.results, args.profile, "--out")
     by_name = None
     if args.only:

@@ -4,16 +4,21 @@ profile)."""
 
 import json
 import os
+import shutil
 import types
 
 import pytest
 
-from validation import dnn_cli, outputs, sweep
+torch = pytest.importorskip("torch")
+
+from fake_cifar import cifar_pickle  # noqa: E402
+
+from validation import dnn, dnn_cli, outputs, sweep  # noqa: E402
 
 PRESET = ["--preset", "cifar10-a0.1", "--method", "fedavg"]
 
 
-def finished(folder, command, rounds=2):
+def sweep_result(folder, command, rounds=2):
     """A finished run's folder as validation.dnn leaves it (summary.json recording ``command``, ``rounds`` rows)."""
     os.makedirs(folder, exist_ok=True)
     header = "round,test_acc,train_loss,client_seconds,server_seconds,bytes_up,bytes_down,peak_memory_mb,wall_seconds"
@@ -48,7 +53,7 @@ def profile_run(name, argv, rounds=2):
 def test_the_sweep_compares_a_finished_run_resolved_not_as_typed(tmp_path, recorded):
     run = profile_run("main-cifar10-a0.1-fedavg-s0", PRESET + ["--seed", "0", "--alpha", "0.1"])
     folder = tmp_path / run.name
-    finished(folder, "python -m validation.dnn " + " ".join(recorded))
+    sweep_result(folder, "python -m validation.dnn " + " ".join(recorded))
     st = sweep.status(run, str(folder))
     assert (st.state, st.why) == (sweep.DONE, "")
 
@@ -64,7 +69,7 @@ def test_the_sweep_compares_a_finished_run_resolved_not_as_typed(tmp_path, recor
 def test_the_sweep_still_calls_another_run_stale(tmp_path, recorded, differs):
     run = profile_run("main-cifar10-a0.1-fedavg-s0", PRESET + ["--seed", "0", "--alpha", "0.1"])
     folder = tmp_path / run.name
-    finished(folder, "python -m validation.dnn " + " ".join(recorded))
+    sweep_result(folder, "python -m validation.dnn " + " ".join(recorded))
     st = sweep.status(run, str(folder))
     assert (st.state, st.why) == (sweep.STALE, differs)
 
@@ -211,3 +216,128 @@ def test_an_old_spelling_alone_still_works_with_one_warning(tmp_path, capsys):
     assert experiments.main(["--profile", "smoke", "--list", "--results", str(tmp_path / "r")]) == 0
     err = capsys.readouterr().err
     assert err == "python -m validation.experiments: warning: --results is deprecated; use --out\n"
+
+
+# ------------------------------------------------------------------ runs re-run: advice that works, files restored
+BASE = ["--dataset", "cifar10", "--method", "fedavg", "--clients", "2", "--local-epochs", "1"]
+BASE += ["--batch-size", "16", "--quiet", "--threads", "1", "--train-subset", "20", "--test-subset", "10"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    cifar_pickle(str(root / "cifar-10-batches-py"), n=24)
+    threads = torch.get_num_threads()
+    yield str(root)
+    torch.set_num_threads(threads)
+
+
+def call(argv, capsys):
+    """(exit status, stdout, stderr) of validation.dnn in this process."""
+    capsys.readouterr()
+    try:
+        rc = dnn.main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err, err
+    return rc, out, err
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, data):
+    """A finished one-round run with the default --out (its results folder, to be copied)."""
+    here = tmp_path_factory.mktemp("finished")
+    cwd = os.getcwd()
+    os.chdir(here)
+    try:
+        assert dnn.main(BASE + ["--data-dir", data, "--rounds", "1"]) == 0
+    finally:
+        os.chdir(cwd)
+    (folder,) = os.listdir(here / "results")
+    return here / "results", folder
+
+
+def test_the_advice_to_extend_a_finished_default_out_run_finds_it(tmp_path, monkeypatch, data, finished, capsys):
+    results, folder = finished
+    shutil.copytree(results, tmp_path / "results")
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = call(BASE + ["--data-dir", data, "--rounds", "1"], capsys)
+    assert rc == 0 and "nothing to compute" in out, err
+    advice = out.split("--resume --rounds N", 1)[1].split(",")[0]
+    assert advice.startswith(" --out ") and folder in advice, out
+    extend = advice.split()  # --out and the folder, as the advice gives them
+    rc, out, err = call(BASE + ["--data-dir", data, "--rounds", "2", "--resume", *extend], capsys)
+    assert rc == 0, err
+    rows = (tmp_path / "results" / folder / "history.csv").read_text().splitlines()
+    assert len(rows) == 3  # the header and two rounds: extended in place, not started again elsewhere
+    assert os.listdir(tmp_path / "results") == [folder]
+
+
+def test_the_advice_for_a_run_in_a_given_out_adds_nothing_to_it(tmp_path, data, finished, capsys):
+    results, folder = finished
+    shutil.copytree(results / folder, tmp_path / "run")
+    rc, out, _ = call(BASE + ["--data-dir", data, "--rounds", "1", "--out", str(tmp_path / "run")], capsys)
+    assert rc == 0 and "--resume --rounds N, N more than now, extends it" in out and "--out" not in out
+
+
+def damage(folder, how):
+    path = folder / ("summary.json" if "summary" in how else "history.csv")
+    if how.startswith("missing"):
+        path.unlink()
+    elif how == "damaged-summary":
+        path.write_text('{"best_test_acc": ')
+    elif how == "damaged-history":
+        path.write_text(path.read_text().splitlines()[0] + "\n")  # the header alone: no round
+    else:
+        path.write_bytes(b"\xff\xfe not text")
+
+
+@pytest.mark.parametrize("how", ["missing-summary", "missing-history", "damaged-summary", "damaged-history", "bytes"])
+def test_a_finished_run_whose_files_were_lost_gets_them_back(tmp_path, data, finished, capsys, how):
+    results, folder = finished
+    run = tmp_path / "run"
+    shutil.copytree(results / folder, run)
+    history, summary = (run / "history.csv").read_text(), json.loads((run / "summary.json").read_text())
+    damage(run, how)
+    rc, out, err = call(BASE + ["--data-dir", data, "--rounds", "1", "--out", str(run)], capsys)
+    assert rc == 0 and "history.csv and summary.json written again from checkpoint.pt (1 round)" in out, err
+    assert "nothing to compute" not in out
+    assert (run / "history.csv").read_text() == history  # every round's row, as the run measured it
+    restored = json.loads((run / "summary.json").read_text())
+    assert restored["best_test_acc"] == summary["best_test_acc"] and restored["rounds_done"] == 1
+    # and now it is whole: a re-run has nothing to do
+    rc, out, _ = call(BASE + ["--data-dir", data, "--rounds", "1", "--out", str(run)], capsys)
+    assert rc == 0 and "nothing to compute" in out
+
+
+def test_a_run_asked_for_fewer_rounds_than_its_lost_files_held_is_told_how(tmp_path, data, finished, capsys):
+    results, folder = finished
+    run = tmp_path / "run"
+    shutil.copytree(results / folder, run)
+    (run / "summary.json").unlink()
+    # a checkpoint of 1 round, asked for 1: restored; one asked for fewer cannot be: --rounds 0 is no run, so
+    # the case is one round held and asked for via a checkpoint of 2
+    assert dnn.main(BASE + ["--data-dir", data, "--rounds", "2", "--resume", "--out", str(run)]) == 0
+    (run / "history.csv").unlink()
+    rc, _, err = call(BASE + ["--data-dir", data, "--rounds", "1", "--out", str(run)], capsys)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "history.csv is missing; --rounds 2 writes history.csv and summary.json again" in err
+    assert not (run / "history.csv").exists()
+
+
+# ------------------------------------------------------------------ flags of the vectorized engine, resolved
+@pytest.mark.parametrize("flags", [["--step-graph", "on"], ["--step-graph", "off"], ["--client-chunk", "2"]])
+def test_vectorized_flags_are_refused_when_auto_resolves_to_sequential(tmp_path, capsys, flags):
+    out = tmp_path / "out"
+    # no data: the refusal comes first, at the engine's resolution
+    rc, _, err = call(BASE + ["--data-dir", str(tmp_path), "--rounds", "1", "--out", str(out), *flags], capsys)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"{flags[0]}" in err and "--engine auto is the sequential one on this cpu" in err
+    assert not out.exists()
+
+
+def test_vectorized_flags_on_the_vectorized_engine_run(tmp_path, data, capsys):
+    flags = ["--engine", "vectorized", "--client-chunk", "1", "--step-graph", "off"]
+    rc, _, err = call(BASE + ["--data-dir", data, "--rounds", "1", "--out", str(tmp_path / "v"), *flags], capsys)
+    assert rc == 0, err

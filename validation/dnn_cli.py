@@ -300,6 +300,7 @@ def parse_args(argv=None, doc: str | None = None):
     p = build_parser(doc)
     args = p.parse_args(argv)
     combos = settle(p, args)
+    args.out_given = args.out is not None  # a default --out names the rounds: advice to extend a run names it
     check_natural_split(p, args, p.given(sys.argv[1:] if argv is None else argv))
     if args.resume and args.overwrite:
         p.error("--resume and --overwrite exclude each other")
@@ -490,7 +491,7 @@ def check_stack_args(p, args, combos):
     typed = dict(zip(args.alphas or (), getattr(args.alphas, "typed", ()), strict=False))
     for (seed, alpha), name in zip(combos, names, strict=True):
         run = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "runs"})
-        run.seed, run.out = seed, os.path.join(args.out, name)
+        run.seed, run.out, run.runs_parent = seed, os.path.join(args.out, name), args.out
         if args.run_names is None and alpha in typed:
             run.out = legacy_alpha_folder(run.out, alpha, typed[alpha])
         run.alpha, run.alphas = (None, None) if alpha is None else (float(alpha), [alpha])
@@ -592,17 +593,33 @@ def check_args(p, args):
     for first, _ in schedule.milestones if schedule else ():
         if first > args.rounds:
             p.error(f"--lr-milestones {args.lr_milestones}: a milestone starts at round {first}, after the last round")
-    if args.client_chunk is not None and args.engine == "sequential":
-        p.error("--client-chunk applies to --engine vectorized (or auto on a GPU), not to --engine sequential")
-    if args.step_graph != "auto" and args.engine == "sequential":
-        p.error(
-            f"--step-graph {args.step_graph} applies to --engine vectorized (or auto on a GPU), "
-            "not to --engine sequential"
-        )
+    why = vectorized_only(args, args.engine)
+    if why:
+        p.error(why)
     common.check_out_arg(p, args.out, kind=OUTPUT)
     why = checkpoint_conflict(args)
     if why:
         p.error(why)
+
+
+def vectorized_only(args, engine: str, device: str | None = None) -> str | None:
+    """Why a flag of the vectorized engine (--client-chunk, --step-graph on/off) does not apply to ``engine``, the
+    run's engine (``device``: the device --engine auto resolved it for), or None: such a flag is refused, never
+    ignored."""
+    if engine != "sequential":
+        return None
+    given = ["--client-chunk"] if args.client_chunk is not None else []
+    given += [f"--step-graph {args.step_graph}"] if args.step_graph != "auto" else []
+    if not given:
+        return None
+    what = " and ".join(given)
+    verb = "apply" if len(given) > 1 else "applies"
+    if device is None:
+        return f"{what} {verb} to --engine vectorized (or auto on a GPU), not to --engine sequential"
+    return (
+        f"{what} {verb} to the vectorized engine, and --engine auto is the sequential one on this {device}: "
+        "give --engine vectorized, or leave them out"
+    )
 
 
 def checkpoint_conflict(args) -> str | None:
@@ -631,7 +648,7 @@ def checkpoint_conflict(args) -> str | None:
 # difference is named by what differs (checkpoints that recorded these flags still resume: fedpm_dnn.checkpoint)
 NOT_IN_FINGERPRINT = {
     *("out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "deadline", "resolved"),
-    *("gn_groups", "seeds", "alphas", "run_names", "runs", "overwrite", "step_graph"),
+    *("gn_groups", "seeds", "alphas", "run_names", "runs", "overwrite", "step_graph", "out_given", "runs_parent"),
     *HYPERPARAMETER_FLAGS,
     *("local_epochs", "foof_samples", "clients", "participants"),
     *("lr_warmup_rounds", "lr_milestones"),  # in the fingerprint as the resolved lr_schedule (run_fingerprint)

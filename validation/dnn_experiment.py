@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from validation.dnn_cli import DEFAULT_CLIENTS, lr_schedule, resolved_augment
+from validation.dnn_cli import DEFAULT_CLIENTS, lr_schedule, resolved_augment, vectorized_only
 
 # auto: on a GPU the vectorized engine (5-6x the sequential one for SimpleCNN on an H100/H200); on a CPU the
 # sequential one.  With per-client convolutions the vectorized engine is level there (SimpleCNN, 10 clients:
@@ -112,6 +112,9 @@ def build(args):
         else ("cpu" if args.device == "auto" else args.device)
     )
     engine = AUTO_ENGINE[device] if args.engine == "auto" else args.engine
+    why = vectorized_only(args, engine, device)  # before any data is read
+    if why:
+        raise ValueError(why)
     res = args.resolved
     cfg, settings = concrete_foof_apply(args, res.config, device), res.settings
     data, natural = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)

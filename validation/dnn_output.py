@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import platform
+import shlex
 import shutil
 
 import numpy as np
@@ -54,15 +55,54 @@ def settle_previous(run, exp, stacked: bool = False) -> str | None:
                 "it, or --overwrite to start over"
             ),
         )
+    damaged = outputs_problem(run.out, done)
+    if damaged:  # the checkpoint holds every round's row: the files are written again from it (no round is run)
+        if done > run.rounds:
+            common.fail(
+                PROG,
+                ValueError(f"--out {run.out}: {damaged}; --rounds {done} writes history.csv and summary.json again"),
+            )
+        rounds = f"{done} round{'s' if done != 1 else ''}"
+        print(f"{run.out}: {damaged}; history.csv and summary.json written again from checkpoint.pt ({rounds})")
+        run.resume = True
+        return None
     best = ""
     with contextlib.suppress(ValueError, OSError, TypeError, KeyError):
         summary = read_json_object(os.path.join(run.out, "summary.json"))
         best = f", best test accuracy {float(summary['best_test_acc']):.4f}"
     rounds = f"{done} round{'s' if done != 1 else ''}"
-    return (
-        f"{run.out} already holds this run ({rounds}{best}); nothing to compute (--overwrite recomputes it, "
-        "--resume with more --rounds extends it)"
-    )
+    return f"{run.out} already holds this run ({rounds}{best}); nothing to compute ({extend_advice(run)})"
+
+
+def extend_advice(run) -> str:
+    """How to recompute or extend a finished run, in words that find it again: a default --out names the rounds,
+    so more --rounds without it would name another folder; the folder is then given."""
+    stacked = getattr(run, "runs_parent", None)
+    out = stacked or run.out
+    where = "" if getattr(run, "out_given", True) else f" --out {shlex.quote(out)}"
+    what = "the stack" if stacked else "it"
+    return f"--overwrite recomputes {what}; --resume --rounds N{where}, N more than now, extends {what}"
+
+
+def outputs_problem(out: str, rounds: int) -> str | None:
+    """What is wrong with a finished run's history.csv and summary.json (missing, damaged, fewer rows than the
+    checkpoint's ``rounds``), or None."""
+    from fedconvex.history import read_run
+
+    missing = [name for name in ("history.csv", "summary.json") if not os.path.lexists(os.path.join(out, name))]
+    if missing:
+        return f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing"
+    try:
+        read_json_object(os.path.join(out, "summary.json"))
+    except (ValueError, OSError) as exc:
+        return f"summary.json is damaged ({exc})"
+    try:
+        rows = read_run(os.path.join(out, "history.csv"))
+    except (ValueError, OSError, KeyError) as exc:
+        return f"history.csv is damaged ({exc})"
+    if [r.get("round") for r in rows] != list(range(1, rounds + 1)):
+        return f"history.csv does not hold rounds 1 to {rounds} as the checkpoint does"
+    return None
 
 
 def stack_advice(why: str, run) -> str:

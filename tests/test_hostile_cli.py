@@ -341,3 +341,44 @@ def test_vectorized_flags_on_the_vectorized_engine_run(tmp_path, data, capsys):
     flags = ["--engine", "vectorized", "--client-chunk", "1", "--step-graph", "off"]
     rc, _, err = call(BASE + ["--data-dir", data, "--rounds", "1", "--out", str(tmp_path / "v"), *flags], capsys)
     assert rc == 0, err
+
+
+# ------------------------------------------------------------------ a data path that is not a file is named
+def not_files(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    return [(fifo, "is a FIFO, not a regular file"), (dangling, "")]
+
+
+@pytest.mark.parametrize("command", ["superlinear", "flower"])
+def test_a_dataset_path_that_is_a_fifo_is_named_as_one(tmp_path, monkeypatch, capsys, command):
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    main = importlib.import_module(f"validation.{command}").main
+    (fifo, what), (dangling, _) = not_files(tmp_path)
+    for path, fragment in ((fifo, what), (dangling, "")):
+        with pytest.raises(SystemExit) as exc:
+            main(["--dataset", str(path), "--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.count("\n") == 1, err
+        assert f"--dataset {path}: " in err and "no such file" not in err and fragment in err, err
+    assert sorted(os.listdir(tmp_path)) == ["dangling", "fifo"]
+
+
+def test_the_libsvm_reader_names_what_a_path_is():
+    import tempfile
+
+    from fedconvex.data import DataError, read_libsvm
+
+    with tempfile.TemporaryDirectory() as d:
+        fifo = os.path.join(d, "f")
+        os.mkfifo(fifo)
+        with pytest.raises(DataError, match="f: is a FIFO, not a regular file"):
+            read_libsvm(fifo)
+        with pytest.raises(DataError, match="is a folder, not a regular file"):
+            read_libsvm(d)
+        with pytest.raises(DataError, match="nothing: no such file"):
+            read_libsvm(os.path.join(d, "nothing"))

@@ -440,6 +440,13 @@ def check_problem_args(parser, args) -> None:
         parser.error(
             f"--dataset {args.dataset}: is a folder; give a bundled name ({', '.join(BUNDLED)}) or a LibSVM file"
         )
+    if args.dataset not in BUNDLED and os.path.lexists(args.dataset) and not os.path.isfile(args.dataset):
+        from fedconvex.files import not_a_file  # a FIFO, a device, a link to nothing: what it is, not "no file"
+
+        parser.error(
+            f"--dataset {args.dataset}: {not_a_file(args.dataset)}; give a bundled name ({', '.join(BUNDLED)}) or "
+            "a LibSVM file"
+        )
 
 
 def check_fits(ds, dataset: str) -> None:

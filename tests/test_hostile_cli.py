@@ -382,3 +382,39 @@ def test_the_libsvm_reader_names_what_a_path_is():
             read_libsvm(d)
         with pytest.raises(DataError, match="nothing: no such file"):
             read_libsvm(os.path.join(d, "nothing"))
+
+
+# ------------------------------------------------------------------ Flower keys: hosts as addresses name them
+@pytest.mark.parametrize(
+    "host, address, san",
+    [("::1", "[::1]:9092", "::1"), ("[::1]", "[::1]:9092", "::1"), ("10.0.0.5", "10.0.0.5:9092", "10.0.0.5")]
+    + [("server.example.org", "server.example.org:9092", "server.example.org")],
+)
+def test_flower_keys_writes_each_host_as_an_address(tmp_path, capsys, host, address, san):
+    pytest.importorskip("cryptography")
+    from cryptography import x509
+
+    from validation import flower_keys
+
+    out = tmp_path / "keys"
+    assert flower_keys.main(["--out", str(out), "--nodes", "1", "--host", host]) == 0
+    text = (out / "COMMANDS.txt").read_text()
+    assert f'address = "{address}"' in text and f"--superlink {address} " in text
+    cert = x509.load_pem_x509_certificate((out / "superlink" / "server.pem").read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san in [str(n.value) for n in names]
+
+
+@pytest.mark.parametrize("host", ["example.org:9092", "https://example.org", "a b", "ex_ample.org", "-x.org", "a..b"])
+def test_flower_keys_refuses_what_is_no_host(tmp_path, capsys, host):
+    pytest.importorskip("cryptography")
+    from fedpm_flower.credentials import write_credentials
+    from validation import flower_keys
+
+    with pytest.raises(SystemExit) as exc:
+        flower_keys.main(["--out", str(tmp_path / "keys"), "--nodes", "1", f"--host={host}"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "neither a DNS name nor an IP address" in err, err
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ValueError, match="neither a DNS name nor an IP address"):  # the library's one check
+        write_credentials(str(tmp_path / "lib"), 1, hosts=[host])

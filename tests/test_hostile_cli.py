@@ -418,3 +418,81 @@ def test_flower_keys_refuses_what_is_no_host(tmp_path, capsys, host):
     assert os.listdir(tmp_path) == []
     with pytest.raises(ValueError, match="neither a DNS name nor an IP address"):  # the library's one check
         write_credentials(str(tmp_path / "lib"), 1, hosts=[host])
+
+
+# ------------------------------------------------------------------ signals: one wording each, advice that works
+def test_a_sigterm_reported_by_a_library_as_a_plain_interrupt_is_still_a_sigterm(capsys):
+    import signal
+
+    from validation import common
+
+    def main():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs at the next bytecode boundary
+                pass
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt() from None  # as Ray's waits report any interruption
+
+    assert common.run_command("prog", main) == 143
+    assert capsys.readouterr().err == "prog: error: terminated (SIGTERM); nothing was written\n"
+
+
+def test_ctrl_c_stays_ctrl_c(capsys):
+    from validation import common
+
+    def main():
+        raise KeyboardInterrupt()
+
+    assert common.run_command("prog", main) == 130
+    assert capsys.readouterr().err == "prog: error: interrupted (Ctrl-C); nothing was written\n"
+
+
+def test_ray_starting_keeps_the_commands_sigterm_handler():
+    """ray.init installs Python handlers that end the driver by sys.exit: while it starts, a SIGTERM would end the
+    command without its line.  The command's handler stays in place throughout; a signal there stops what Ray
+    started."""
+    pytest.importorskip("ray")
+    import signal
+
+    from ray._private import utils
+
+    from validation import common, executors
+
+    seen, stopped = [], []
+
+    def init(**kw):
+        utils.set_sigterm_handler(lambda signum, frame: os._exit(signum))  # as ray.init does for the driver
+        seen.append(signal.getsignal(signal.SIGTERM))
+        raise common.Terminated()
+
+    fake = types.SimpleNamespace(init=init, shutdown=lambda: stopped.append(True))
+
+    def ours(signum, frame):
+        raise common.Terminated()
+
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        with pytest.raises(common.Terminated):
+            executors._connect(fake, None, 1.0)
+        assert seen == [ours] and stopped == [True] and signal.getsignal(signal.SIGTERM) is ours
+        assert utils.set_sigterm_handler.__name__ == "set_sigterm_handler"  # Ray's own again after the start
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.parametrize("signalled", ["KeyboardInterrupt", "Terminated"])
+def test_an_interrupted_sweep_names_the_command_that_continues_it(tmp_path, monkeypatch, capsys, signalled):
+    from validation import common, experiments
+
+    exc = KeyboardInterrupt if signalled == "KeyboardInterrupt" else common.Terminated
+
+    def interrupted(*a, **kw):  # a run in the sweep, stopped: validation.dnn's own advice is for itself alone
+        raise exc(f"{tmp_path} keeps the rounds done so far; --resume continues")
+
+    monkeypatch.setattr(experiments, "ensure", interrupted)
+    argv = ["--profile", "smoke", "--out", str(tmp_path / "r")]
+    rc = common.run_command("python -m validation.experiments", lambda: experiments.main(argv))
+    err = capsys.readouterr().err
+    assert rc == (130 if exc is KeyboardInterrupt else 143) and err.count("\n") == 1, err
+    assert "--resume" not in err and err.rstrip().endswith("the same command continues"), err

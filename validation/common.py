@@ -598,7 +598,11 @@ def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> i
     processes, a worker pool that would otherwise be orphaned) has run by then.  A KeyboardInterrupt carrying a
     message (validation.dnn: what the output folder keeps) says that instead of ``what_is_kept``."""
 
+    received = []  # the SIGTERMs that arrived: a library that turns Terminated into a plain KeyboardInterrupt (Ray's
+    # waits report any interruption so) still ends as a SIGTERM, in its own words and exit status
+
     def terminated(signum, frame):
+        received.append(signum)
         raise Terminated()
 
     def redeliver(unraisable):
@@ -619,12 +623,12 @@ def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> i
     hook, sys.unraisablehook = sys.unraisablehook, redeliver
     try:
         return main()
-    except Terminated as exc:
+    except KeyboardInterrupt as exc:
+        if not isinstance(exc, Terminated) and not received:
+            sys.stderr.write(f"{prog}: error: interrupted (Ctrl-C); {str(exc) or what_is_kept}\n")
+            return 130
         sys.stderr.write(f"{prog}: error: terminated (SIGTERM); {str(exc) or what_is_kept}\n")
         return 128 + signal.SIGTERM
-    except KeyboardInterrupt as exc:
-        sys.stderr.write(f"{prog}: error: interrupted (Ctrl-C); {str(exc) or what_is_kept}\n")
-        return 130
     finally:
         sys.unraisablehook = hook
         if main_thread:

@@ -740,6 +740,16 @@ def main(argv=None) -> int:
 def ensure_from_args(p, args, only, started: float) -> Outcome:
     """``ensure`` with the flags of add_sweep_args / add_run_args (experiments, figures); a Ray cluster that
     cannot be reached, or shipped runs that cannot be copied into the runs' root, is one line."""
+
+    try:
+        return _ensure_from_args(p, args, only, started)
+    except KeyboardInterrupt as exc:  # SIGTERM (Terminated) or Ctrl-C: what continues is this command, as it was
+        raise type(exc)(
+            "the runs finished are kept, and a run cut short keeps its rounds done; the same command continues"
+        ) from None
+
+
+def _ensure_from_args(p, args, only, started: float) -> Outcome:
     from validation import common
 
     try:

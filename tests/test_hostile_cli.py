@@ -5,6 +5,7 @@ profile)."""
 import json
 import os
 import shutil
+import sys
 import types
 
 import pytest
@@ -496,3 +497,52 @@ def test_an_interrupted_sweep_names_the_command_that_continues_it(tmp_path, monk
     err = capsys.readouterr().err
     assert rc == (130 if exc is KeyboardInterrupt else 143) and err.count("\n") == 1, err
     assert "--resume" not in err and err.rstrip().endswith("the same command continues"), err
+
+
+# ------------------------------------------------------------------ a sweep's runs: the profile's flags, one bar
+SMOKE_LIKE = ["--dataset", "cifar10", "--method", "fedavg", "--preset", "cifar10-a0.1", "--rounds", "1"]
+SMOKE_LIKE += ["--train-subset", "20", "--test-subset", "10", "--clients", "2", "--local-epochs", "1", "--threads", "1"]
+
+
+def test_a_sweep_warns_about_no_flag_its_profile_set(tmp_path, data, capsys):
+    from validation import executors
+    from validation.experiments import Run
+
+    run = Run("main-cifar10-a0.1-fedavg-s0", "dnn", tuple(SMOKE_LIKE), rounds=1)
+    rounds = []
+    from validation.progress import sweep_runs
+
+    with sweep_runs(lambda *a: rounds.append(a)):
+        outcomes = executors.run_unit((run,), executors.Job(str(tmp_path), data), {})
+    assert outcomes == [(run.name, "done")]
+    assert "warning" not in capsys.readouterr().err
+    assert rounds == [(run.name, 1, 1)]  # each round told to the sweep, which shows it beside its bar
+    # healthy counterpart: typed by the user, the same flags are warned about
+    rc, _, err = call(SMOKE_LIKE + ["--data-dir", data, "--out", str(tmp_path / "alone")], capsys)
+    assert rc == 0 and "warning: --clients 2, --local-epochs 1 override preset cifar10-a0.1's" in err
+
+
+def test_what_a_sweep_prints_goes_above_its_bar(tmp_path, data, monkeypatch, capsys):
+    import re
+
+    from test_cli_vocabulary import FakeTerminal
+
+    from validation import experiments, progress
+
+    class Printing:
+        def map(self, units, job, estimates):
+            for unit in units:
+                print("a run's line on stderr", file=sys.stderr)
+                progress.round_done(unit[0].name, 1, 3)
+                yield unit, [(r.name, "failed (exit 2)") for r in unit]
+
+    term = FakeTerminal()
+    monkeypatch.setattr("sys.stderr", term)
+    result = experiments.ensure("smoke", data, str(tmp_path / "r"), executor=Printing())
+    monkeypatch.undo()
+    assert result.failed
+    segments = re.split(r"[\r\n]", term.getvalue())
+    assert "a run's line on stderr" in segments, term.getvalue()  # a line of its own, not glued to the bar
+    assert any("main-cifar10-a0.1-fedpm-s0: round 1 of 3" in s for s in segments), term.getvalue()
+    out = capsys.readouterr().out
+    assert "run main-cifar10-a0.1-fedpm-s0 failed (exit 2); its figures will lack it" in out.splitlines()

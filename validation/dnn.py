@@ -26,7 +26,7 @@ import sys
 import time
 
 from fedconvex.files import FolderSwapped, held_folder
-from validation import common, dnn_cli, dnn_output
+from validation import common, dnn_cli, dnn_output, progress
 from validation.dnn_cli import (
     DEFAULT_CLIENTS,
     DEFAULT_ENGINE,
@@ -207,6 +207,7 @@ def run_held(args, exp, desc, command, opened, held) -> int:
         # results on disk after every round, each file replaced atomically
         bar.done = row["round"] - 1
         bar.update(1, f"round {row['round']} acc {row['test_acc']:.3f}")
+        progress.round_done(os.path.basename(os.path.normpath(args.out)), row["round"], args.rounds)
         dnn_output.write_outputs(args.out, history, summarize(desc, history, command))
 
     start = time.perf_counter()

@@ -563,8 +563,10 @@ def check_preset(p, args):
 
 def preset_warning(args) -> str | None:
     """One line naming each flag that contradicts the preset's own setting (allowed: the flag wins)."""
+    from validation.progress import in_sweep
+
     conflicts = args.resolved.conflicts
-    if not conflicts:
+    if not conflicts or in_sweep():  # a sweep's runs: the profile set these flags, not the user
         return None
 
     def show(key, value):  # None: every client / every sample

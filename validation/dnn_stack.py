@@ -9,7 +9,7 @@ import sys
 import time
 
 from fedconvex.files import FolderSwapped, held_folder
-from validation import common, dnn_output
+from validation import common, dnn_output, progress
 from validation.dnn_cli import EXIT_PARTIAL, PROG, preset_warning, run_fingerprint
 from validation.dnn_experiment import build
 from validation.dnn_output import note_failure, open_out, settle_previous, stack_advice, summarize, undo_open_out
@@ -68,6 +68,7 @@ def stack_held(args, command, built, opened, held) -> int:
             if first.pop("round", False):  # the rounds a resumed run did before this process: counted, not timed
                 bar.done = bar.done + row["round"] - 1
             bar.update(1, f"{os.path.basename(run.out)} round {row['round']} acc {row['test_acc']:.3f}")
+            progress.round_done(os.path.basename(run.out), row["round"], run.rounds)
             dnn_output.write_outputs(run.out, history, summarize(desc, history, command))
 
         return write

@@ -53,10 +53,12 @@ def run_unit(unit, job: Job, round_seconds: dict) -> list[tuple[str, str]]:
     is held (validation.outputs.exclusive, as the runner holds it) from before it is read until its outcome is
     known: a run another process is computing (another sweep on the same folder) is left to it (``BUSY``)."""
     from validation.outputs import OutputError, exclusive
+    from validation.progress import sweep_runs
     from validation.sweep import DONE, STALE, START_SECONDS, describe, stack_argv, status
 
     todo, outcomes = [], []
     with contextlib.ExitStack() as held:
+        held.enter_context(sweep_runs())  # the runs' flags are the profile's (a Ray worker's too)
         for run in unit:
             folder = os.path.join(job.root, run.name)
             try:

@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from validation.progress import Progress
+from validation.progress import Progress, sweep_runs
 from validation.sweep import DNN_METHODS, stack_argv, stacks  # noqa: F401  (stack_argv: this module's API)
 
 # FedPM preconditioner codecs measured on the CNN (fedconvex/codecs.py).  lowrank:0.02, lowrank:1 and the
@@ -484,17 +484,19 @@ def ensure(
     bar = Progress(len(todo), f"{profile} runs", enabled=not quiet, unit="run")
     seen = {}
     done_units = (executor or LocalExecutor()).map(sweep.units(todo, stacks if stack else None), job, estimates)
-    try:
-        for _, outcomes in done_units:
-            for name, outcome in outcomes:
-                seen[name] = outcome
-                if outcome.startswith("failed"):
-                    log(f"run {name} {outcome}; its figures will lack it")
-                elif outcome.startswith(BUSY):
-                    log(f"run {name} is {outcome}: left to it; a later call reads its result")
-                bar.update(1, f"{name}: {outcome}")
-    finally:  # on every exit (an error, SIGTERM, Ctrl-C) the executor's clean-up (Ray's shutdown) runs at once
-        getattr(done_units, "close", lambda: None)()
+    # what the runs print goes above the bar, and their rounds beside it (runs computed here; Ray's run elsewhere)
+    with bar.lines_above(), sweep_runs(lambda run, done, rounds: bar.note(f"{run}: round {done} of {rounds}")):
+        try:
+            for _, outcomes in done_units:
+                for name, outcome in outcomes:
+                    seen[name] = outcome
+                    if outcome.startswith("failed"):
+                        log(f"run {name} {outcome}; its figures will lack it")
+                    elif outcome.startswith(BUSY):
+                        log(f"run {name} is {outcome}: left to it; a later call reads its result")
+                    bar.update(1, f"{name}: {outcome}")
+        finally:  # on every exit (an error, SIGTERM, Ctrl-C) the executor's clean-up (Ray's shutdown) runs at once
+            getattr(done_units, "close", lambda: None)()
     not_started = [n for n, o in seen.items() if o == NOT_STARTED]
     if not_started:
         log(

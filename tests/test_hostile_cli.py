@@ -546,3 +546,28 @@ def test_what_a_sweep_prints_goes_above_its_bar(tmp_path, data, monkeypatch, cap
     assert any("main-cifar10-a0.1-fedpm-s0: round 1 of 3" in s for s in segments), term.getvalue()
     out = capsys.readouterr().out
     assert "run main-cifar10-a0.1-fedpm-s0 failed (exit 2); its figures will lack it" in out.splitlines()
+
+
+# ------------------------------------------------------------------ a recorded command carries a relative budget
+@pytest.mark.parametrize("spelled", [["--deadline", "{T}"], ["--deadline={T}"], ["--dead", "{T}"]])
+def test_a_runs_recorded_command_gives_its_deadline_as_a_budget(tmp_path, data, capsys, spelled):
+    import time
+
+    end = time.time() + 3600.0
+    deadline = [w.replace("{T}", repr(end)) for w in spelled]
+    rc, out, err = call(BASE + ["--data-dir", data, "--rounds", "1", "--out", str(tmp_path / "r"), *deadline], capsys)
+    assert rc == 0, err
+    command = json.loads((tmp_path / "r" / "summary.json").read_text())["command"]
+    assert f"reproduce: {command}" in out.splitlines()
+    assert "--dead" not in command and "--budget-minutes 60" in command, command
+    # the recorded line, run again later, stops as late after its own start
+    argv = command.split()[3:]
+    again = dnn_cli.parse_args(argv)
+    assert 3590 < again.deadline - time.time() <= 3601
+    assert dnn_cli.command_fingerprint(argv) == dnn_cli.command_fingerprint(argv[: argv.index("--budget-minutes")])
+
+
+def test_deadline_and_budget_exclude_each_other(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        dnn_cli.parse_args(PRESET + ["--out", str(tmp_path / "x"), "--deadline", "1e10", "--budget-minutes", "5"])
+    assert exc.value.code == 2 and "--deadline and --budget-minutes exclude each other" in capsys.readouterr().err

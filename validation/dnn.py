@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import sys
 import time
 
@@ -174,7 +173,7 @@ def run(args, argv) -> int:
         torch.set_num_threads(args.threads)
     from fedpm_dnn.data import DatasetError
 
-    command = PROG + " " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = dnn_cli.recorded_command(argv if argv is not None else sys.argv[1:], args.started)
     if args.runs:
         return main_stack(args, command)
     try:

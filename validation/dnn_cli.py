@@ -7,8 +7,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
+import shlex
 import sys
+import time
 
 from validation import common
 from validation.outputs import Kind, reserved_name, written_by
@@ -196,6 +199,13 @@ def build_parser(doc: str | None = None):
         help="seconds since the epoch: stop after the round in which this time passes (checkpointed; exit 75 "
         "when rounds are left) (default: none)",
     )
+    p.add_argument(
+        "--budget-minutes",
+        type=common.budget_minutes,
+        default=None,
+        help="stop after the round in which M minutes since the start pass (as --deadline, counted from now; a run's "
+        "recorded command gives its --deadline so) (default: none)",
+    )
     common.add_quiet_arg(p)
     g = p.add_argument_group("hyper-parameters (override the preset)")
     g.add_argument(
@@ -297,8 +307,14 @@ def build_parser(doc: str | None = None):
 
 
 def parse_args(argv=None, doc: str | None = None):
+    started = time.time()  # a --budget-minutes counts from here
     p = build_parser(doc)
     args = p.parse_args(argv)
+    if args.budget_minutes is not None:
+        if args.deadline is not None:
+            p.error("--deadline and --budget-minutes exclude each other")
+        args.deadline = started + 60.0 * args.budget_minutes
+    args.started = started
     combos = settle(p, args)
     args.out_given = args.out is not None  # a default --out names the rounds: advice to extend a run names it
     check_natural_split(p, args, p.given(sys.argv[1:] if argv is None else argv))
@@ -407,6 +423,30 @@ def milestones_arg(text):
     except ValueError as exc:
         raise common.argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def recorded_command(argv, started: float) -> str:
+    """The command line a run records (summary.json, its ``reproduce:`` line): ``argv`` quoted, with an absolute
+    --deadline (the sweep's budget clock) given as the --budget-minutes it left at ``started``, so that the line
+    run again later stops as late after its start, not at once."""
+    words, i = [], 0
+    argv = list(argv)
+    while i < len(argv):
+        word = argv[i]
+        value = None
+        flag = word.split("=", 1)[0]
+        is_deadline = len(flag) >= len("--dea") and "--deadline".startswith(flag)  # argparse takes a prefix
+        if is_deadline and "=" not in word and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 2
+        elif is_deadline and "=" in word:
+            value, i = word.split("=", 1)[1], i + 1
+        else:
+            words.append(word)
+            i += 1
+            continue
+        left = max(float(value) - started, 0.0) / 60.0
+        words += ["--budget-minutes", f"{max(math.ceil(left * 100) / 100, 0.01):g}"]
+    return PROG + " " + " ".join(shlex.quote(w) for w in words)
 
 
 def lr_schedule(args):
@@ -650,6 +690,7 @@ def checkpoint_conflict(args) -> str | None:
 # difference is named by what differs (checkpoints that recorded these flags still resume: fedpm_dnn.checkpoint)
 NOT_IN_FINGERPRINT = {
     *("out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "deadline", "resolved"),
+    *("budget_minutes", "started"),
     *("gn_groups", "seeds", "alphas", "run_names", "runs", "overwrite", "step_graph", "out_given", "runs_parent"),
     *HYPERPARAMETER_FLAGS,
     *("local_epochs", "foof_samples", "clients", "participants"),

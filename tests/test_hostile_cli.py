@@ -571,3 +571,28 @@ def test_deadline_and_budget_exclude_each_other(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         dnn_cli.parse_args(PRESET + ["--out", str(tmp_path / "x"), "--deadline", "1e10", "--budget-minutes", "5"])
     assert exc.value.code == 2 and "--deadline and --budget-minutes exclude each other" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the default --out names a non-default engine
+def test_the_default_out_of_another_engine_is_another_folder(tmp_path, monkeypatch, data, capsys):
+    monkeypatch.chdir(tmp_path)
+    run = BASE + ["--data-dir", data, "--rounds", "1", "--device", "cpu"]
+    assert call(run, capsys)[0] == 0
+    rc, out, err = call(run + ["--engine", "vectorized"], capsys)
+    assert rc == 0 and "nothing to compute" not in out, err
+    folders = sorted(os.listdir("results"))
+    assert len(folders) == 2 and folders[1] == folders[0] + "-vectorized", folders
+    # --engine sequential is what auto gives on a CPU: the same run, the same folder
+    assert dnn_cli.parse_args(run + ["--engine", "sequential"]).out == os.path.join("results", folders[0])
+    rc, out, _ = call(run + ["--engine", "sequential"], capsys)
+    assert rc == 0 and "nothing to compute" in out
+
+
+def test_a_run_of_another_engine_under_the_earlier_name_is_still_found(tmp_path, monkeypatch, data, capsys):
+    monkeypatch.chdir(tmp_path)
+    run = BASE + ["--data-dir", data, "--rounds", "1", "--device", "cpu", "--engine", "vectorized"]
+    untagged = dnn_cli.parse_args(run).out[: -len("-vectorized")]
+    assert call(run + ["--out", untagged], capsys)[0] == 0  # as the earlier default named it
+    assert dnn_cli.parse_args(run).out == untagged
+    rc, out, _ = call(run, capsys)
+    assert rc == 0 and "nothing to compute" in out and os.listdir("results") == [os.path.basename(untagged)]

@@ -184,7 +184,8 @@ def build_parser(doc: str | None = None):
         "--out",
         default=None,
         help="output folder (default: results/dnn-<preset or dataset>-<method>-s<seed>-r<rounds>, then what else "
-        "differs from the preset: -train<N> -test<N> -a<alpha>, a digest of any other setting; docs/dnn.md)",
+        "differs from the preset: -train<N> -test<N> -a<alpha>, a digest of any other setting, the engine where it "
+        "is not auto's; docs/dnn.md)",
     )
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument(
@@ -399,10 +400,47 @@ def default_out(args, stack: bool = False) -> str:
     name = os.path.join("results", "-".join(head))
     if not stack and args.alphas and args.alphas.typed:
         name = legacy_alpha_folder(name, args.alphas[0], args.alphas.typed[0])
+    engine = None if stack else engine_tag(args)
+    if engine:  # another engine than --engine auto's here: another folder (its float32 sums differ)
+        untagged, name = name, f"{name}-{engine}"
+        if not os.path.exists(name) and checkpoint_engine(untagged) == engine:
+            name = untagged  # written before the folder named the engine: still this run's
     legacy = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")  # the earlier default
     if not stack and args.resume and not os.path.exists(name) and os.path.isfile(os.path.join(legacy, "checkpoint.pt")):
         return legacy
     return name
+
+
+def engine_tag(args) -> str | None:
+    """The engine --engine names where it is not the one --engine auto gives on the run's device, else None
+    (that engine's runs are named without it, as they always were)."""
+    if args.engine == "auto":
+        return None
+    from validation.dnn_experiment import AUTO_ENGINE
+
+    device = args.device
+    if device == "auto":
+        try:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        except ImportError:
+            device = "cpu"
+    return None if AUTO_ENGINE.get(device) == args.engine else args.engine
+
+
+def checkpoint_engine(folder: str) -> str | None:
+    """The engine a run's checkpoint in ``folder`` recorded, or None (none there, or not readable)."""
+    path = os.path.join(folder, "checkpoint.pt")
+    if not os.path.isfile(path):
+        return None
+    try:
+        from fedpm_dnn import checkpoint
+
+        saved = checkpoint.load(path, map_location="cpu").get("fingerprint", {})
+    except Exception:  # noqa: BLE001  (an unreadable checkpoint names no engine; the run says why later)
+        return None
+    return saved.get("engine", saved.get("run.engine")) if isinstance(saved, dict) else None
 
 
 def resolve_into(p, args) -> None:

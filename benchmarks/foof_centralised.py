@@ -32,7 +32,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fedpm_dnn import FOOF  # noqa: E402
-from validation.common import add_deprecated_alias, cpu_model  # noqa: E402
+from validation.common import OneLineParser, add_deprecated_alias, cpu_model  # noqa: E402
 
 # optimizer settings: fixed, not tuned per run (the JSON records them)
 CONFIGS = {
@@ -241,11 +241,7 @@ def positive(text: str) -> int:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        prog="python benchmarks/foof_centralised.py",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawTextHelpFormatter,
-    )
+    p = OneLineParser(prog="python benchmarks/foof_centralised.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", default=None, help="CIFAR-10 folder (default: $FEDPM_DATA)")
     p.add_argument("--synthetic", action="store_true", help="generated images instead of CIFAR-10")
     # the subset sizes as validation.dnn names them; --train / --test are the earlier spellings

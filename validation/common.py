@@ -77,11 +77,11 @@ class OneLineParser(argparse.ArgumentParser):
         try:
             for a, _ in saved:
                 a.default = unset
-            ns, _ = self.parse_known_args(argv)
+            ns, _ = type(self).parse_known_args(self, argv)  # the class's parse: no deprecation warned again
         finally:
             for a, default in saved:
                 a.default = default
-        return {k for k, v in vars(ns).items() if v is not unset}
+        return {k for k, v in vars(ns).items() if v is not unset and k != _SPELLED}
 
 
 class DeprecatedAlias(argparse.Action):

@@ -596,3 +596,21 @@ def test_a_run_of_another_engine_under_the_earlier_name_is_still_found(tmp_path,
     assert dnn_cli.parse_args(run).out == untagged
     rc, out, _ = call(run, capsys)
     assert rc == 0 and "nothing to compute" in out and os.listdir("results") == [os.path.basename(untagged)]
+
+
+# ------------------------------------------------------------------ settings resolved once
+def test_a_runs_settings_are_resolved_once_and_read_by_every_reader(tmp_path, data, monkeypatch):
+    calls = []
+    original = dnn_cli.lr_schedule
+    monkeypatch.setattr(dnn_cli, "lr_schedule", lambda args: calls.append(1) or original(args))
+    argv = BASE + ["--data-dir", data, "--rounds", "4", "--lr-milestones", "50:0.1", "--split-seed", "3"]
+    args = dnn_cli.parse_args(argv + ["--out", str(tmp_path / "r"), "--alpha", "0.50"])
+    assert len(calls) == 1
+    settings = args.settings
+    exp, desc = dnn.build(args)
+    fingerprint = dnn_cli.run_fingerprint(args)
+    assert len(calls) == 1  # the experiment and the fingerprint read the settings, they do not resolve again
+    assert exp.lr_schedule == settings.lr_schedule and exp.lr_schedule.milestones == ((3, 0.1),)
+    assert desc["augment"] == settings.augment == fingerprint["augment"] == "crop-flip"
+    assert desc["split_seed"] == settings.split_seed == 3 and desc["alpha"] == settings.alpha == 0.5
+    assert settings.alpha_text == "0.5" and fingerprint["lr_schedule"] == settings.lr_schedule.as_dict()

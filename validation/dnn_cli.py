@@ -12,6 +12,7 @@ import os
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 
 from validation import common
 from validation.outputs import Kind, reserved_name, written_by
@@ -392,7 +393,7 @@ def default_out(args, stack: bool = False) -> str:
     if stack:
         differs = [k for k in differs if k not in ("seed", "alpha")]
     if "alpha" in differs:
-        head.append("a" + canonical_alpha(args.resolved.settings["alpha"]))
+        head.append("a" + settings_of(args).alpha_text)
         differs.remove("alpha")
     if differs:
         text = json.dumps({k: want.get(k) for k in differs}, sort_keys=True, default=str)
@@ -443,13 +444,55 @@ def checkpoint_engine(folder: str) -> str | None:
     return saved.get("engine", saved.get("run.engine")) if isinstance(saved, dict) else None
 
 
+@dataclass(frozen=True)
+class RunSettings:
+    """A run's settings resolved once, at the command's boundary (``resolve_into``): the preset applied under the
+    flags, every ``auto`` that needs no device made concrete, each value in its one form.  The fingerprint, the
+    default --out, the experiment (``validation.dnn_experiment.build``) and summary.json read these, not the
+    flags as typed."""
+
+    dataset: str
+    alpha: float  # the Dirichlet concentration (FEMNIST: the default's, unused by its writers' split)
+    seed: int
+    split_seed: int  # --split-seed, else --seed
+    augment: str  # --augment auto made concrete for the data set
+    lr_schedule: object  # fedpm_dnn.schedule.LrSchedule (milestones as rounds of --rounds), or None
+    resolved: object  # fedpm_dnn.presets.Resolved: the method, and where each setting came from
+
+    @property
+    def alpha_text(self) -> str:
+        return canonical_alpha(self.alpha)
+
+
+def settings_of(args) -> RunSettings:
+    """``args.settings`` (made by ``resolve_into``), or made now for a namespace that was not settled so."""
+    made = getattr(args, "settings", None)
+    return made if made is not None else _run_settings(args)
+
+
+def _run_settings(args) -> RunSettings:
+    dataset = args.resolved.settings["dataset"]
+    seed = 0 if args.seed is None else args.seed
+    return RunSettings(
+        dataset=dataset,
+        alpha=float(args.resolved.settings["alpha"]),
+        seed=seed,
+        split_seed=seed if args.split_seed is None else args.split_seed,
+        augment=resolved_augment(args.augment, dataset),
+        lr_schedule=lr_schedule(args),
+        resolved=args.resolved,
+    )
+
+
 def resolve_into(p, args) -> None:
-    """args.resolved (the preset under the flags) and the data set it names, or one parser error."""
+    """args.resolved (the preset under the flags), the data set it names and args.settings (``RunSettings``), or
+    one parser error."""
     try:
         args.resolved = resolve(args)
+        args.dataset = args.resolved.settings["dataset"]
+        args.settings = _run_settings(args)
     except ValueError as exc:  # the preset has no row for the method, or a flag's value does not fit it
         p.error(str(exc))
-    args.dataset = args.resolved.settings["dataset"]
 
 
 def milestones_arg(text):
@@ -542,7 +585,7 @@ def stack_run_name(dataset: str, alpha: str, method: str, seed: int) -> str:
 def stack_names(args, combos) -> list:
     """A stack's run folder names, in the order seeds x alphas: --run-names, else validation.experiments' names
     of the main runs (alpha in its canonical form)."""
-    alpha_text = [a if a is not None else canonical_alpha(args.resolved.settings["alpha"]) for _, a in combos]
+    alpha_text = [a if a is not None else settings_of(args).alpha_text for _, a in combos]
     return args.run_names or [
         stack_run_name(args.dataset, a, args.method, s) for (s, _), a in zip(combos, alpha_text, strict=True)
     ]
@@ -669,7 +712,7 @@ def check_args(p, args):
             p.error(f"--gn-groups applies to --model resnet18gn, not to --model {args.model}")
         if 64 % args.gn_groups:
             p.error(f"--gn-groups {args.gn_groups}: must divide 64, the channels of ResNet18-GN's first layer")
-    schedule = lr_schedule(args)
+    schedule = settings_of(args).lr_schedule
     for first, _ in schedule.milestones if schedule else ():
         if first > args.rounds:
             p.error(f"--lr-milestones {args.lr_milestones}: a milestone starts at round {first}, after the last round")
@@ -728,7 +771,7 @@ def checkpoint_conflict(args) -> str | None:
 # difference is named by what differs (checkpoints that recorded these flags still resume: fedpm_dnn.checkpoint)
 NOT_IN_FINGERPRINT = {
     *("out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "deadline", "resolved"),
-    *("budget_minutes", "started"),
+    *("budget_minutes", "started", "settings"),
     *("gn_groups", "seeds", "alphas", "run_names", "runs", "overwrite", "step_graph", "out_given", "runs_parent"),
     *HYPERPARAMETER_FLAGS,
     *("local_epochs", "foof_samples", "clients", "participants"),
@@ -754,13 +797,14 @@ def run_fingerprint(args) -> dict:
     flags = {k: v for k, v in vars(args).items() if k not in NOT_IN_FINGERPRINT}
     # the augmentation as trained: "auto" and the concrete name it stands for are one run (and checkpoints
     # written before "auto" existed record the concrete name)
-    flags["augment"] = resolved_augment(args.augment, args.resolved.settings["dataset"])
+    settings = settings_of(args)
+    flags["augment"] = settings.augment
     if flags.get("split_seed") == args.seed:
         flags["split_seed"] = None
     # the schedule with its milestones as rounds: --rounds is not in the fingerprint (a run can be extended), but
     # milestones given in per cent of it move with it, and a run resumed under other milestones is another run.
     # None (no schedule) is how checkpoints written before the flags existed read.
-    schedule = lr_schedule(args)
+    schedule = settings.lr_schedule
     flags["lr_schedule"] = schedule.as_dict() if schedule else None
     return dict(sorted({**flags, "alpha": args.resolved.settings["alpha"]}.items()))
 

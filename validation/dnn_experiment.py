@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from validation.dnn_cli import DEFAULT_CLIENTS, lr_schedule, resolved_augment, vectorized_only
+from validation.dnn_cli import DEFAULT_CLIENTS, settings_of, vectorized_only
 
 # auto: on a GPU the vectorized engine (5-6x the sequential one for SimpleCNN on an H100/H200); on a CPU the
 # sequential one.  With per-client convolutions the vectorized engine is level there (SimpleCNN, 10 clients:
@@ -120,7 +120,8 @@ def build(args):
     data, natural = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
     x, y = data.x_train, data.y_train
     n_clients = settings["clients"]
-    split_seed = args.seed if args.split_seed is None else args.split_seed
+    run = settings_of(args)  # resolved once, at the command's boundary
+    split_seed = run.split_seed
     if natural is not None:
         # FEMNIST (paper appendix): every writer is a client; --clients N keeps the first N writers
         if args.train_subset:
@@ -149,7 +150,7 @@ def build(args):
     if participants and participants > len(parts):
         raise ValueError(f"--participants {participants} exceeds the {len(parts)} clients")
     to = lambda a: torch.as_tensor(a).to(device)  # noqa: E731
-    augment = resolved_augment(args.augment, data.name) == "crop-flip"
+    augment = run.augment == "crop-flip"
     clients = [ClientData(to(x[p]), to(y[p]), data.mean, data.std, augment=augment) for p in parts]
     exp = Experiment(
         cfg=cfg,
@@ -171,7 +172,7 @@ def build(args):
         step_graph=args.step_graph,
         max_ratio=args.max_ratio or None,
         gn_groups=args.gn_groups or 2,
-        lr_schedule=lr_schedule(args),
+        lr_schedule=run.lr_schedule,
     )
     counts = partition_table(y, parts, data.num_classes)
     desc = {
@@ -187,7 +188,7 @@ def build(args):
         # exp of the entropy of each client's class shares, averaged: 1 = one class per client, C = all alike
         "effective_classes_per_client": float(effective_classes(counts).mean()),
         "participants": participants or len(parts),
-        "augment": resolved_augment(args.augment, data.name),
+        "augment": run.augment,
         "client_sizes": [int(len(p)) for p in parts],
         "class_counts": counts.tolist(),
         "preset": args.preset,

@@ -11,7 +11,7 @@ __all__ = ["FOOF", "FederatedRun", "federated", "mix"]
 
 # imported on first use (PEP 562): the package's light modules (the method names, the presets) stay importable
 # without torch, so a command's --help does not wait for it
-_LAZY = {"FOOF": ".optim", "FederatedRun": ".federated", "federated": ".federated", "mix": ".mixing"}
+_LAZY = {"FOOF": ".foof.optimizer", "FederatedRun": ".federated", "federated": ".federated", "mix": ".mixing"}
 
 
 def __getattr__(name):

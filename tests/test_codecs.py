@@ -246,11 +246,11 @@ def test_dnn_sym_is_bit_identical_and_payloads_are_screened():
     from fedpm_dnn import foof
     from fedpm_dnn.algorithms import make_method
     from fedpm_dnn.algorithms.base import stack_replies
-    from fedpm_dnn.client import ClientData, client_round
     from fedpm_dnn.data.synthetic import MEAN, STD, synthetic_task
+    from fedpm_dnn.engine.sequential import ClientData, client_round
+    from fedpm_dnn.engine.training_task import client_generator
+    from fedpm_dnn.engine.transport import check_and_stack
     from fedpm_dnn.models import make_model
-    from fedpm_dnn.task import client_generator
-    from fedpm_dnn.transport import check_and_stack
 
     def server_round(alg, task, state, replies):
         """One driver round whose transport delivers ``replies`` (checked and stacked as Flower's are):

@@ -54,7 +54,7 @@ def test_the_wheel_ships_the_tuning_cache_and_the_command(wheel):
         with open(os.path.join(ROOT, "reference", "tuning.json"), "rb") as fh:
             assert zf.read("validation/shipped/tuning.json") == fh.read()  # the one file, byte for byte
         assert "fedconvex/data/w8a.bz2" in names and "fedconvex/data/a9a.bz2" in names
-        assert "validation/cli.py" in names and "fedpm_dnn/names.py" in names
+        assert "validation/cli.py" in names and "fedpm_dnn/method_names.py" in names
         scripts = dist_info(zf, "entry_points.txt")
         assert re.search(r"^\[console_scripts\]\nfedpm = validation\.cli:main$", scripts, re.M)
         meta = email.message_from_string(dist_info(zf, "METADATA"))

@@ -20,7 +20,7 @@ from fedconvex.driver import Delivery
 from fedconvex.screening import dtype_problem
 from fedconvex.screening import log as server_log
 
-from .algorithms.base import stack_replies
+from ..algorithms.base import stack_replies
 
 
 def structure_problem(reply, shapes: dict, like: dict | None) -> str | None:

@@ -7,6 +7,8 @@ import importlib
 import sys
 import types
 
+from . import _deprecated_paths
+
 __all__ = ["FOOF", "FederatedRun", "federated", "mix"]
 
 # imported on first use (PEP 562): the package's light modules (the method names, the presets) stay importable
@@ -35,3 +37,4 @@ class _Package(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _Package
+_deprecated_paths.install()  # fedpm_dnn.client and the other module paths of before the subpackages, with a warning

@@ -3,8 +3,8 @@ one round driver (``fedconvex.driver``) and the DNN front-end (``fedpm_dnn.engin
 registry (``fedpm_dnn.algorithms``), the driver's screening, history rows, checkpoints and resume.
 
 Clients are ``torch.utils.data.DataLoader``s (or any re-iterable of (inputs, targets) batches;
-``client.LoaderData``) or the image clients of ``validation.dnn`` (``client.ClientData``), which train exactly as
-there.
+``engine.sequential.LoaderData``) or the image clients of ``validation.dnn`` (``engine.sequential.ClientData``),
+which train exactly as there.
 
 Buffers (BatchNorm's running mean, variance and batch count) are handled as ``fedpm_dnn.mix`` handles them: every
 participant starts its round from the global model's buffers; after the round the global buffers are the mean of

@@ -289,7 +289,7 @@ def test_one_cpu_thread_runs_the_solves_single_threaded_and_restores_the_count()
 
 @pytest.mark.parametrize("damping", [1e-4, 0.3])
 def test_stacked_factorisation_is_the_per_client_factorisation(damping):
-    """The vectorized engine's batched Cholesky (batched_foof.factorize_stacked) gives every client the factor
+    """The vectorized engine's batched Cholesky (foof.batched.factorize_stacked) gives every client the factor
     of foof.factorize -- the sequential engine's -- also for a client whose matrix is indefinite beyond the
     damping and goes through the nearest-PSD repair (the damping must be added there as well)."""
     from fedpm_dnn.foof.batched import factorize_stacked

@@ -9,7 +9,7 @@ global model, mean train loss, client compute seconds (local training + FOOF sta
 seconds, bytes up/down per participating client and peak memory.  ``resume=True`` continues a killed
 run from its last checkpoint to the identical result: the checkpoint holds the model, server and
 client states and the client-sampling generator (each client's stream derives from seed, round and
-client, see ``task.client_generator``).
+client, see ``training_task.client_generator``).
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def run_experiment(
     engine=None,
 ):
     """Run (or resume) the experiment; returns the list of per-round history rows (round 1 first).  ``engine``:
-    where the vectorized engine's rounds go instead of a private engine (a ``run_stack.StackMember``).
+    where the vectorized engine's rounds go instead of a private engine (a ``stacked_runs.StackMember``).
 
     Replies are screened before aggregation (wrong shape, NaN/Inf, non-PSD FOOF matrix: the client is
     rejected with a logged reason, the others' weights renormalised; with none left the round is

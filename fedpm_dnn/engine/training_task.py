@@ -2,7 +2,7 @@
 engine that trains a round's participants (what ``client_update`` runs on).
 
 Engines (``task.train(alg, down, states, sel) -> [(reply, mean loss)]`` in the order of ``sel``):
-  sequential  one client after the other on the shared model (``client.client_round``), the reference;
+  sequential  one client after the other on the shared model (``sequential.client_round``), the reference;
   vectorized  the participants stacked on a leading client axis (``vectorized.VectorizedEngine``),
               the same models client by client.
 Each client's random stream derives from (seed, round, client) (``client_generator``), so a client

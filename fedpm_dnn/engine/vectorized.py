@@ -5,7 +5,7 @@ forward (``stacked_model.StackedModel``: grouped convolutions, batched matrix pr
 through ``vmap`` over ``functional_call``; on the CPU the model client by client inside the one graph,
 ``StackedModel.per_client``) and one backward for all of them -- FedJAX's ``ClientBlock`` recipe in PyTorch.  The
 result is the
-sequential engine's (``client.local_train`` / ``simulation.client_round``), client by client:
+sequential engine's (``sequential.local_train`` / ``sequential.client_round``), client by client:
 
 * random streams: each client's generator is consumed on the CPU in exactly the sequential order
   (first-participation FOOF subset, per epoch ``randperm``, per batch the crop offsets oy, ox and
@@ -22,7 +22,7 @@ sequential engine's (``client.local_train`` / ``simulation.client_round``), clie
 * the steps every client of a chunk takes (all but the last few of a client that finishes early) as one function
   of static buffers, on CUDA captured once per chunk and round and replayed as one CUDA graph a step
   (``step_graph``, ``--step-graph``; the partial steps stay in the loop below);
-* FOOF matrices from batched Gram products (``batched_foof``) with the same first-layer cache.
+* FOOF matrices from batched Gram products (``foof.batched``) with the same first-layer cache.
 
 Replies are built by the method's ``client_reply``, shared with the sequential engine, so the message
 format, codecs and screening apply unchanged.  Clients are processed in chunks of ``client_chunk``
@@ -40,7 +40,7 @@ from ..data.augment import crop_flip
 from ..foof import batched, precision, solve_graph
 from . import stacked_model, step_graph
 
-STATS_BATCH = 512  # the sequential path's plain-data chunk (client.ClientData.plain_batches)
+STATS_BATCH = 512  # the sequential path's plain-data chunk (sequential.ClientData.plain_batches)
 PAD = 4  # augment.random_crop_flip's padding
 
 
@@ -292,7 +292,7 @@ class VectorizedEngine:
 
     # --- inputs -------------------------------------------------------------------------------------------------
     def _norm(self, sel, x):
-        """Standardise (K, b, C, H, W) floats with each client's mean and std (augment.standardize)."""
+        """Standardise (K, b, C, H, W) floats with each client's mean and std (data.augment.standardize)."""
         ms = self.stats[torch.as_tensor(list(sel), device=self.device)].to(x.dtype)  # (K, 2, C)
         shape = (len(sel), 1, -1, 1, 1)
         return (x - ms[:, 0].view(shape)) / ms[:, 1].view(shape)

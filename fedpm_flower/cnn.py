@@ -29,10 +29,10 @@ from fedpm_dnn.data.augment import default_augment
 from fedpm_dnn.data.synthetic import MEAN, STD, synthetic_task
 from fedpm_dnn.engine.sequential import ClientData, client_round
 from fedpm_dnn.engine.training_task import client_generator
+from fedpm_dnn.engine.transport import check_and_stack, reply_template
 from fedpm_dnn.models import make_model
 
 from . import prepared
-from .replies import check_and_stack, dnn_template
 from .transport import FlowerTransport
 
 log = logging.getLogger("fedpm.server")
@@ -247,7 +247,7 @@ class CnnTransport(FlowerTransport):
             losses.append(loss)
         if dropped:
             log.warning("round %d: %d of %d clients did not reply (dropped)", round_, dropped, len(sel))
-        template = dnn_template(alg, down["params"], self.blocks)  # the server's own, never another reply
+        template = reply_template(alg, down["params"], self.blocks)  # the server's own, never another reply
         up, kept, more = check_and_stack(template, replies, clients, round_)
         ok = [clients[k] for k in kept]
         # bytes as they travelled (FedPM's matrices may travel in float16)

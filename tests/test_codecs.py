@@ -249,7 +249,7 @@ def test_dnn_sym_is_bit_identical_and_payloads_are_screened():
     from fedpm_dnn.data.synthetic import MEAN, STD, synthetic_task
     from fedpm_dnn.engine.sequential import ClientData, client_round
     from fedpm_dnn.engine.training_task import client_generator
-    from fedpm_dnn.engine.transport import check_and_stack
+    from fedpm_dnn.engine.transport import check_and_stack, reply_template
     from fedpm_dnn.models import make_model
 
     def server_round(alg, task, state, replies):
@@ -257,7 +257,7 @@ def test_dnn_sym_is_bit_identical_and_payloads_are_screened():
         (new state, replies used, replies rejected)."""
 
         def transport(alg, down, cstate, sel, rng, t):
-            up, kept, rejected = check_and_stack(alg, alg.reply_shapes(state.theta, task.blocks), replies, sel, t)
+            up, kept, rejected = check_and_stack(reply_template(alg, state.theta, task.blocks), replies, sel, t)
             return Delivery(up=up, cstate=None, sel=sel[kept], rejected=rejected)
 
         driver = Driver(

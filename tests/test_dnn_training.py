@@ -289,6 +289,25 @@ def test_bad_replies_are_rejected_and_the_round_goes_on(caplog, tmp_path):
     assert all(torch.equal(params[k], initial[k]) for k in params)
 
 
+def test_a_first_reply_in_float64_is_rejected_not_the_honest_ones_after_it(caplog):
+    """In process, as on Flower, replies are checked against the server's template (the method's shapes and
+    dtypes), never against the first reply of the round: a float64 reply sent first is the one rejected."""
+    import logging
+
+    first = {}
+
+    def tamper(round_, client, reply):
+        if first.setdefault(round_, client) == client:
+            reply = {**reply, "params": {k: v.double() for k, v in reply["params"].items()}}
+        return reply
+
+    cfg = make("fedavg", lr=0.1, local_epochs=1, batch_size=16)
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        hist = run_experiment(experiment(cfg, rounds=2), tamper=tamper)
+    assert [r["rejected"] for r in hist] == [1, 1] and np.isfinite(hist[-1]["train_loss"])
+    assert "has dtype float64, expected float32" in caplog.text and "expected float64" not in caplog.text
+
+
 def _one_full_batch_step(cfg, data, seed=0):
     """(theta before, theta after, gradients of the first step, model, blocks, FOOF matrices):
     one local step on the whole client's data, so the step can be recomputed by hand."""

@@ -290,8 +290,8 @@ def build_parser(doc: str | None = None):
     g.add_argument(
         "--last-batch",
         choices=("keep", "drop"),
-        help="an epoch's last partial batch: drop it (every preset: the paper's cited code) or step on it "
-        "(default without a preset: keep); a client smaller than one batch trains on what it has",
+        help="an epoch's last partial batch: drop it (the paper's cited code) or step on it; a client smaller than "
+        "one batch trains on what it has (default: the preset's, drop; keep without a preset)",
     )
     g.add_argument(
         "--weight-decay-mode",

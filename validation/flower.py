@@ -98,8 +98,8 @@ def parse_args(argv=None):
         "--last-batch",
         choices=("keep", "drop"),
         default=None,
-        help="cnn: an epoch's last partial batch: drop it (every preset) or step on it (default without a preset: "
-        "keep)",
+        help="cnn: an epoch's last partial batch: drop it or step on it (default: the preset's, drop; keep "
+        "without a preset)",
     )
     p.add_argument(
         "--preset",

@@ -39,6 +39,7 @@ from .. import foof
 from ..data.augment import crop_flip
 from ..foof import batched, precision, solve_graph
 from . import stacked_model, step_graph
+from .sequential import batch_starts_end
 
 STATS_BATCH = 512  # the sequential path's plain-data chunk (sequential.ClientData.plain_batches)
 PAD = 4  # augment.random_crop_flip's padding
@@ -58,7 +59,7 @@ def client_schedule(cfg, data, gen, first_foof: bool) -> dict:
     steps = 0
     for _ in range(cfg.local_epochs):
         order = torch.randperm(n, generator=gen)
-        for s in range(0, n, B):
+        for s in range(0, batch_starts_end(n, B, cfg.last_batch), B):
             idx = order[s : s + B]
             b = len(idx)
             if data.augment:

@@ -9,6 +9,12 @@ FOOF matrix is the uncentred covariance of the layer input augmented with a cons
 Local step: Theta <- Theta - lr (A + lam I)^{-1} G_Theta.  Server (FedPM): per block
 Theta = precond_mix(A_stack, Theta_stack, w, damping=lam) -- the fedconvex kernel.
 A registry maps layer types to their block adapter (KFAC-jax / BackPACK style).
+
+This module is the preconditioner's core -- the blocks, their statistics, the damped factors and their apply --
+and the package ``fedpm_dnn.foof`` itself, so ``fedpm_dnn.foof.compute_foof`` and the rest keep the paths they
+had when it was a single module.  Beside it: ``batched`` (the statistics and factors of a stack of clients),
+``precision`` (the arithmetic of the large products), ``cost`` (a FLOP and memory model), ``solve_graph`` (the step
+directions as one CUDA graph) and ``optimizer`` (``FOOF``, a ``torch.optim.Optimizer``).
 """
 
 from __future__ import annotations

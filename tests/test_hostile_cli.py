@@ -27,7 +27,9 @@ def sweep_result(folder, command, rounds=2):
     with open(os.path.join(folder, "history.csv"), "w") as fh:
         fh.write("\n".join([header, *rows]) + "\n")
     with open(os.path.join(folder, "summary.json"), "w") as fh:
-        json.dump({"command": command, "best_test_acc": 0.5}, fh)
+        # the method as trained (its last batch kept or dropped: the default of the version that trained it)
+        config = {"last_batch": dnn_cli.command_fingerprint(PRESET)["config.last_batch"]}
+        json.dump({"command": command, "best_test_acc": 0.5, "config": config}, fh)
 
 
 def checkpointed(folder):

@@ -8,7 +8,6 @@ Prints one JSON object; exits 1 when a method's parameters differ by more than -
 spread that cuDNN's non-deterministic convolution gradients leave after a round's steps on a GPU; on a CPU both
 forms give the same parameters bit for bit).  On a CPU 'on' is the static step run eagerly: no graph."""
 
-import argparse
 import json
 import sys
 
@@ -18,8 +17,9 @@ import torch
 from fedpm_dnn.engine import step_graph
 from fedpm_dnn.engine.simulation import run_experiment
 from validation.bench_dnn import _experiment, _sync
+from validation.common import OneLineParser
 
-p = argparse.ArgumentParser()
+p = OneLineParser(prog="python benchmarks/step_graph_round.py")
 p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 p.add_argument("--sizes", default="10,5000,5,3", help="clients,images per client,local epochs,rounds")
 p.add_argument("--methods", default="fedavg,fedpm")

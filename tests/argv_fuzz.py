@@ -52,6 +52,24 @@ def _script(name: str):
     return mod
 
 
+def _script_run(name: str):
+    """A benchmark script run as ``python benchmarks/NAME.py ARGV`` would run it (its parser reads sys.argv)."""
+    import runpy
+
+    path = os.path.join(ROOT, "benchmarks", f"{name}.py")
+
+    def run(argv):
+        saved = sys.argv
+        sys.argv = [path, *argv]
+        try:
+            runpy.run_path(path, run_name="__main__")
+        finally:
+            sys.argv = saved
+        return 0
+
+    return run
+
+
 @dataclass
 class Command:
     """One command: ``entry(argv)`` runs it; ``guards`` are the (module, attribute) pairs replaced by ``_reached``
@@ -61,6 +79,7 @@ class Command:
     entry: object  # () -> callable(argv)
     guards: tuple = ()
     prefix: tuple = ()
+    stop_after_parse: bool = False  # a script whose work follows its parse at once: the case stops there
     parser: object = None  # filled by ``definition``
     extra: list = field(default_factory=list)  # words a case may add besides the parser's flags
 
@@ -100,6 +119,11 @@ COMMANDS = [
         lambda: _script("flower_deployment_scale").main,
         (("fedpm_flower.deploy", "LocalFederation"),),
     ),
+    *(
+        Command(f"benchmarks/{name}.py", lambda name=name: _script_run(name), stop_after_parse=True)
+        for name in ("flower_simulation_scale", "foof_apply", "foof_gram_forms", "mixing_solve_forms")
+        + ("profile_fedpm_parts", "cuda_round_profile", "cuda_fedavg_fedpm_round_ratio", "step_graph_round")
+    ),
 ]
 
 
@@ -119,6 +143,15 @@ def guarded(command: Command):
         mod = importlib.import_module(module)
         saved.append((mod, attr, getattr(mod, attr)))
         setattr(mod, attr, _reached)
+    if command.stop_after_parse:
+        parse = argparse.ArgumentParser.parse_args
+
+        def parse_then_stop(self, args=None, namespace=None):
+            parse(self, args, namespace)
+            raise Reached()
+
+        saved.append((argparse.ArgumentParser, "parse_args", parse))
+        argparse.ArgumentParser.parse_args = parse_then_stop
     try:
         yield
     finally:

@@ -8,14 +8,7 @@ import os
 
 import numpy as np
 
-from validation.dnn_cli import DEFAULT_CLIENTS, settings_of, vectorized_only
-
-# auto: on a GPU the vectorized engine (5-6x the sequential one for SimpleCNN on an H100/H200); on a CPU the
-# sequential one.  With per-client convolutions the vectorized engine is level there (SimpleCNN, 10 clients:
-# 0.96-1.22x at two torch threads, 0.90-1.02x at one; ResNet18-GN 0.43x), within the
-# runs' noise -- not enough to change what a default CPU run computes (float32 round-off differs between the
-# engines) or to stop older checkpoints from resuming under the default.
-AUTO_ENGINE = {"cuda": "vectorized", "cpu": "sequential"}
+from validation.dnn_cli import AUTO_ENGINE, DEFAULT_CLIENTS, settings_of, vectorized_only
 
 
 def subset_problem(n, labels, num_classes) -> str | None:

@@ -479,7 +479,8 @@ def ensure(
             if not have_data[r.dataset]:
                 continue
         todo.append(r)
-    estimates = sweep.round_seconds(runs, states, sweep.this_device())
+    here = sweep.this_device()
+    estimates = sweep.round_seconds(runs, states, here, sweep.this_machine(here))
     job = Job(root, data_dir or os.environ.get("FEDPM_DATA", ""), budget.end, device)
     bar = Progress(len(todo), f"{profile} runs", enabled=not quiet, unit="run")
     seen = {}

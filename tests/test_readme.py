@@ -103,3 +103,13 @@ def test_the_snippet_finder_sees_marked_blocks():
     found = {p.id: p.values[0] for p in snippets()}
     assert any(info == "no-run" for info in found.values())
     assert any(info == "" for info in found.values())
+
+
+def test_the_front_page_stays_short_and_links_the_suites_details():
+    """README is a front page (at most 200 lines): how the suite schedules itself and its times are in
+    docs/testing.md, which the set-up section links; the test command stays README's last set-up line."""
+    text = read("README.md")
+    assert len(text.splitlines()) <= 200
+    setup = text.split("## Set up", 1)[1].split("\n## ", 1)[0]
+    assert "(docs/testing.md)" in setup and "xdist" not in setup
+    assert install_and_test()[1] == "python -m pytest -q"

@@ -151,7 +151,8 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    require_torch()  # before the flags: parsing them reads the presets, which need torch
+    if not {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):  # --help answers without torch
+        require_torch()  # before the flags: resolving them reads the methods' settings, which need torch
     args = parse_args(argv)
     runs = args.runs or [args]
     # a stack: --out is the parent of its runs' folders, each held and checked as a run's own; the lock creates

@@ -690,7 +690,8 @@ def main(argv=None) -> int:
         "--list",
         action="store_true",
         help="list the runs in the order they are computed: done, partial (rounds done) or missing, and the "
-        "estimated time left on this device (writes nothing; the shipped runs are read where they are)",
+        "estimated time left, naming the machine whose measured rounds it comes from: this one once it has run one "
+        "(writes nothing; the shipped runs are read where they are)",
     )
     add_sweep_args(p)
     add_run_args(p)

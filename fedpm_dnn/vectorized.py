@@ -37,6 +37,7 @@ from torch.func import functional_call, vmap
 
 from . import batched_foof, foof, precision, solve_graph, stacked, step_graph
 from .augment import crop_flip
+from .client import batch_starts_end
 
 STATS_BATCH = 512  # the sequential path's plain-data chunk (client.ClientData.plain_batches)
 PAD = 4  # augment.random_crop_flip's padding
@@ -56,7 +57,7 @@ def client_schedule(cfg, data, gen, first_foof: bool) -> dict:
     steps = 0
     for _ in range(cfg.local_epochs):
         order = torch.randperm(n, generator=gen)
-        for s in range(0, n, B):
+        for s in range(0, batch_starts_end(n, B, cfg.last_batch), B):
             idx = order[s : s + B]
             b = len(idx)
             if data.augment:

@@ -166,6 +166,26 @@ def test_dnn_benchmark_prints_both_engines(capsys):
         assert r[key] > 0
 
 
+def test_dnn_benchmark_drops_the_last_partial_batch_when_asked(capsys, monkeypatch):
+    """--last-batch reaches every measured run's method, is recorded, and is the default again afterwards."""
+    pytest.importorskip("torch")
+    from fedpm_dnn import simulation
+    from validation import bench_dnn
+
+    seen = []
+    real = simulation.run_experiment
+
+    def spy(exp, *a, **kw):
+        seen.append(exp.cfg.last_batch)
+        return real(exp, *a, **kw)
+
+    monkeypatch.setattr(simulation, "run_experiment", spy)
+    argv = ["--models", "cnn", "--sizes", "2,20,1,2", "--repeats", "1", "--threads", "1", "--engine", "vectorized"]
+    assert bench_dnn.main([*argv, "--foof-apply", "solve", "--last-batch", "drop", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["last_batch"] == "drop"
+    assert seen and set(seen) == {"drop"} and bench_dnn.LAST_BATCH == ["keep"]
+
+
 def test_dnn_benchmark_measures_only_the_engines_asked_for(capsys):
     pytest.importorskip("torch")
     from validation import bench_dnn

@@ -65,6 +65,12 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+# --last-batch of the measured runs, set once by main() for every run of the command (the benchmark's clients are
+# equal, so a remainder adds one short step per epoch to each of them alike); a one-entry list, not a parameter of
+# each of the measuring functions, so that the functions' many callers stay as they are
+LAST_BATCH = ["keep"]
+
+
 def _experiment(
     model,
     method,
@@ -104,7 +110,7 @@ def _experiment(
         if method_class(method).uses_foof
         else {}
     )
-    cfg = make_method(method, lr=0.05, clip=1.0, local_epochs=epochs, **foof_kw)
+    cfg = make_method(method, lr=0.05, clip=1.0, local_epochs=epochs, last_batch=LAST_BATCH[0], **foof_kw)
     return Experiment(
         cfg=cfg,
         model=model,
@@ -415,7 +421,9 @@ def launch_proxies(
     from fedpm_dnn.algorithms import make_method
 
     clients, per_client, epochs, _ = size
-    steps = -(-per_client // make_method("fedavg").batch_size)  # the lockstep engine's steps per epoch
+    from fedpm_dnn.client import epoch_batches
+
+    steps = epoch_batches(per_client, make_method("fedavg").batch_size, LAST_BATCH[0])  # the engine's steps an epoch
     plain = "static" if sg.resolve(step_graph, device) else "loop"
     out = {}
     for method in methods:
@@ -759,6 +767,13 @@ def parse_args(argv=None):
         "replay (auto: on CUDA) (default: auto)",
     )
     p.add_argument(
+        "--last-batch",
+        choices=("keep", "drop"),
+        default="keep",
+        help="each client's last partial batch of an epoch: step on it or drop it (validation.dnn --last-batch) "
+        "(default: keep)",
+    )
+    p.add_argument(
         "--stack", type=positive_int, default=None, help="also time S runs stacked against one alone (default: off)"
     )
     p.add_argument(
@@ -864,6 +879,13 @@ def finite(v):
 
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    finally:
+        LAST_BATCH[0] = "keep"  # a later measurement in this process starts from the default
+
+
+def _main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
@@ -877,12 +899,14 @@ def main(argv=None) -> int:
     from fedpm_dnn.precision import default_mode
 
     mode = default_mode(device) if args.foof_precision == "auto" else args.foof_precision
+    LAST_BATCH[0] = args.last_batch
     name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     out = {
         "command": "python -m validation.bench_dnn " + " ".join(argv if argv is not None else sys.argv[1:]),
         "device": device,
         "device_name": name,
         "torch_threads": torch.get_num_threads(),
+        "last_batch": args.last_batch,
         "torch": torch.__version__,
         "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "results": [

@@ -291,6 +291,12 @@ def build_parser(doc: str | None = None):
         "with clip 1.0 is stable) or the raw gradient before preconditioning (default: update)",
     )
     g.add_argument(
+        "--last-batch",
+        choices=("keep", "drop"),
+        help="an epoch's last partial batch: drop it (the paper's cited code) or step on it; a client smaller than "
+        "one batch trains on what it has (default: the preset's, drop; keep without a preset)",
+    )
+    g.add_argument(
         "--weight-decay-mode",
         choices=("coupled", "decoupled"),
         help="coupled: wd*theta joins the gradient before preconditioning and clipping; "
@@ -488,7 +494,7 @@ SETTING_FLAGS = ("dataset", "alpha", "clients", "participants", "local_epochs", 
 HYPERPARAMETER_FLAGS = (
     *("lr", "clip", "weight_decay", "mu", "momentum", "server_lr", "momentum_form", "bias_correction", "damping"),
     *("batch_size", "refresh_every", "weighting", "precond_dtype", "param_dtype", "precond_codec", "clip_stage"),
-    *("weight_decay_mode", "foof_apply", "foof_precision"),
+    *("weight_decay_mode", "foof_apply", "foof_precision", "last_batch"),
 )
 
 

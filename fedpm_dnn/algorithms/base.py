@@ -53,6 +53,11 @@ class DnnAlgorithm(Algorithm):
     weight_decay_mode: str = "coupled"
     local_epochs: int = 5
     batch_size: int = 64
+    # The last batch of an epoch when the client's sample count is not a multiple of batch_size: 'keep' steps on
+    # it (the loss is its mean, so a 1-image remainder takes a full-rate step on one image), 'drop' takes only
+    # full batches, as the code bases the paper cites do (DataLoader(drop_last=True)); the epoch's shuffle
+    # decides which samples wait for the next epoch.  A client smaller than one batch trains on all it has.
+    last_batch: str = "keep"
     weighting: str = "uniform"  # mixing weights: uniform 1/N (paper) or 'samples'
     # dtype the reply's model parameters travel in (float16 / bfloat16 halve their bytes); float32 sends
     # them as trained.  The server upcasts them to the model's dtype before screening and mixing.
@@ -65,6 +70,7 @@ class DnnAlgorithm(Algorithm):
             "clip_stage": ("gradient", "update"),
             "weight_decay_mode": ("coupled", "decoupled"),
             "param_dtype": tuple(PARAM_DTYPES),
+            "last_batch": ("keep", "drop"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

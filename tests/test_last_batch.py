@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from fedpm_dnn.algorithms import make_method  # noqa: E402
-from fedpm_dnn.client import ClientData, LoaderData, batch_starts_end, epoch_batches  # noqa: E402
-from fedpm_dnn.vectorized import client_schedule  # noqa: E402
+from fedpm_dnn.engine.sequential import ClientData, LoaderData, batch_starts_end, epoch_batches  # noqa: E402
+from fedpm_dnn.engine.vectorized import client_schedule  # noqa: E402
 
 B = 16
 
@@ -121,7 +121,7 @@ def test_the_engines_train_alike_with_a_one_image_remainder_and_the_setting_chan
 
 
 def test_a_checkpoint_from_before_the_setting_resumes_as_keep():
-    from fedpm_dnn.checkpoint import first_difference
+    from fedpm_dnn.engine.checkpoint import first_difference
 
     old = {"seed": 0, "config.lr": 0.1}  # written before config.last_batch existed
     assert first_difference(old, {"seed": 0, "config.lr": 0.1, "config.last_batch": "keep"}) is None

@@ -135,7 +135,7 @@ def test_effective_classes_by_hand():
 
 
 def built(tmp_path, data_dir, *argv):
-    from fedpm_dnn.simulation import build
+    from fedpm_dnn.engine.simulation import build
 
     exp, desc = dnn.build(dnn.parse_args(small(data_dir, tmp_path / "unused", "--alpha", "0.3", *argv)))
     _, _, state = build(exp)
@@ -209,7 +209,7 @@ def test_the_seed_table_refuses_sizes_a_run_would_refuse_in_one_line(data_dir, c
 
 
 def test_a_checkpoint_from_before_a_new_flag_resumes_while_the_flag_is_not_given():
-    from fedpm_dnn.checkpoint import first_difference
+    from fedpm_dnn.engine.checkpoint import first_difference
 
     old = {"run.alpha": 0.1, "run.seed": 0, "model": "cnn"}
     assert first_difference(old, {"run.alpha": 0.1, "run.seed": 0, "run.split_seed": None, "model": "cnn"}) is None

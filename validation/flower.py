@@ -52,7 +52,7 @@ def parse_args(argv=None):
         "--problem", choices=("logreg", "cnn"), default="logreg", help="logistic regression, or the SimpleCNN"
     )
     from fedconvex.algorithms import REGISTRY
-    from fedpm_dnn.names import METHOD_NAMES as DNN_METHODS
+    from fedpm_dnn.method_names import METHOD_NAMES as DNN_METHODS
 
     p.add_argument(
         "--method",

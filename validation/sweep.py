@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 
 from fedconvex.files import read_json_object
-from fedpm_dnn.names import METHOD_NAMES as METHODS  # the names alone: no torch before a command parses
+from fedpm_dnn.method_names import METHOD_NAMES as METHODS  # the names alone: no torch before a command parses
 
 DNN_METHODS = METHODS  # the DNN registry's methods, in the paper's order (the plan's and the priority's)
 

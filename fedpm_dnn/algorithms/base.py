@@ -4,7 +4,7 @@ A DNN method is a frozen dataclass of hyper-parameters: the shared local-trainin
 (every default defined here, once) plus its own fields.  ``State.theta`` is the model's parameters
 (name -> tensor), ``State.server`` the method's server state, ``State.clients`` one dict per client
 (FOOF matrices, SCAFFOLD's control, codec estimates).  The local training itself runs on the task's
-engine (``fedpm_dnn.task``: sequential or vectorized); a method only says how it differs:
+engine (``fedpm_dnn.engine.training_task``: sequential or vectorized); a method only says how it differs:
 
   grad_hook      a correction added to every parameter's gradient (FedProx, SCAFFOLD)
   prepare_client  per-client state a first participation needs (SCAFFOLD's zero control)

@@ -171,7 +171,7 @@ def check_structure(path: str, ck: dict, fresh_state: dict, n_clients: int) -> N
     server = ck["server"]
     if not isinstance(server, dict) or set(server) != set(fresh_state):
         raise bad("server state entries differ")
-    hats = server.get("foof_hat", {})  # the delta codec's estimates (fedpm_dnn.wire)
+    hats = server.get("foof_hat", {})  # the delta codec's estimates (fedpm_dnn.algorithms.fedpm_wire)
     if not isinstance(hats, dict) or not all(
         isinstance(c, int)
         and 0 <= c < n_clients

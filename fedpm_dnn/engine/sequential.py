@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import foof, precision
-from .augment import normalize, random_crop_flip, standardize, to_unit
+from .. import foof
+from ..data.augment import normalize, random_crop_flip, standardize, to_unit
+from ..foof import precision
 
 
 def batch_starts_end(n: int, batch_size: int, last_batch: str) -> int:
@@ -167,7 +168,7 @@ def client_round(alg, model, blocks, data, cs: dict, down: dict, gen, loss_fn=F.
     """One client's round on the sequential engine, shared by the in-process simulator and the Flower
     ClientApp: load the global model, train locally, and build the reply.  ``cs`` is the client's
     persistent state (FOOF matrices and first-layer cache, the method's own entries), updated in place.
-    FOOF's products in the method's ``foof_precision`` (fedpm_dnn.precision)."""
+    FOOF's products in the method's ``foof_precision`` (fedpm_dnn.foof.precision)."""
     with precision.use(getattr(alg, "foof_precision", "fp32")):
         return _client_round(alg, model, blocks, data, cs, down, gen, loss_fn)
 

@@ -423,7 +423,9 @@ class StatsAccumulator:
         x = x.detach()
         if x.dtype in (torch.float16, torch.bfloat16):  # mixed precision: the statistics are kept in float32
             x = x.float()
-        with torch.autocast(x.device.type, enabled=False):  # autocast would run the Gram products in half precision
+        x, mode = precision.for_statistics(x)
+        # autocast would run the Gram products in half precision
+        with torch.autocast(x.device.type, enabled=False), precision.use(mode):
             S, s, rows = block.gram(x)
         if block.has_bias:
             n = torch.tensor([[float(rows)]], dtype=S.dtype, device=S.device)

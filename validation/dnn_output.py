@@ -145,6 +145,29 @@ def undo_open_out(out, state: str, held) -> None:
         os.remove(os.path.join(out, MARKER))
 
 
+def nobody_contributed(history, exp) -> str | None:
+    """Why a finished run is no result: every reply of every round was rejected (the model never moved from its
+    initialisation), or None.  Such a run must not end as a success with an accuracy."""
+    per_round = min(exp.participants or len(exp.clients), len(exp.clients))
+    if not history or any(int(row.get("rejected", 0)) < per_round for row in history):
+        return None
+    return (
+        f"no client contributed to any of the {len(history)} rounds: every reply was rejected (the reasons are "
+        "logged above), so the model never left its initialisation"
+    )
+
+
+def discard_outputs(out, state: str, held) -> None:
+    """Remove what a run that is no result wrote into ``out`` (its files, then as ``undo_open_out``); nothing when
+    ``out`` no longer names the ``held`` folder."""
+    if held.problem():
+        return
+    for name in OUTPUT.files:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(out, name))
+    undo_open_out(out, state, held)
+
+
 def fail_run(args, exc):
     # keep what the run reached, and say why it stopped (a re-run would stop the same way)
     if isinstance(exc, ArithmeticError):

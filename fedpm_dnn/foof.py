@@ -438,6 +438,8 @@ class StatsAccumulator:
         """The matrices, kept in float64 (accumulated there) until they are factorised or sent."""
         out = {}
         for name, S in self.sums.items():
+            if not self.counts[name]:
+                raise ValueError(f"the batches held no rows for block {name!r} (an empty batch): no statistics to take")
             A = S / self.counts[name]
             out[name] = 0.5 * (A + A.T)
         return out

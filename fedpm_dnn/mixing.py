@@ -18,7 +18,9 @@ import math
 import numpy as np
 import torch
 
+from fedconvex.hyperparams import FLOAT32_MAX
 from fedconvex.mixing import precond_mix, simple_mix
+from fedconvex.screening import psd_problem
 
 from .foof import DEFAULT_DAMPING, param_name
 
@@ -119,6 +121,18 @@ def _aliases(state: dict, prefer: set) -> dict:
     return out
 
 
+# the clients' matrices are checked as the server checks a reply's: symmetric PSD within float32's round-off
+MATRIX_TOL = 64 * float(torch.finfo(torch.float32).eps)
+
+
+def matrix_problem(M: torch.Tensor) -> str | None:
+    """None if the float64 ``M`` can be a FOOF matrix (a second moment of float32 activations): finite, within
+    float32's range, symmetric and positive semidefinite within ``MATRIX_TOL``; else why not."""
+    if bool(torch.isfinite(M).all()) and M.numel() and float(M.abs().max()) > FLOAT32_MAX:
+        return f"holds entries beyond float32's range ({FLOAT32_MAX:.3g}): no second moment of float32 activations"
+    return psd_problem(M, tol=MATRIX_TOL)
+
+
 def _check_states(client_states: list, client_matrices: list) -> list:
     """The entry names of client 0, every state checked against them; a ValueError/TypeError naming the cause."""
     for i, (s, m) in enumerate(zip(client_states, client_matrices, strict=True)):
@@ -150,6 +164,10 @@ def _check_states(client_states: list, client_matrices: list) -> list:
                 raise ValueError(f"client {i}'s entry {k!r} has shape {tuple(b.shape)}, client 0's {tuple(a.shape)}")
             if b.dtype != a.dtype:
                 raise ValueError(f"client {i}'s entry {k!r} has dtype {b.dtype}, client 0's {a.dtype}")
+            if b.is_complex():
+                raise TypeError(f"client {i}'s entry {k!r} is complex ({b.dtype}): mix takes real models")
+            if b.is_floating_point() and not bool(torch.isfinite(b).all()):  # every entry is averaged into the model
+                raise ValueError(f"client {i}'s entry {k!r} contains NaN or Inf")
         for b in blocks:
             if m[b].shape != client_matrices[0][b].shape or m[b].ndim != 2 or m[b].shape[0] != m[b].shape[1]:
                 raise ValueError(
@@ -159,6 +177,11 @@ def _check_states(client_states: list, client_matrices: list) -> list:
                 raise ValueError(
                     f"client {i}'s matrix {b!r} is on {m[b].device}, client 0's on {client_matrices[0][b].device}"
                 )
+            if not m[b].is_floating_point():
+                raise TypeError(f"client {i}'s matrix {b!r} has dtype {m[b].dtype}: FOOF matrices are real floats")
+            problem = matrix_problem(m[b].detach().to(torch.float64))
+            if problem:
+                raise ValueError(f"client {i}'s matrix {b!r} {problem}")
     return names
 
 

@@ -35,9 +35,9 @@ import torch
 import torch.nn as nn
 
 from fedconvex.hyperparams import FLOAT32_MAX, Range, checked_number
-from fedconvex.screening import psd_problem
 
 from . import foof
+from .mixing import matrix_problem  # FOOF matrices from outside are checked as ``mix`` checks them
 
 DEFAULT_STATS_DECAY = 0.95  # running average of hooked statistics: A <- decay A + (1 - decay) A_batch
 UNSEEN = "no forward pass reached it, so it has no statistics"  # why a block found unreachable steps plainly
@@ -76,9 +76,6 @@ def _every(name: str, value) -> int | None:
     return value
 
 
-# FOOF matrices given from outside (``set_matrices``, a saved state) are checked as the server checks a client's:
-# symmetric and positive semidefinite within float32's tolerance (statistics are float32 products)
-MATRIX_TOL = 64 * float(torch.finfo(torch.float32).eps)
 GROUP_NUMBERS = (("lr", 0.0, False, None), ("momentum", 0.0, True, 1.0), ("weight_decay", 0.0, True, None))
 
 
@@ -309,7 +306,7 @@ class FOOF(torch.optim.Optimizer):
         device = next(iter(self.model.parameters())).device
         out = {k: matrices[k].detach().to(device=device, dtype=torch.float64) for k in sides}
         for name, M in out.items() if values else ():
-            problem = psd_problem(M, tol=MATRIX_TOL)
+            problem = matrix_problem(M)
             if problem:
                 raise ValueError(f"FOOF matrix {name!r} {problem}: it must be a second moment E[a a^T]")
         return out

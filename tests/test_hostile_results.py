@@ -124,15 +124,20 @@ def test_the_figures_command_names_a_percentage_accuracy_in_one_line(tmp_path, c
     assert f"{run / 'summary.json'}: damaged (best_test_acc is 55.0, above 1: an accuracy is a fraction" in err
 
 
-def test_the_sweep_calls_a_run_with_a_damaged_history_unfinished(tmp_path):
-    from validation import sweep
+def test_the_sweep_counts_nothing_of_a_damaged_history_or_summary(tmp_path):
+    from validation import experiments, sweep
 
     run = _run(tmp_path)
+    plan = experiments.Run("r", "dnn", ("--seed", "0"), 3)
+    summary = json.loads((run / "summary.json").read_text())
+    del summary["command"]  # not compared with the plan's: the history is what is read here
+    (run / "summary.json").write_text(json.dumps(summary))
     _history(run, "test_acc", "nan", row=0)
-    rows = results.read_summary(str(run / "summary.json"))
-    assert rows["best_test_acc"] <= 1
-    with pytest.raises(DamagedFile):
-        sweep.read_history(str(run / "history.csv"))
+    st = sweep.status(plan, str(run))
+    assert st.rounds_done == 0 and "test_acc is nan, not a finite number" in st.why, st
+    _summary(run, best_test_acc=55.0)
+    st = sweep.status(plan, str(run))
+    assert st.state == sweep.STALE and "best_test_acc is 55.0, above 1" in st.why, st
 
 
 def test_a_reference_without_bytes_is_no_division_by_zero():

@@ -31,7 +31,7 @@ def no_training(bench, monkeypatch):
     monkeypatch.setattr(bench, "run", lambda *a, **k: pytest.fail("trained before refusing"))
 
 
-def refused(bench, argv, capsys) -> str:
+def one_line(bench, argv, capsys) -> str:
     capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
         bench.main(argv)
@@ -46,7 +46,7 @@ def test_an_existing_out_file_is_kept_unless_overwrite_is_given(bench, tmp_path,
     out = tmp_path / "r.json"
     out.write_text("someone's notes")
     monkeypatch.setattr(bench, "run", lambda *a, **k: pytest.fail("trained before refusing"))
-    line = refused(bench, TINY + ["--out", str(out)], capsys)
+    line = one_line(bench, TINY + ["--out", str(out)], capsys)
     assert "exists" in line and "--overwrite" in line and out.read_text() == "someone's notes"
     monkeypatch.undo()
     assert bench.main(TINY + ["--out", str(out), "--overwrite"]) == 0  # told: replaced by the result
@@ -67,7 +67,7 @@ def test_an_unwritable_out_is_refused_before_training_and_leaves_nothing(bench, 
         (tmp_path / "file").write_text("x")
         argv = TINY + ["--out", str(tmp_path / "file" / "r.json")]
     before = sorted(os.listdir(tmp_path))
-    line = refused(bench, argv, capsys)
+    line = one_line(bench, argv, capsys)
     assert "does not exist" in line or "is a folder" in line, line
     assert sorted(os.listdir(tmp_path)) == before  # no r.json, no r.json.tmp
 
@@ -80,7 +80,7 @@ def test_an_unwritable_out_is_refused_before_training_and_leaves_nothing(bench, 
     ],
 )
 def test_repeated_seeds_or_optimizers_are_refused(bench, tmp_path, capsys, no_training, extra, words):
-    line = refused(bench, TINY + extra + ["--out", str(tmp_path / "r.json")], capsys)
+    line = one_line(bench, TINY + extra + ["--out", str(tmp_path / "r.json")], capsys)
     assert words in line
 
 
@@ -90,14 +90,14 @@ def test_a_subset_larger_than_the_data_is_refused_before_training(bench, tmp_pat
     small = (torch.zeros(10, 3, 32, 32), torch.zeros(10, dtype=torch.long), torch.zeros(4, 3, 32, 32), torch.zeros(4))
     monkeypatch.setattr(bench, "load", lambda args: small)  # CIFAR-10 as read: 10 training images
     argv = ["--data-dir", str(tmp_path), "--train-subset", "50", "--test-subset", "4", "--out", str(tmp_path / "r")]
-    line = refused(bench, argv, capsys)
+    line = one_line(bench, argv, capsys)
     assert "--train-subset 50: the data holds only 10 images" in line
     assert not list(tmp_path.iterdir())
 
 
 def test_a_negative_seed_and_a_damaged_replot_file_are_one_line(bench, tmp_path, capsys):
-    line = refused(bench, TINY + ["--seeds", "-1", "--out", str(tmp_path / "r.json")], capsys)
+    line = one_line(bench, TINY + ["--seeds", "-1", "--out", str(tmp_path / "r.json")], capsys)
     assert "--seeds" in line
     (tmp_path / "r.json").write_text("{not json")
-    line = refused(bench, ["--replot", "--out", str(tmp_path / "r.json")], capsys)
+    line = one_line(bench, ["--replot", "--out", str(tmp_path / "r.json")], capsys)
     assert "r.json" in line

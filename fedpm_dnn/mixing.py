@@ -18,11 +18,9 @@ import math
 import numpy as np
 import torch
 
-from fedconvex.hyperparams import FLOAT32_MAX
 from fedconvex.mixing import precond_mix, simple_mix
-from fedconvex.screening import psd_problem
 
-from .foof import DEFAULT_DAMPING, param_name
+from .foof import DEFAULT_DAMPING, matrix_problem, param_name
 
 
 def block_entries(block: str, side: int, entries: dict, stacked: bool = True) -> tuple:
@@ -119,18 +117,6 @@ def _aliases(state: dict, prefer: set) -> dict:
         rep = next((k for k in members if k in prefer), members[0])
         out.update(dict.fromkeys(members, rep))
     return out
-
-
-# the clients' matrices are checked as the server checks a reply's: symmetric PSD within float32's round-off
-MATRIX_TOL = 64 * float(torch.finfo(torch.float32).eps)
-
-
-def matrix_problem(M: torch.Tensor) -> str | None:
-    """None if the float64 ``M`` can be a FOOF matrix (a second moment of float32 activations): finite, within
-    float32's range, symmetric and positive semidefinite within ``MATRIX_TOL``; else why not."""
-    if bool(torch.isfinite(M).all()) and M.numel() and float(M.abs().max()) > FLOAT32_MAX:
-        return f"holds entries beyond float32's range ({FLOAT32_MAX:.3g}): no second moment of float32 activations"
-    return psd_problem(M, tol=MATRIX_TOL)
 
 
 def _check_states(client_states: list, client_matrices: list) -> list:

@@ -11,7 +11,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from fedpm_dnn import FOOF  # noqa: E402
 from fedpm_dnn.algorithms import make_method  # noqa: E402
-from fedpm_dnn.schedule import LrSchedule, parse_milestones  # noqa: E402
+from fedpm_dnn.engine.lr_schedule import LrSchedule, parse_milestones  # noqa: E402
 
 torch.set_num_threads(1)
 

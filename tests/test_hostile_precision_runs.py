@@ -9,7 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fedconvex.screening import psd_problem  # noqa: E402
-from fedpm_dnn import foof, precision  # noqa: E402
+from fedpm_dnn import foof  # noqa: E402
+from fedpm_dnn.foof import precision  # noqa: E402
 from tests.fake_cifar import cifar_pickle  # noqa: E402
 
 torch.set_num_threads(1)

@@ -9,6 +9,12 @@ FOOF matrix is the uncentred covariance of the layer input augmented with a cons
 Local step: Theta <- Theta - lr (A + lam I)^{-1} G_Theta.  Server (FedPM): per block
 Theta = precond_mix(A_stack, Theta_stack, w, damping=lam) -- the fedconvex kernel.
 A registry maps layer types to their block adapter (KFAC-jax / BackPACK style).
+
+This module is the preconditioner's core -- the blocks, their statistics, the damped factors and their apply --
+and the package ``fedpm_dnn.foof`` itself, so ``fedpm_dnn.foof.compute_foof`` and the rest keep the paths they
+had when it was a single module.  Beside it: ``batched`` (the statistics and factors of a stack of clients),
+``precision`` (the arithmetic of the large products), ``cost`` (a FLOP and memory model), ``solve_graph`` (the step
+directions as one CUDA graph) and ``optimizer`` (``FOOF``, a ``torch.optim.Optimizer``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ from functools import cache
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from fedconvex.hyperparams import FLOAT32_MAX
+from fedconvex.screening import psd_problem
 
 from . import precision
 
@@ -138,7 +147,7 @@ def patch_gram(m: nn.Conv2d, x: torch.Tensor, half: bool = False):
         a = conv_patches(m, x[:, i : i + step].reshape(-1, *x.shape[2:])).reshape(K, -1, D)
         if precision.current() == "fp32" and not half:
             S.baddbmm_(a.transpose(1, 2), a)
-        else:  # --foof-precision: the products on tensor cores (fedpm_dnn.precision); or half of them
+        else:  # --foof-precision: the products on tensor cores (fedpm_dnn.foof.precision); or half of them
             S += precision.gram(a, half=half)
         total += a.sum(1)
     return S, total, L
@@ -388,6 +397,11 @@ def foof_blocks(model: nn.Module) -> dict:
     return survey(model)[0]
 
 
+def block_sizes(blocks: dict) -> dict:
+    """block -> d, the side of its FOOF matrix (d_in, +1 with a bias)."""
+    return {name: b.module.weight[0].numel() + (1 if b.has_bias else 0) for name, b in blocks.items()}
+
+
 def param_name(block_name: str, attr: str) -> str:
     """The named_parameters() key of a block's weight or bias (a root module has no prefix)."""
     return f"{block_name}.{attr}" if block_name else attr
@@ -505,6 +519,19 @@ def compute_foof(model: nn.Module, blocks: dict, batches, static: dict | None = 
         else:
             static.update({k: out[k] for k in acc.input_blocks})
     return {k: out[k] for k in blocks}
+
+
+# FOOF matrices from outside (a client's in ``mix``, ``FOOF.set_matrices``, a saved state) are checked as the
+# server checks a reply's: symmetric PSD within float32's round-off
+MATRIX_TOL = 64 * float(torch.finfo(torch.float32).eps)
+
+
+def matrix_problem(M: torch.Tensor) -> str | None:
+    """None if the float64 ``M`` can be a FOOF matrix (a second moment of float32 activations): finite, within
+    float32's range, symmetric and positive semidefinite within ``MATRIX_TOL``; else why not."""
+    if bool(torch.isfinite(M).all()) and M.numel() and float(M.abs().max()) > FLOAT32_MAX:
+        return f"holds entries beyond float32's range ({FLOAT32_MAX:.3g}): no second moment of float32 activations"
+    return psd_problem(M, tol=MATRIX_TOL)
 
 
 def finite_float64(name: str, M):

@@ -36,8 +36,7 @@ import torch.nn as nn
 
 from fedconvex.hyperparams import FLOAT32_MAX, Range, checked_number
 
-from . import foof
-from .mixing import matrix_problem  # FOOF matrices from outside are checked as ``mix`` checks them
+from .. import foof
 
 DEFAULT_STATS_DECAY = 0.95  # running average of hooked statistics: A <- decay A + (1 - decay) A_batch
 UNSEEN = "no forward pass reached it, so it has no statistics"  # why a block found unreachable steps plainly
@@ -306,7 +305,7 @@ class FOOF(torch.optim.Optimizer):
         device = next(iter(self.model.parameters())).device
         out = {k: matrices[k].detach().to(device=device, dtype=torch.float64) for k in sides}
         for name, M in out.items() if values else ():
-            problem = matrix_problem(M)
+            problem = foof.matrix_problem(M)
             if problem:
                 raise ValueError(f"FOOF matrix {name!r} {problem}: it must be a second moment E[a a^T]")
         return out

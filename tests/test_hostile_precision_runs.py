@@ -43,11 +43,11 @@ def _run(tmp_path, *extra, seeds=None):
     return dnn.main(argv + ["--rounds", "2", "--quiet", "--threads", "1", "--out", str(tmp_path / "out"), *extra])
 
 
-@pytest.mark.parametrize("mode", ["bf16", "tf32"])
-def test_fedpm_in_an_approximate_precision_uses_its_clients_replies(tmp_path, mode, caplog):
+@pytest.mark.parametrize("mode, engine", [("bf16", "sequential"), ("tf32", "sequential"), ("bf16", "vectorized")])
+def test_fedpm_in_an_approximate_precision_uses_its_clients_replies(tmp_path, mode, engine, caplog):
     import csv
 
-    assert _run(tmp_path, "--foof-precision", mode) == 0
+    assert _run(tmp_path, "--foof-precision", mode, "--engine", engine) == 0
     assert "rejected" not in caplog.text
     with open(tmp_path / "out" / "history.csv") as fh:
         assert [int(r["rejected"]) for r in csv.DictReader(fh)] == [0, 0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 from typing import NamedTuple
 
 from .backend import python_scalar
@@ -98,6 +99,8 @@ def number_problem(value, allowed: Range | None = None, *, integer: bool = False
         return "must be an integer" if integer else "must be a number"
     if integer and not isinstance(value, int):
         return "must be an integer"
+    if not integer and isinstance(value, int) and abs(value) > sys.float_info.max:  # no float holds it
+        return "must be a finite number" + ("" if allowed is None else f" {allowed}")
     if not integer and not math.isfinite(value):
         return "must be a finite number" + ("" if allowed is None else f" {allowed}")
     if not integer and abs(value) > limit:

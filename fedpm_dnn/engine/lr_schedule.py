@@ -57,6 +57,7 @@ class LrSchedule:
 
     def check_rate(self, lr: float) -> None:
         """A ValueError unless every round's rate ``lr * factor`` is a float32 number above 0."""
+        lr = checked_number("lr", lr, POSITIVE, limit=FLOAT32_MAX)
         for what, f in (("largest", self.largest()), ("smallest", self.smallest())):
             checked_number(f"the learning rate at its {what} (lr x the milestones' factors)", lr * f, POSITIVE,
                            limit=FLOAT32_MAX)  # fmt: skip

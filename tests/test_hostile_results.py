@@ -169,3 +169,20 @@ def test_the_reader_says_what_is_missing_without_jsonschema(tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, "jsonschema", None)
     with pytest.raises(DamagedFile, match="jsonschema package is missing"):
         results.read_summary(str(run / "summary.json"))
+
+
+def test_a_finished_run_with_a_percentage_in_its_summary_is_not_quoted_as_its_accuracy(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from tests.fake_cifar import cifar_pickle
+    from validation import dnn
+
+    cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"), n=30)
+    argv = ["--dataset", "cifar10", "--data-dir", str(tmp_path / "data"), "--method", "fedavg", "--clients", "2"]
+    argv += ["--local-epochs", "1", "--train-subset", "20", "--test-subset", "10", "--rounds", "1", "--quiet"]
+    argv += ["--threads", "1", "--out", str(tmp_path / "out")]
+    assert dnn.main(argv) == 0
+    capsys.readouterr()
+    _summary(tmp_path / "out", best_test_acc=55.0)
+    assert dnn.main(argv) == 0  # nothing to compute: the same run, done
+    out = capsys.readouterr().out
+    assert "already holds this run (1 round)" in out and "best test accuracy" not in out, out

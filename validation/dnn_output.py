@@ -14,6 +14,7 @@ import shutil
 import numpy as np
 
 from fedconvex.files import DamagedFile, FolderSwapped, NotARegularFile, read_json_object, written_atomically
+from fedconvex.results import read_summary
 from validation import common
 from validation.dnn_cli import OUTPUT, PROG
 from validation.outputs import mark, written_by
@@ -56,7 +57,7 @@ def settle_previous(run, exp, stacked: bool = False) -> str | None:
         )
     best = ""
     with contextlib.suppress(ValueError, OSError, TypeError, KeyError):
-        summary = read_json_object(os.path.join(run.out, "summary.json"))
+        summary = read_summary(os.path.join(run.out, "summary.json"))  # its fields in range (fedconvex.results)
         best = f", best test accuracy {float(summary['best_test_acc']):.4f}"
     rounds = f"{done} round{'s' if done != 1 else ''}"
     return (

@@ -234,6 +234,10 @@ def run_held(args, exp, desc, command, opened, held) -> int:
         if not isinstance(exc, (ArithmeticError, ValueError, OSError)):
             raise
         fail_run(args, exc)
+    void = dnn_output.nobody_contributed(history, exp)
+    if void:
+        dnn_output.discard_outputs(args.out, opened, held)
+        common.fail(PROG, RuntimeError(f"{void}; nothing was kept in {args.out}"))
     summary = summarize(desc, history, command)
     try:
         dnn_output.write_outputs(args.out, history, summary)

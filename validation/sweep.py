@@ -27,7 +27,7 @@ import shlex
 import time
 from dataclasses import dataclass
 
-from fedconvex.files import read_json_object
+from fedconvex.results import read_history, read_summary
 from fedpm_dnn.method_names import METHOD_NAMES as METHODS  # the names alone: no torch before a command parses
 
 DNN_METHODS = METHODS  # the DNN registry's methods, in the paper's order (the plan's and the priority's)
@@ -184,7 +184,7 @@ def status(run, folder: str) -> Status:
     if not os.path.lexists(summary_path):
         return Status(PARTIAL if resumable else MISSING)
     try:
-        summary = read_json_object(summary_path)  # a regular file (a FIFO would block a plain open) of one object
+        summary = read_summary(summary_path)  # a regular file of one object, its fields in range (fedconvex.results)
     except ValueError as exc:
         return Status(STALE, why=f"summary.json does not parse ({exc})")
     if run.kind != "dnn":
@@ -204,9 +204,10 @@ def status(run, folder: str) -> Status:
         if diff:
             return Status(STALE, why=diff)
     try:
-        from fedconvex.history import read_run
-
-        rows = read_run(os.path.join(folder, "history.csv"))
+        runs = read_history(os.path.join(folder, "history.csv"))  # cells in range, rounds increasing
+        if len(runs) != 1:
+            raise ValueError(f"holds {len(runs)} runs")
+        rows = next(iter(runs.values()))
     except (OSError, ValueError, KeyError) as exc:
         return Status(PARTIAL if resumable else MISSING, why=f"history.csv does not parse ({exc})")
     done = len(rows)

@@ -143,6 +143,8 @@ def build(exp: Experiment, tamper=None):
         model = make_model(exp.model, exp.num_classes, exp.in_channels, exp.image_size, exp.gn_groups).to(dev)
     task = DnnTask(model, exp.clients, dev, exp.seed, exp.engine, exp.client_chunk, step_graph=exp.step_graph)
     task.lr_schedule = exp.lr_schedule
+    if exp.lr_schedule is not None:
+        exp.lr_schedule.check_rate(alg.lr)
     driver = make_driver(
         alg,
         task,

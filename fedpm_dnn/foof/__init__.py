@@ -26,6 +26,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fedconvex.hyperparams import FLOAT32_MAX
+from fedconvex.screening import psd_problem
+
 from . import precision
 
 
@@ -434,7 +437,9 @@ class StatsAccumulator:
         x = x.detach()
         if x.dtype in (torch.float16, torch.bfloat16):  # mixed precision: the statistics are kept in float32
             x = x.float()
-        with torch.autocast(x.device.type, enabled=False):  # autocast would run the Gram products in half precision
+        x, mode = precision.for_statistics(x)
+        # autocast would run the Gram products in half precision
+        with torch.autocast(x.device.type, enabled=False), precision.use(mode):
             S, s, rows = block.gram(x)
         if block.has_bias:
             n = torch.tensor([[float(rows)]], dtype=S.dtype, device=S.device)
@@ -447,6 +452,8 @@ class StatsAccumulator:
         """The matrices, kept in float64 (accumulated there) until they are factorised or sent."""
         out = {}
         for name, S in self.sums.items():
+            if not self.counts[name]:
+                raise ValueError(f"the batches held no rows for block {name!r} (an empty batch): no statistics to take")
             A = S / self.counts[name]
             out[name] = 0.5 * (A + A.T)
         return out
@@ -512,6 +519,19 @@ def compute_foof(model: nn.Module, blocks: dict, batches, static: dict | None = 
         else:
             static.update({k: out[k] for k in acc.input_blocks})
     return {k: out[k] for k in blocks}
+
+
+# FOOF matrices from outside (a client's in ``mix``, ``FOOF.set_matrices``, a saved state) are checked as the
+# server checks a reply's: symmetric PSD within float32's round-off
+MATRIX_TOL = 64 * float(torch.finfo(torch.float32).eps)
+
+
+def matrix_problem(M: torch.Tensor) -> str | None:
+    """None if the float64 ``M`` can be a FOOF matrix (a second moment of float32 activations): finite, within
+    float32's range, symmetric and positive semidefinite within ``MATRIX_TOL``; else why not."""
+    if bool(torch.isfinite(M).all()) and M.numel() and float(M.abs().max()) > FLOAT32_MAX:
+        return f"holds entries beyond float32's range ({FLOAT32_MAX:.3g}): no second moment of float32 activations"
+    return psd_problem(M, tol=MATRIX_TOL)
 
 
 def finite_float64(name: str, M):

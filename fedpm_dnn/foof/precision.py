@@ -130,10 +130,27 @@ def gram(a: torch.Tensor, mode: str | None = None, emulate=None, half: bool = Fa
     if mode == "fp32" or a.dtype != torch.float32:
         return torch.bmm(at, a) if a.dim() == 3 else at @ a
     if mode in APPROXIMATE:
-        return matmul(at, a, mode, emulate)
+        # one product computes (i, j) and (j, i) in different orders, and the rounding of the opt-in modes makes
+        # them differ: the statistics must be exactly symmetric (the server's screening refuses them otherwise)
+        S = matmul(at, a, mode, emulate)
+        return 0.5 * (S + S.mT)
     hi, lo = split(a)
     cross = tf32_product(hi.mT, lo, emulate)
     return tf32_product(hi.mT, hi, emulate) + (cross + cross.mT)
+
+
+def for_statistics(x: torch.Tensor, mode: str | None = None) -> tuple:
+    """(the inputs FOOF's statistics are built from, the mode of their products).  In the approximate modes a
+    Gram of rounded products is not positive semidefinite: bf16 rounds each entry of its output, and either mode
+    sums the bias row from inputs its product rounded -- the server then rejects every such reply.  So the inputs
+    are rounded here, once (to TF32 or bfloat16 values), and their products run in TF32: exact for them (at most
+    11 significant bits, each product exact in float32) with float32 accumulation.  The statistics are then the
+    Gram of the rounded activations, the bias row their sums: positive semidefinite to float32's round-off, as in
+    fp32.  fp32, split-tf32 and non-float32 inputs are returned as they are."""
+    mode = current() if mode is None else check(mode)
+    if mode not in APPROXIMATE or x.dtype != torch.float32:
+        return x, mode
+    return (round_tf32(x) if mode == "tf32" else x.bfloat16().float()), "tf32"
 
 
 GRAM_BLOCK = 256  # the narrowest block row of ``half_gram``: narrower products run below a GEMM's pace

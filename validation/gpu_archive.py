@@ -1,17 +1,21 @@
 """The one archive in which ``validation/gpu_checks.sh`` carries its results from one job to the next.
 
-A GPU job hands back only a few small files, shallowly placed, so the script works in a scratch folder and, after
-every unit, refreshes ``results.tar.gz`` at the top of its output folder: the whole scratch folder (the figures'
-files, the done markers, the stacks' histories and checkpoints, the log) and a manifest naming the device that
-produced it.  A later job given that archive (``PREVIOUS``) unpacks it and continues where the first stopped.
+A GPU job hands back at most 8 files of at most 16 MiB each, at most two folders down, so the script works in a
+scratch folder and, after every unit, refreshes ``results.tar.gz`` at the top of its output folder: the whole
+scratch folder (the figures' files, the done markers, the stacks' histories and checkpoints, the log) and a
+manifest naming the device that produced it.  A later job given that archive (``PREVIOUS``) unpacks it and
+continues where the first stopped.  An archive over 16 MiB (a FedPM stack's checkpoints: ~9 MB a run at 10
+SimpleCNN clients) is written in volumes of 16 MiB, ``results.tar.gz``, ``results.tar.gz.2``, ... (at most
+``MAX_VOLUMES``), which unpacking reads in order.
 
     python -m validation.gpu_archive device                       # the device's name (CUDA's, or 'CPU')
     python -m validation.gpu_archive pack WORK ARCHIVE DEVICE     # WORK -> ARCHIVE, atomically, within the limits
     python -m validation.gpu_archive unpack ARCHIVE WORK DEVICE   # ARCHIVE -> WORK, refused from another device
 
-Limits (``MAX_BYTES``): an archive that would exceed them is not written (the previous one stays) and the command
-exits 1 naming the largest files.  Unpacking refuses, in one line, an archive from a device of another name (an
-H100's figures are never compared with, or continued on, an H200), a member outside WORK, a link or a special file.
+Limits (``MAX_VOLUMES`` volumes of ``MAX_BYTES``): an archive that would exceed them is not written (the previous
+one stays) and the command exits 1 naming the largest files.  Unpacking refuses, in one line, an archive from a
+device of another name (an H100's figures are never compared with, or continued on, an H200), a member outside
+WORK, a link or a special file.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import os
 import sys
 import tarfile
 
-MAX_BYTES = 16 * 2**20
+MAX_BYTES = 16 * 2**20  # a volume
+MAX_VOLUMES = 6  # with the log beside them, under 8 files
 MANIFEST = "gpu_archive.json"
 NAME = "results.tar.gz"
 
@@ -52,12 +57,22 @@ def _files(work: str) -> list:
     return out
 
 
-def pack(work: str, archive: str, device: str, limit: int = MAX_BYTES) -> int:
-    """WORK's files and a manifest into ``archive`` (gzip tar) via a temporary file renamed over it; returns its
-    size.  Over ``limit`` bytes: ArchiveError naming the largest files, and ``archive`` left as it was."""
+def volumes(archive: str) -> list:
+    """The volumes of ``archive`` that exist, in order: ARCHIVE, ARCHIVE.2, ARCHIVE.3, ..."""
+    out = [archive] if os.path.isfile(archive) else []
+    while out and os.path.isfile(f"{archive}.{len(out) + 1}"):
+        out.append(f"{archive}.{len(out) + 1}")
+    return out
+
+
+def pack(work: str, archive: str, device: str, limit: int = MAX_BYTES, max_volumes: int = MAX_VOLUMES) -> int:
+    """WORK's files and a manifest into ``archive`` (gzip tar, in volumes of ``limit`` bytes) via temporary files
+    renamed over the old volumes; returns its size.  Over ``max_volumes`` volumes: ArchiveError naming the largest
+    files, and the previous archive left as it was."""
     files = _files(work)
     manifest = json.dumps({"device": device, "files": len(files)}).encode()
     tmp = archive + ".tmp"
+    parts = []
     try:
         with tarfile.open(tmp, "w:gz", compresslevel=6) as tar:
             info = tarfile.TarInfo(MANIFEST)
@@ -66,18 +81,30 @@ def pack(work: str, archive: str, device: str, limit: int = MAX_BYTES) -> int:
             for rel in files:
                 tar.add(os.path.join(work, rel), arcname=rel, recursive=False)
         size = os.path.getsize(tmp)
-        if size > limit:
+        if size > limit * max_volumes:
             big = sorted(files, key=lambda r: -os.path.getsize(os.path.join(work, r)))[:3]
             sizes = ", ".join(f"{r} {os.path.getsize(os.path.join(work, r)) / 2**20:.1f} MiB" for r in big)
             raise ArchiveError(
-                f"{archive}: would be {size / 2**20:.1f} MiB, over {limit / 2**20:.0f} MiB (largest: {sizes}); "
-                "the previous archive is kept"
+                f"{archive}: would be {size / 2**20:.1f} MiB, over {max_volumes} volumes of {limit / 2**20:.0f} MiB "
+                f"(largest: {sizes}); the previous archive is kept"
             )
-        os.replace(tmp, archive)
+        with open(tmp, "rb") as src:
+            while chunk := src.read(limit):
+                parts.append(f"{tmp}.{len(parts) + 1}")
+                with open(parts[-1], "wb") as dst:
+                    dst.write(chunk)
+        old = volumes(archive)
+        for i, part in enumerate(parts):  # the first volume last: a reader never finds a new head on old volumes
+            if i:
+                os.replace(part, f"{archive}.{i + 1}")
+        os.replace(parts[0], archive)
+        for stale in old[len(parts) :]:
+            os.remove(stale)
         return size
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        for leftover in [tmp, *parts]:
+            if os.path.exists(leftover):
+                os.remove(leftover)
 
 
 def _member_ok(m: tarfile.TarInfo) -> bool:
@@ -89,7 +116,8 @@ def unpack(archive: str, work: str, device: str) -> int:
     """``archive``'s files into ``work``; refused (ArchiveError) where it came from a device named otherwise, or
     holds anything but plain files and folders inside ``work``.  Returns the number of files."""
     try:
-        tar = tarfile.open(archive, "r:gz")
+        stream = io.BytesIO(b"".join(open(v, "rb").read() for v in volumes(archive)) or open(archive, "rb").read())
+        tar = tarfile.open(fileobj=stream, mode="r:gz")
     except (OSError, tarfile.TarError) as exc:
         raise ArchiveError(f"{archive}: not a results archive ({type(exc).__name__})") from None
     with tar:

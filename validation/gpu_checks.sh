@@ -60,6 +60,7 @@ if [ -n "$PREV" ] && [ -d "$PREV" ]; then PREV=$PREV/results.tar.gz; fi
 [ -z "$PREV" ] || [ -f "$PREV" ] || fail "PREVIOUS $PREV: no results.tar.gz there"
 WORK=$(abs "${GPU_CHECKS_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/gpu_checks.XXXXXX")}")
 mkdir -p "$OUT" "$WORK/done" || fail "cannot create $OUT or $WORK"
+[ -n "${GPU_CHECKS_WORK:-}" ] || trap 'rm -rf "$WORK"' EXIT   # its own scratch folder: all of it is in the archive
 if [ -n "$PREV" ]; then
     $PY -m validation.gpu_archive unpack "$PREV" "$WORK" "$DEVNAME" > /dev/null || exit 2
 fi

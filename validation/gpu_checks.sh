@@ -76,6 +76,7 @@ else
     RUN_SIZE=(); SKIP_TINY=""
 fi
 START=$(date +%s)
+PIECE_MARGIN=${PIECE_MARGIN:-60}   # a stack's round (3 SimpleCNN runs at the paper's size) and its checkpoint fit in it
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 step() { echo; echo "=== $1 (t=$(( $(date +%s) - START ))s, $(left)s left)"; }
 done_() { [ -f "$WORK/done/$1" ]; }
@@ -125,16 +126,18 @@ stack() {
     local name=$1 method=$2 preset=$3; shift 3
     if [ -n "$ONLY" ] && [ "$ONLY" != "$name" ]; then return; fi
     done_ "$name" && { echo "$name: done earlier"; return; }
-    [ "$(left)" -lt 60 ] && { echo "skipping $name: $(left)s left"; return; }
+    [ "$(left)" -lt $(( PIECE_MARGIN + 30 )) ] && { echo "skipping $name: $(left)s left"; return; }
     local out="$WORK/stacks/$name" resume="" rc=0
     ls "$out"/*/checkpoint.pt > /dev/null 2>&1 && resume="--resume"
     step "$name: $method $preset $* seeds 0,1,2, $ROUNDS rounds ($resume)"
+    # a piece: rounds until PIECE_MARGIN seconds before the budget's end (--deadline: it stops after the round in
+    # which the deadline passes, checkpointed, exit 75), with a hard stop 10 s before the end
     timeout $(( $(left) - 10 )) $PY -m validation.dnn --dataset cifar10 --data-dir "$DATA" --model cnn \
         --method "$method" --preset "$preset" "$@" --rounds $ROUNDS --seeds 0,1,2 --device $DEV --quiet \
-        "${RUN_SIZE[@]}" --out "$out" $resume || rc=$?
+        "${RUN_SIZE[@]}" --out "$out" $resume --deadline $(( $(date +%s) + $(left) - PIECE_MARGIN )) || rc=$?
     case $rc in
         0) mark "$name" ;;
-        124) echo "$name: stopped at the time budget with its last round checkpointed; a call given this archive resumes it" ;;
+        75|124) echo "$name: a piece done (rc=$rc), its last round checkpointed; a call given this archive resumes it" ;;
         *) echo "$name failed rc=$rc" ;;
     esac
     for d in "$out"/*/; do [ -f "$d/history.csv" ] && echo "$d: $(tail -n 1 "$d/history.csv")"; done

@@ -144,9 +144,9 @@ def one_step():
     built = []
     original = step_graph.Runner.__init__
 
-    def keep(self, step, capture):
+    def keep(self, step, capture, graph_factory=None):
         built.append((step, {n: v.clone() for n, v in step.P.items()}, step.loss_sum.clone()))
-        original(self, step, capture)
+        original(self, step, capture, graph_factory)
 
     step_graph.Runner.__init__ = keep
     try:
@@ -183,23 +183,79 @@ def test_the_static_step_reads_nothing_back_to_the_host(one_step):
     assert torch.equal(step.ints, ints) and torch.equal(step.x_all, x)
 
 
-def test_a_failed_capture_warns_once_and_runs_the_step_eagerly(one_step):
-    """Capture needs CUDA: on the CPU it fails, warns once, and the call is the eager step (the same parameters);
-    no later runner of the process tries again."""
+def _eager_result(step, reset, steps=1):
+    reset()
+    for _ in range(steps):
+        step()
+    return {n: v.clone() for n, v in step.P.items()}, step.loss_sum.clone()
+
+
+def _failing_capture(step, device):
+    step()  # a failing capture may have run part of the step before it fails
+    raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_failed_capture_restores_the_state_runs_the_step_eagerly_and_records_why(one_step):
+    """An injected capture failure (after the step ran part-way): the state is put back, the call is the eager step
+    (the same parameters and loss), the runner says so once and records it; the next runner tries again (no flag
+    of the process turns capture off)."""
     step, reset = one_step
+    expect, loss = _eager_result(step, reset)
     reset()
-    step()
-    expect = {n: v.clone() for n, v in step.P.items()}
-    reset()
-    step_graph._warned.clear()
-    runner = step_graph.Runner(step, capture=True)
+    step_graph._said.clear()
+    runner = step_graph.Runner(step, capture=True, graph_factory=_failing_capture)
     runner.calls = step_graph.WARMUP  # past the warm-up: this call captures
-    with pytest.warns(RuntimeWarning, match="CUDA graph capture of the local step failed"):
+    with pytest.warns(RuntimeWarning, match="CUDA graph capture failed .*operation not permitted"):
         runner()
     assert runner.graph is None and not runner.capture and int(step.t) == 1
-    assert all(torch.equal(step.P[n], expect[n]) for n in expect)
-    assert not step_graph.Runner(step, capture=True).capture  # later rounds do not try again
-    step_graph._warned.clear()
+    assert all(torch.equal(step.P[n], expect[n]) for n in expect) and torch.equal(step.loss_sum, loss)
+    assert runner.used.startswith("eager: CUDA graph capture failed")
+    tried = []
+    later = step_graph.Runner(step, capture=True, graph_factory=lambda s, d: tried.append(1) or _failing_capture(s, d))
+    later.calls = step_graph.WARMUP
+    later()  # said once per process: no second warning, but a second try
+    assert tried == [1] and later.used.startswith("eager: CUDA graph capture failed")
+
+
+class _Replay:
+    """A stand-in for a captured graph: ``replay`` runs the step eagerly, optionally off by ``scale`` afterwards."""
+
+    def __init__(self, step, scale=None):
+        self.step, self.scale = step, scale
+
+    def replay(self):
+        self.step()
+        if self.scale is not None:
+            with torch.no_grad():
+                next(iter(self.step.P.values())).mul_(self.scale)
+
+
+def test_a_graph_whose_first_replay_agrees_is_kept_and_replayed(one_step):
+    step, reset = one_step
+    expect, loss = _eager_result(step, reset, steps=2)
+    reset()
+    runner = step_graph.Runner(step, capture=True, graph_factory=lambda s, d: _Replay(s))
+    runner.calls = step_graph.WARMUP
+    runner()
+    runner()
+    assert runner.replays == 2 and runner.used == "graph" and int(step.t) == 2
+    assert all(torch.equal(step.P[n], expect[n]) for n in expect) and torch.equal(step.loss_sum, loss)
+
+
+def test_a_graph_whose_first_replay_disagrees_is_dropped_for_the_eager_step(one_step):
+    """A graph that replays wrongly (injected: one tensor scaled after the step) fails its first-replay check: the
+    eager step's result stands, the runner stays eager and records why."""
+    step, reset = one_step
+    expect, loss = _eager_result(step, reset, steps=2)
+    reset()
+    step_graph._said.clear()
+    runner = step_graph.Runner(step, capture=True, graph_factory=lambda s, d: _Replay(s, scale=1.5))
+    runner.calls = step_graph.WARMUP
+    with pytest.warns(RuntimeWarning, match="first graphed step differs from the eager one"):
+        runner()
+    runner()
+    assert runner.replays == 0 and runner.graph is None and runner.used.startswith("eager: the first graphed step")
+    assert all(torch.equal(step.P[n], expect[n]) for n in expect) and torch.equal(step.loss_sum, loss)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

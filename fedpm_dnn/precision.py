@@ -23,6 +23,13 @@ before, so default results do not change.
 
 The kernels read the mode from ``use(mode)`` (a context variable), entered by the engines around a client's
 round with the method's ``foof_precision``.
+
+The rest of a round's arithmetic follows the same setting (``backend_flags``), so that no product runs in TF32
+unsaid: inside ``use(mode)`` cuBLAS's TF32 is off (``torch.backends.cuda.matmul.allow_tf32``: the split and TF32
+products switch it on for themselves) and cuDNN's convolutions run in TF32 (``torch.backends.cudnn.allow_tf32``,
+PyTorch's default) in every mode but ``fp32``, where they are plain float32 -- "fp32" means float32 throughout.
+Every run's summary.json records these flags with the device's name (``record``).  On a CPU the flags change
+nothing.
 """
 
 from __future__ import annotations
@@ -43,14 +50,33 @@ def check(mode: str) -> str:
     return mode
 
 
+def backend_flags(mode: str) -> dict:
+    """The TF32 flags of cuDNN and cuBLAS a round in ``mode`` runs with (module doc)."""
+    return {"cudnn_allow_tf32": check(mode) != "fp32", "cuda_matmul_allow_tf32": False}
+
+
 @contextmanager
 def use(mode: str):
-    """FOOF's products inside the block in ``mode``."""
+    """FOOF's products inside the block in ``mode``, and cuDNN's and cuBLAS's TF32 flags set from it (restored
+    on leaving)."""
     token = _mode.set(check(mode))
+    flags = backend_flags(mode)
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = flags["cudnn_allow_tf32"]
+    torch.backends.cuda.matmul.allow_tf32 = flags["cuda_matmul_allow_tf32"]
     try:
         yield
     finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
         _mode.reset(token)
+
+
+def record(mode: str, device) -> dict:
+    """What a run's training arithmetic was, for its summary.json: the device's name, the FOOF precision and the
+    TF32 flags of cuDNN's convolutions and cuBLAS's other products in its rounds."""
+    dev = torch.device(device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" and torch.cuda.is_available() else "CPU"
+    return {"device_name": name, "foof_precision": check(mode), **backend_flags(mode)}
 
 
 def current() -> str:

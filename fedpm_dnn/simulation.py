@@ -174,7 +174,16 @@ def run_experiment(
             raise ValueError("stacked runs train on the vectorized engine")
         task.engine_state = engine
     fp = _ck.fingerprint(exp) if checkpoint else None
-    _, history = drive(task, driver, state, exp.rounds, exp.seed, fp, checkpoint, resume, on_round, stop)
+    executed = exp.meta.setdefault("executed", {})  # a summary's "executed" entry: this dict, filled as rounds end
+
+    def note(row, history):
+        if task.executed is not None and task.executed["chunk_steps"]:
+            rec = task.executed
+            executed.update(step_forms=dict(rec["step_forms"]), graphed_share=rec["graphed_steps"] / rec["chunk_steps"])
+        if on_round is not None:
+            on_round(row, history)
+
+    _, history = drive(task, driver, state, exp.rounds, exp.seed, fp, checkpoint, resume, note, stop)
     if task.last_chunk is not None:
         exp.meta["client_chunk"] = task.last_chunk
     return history

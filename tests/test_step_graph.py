@@ -361,3 +361,26 @@ def test_stacked_runs_take_the_static_step_to_the_loops_models(method, tmp_path,
     assert len(calls) >= 4  # every chunk of both rounds took its first step in the static function
     for a, b in zip(static, loop, strict=True):
         assert_identical(a, b)
+
+
+def test_what_each_round_used_is_recorded_for_the_summary(monkeypatch):
+    """A run whose captures fail (injected) records that its rounds ran eagerly and why, with a graphed share of 0;
+    the TF32 flags follow --foof-precision inside a round and are put back after it."""
+    from fedpm_dnn import precision
+
+    cfg = make("fedpm", **CFG)
+    monkeypatch.setattr(step_graph, "capturable", lambda device: True)
+    monkeypatch.setattr(step_graph, "WARMUP", 0)
+    monkeypatch.setattr(step_graph, "_cuda_graph", _failing_capture)
+    step_graph._said.clear()
+    exp = experiment(cfg, "on", rounds=1)
+    with pytest.warns(RuntimeWarning, match="CUDA graph capture failed"):
+        run_experiment(exp)
+    forms = exp.meta["executed"]["step_forms"]
+    assert any(f.startswith("eager: CUDA graph capture failed") for f in forms), forms
+    assert "graph" not in forms and exp.meta["executed"]["graphed_share"] == 0.0
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    for mode, conv in (("fp32", False), ("split-tf32", True), ("bf16", True)):
+        with precision.use(mode):
+            assert torch.backends.cudnn.allow_tf32 is conv and torch.backends.cuda.matmul.allow_tf32 is False
+        assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == old

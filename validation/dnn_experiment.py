@@ -98,6 +98,7 @@ def build(args):
     """(Experiment, description dict) for the parsed arguments; raises on any user error."""
     import torch
 
+    from fedpm_dnn import precision
     from fedpm_dnn.client import ClientData
     from fedpm_dnn.data import effective_classes, load_image_dataset, partition_table
     from fedpm_dnn.data.partition import make_partition
@@ -198,6 +199,10 @@ def build(args):
         "engine": engine,
         # the vectorized engine's full steps as one static function, captured as a CUDA graph there (step_graph)
         "step_graph": resolved_step_graph(args.step_graph, engine, device),
+        # the arithmetic of the training: the device's name and the TF32 flags its rounds ran with (precision.use)
+        "precision": precision.record(getattr(cfg, "foof_precision", "fp32"), device),
+        # what the run actually used, filled in as it goes (the step graph's fallbacks, its graphed share)
+        "executed": exp.meta.setdefault("executed", {}),
         "config": {"name": cfg.name, **cfg.hyperparameters()},
         "lr_schedule": exp.lr_schedule.as_dict() if exp.lr_schedule else None,
     }

@@ -141,6 +141,24 @@ def matmul(a: torch.Tensor, b: torch.Tensor, mode: str | None = None, emulate=No
     return tf32_product(a_hi, b_hi, emulate) + small
 
 
+def split_operand(b: torch.Tensor, mode: str | None = None) -> tuple:
+    """What a fixed right operand ``b`` is kept as beside itself for ``matmul_kept``: its (hi, lo) parts in
+    ``split-tf32`` with float32 ``b`` (formed once, where ``matmul`` would split it at every product), else ()."""
+    mode = current() if mode is None else check(mode)
+    return split(b) if mode == "split-tf32" and b.dtype == torch.float32 else ()
+
+
+def matmul_kept(a: torch.Tensor, b: torch.Tensor, parts: tuple, emulate=None) -> torch.Tensor:
+    """``matmul(a, b)`` with ``b``'s split parts ``parts`` (``split_operand``) given: the same value, bit for bit,
+    with only ``a`` split."""
+    if not parts or current() != "split-tf32" or a.dtype != torch.float32:
+        return matmul(a, b, emulate=emulate)
+    b_hi, b_lo = parts
+    a_hi, a_lo = split(a)
+    small = tf32_product(a_hi, b_lo, emulate) + tf32_product(a_lo, b_hi, emulate)
+    return tf32_product(a_hi, b_hi, emulate) + small
+
+
 def gram(a: torch.Tensor, mode: str | None = None, emulate=None, half: bool = False) -> torch.Tensor:
     """``a^T a`` over the rows of ``a`` (..., n, d) -> (..., d, d) in ``mode``; exactly symmetric in the split form
     (two products: hi^T hi + (C + C^T), C = hi^T lo).  ``half``: exactly symmetric in every mode, from only the

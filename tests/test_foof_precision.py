@@ -269,3 +269,54 @@ def test_a_mode_outside_the_list_is_refused():
         make_method("fedpm", foof_precision="fp16")
     with pytest.raises(ValueError, match="foof precision"), precision.use("half"):
         pass
+
+
+def _square_splits(monkeypatch):
+    """A list that grows by one at every ``precision.split`` of a square operand (an inverse; gradient rows and
+    statistics patches are not square here)."""
+    seen, real = [], precision.split
+
+    def counted(x):
+        if x.shape[-1] == x.shape[-2]:
+            seen.append(tuple(x.shape))
+        return real(x)
+
+    monkeypatch.setattr(precision, "split", counted)
+    return seen
+
+
+def test_the_inverse_is_split_once_per_refresh_and_applies_as_the_plain_split_product(monkeypatch):
+    """split-tf32's inverse operator keeps its TF32 parts: steps split only their gradient rows (0 splits of the
+    inverse after the first), and every direction equals matmul's, which splits both operands, bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 200, 41, generator=g, dtype=torch.float64)
+    L = torch.linalg.cholesky(a.mT @ a / 200 + 0.1 * torch.eye(41, dtype=torch.float64))
+    seen = _square_splits(monkeypatch)
+    with precision.use("split-tf32"):
+        op = foof.operators({"fc": L}, torch.float32, "inverse")["fc"]
+        assert len(op) == 3 and seen == [(3, 41, 41)]
+        for _ in range(4):
+            T = torch.randn(3, 7, 41, generator=g)
+            got = foof.direction(T, op)
+            assert torch.equal(got, precision.matmul(T, op[0]))
+    assert len(seen) == 1 + 4  # matmul's own reference splits, once per call; the directions none
+    with precision.use("fp32"):
+        assert len(foof.operators({"fc": L}, torch.float32, "inverse")["fc"]) == 1  # fp32: the inverse alone
+
+
+@pytest.mark.parametrize("engine", ["sequential", "vectorized"])
+def test_a_rounds_splits_of_the_inverse_do_not_grow_with_its_steps(monkeypatch, engine):
+    """A FedPM round in split-tf32 (emulated on the CPU) splits each inverse once when it is formed: twice the local
+    epochs, the same count of splits."""
+    from test_vectorized import CFG, experiment, make
+
+    from fedpm_dnn.simulation import run_experiment
+
+    counts = []
+    for epochs in (1, 2):
+        seen = _square_splits(monkeypatch)
+        cfg = make("fedpm", **{**CFG, "local_epochs": epochs, "foof_apply": "inverse", "foof_precision": "split-tf32"})
+        run_experiment(experiment(cfg, engine, rounds=1))
+        counts.append(len(seen))
+        monkeypatch.undo()
+    assert counts[0] == counts[1] > 0, counts

@@ -68,7 +68,7 @@ def concrete_foof_apply(args, cfg, device: str):
         return cfg
     concrete = {
         "foof_apply": AUTO_FOOF_APPLY.get(torch_device_type(device), "solve"),
-        "foof_precision": precision.default_mode(device),
+        "foof_precision": precision.default_mode(device, args.model),
     }
     if args.resume and os.path.isfile(os.path.join(args.out, "checkpoint.pt")):
         from fedpm_dnn import checkpoint

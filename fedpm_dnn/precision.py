@@ -19,7 +19,9 @@ statistics Gram ``a^T a``.
 On CUDA the TF32 products run on the tensor cores (``torch.backends.cuda.matmul.allow_tf32`` switched on for the
 product only); elsewhere they are emulated by rounding the inputs (the same arithmetic, no speed), which is how the
 CPU tests hold each mode to its bound.  In ``fp32`` every function here is the plain product the callers made
-before, so default results do not change.
+before, so default results do not change.  On a device (not emulated) the first split-tf32 apply and the first
+Gram of a process are checked against float64 on the same operands (``checked``); one outside the elementwise
+bound that tensor cores can meet gives one warning and plain float32 products there from then on, recorded.
 
 The kernels read the mode from ``use(mode)`` (a context variable), entered by the engines around a client's
 round with the method's ``foof_precision``.
@@ -34,6 +36,7 @@ nothing.
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -138,7 +141,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, mode: str | None = None, emulate=No
     a_hi, a_lo = split(a)
     b_hi, b_lo = split(b)
     small = tf32_product(a_hi, b_lo, emulate) + tf32_product(a_lo, b_hi, emulate)
-    return tf32_product(a_hi, b_hi, emulate) + small
+    return checked("apply", a, b, tf32_product(a_hi, b_hi, emulate) + small, emulate)
 
 
 def split_operand(b: torch.Tensor, mode: str | None = None) -> tuple:
@@ -156,7 +159,7 @@ def matmul_kept(a: torch.Tensor, b: torch.Tensor, parts: tuple, emulate=None) ->
     b_hi, b_lo = parts
     a_hi, a_lo = split(a)
     small = tf32_product(a_hi, b_lo, emulate) + tf32_product(a_lo, b_hi, emulate)
-    return tf32_product(a_hi, b_hi, emulate) + small
+    return checked("apply", a, b, tf32_product(a_hi, b_hi, emulate) + small, emulate)
 
 
 def gram(a: torch.Tensor, mode: str | None = None, emulate=None, half: bool = False) -> torch.Tensor:
@@ -177,7 +180,58 @@ def gram(a: torch.Tensor, mode: str | None = None, emulate=None, half: bool = Fa
         return matmul(at, a, mode, emulate)
     hi, lo = split(a)
     cross = tf32_product(hi.mT, lo, emulate)
-    return tf32_product(hi.mT, hi, emulate) + (cross + cross.mT)
+    return checked("gram", at, a, tf32_product(hi.mT, hi, emulate) + (cross + cross.mT), emulate)
+
+
+# --- the first tensor-core products of a process, checked ---------------------------------------------------------
+CHECK_SLACK = 32  # units of u = 2^-24 the split form may add to a float32 product's k u (module doc: ~24 u)
+_verdicts: dict = {}  # (device, 'apply' | 'gram') -> None (trusted) or why the split form was given up there
+
+
+def elementwise_bound(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """What a product of a and b in split-tf32 may be off by, entry by entry, on any hardware that rounds as IEEE
+    allows (tensor cores included): ``(k + CHECK_SLACK) u (|a| |b|)``, k the length of the sums -- float32's own
+    worst case plus the split's dropped terms."""
+    k = a.shape[-1]
+    return (k + CHECK_SLACK) * 2.0**-24 * torch.matmul(a.abs().double(), b.abs().double())
+
+
+def bound_ratio(a: torch.Tensor, b: torch.Tensor, result: torch.Tensor) -> float:
+    """The largest ratio of ``result``'s error (against float64) to ``elementwise_bound``: <= 1 within it."""
+    exact = torch.matmul(a.double(), b.double())
+    bound = elementwise_bound(a, b)
+    err = (result.double() - exact).abs()
+    ratio = torch.where(bound > 0, err / bound.clamp_min(1e-300), err * float("inf"))
+    worst = float(ratio.nan_to_num(nan=float("inf")).max()) if ratio.numel() else 0.0
+    return worst
+
+
+def checked(kind: str, a: torch.Tensor, b: torch.Tensor, result: torch.Tensor, emulate=None) -> torch.Tensor:
+    """``result`` of a split-tf32 product of a and b, the first time one of its ``kind`` runs on a device (not in
+    emulation, which is exact by construction) checked against float64 on the same operands within
+    ``elementwise_bound``; where it is not, one warning, the plain float32 product instead from then on for that
+    device and kind, and the reason in ``fallbacks()`` (each run's summary records it)."""
+    if _emulated(a, emulate):
+        return result
+    key = (str(a.device), kind)
+    if key not in _verdicts:
+        ratio = bound_ratio(a, b, result)
+        _verdicts[key] = None if ratio <= 1.0 else f"{ratio:.3g} times its bound on its first operands"
+        if _verdicts[key]:
+            warnings.warn(
+                f"split-tf32 {kind} on {a.device}: {_verdicts[key]}; running float32 products there instead",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    if _verdicts[key] is None:
+        return result
+    plain = torch.matmul(a, b)
+    return 0.5 * (plain + plain.mT) if kind == "gram" else plain  # a Gram stays exactly symmetric
+
+
+def fallbacks() -> dict:
+    """'<device> <kind>' -> why this process runs that kind of product in float32 in place of split-tf32."""
+    return {f"{dev} {kind}": why for (dev, kind), why in _verdicts.items() if why}
 
 
 GRAM_BLOCK = 256  # the narrowest block row of ``half_gram``: narrower products run below a GEMM's pace
@@ -216,6 +270,8 @@ def half_gram(a: torch.Tensor, mode: str | None = None, emulate=None) -> torch.T
         S[..., s:e, s:e] = 0.5 * (diag + diag.mT)
         S[..., s:e, :s] = row[..., :s]
         S[..., :s, s:e] = row[..., :s].mT
+    if mode == "split-tf32" and a.dtype == torch.float32:
+        return checked("gram", a.mT, a, S, emulate)
     return S
 
 

@@ -27,6 +27,7 @@ from fedconvex.algorithms.base import State
 from fedconvex.driver import Driver
 
 from . import checkpoint as _ck
+from . import precision
 from .models import make_model
 from .task import DnnTask, client_generator  # noqa: F401  (client_generator: Flower's ClientApp)
 from .transport import DnnTransport
@@ -180,6 +181,8 @@ def run_experiment(
         if task.executed is not None and task.executed["chunk_steps"]:
             rec = task.executed
             executed.update(step_forms=dict(rec["step_forms"]), graphed_share=rec["graphed_steps"] / rec["chunk_steps"])
+        if precision.fallbacks():
+            executed["precision_fallbacks"] = precision.fallbacks()
         if on_round is not None:
             on_round(row, history)
 

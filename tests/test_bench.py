@@ -368,7 +368,9 @@ def test_the_cost_model_counts_the_splits_memory_traffic_and_auto_takes_split_tf
     shapes = block_shapes(model, torch.zeros(2, 4, 4))
     fp32 = foof_cost(shapes, 2, 5, 2, 2, apply="inverse", mode="fp32")
     split = foof_cost(shapes, 2, 5, 2, 2, apply="inverse", mode="split-tf32")
-    assert fp32["total"]["gram_split_bytes"] == 0 and split["total"]["gram_split_bytes"] == 2 * 5 * 4 * 5 * (16 * 18 + 48)
+    assert fp32["total"]["gram_split_bytes"] == 0 and split["total"]["gram_split_bytes"] == 2 * 5 * 4 * 5 * (
+        16 * 18 + 48
+    )
     assert split["total"]["apply_bytes"] > 2 * fp32["total"]["apply_bytes"] > 0
     for name, pays in (("cnn", False), ("resnet18gn", True)):
         blocks = block_shapes(make_model(name, 10, 3, 32), torch.zeros(3, 32, 32))

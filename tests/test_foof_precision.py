@@ -320,3 +320,35 @@ def test_a_rounds_splits_of_the_inverse_do_not_grow_with_its_steps(monkeypatch, 
         counts.append(len(seen))
         monkeypatch.undo()
     assert counts[0] == counts[1] > 0, counts
+
+
+@pytest.mark.parametrize("kind", ["apply", "gram"])
+def test_the_first_split_product_on_a_device_is_checked_and_a_wrong_one_falls_back_to_float32(monkeypatch, kind):
+    """As on a device (emulation off: the 'tensor cores' are the CPU's float32 product): a product within the
+    elementwise bound is kept; an injected error of 1e-3 (far outside it) gives one warning, the plain float32
+    product from then on for that kind of product, and the reason in precision.fallbacks()."""
+    monkeypatch.setattr(precision, "_verdicts", {})
+    monkeypatch.setattr(precision, "_emulated", lambda t, emulate: False)
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(5, 64, 33, generator=g), torch.randn(5, 33, 33, generator=g)
+
+    def run():
+        with precision.use("split-tf32"):
+            if kind == "apply":
+                return precision.matmul(a[:, :7], b), torch.matmul(a[:, :7], b)
+            plain = torch.matmul(a.mT, a)
+            return precision.gram(a), 0.5 * (plain + plain.mT)
+
+    got, _ = run()
+    assert (
+        precision.fallbacks() == {}
+        and precision.bound_ratio(*((a[:, :7], b) if kind == "apply" else (a.mT, a)), got) <= 1
+    )
+    monkeypatch.setattr(precision, "_verdicts", {})
+    real = precision.tf32_product
+    monkeypatch.setattr(precision, "tf32_product", lambda x, y, emulate=None: real(x, y, emulate) * (1 + 1e-3))
+    with pytest.warns(RuntimeWarning, match=f"split-tf32 {kind} on cpu: .* times its bound"):
+        got, plain = run()
+    assert torch.equal(got, plain) and list(precision.fallbacks()) == [f"cpu {kind}"]
+    again, plain = run()  # no second warning (pytest turns warnings into errors only where asked); float32 still
+    assert torch.equal(again, plain)

@@ -2,7 +2,8 @@
 # The GPU figures of the FOOF throughput work, most important first, each in its own file under OUT_DIR, then the
 # 100-round CIFAR-10 SimpleCNN stacks (3 seeds each) with the time left:
 #    1. --foof-precision on CUDA: each mode against float64 within its bound (tests/test_foof_precision.py, TF32 off
-#       outside the modes' own products)                                                  -> precision_tests.txt
+#       outside the modes' own products), and by how much each check passed                -> precision_tests.txt,
+#                                                                                            precision_margins.txt
 #    2. ResNet18-GN, 10 clients x 1,000 images x 1 epoch, FedPM (inverse, split-tf32) / FedAvg, with the clients per
 #       chunk the engine chose and the peak memory                                        -> resnet_split_tf32.json
 #    3. SimpleCNN at the paper's size (10 x 5,000 x 5), vectorized, FedPM inverse and solve / FedAvg, with the
@@ -104,7 +105,7 @@ $PY -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torc
 git log -1 --format='commit %H %cd' 2>/dev/null || true
 
 BENCH=($PY -m validation.bench_dnn --device $DEV --json --repeats 1 --threads 1)
-run precision_tests 60 precision_tests.txt $PY -m pytest -q -p no:cacheprovider -rs tests/test_foof_precision.py -k cuda
+run precision_tests 60 precision_tests.txt env FOOF_PRECISION_MARGINS="$WORK/precision_margins.txt" $PY -m pytest -q -p no:cacheprovider -rs tests/test_foof_precision.py -k cuda
 run resnet_split_tf32 150 resnet_split_tf32.json "${BENCH[@]}" --models $RESNET --engine vectorized \
     --sizes $RESNET_SIZE --foof-apply inverse --foof-precision split-tf32
 run cnn_paper 150 cnn_paper.json "${BENCH[@]}" --models cnn --engine vectorized --sizes $CNN_PAPER \

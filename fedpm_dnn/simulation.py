@@ -181,6 +181,8 @@ def run_experiment(
         if task.executed is not None and task.executed["chunk_steps"]:
             rec = task.executed
             executed.update(step_forms=dict(rec["step_forms"]), graphed_share=rec["graphed_steps"] / rec["chunk_steps"])
+            if rec.get("out_of_memory"):
+                executed["out_of_memory"] = list(rec["out_of_memory"])
         if precision.fallbacks():
             executed["precision_fallbacks"] = precision.fallbacks()
         if on_round is not None:

@@ -31,6 +31,8 @@ when the whole stack does not fit in memory (chosen from the free device memory 
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
@@ -214,6 +216,17 @@ def stats_client_chunk(stats_bytes: int, device, clients: int, query=None) -> in
     return max(1, min(clients, int(room // stats_bytes)))
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation failure: CUDA's out-of-memory error, or the CPU allocator's."""
+    text = str(exc)
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
+
+
+def _state_copy(cs: dict) -> dict:
+    """A client state as a round found it: its entries, and the dicts among them (filled in place) copied."""
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in cs.items()}
+
+
 def _stack_downs(downs: list, rows=None) -> dict:
     """Broadcasts of several runs as one: every tensor entry (field -> {name: tensor}) stacked over the
     participants (``rows``: only those), other entries taken from the first."""
@@ -317,11 +330,25 @@ class VectorizedEngine:
         per = self.last_plan["stats_bytes_per_client"] if self.last_plan else 0
         step = stats_client_chunk(per, self.device, k, self.memory_query)
         self.last_stats_chunk = step if self.last_stats_chunk is None else min(step, self.last_stats_chunk)
-        out = []
-        for s in range(0, k, step):
+        out, s = [], 0
+        while s < k:
             e = min(k, s + step)
-            part = {n: v[s:e] for n, v in params.items()} if step < k else params
-            out += self._foof_pass(sel[s:e], part, subsets[s:e], statics[s:e])
+            part = {n: v[s:e] for n, v in params.items()} if e - s < k else params
+            kept = [None if st is None else dict(st) for st in statics[s:e]]  # the first-layer caches it may fill
+            try:
+                out += self._foof_pass(sel[s:e], part, subsets[s:e], statics[s:e])
+            except Exception as exc:  # retried in halves, from the caches as they were
+                if e - s == 1 or not out_of_memory(exc):
+                    raise
+                for st, was in zip(statics[s:e], kept, strict=True):
+                    if st is not None:
+                        st.clear()
+                        st.update(was)
+                step = (e - s) // 2
+                self.last_stats_chunk = min(self.last_stats_chunk, step)
+                self._out_of_memory(f"statistics chunk {e - s} -> {step} clients")
+                continue
+            s = e
         return out
 
     def _foof_pass(self, sel, params, subsets, statics):
@@ -368,18 +395,40 @@ class VectorizedEngine:
         self.last_stats_chunk = None
         chunk = self.client_chunk or self.last_plan["chunk"]
         self.last_chunk = min(chunk, k)
-        results = []
+        results, s = [], 0
         with precision.use(getattr(cfg, "foof_precision", "fp32")):  # FOOF's products (fedpm_dnn.precision)
-            for s in range(0, k, chunk):
+            while s < k:
                 idx = list(range(s, min(k, s + chunk)))
-                results += self._chunk(
-                    cfg,
-                    [int(sel[j]) for j in idx],
-                    [states[j] for j in idx],
-                    [downs[j] for j in idx],
-                    [gens[j] for j in idx],
-                )
+                drawn = [gens[j].get_state() for j in idx]  # the chunk as it starts, for a retry in halves
+                kept = [_state_copy(states[j]) for j in idx]
+                try:
+                    results += self._chunk(
+                        cfg,
+                        [int(sel[j]) for j in idx],
+                        [states[j] for j in idx],
+                        [downs[j] for j in idx],
+                        [gens[j] for j in idx],
+                    )
+                except Exception as exc:
+                    if len(idx) == 1 or not out_of_memory(exc):
+                        raise
+                    for j, g, st, cs in zip(idx, drawn, kept, [states[j] for j in idx], strict=True):
+                        gens[j].set_state(g)
+                        cs.clear()
+                        cs.update(st)
+                    chunk = len(idx) // 2
+                    self._out_of_memory(f"training chunk {len(idx)} -> {chunk} clients")
+                    continue
+                s += len(idx)
+                self.last_chunk = min(self.last_chunk, len(idx))
         return results
+
+    def _out_of_memory(self, what: str) -> None:
+        """After an out-of-memory error: the allocator's cached blocks released, the halving recorded and said."""
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.empty_cache()
+        self.executed.setdefault("out_of_memory", []).append(what)
+        warnings.warn(f"out of memory on {self.device}: {what}, and the step retried", RuntimeWarning, stacklevel=3)
 
     def _chunk(self, cfg, sel, states, downs, gens):
         K, B, dev = len(sel), cfg.batch_size, self.device

@@ -13,7 +13,9 @@ replay it for every later full step: one launch a step.
 
 The step is the engine's eager loop (``vectorized.VectorizedEngine._chunk``) operation for operation, so that the
 two give the same parameters (the CPU tests hold them equal bit for bit, eagerly); the graph replays the kernels of
-that eager function.  Steps where a client has finished (unequal client sizes) stay in the eager loop.  Where the
+that eager function.  Unequal clients' steps are graphed too: a client whose steps have ended takes masked steps
+(no loss, no update, no decay) until the longest client's end, so that every step of the chunk is the one static
+function (``graphed_share`` in the engine's record: 1 on CUDA wherever the capture holds).  Where the
 capture fails, or its first replay disagrees with the eager step, the runner warns (once per process) and runs the
 same function eagerly for that chunk and round; the engine records what each round used.  ``--step-graph``
 (``resolve``): 'auto' uses the static step on CUDA and the loop on a CPU; 'on' uses it on any device (on a CPU
@@ -69,7 +71,12 @@ class FullStep:
 
     def __init__(self, cfg, forward, names, P, x_all, y_all, ms, ints, bools, counts, hook, factors, blocks, loss_sum):
         self.cfg, self.forward, self.names, self.P = cfg, forward, names, P
-        self.x_all, self.y_all, self.ints, self.bools, self.counts = x_all, y_all, ints, bools, counts
+        self.x_all, self.y_all, self.ints, self.bools = x_all, y_all, ints, bools
+        # a client whose steps have ended (unequal clients: counts 0) takes masked steps that leave it as it is:
+        # its batch counted as 1 image (no 0 / 0), its update and decay multiplied by 0 (``active``)
+        finished = counts == 0
+        self.active = None if not bool(finished.any()) else (~finished).to(counts.dtype)
+        self.counts = counts if self.active is None else counts.clamp_min(1)
         self.hook, self.factors, self.blocks, self.loss_sum = hook, factors, blocks, loss_sum
         self.K, self.B = ints.shape[2], ints.shape[3]
         shape = (self.K, 1, -1, 1, 1)
@@ -108,10 +115,17 @@ class FullStep:
             if cfg.clip is not None and cfg.clip_stage == "update":
                 clip_(list(G.values()), cfg.clip)
             decay = cfg.lr * cfg.weight_decay if cfg.weight_decay_mode == "decoupled" else 0.0
+            a_t = None if self.active is None else self.active.index_select(0, self.t)[0]
+            if a_t is not None:  # finished clients: no update, no decay (x 1.0 leaves the others' bits as they are)
+                for n in names:
+                    G[n] = G[n] * a_t.view(K, *([1] * (G[n].dim() - 1)))
             for n in names:
                 new = Pk[n].detach().add_(G[n], alpha=-cfg.lr)  # a view of P[n]: the update lands in place
-                if decay:
+                if decay and a_t is None:
                     new.mul_(1.0 - decay)
+                elif decay:
+                    keep = torch.where(a_t > 0, a_t.new_tensor(1.0 - decay), a_t.new_tensor(1.0))
+                    new.mul_(keep.view(K, *([1] * (new.dim() - 1))))
             self.loss_sum.add_((loss.detach() * c_t).to(torch.float64))
             self.t.add_(1)
 

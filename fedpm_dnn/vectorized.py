@@ -502,8 +502,11 @@ class VectorizedEngine:
                     for old, new in zip(factors[b], op, strict=True):  # in place: a CUDA graph reads them
                         old[due] = new
 
-        # the steps every client of the chunk takes (a prefix of the schedule) as one static function
-        n_full = min(n_steps) if self.static_step else 0
+        # every step of the chunk as one static function (a client whose steps have ended takes masked ones)
+        # captured, every step (a finished client's masked: step_graph.FullStep), so that the graph covers unequal
+        # clients' rounds whole; run eagerly (the CPU's 'on'), the steps every client takes, as before
+        capture = step_graph.capturable(dev)
+        n_full = (T if capture else min(n_steps)) if self.static_step else 0
         runner = None
         if n_full:
             hook = cfg.grad_hook(down, per_client)
@@ -524,13 +527,13 @@ class VectorizedEngine:
                     self.blocks,
                     loss_sum,
                 ),
-                step_graph.capturable(dev),
+                capture,
             )
-        every = list(range(K))
+        every, n_steps_min = list(range(K)), min(n_steps)
         for t in range(T):
             if t < n_full:
                 runner()
-                refresh(t, every)
+                refresh(t, every if t < n_steps_min else [j for j in every if n_steps[j] > t])
                 continue
             act = (steps_t > t).nonzero().flatten()
             full = len(act) == K

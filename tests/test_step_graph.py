@@ -385,3 +385,36 @@ def test_what_each_round_used_is_recorded_for_the_summary(monkeypatch):
         with precision.use(mode):
             assert torch.backends.cudnn.allow_tf32 is conv and torch.backends.cuda.matmul.allow_tf32 is False
         assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == old
+
+
+def _alpha_split_sizes(alpha: float, clients: int = 4, n: int = 240) -> list:
+    from fedpm_dnn.data.partition import make_partition
+
+    labels = np.arange(n) % 10
+    return [len(p) for p in make_partition("relaysum", labels, clients, alpha, seed=0)]
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedpm"])
+def test_an_unequal_alpha_split_is_graphed_as_fully_as_an_equal_one(monkeypatch, method):
+    """Captured (a stand-in graph that replays the step eagerly, on the CPU), every local step of a round on the
+    paper's alpha = 0.1 split goes through the graph, the finished clients' steps masked: a graphed share of 1, as
+    on an equal split; the replies agree with the loop's within float32 round-off (the finished clients ride in
+    the stacked products, which changes their summation order)."""
+    from test_vectorized import assert_same
+
+    sizes = _alpha_split_sizes(0.1)
+    assert len(set(sizes)) == len(sizes), sizes  # unequal clients
+    cfg = make(method, **{**CFG, "weight_decay": 0.01, "weight_decay_mode": "decoupled"})
+    _, loop, _ = train(cfg, "off", sizes=sizes, rounds=1)
+    monkeypatch.setattr(step_graph, "capturable", lambda device: True)
+    monkeypatch.setattr(step_graph, "WARMUP", 0)
+    monkeypatch.setattr(step_graph, "_cuda_graph", lambda step, device: _Replay(step))
+    shares = {}
+    for name, split in (("alpha=0.1", sizes), ("equal", [sum(sizes) // len(sizes)] * len(sizes))):
+        exp = experiment(cfg, "on", sizes=split, rounds=1)
+        replies = {}
+        run_experiment(exp, tamper=lambda t, i, r, replies=replies: replies.setdefault((t, i), r))
+        shares[name] = exp.meta["executed"]["graphed_share"]
+        if name == "alpha=0.1":
+            assert_same(replies, loop, tol=1e-5)
+    assert shares == {"alpha=0.1": 1.0, "equal": 1.0}, shares

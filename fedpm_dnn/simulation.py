@@ -180,7 +180,11 @@ def run_experiment(
     def note(row, history):
         if task.executed is not None and task.executed["chunk_steps"]:
             rec = task.executed
-            executed.update(step_forms=dict(rec["step_forms"]), graphed_share=rec["graphed_steps"] / rec["chunk_steps"])
+            executed.update(
+                step_forms=dict(rec["step_forms"]),
+                graphed_share=rec["graphed_steps"] / rec["chunk_steps"],
+                static_step_share=rec["static_steps"] / rec["chunk_steps"],
+            )
             if rec.get("out_of_memory"):
                 executed["out_of_memory"] = list(rec["out_of_memory"])
         if precision.fallbacks():

@@ -259,9 +259,10 @@ class VectorizedEngine:
         # full steps as one function of static buffers, on CUDA replayed as a graph (fedpm_dnn.step_graph)
         self.static_step = step_graph.resolve(step_graph_mode, device)
         self.last_step_graph = None  # the last chunk's full steps and graph replays (benchmarks, tests)
-        # what the rounds used, summed: the chunks' local steps, those replayed as a graph, and per form of the
+        # what the rounds used, summed: the chunks' local steps, those replayed as a graph, those the static step
+        # function ran (graphed or, on a CPU, eagerly), and per form of the
         # step (step_graph.Runner.used, or 'loop') the chunk-rounds that ran in it
-        self.executed = {"chunk_steps": 0, "graphed_steps": 0, "step_forms": {}}
+        self.executed = {"chunk_steps": 0, "graphed_steps": 0, "static_steps": 0, "step_forms": {}}
         self.last_chunk = None
         # the round's memory plan (client_plan) and the fewest clients a statistics pass took (stats_client_chunk)
         self.last_plan, self.last_stats_chunk = None, None
@@ -624,6 +625,7 @@ class VectorizedEngine:
         used = runner.used if runner is not None else "loop"
         self.executed["chunk_steps"] += T
         self.executed["graphed_steps"] += runner.replays if runner is not None else 0
+        self.executed["static_steps"] += n_full
         self.executed["step_forms"][used] = self.executed["step_forms"].get(used, 0) + 1
         if runner is not None:
             self.last_step_graph = {"full_steps": n_full, "replays": runner.replays, "used": used}

@@ -393,6 +393,9 @@ def _profiled_run(model, method, device, size, epochs, apply, mode, seed=0, step
         "ops": len(top),
         "in_step_ops": sum(1 for e in top if in_step(e)),
         "replays": sum(replays),
+        # the shares of the local steps the graph replayed, and the static step function ran (graphed or eagerly)
+        "graphed_share": exp.meta.get("executed", {}).get("graphed_share", 0.0),
+        "static_step_share": exp.meta.get("executed", {}).get("static_step_share", 0.0),
         "kernels": sum(1 for e in events if e.name in launch),
         "host_ms": sum(e.self_cpu_time_total for e in events if e.name.startswith("aten::")) / 1000,
     }
@@ -436,6 +439,8 @@ def launch_proxies(
                 "operators_per_round": one["ops"] + (epochs - 1) * (two["ops"] - one["ops"]),
                 # ~1 where the static step ran as a graph (CUDA), 0 where it ran eagerly (a CPU, a failed capture)
                 "graph_replays_per_local_step": per_step["replays"] / 2,  # both rounds of each run
+                "graphed_share": two["graphed_share"],
+                "static_step_share": two["static_step_share"],
             }
         out[method] = {"local_steps_per_epoch": steps, "step_form": plain, **forms[plain], "step_forms": forms}
     return out

@@ -7,11 +7,13 @@ import importlib
 import sys
 import types
 
+from . import _deprecated_paths
+
 __all__ = ["FOOF", "FederatedRun", "federated", "mix"]
 
 # imported on first use (PEP 562): the package's light modules (the method names, the presets) stay importable
 # without torch, so a command's --help does not wait for it
-_LAZY = {"FOOF": ".optim", "FederatedRun": ".federated", "federated": ".federated", "mix": ".mixing"}
+_LAZY = {"FOOF": ".foof.optimizer", "FederatedRun": ".federated", "federated": ".federated", "mix": ".mixing"}
 
 
 def __getattr__(name):
@@ -35,3 +37,4 @@ class _Package(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _Package
+_deprecated_paths.install()  # fedpm_dnn.client and the other module paths of before the subpackages, with a warning

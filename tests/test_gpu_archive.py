@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedpm_dnn import checkpoint
+from fedpm_dnn.engine import checkpoint
 from validation import gpu_archive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

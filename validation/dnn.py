@@ -9,8 +9,9 @@ DIR/checkpoint.pt every round; ``--resume`` continues a killed run to the identi
 exit status 75 (EXIT_PARTIAL): the sweep's budget clock (validation/sweep.py) stops runs this way.
 
 ``--seeds 0,1,2`` and ``--alpha 0.1,1.0`` (lists: one run per combination) train the runs together as one
-stack on the vectorized engine (``fedpm_dnn.run_stack``); DIR is then the parent of one folder per run, named as
-``validation.experiments`` names its main runs (main-<dataset>-a<alpha>-<method>-s<seed>, or ``--run-names``).
+stack on the vectorized engine (``fedpm_dnn.engine.stacked_runs``); DIR is then the parent of one folder per run,
+named as ``validation.experiments`` names its main runs (main-<dataset>-a<alpha>-<method>-s<seed>, or
+``--run-names``).
 """
 
 # The command is split where a reader looks for one thing: its flags (validation.dnn_cli), the experiment they
@@ -198,7 +199,7 @@ def run(args, argv) -> int:
 
 
 def run_held(args, exp, desc, command, opened, held) -> int:
-    from fedpm_dnn.simulation import run_experiment
+    from fedpm_dnn.engine.simulation import run_experiment
 
     ckpt = os.path.join(args.out, "checkpoint.pt")
     bar = Progress(args.rounds, f"{args.method}", enabled=not args.quiet)

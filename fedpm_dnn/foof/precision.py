@@ -297,8 +297,8 @@ def default_mode(device, model: str | None = None, clients: int = 10) -> str:
         return "fp32"
     if model is None:
         return "split-tf32"
-    from .foof_cost import block_shapes, split_pays
-    from .models import make_model
+    from ..models import make_model
+    from .cost import block_shapes, split_pays
 
     shapes = block_shapes(make_model(model, 10, 3, 32), torch.zeros(3, 32, 32))
     name = torch.cuda.get_device_name(dev) if torch.cuda.is_available() else ""

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from . import foof
+from .. import foof
 
 DEFAULT_STATS_DECAY = 0.95  # running average of hooked statistics: A <- decay A + (1 - decay) A_batch
 UNSEEN = "no forward pass reached it, so it has no statistics"  # why a block found unreachable steps plainly

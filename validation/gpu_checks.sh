@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU figures of the FOOF throughput work, most important first, each in its own file under OUT_DIR, then the
+# The GPU figures of the FOOF throughput work, most important first, each in its own file of the archive, then the
 # 100-round CIFAR-10 SimpleCNN stacks (3 seeds each) with the time left:
 #    1. --foof-precision on CUDA: each mode against float64 within its bound (tests/test_foof_precision.py, TF32 off
 #       outside the modes' own products), and by how much each check passed                -> precision_tests.txt,

@@ -379,8 +379,7 @@ def test_the_cost_model_counts_the_splits_memory_traffic_and_auto_takes_split_tf
     launches outweigh the tensor cores (auto: fp32), on ResNet18-GN's wide ones the tensor cores win (auto:
     split-tf32); off CUDA auto is fp32."""
     torch = pytest.importorskip("torch")
-    from fedpm_dnn.foof import precision
-    from fedpm_dnn.foof.cost import apply_bytes, block_shapes, foof_cost, split_pays
+    from fedpm_dnn.foof.cost import apply_bytes, auto_mode, block_shapes, foof_cost, split_pays
     from fedpm_dnn.models import make_model
 
     assert apply_bytes(19, 3, "inverse", "fp32") == 4 * (19 * 19 + 2 * 3 * 19)
@@ -396,8 +395,8 @@ def test_the_cost_model_counts_the_splits_memory_traffic_and_auto_takes_split_tf
     for name, pays in (("cnn", False), ("resnet18gn", True)):
         blocks = block_shapes(make_model(name, 10, 3, 32), torch.zeros(3, 32, 32))
         assert split_pays(blocks, 10, "NVIDIA H100 80GB HBM3") is pays, name
-        assert precision.default_mode("cuda", name) == ("split-tf32" if pays else "fp32")
-        assert precision.default_mode("cpu", name) == "fp32"
+        assert auto_mode("cuda", name) == ("split-tf32" if pays else "fp32")
+        assert auto_mode("cpu", name) == "fp32"
 
 
 def test_the_paper_cost_reproduces_the_resnet_products_at_the_papers_size():

@@ -356,13 +356,13 @@ def test_a_run_started_under_the_old_default_resumes_with_the_apply_it_recorded(
                 fp.pop(key, None)
             checkpoint.save(str(out / "checkpoint.pt"), ck)
         monkeypatch.setitem(dnn.AUTO_FOOF_APPLY, "cpu", "inverse")  # auto now stands for inverse, as on CUDA
-        monkeypatch.setattr(precision, "default_mode", lambda device, model=None: "split-tf32")
+        monkeypatch.setattr(precision, "default_mode", lambda device: "split-tf32")
         assert _cli_run(tmp_path, out, "--rounds", "2", "--resume") == 0
         monkeypatch.undo()
         assert _history(out) == _history(whole)
     fresh = tmp_path / "fresh"  # a new run under the same rule records the concrete apply it used
     monkeypatch.setitem(dnn.AUTO_FOOF_APPLY, "cpu", "inverse")
-    monkeypatch.setattr(precision, "default_mode", lambda device, model=None: "split-tf32")
+    monkeypatch.setattr(precision, "default_mode", lambda device: "split-tf32")
     assert _cli_run(tmp_path, fresh, "--rounds", "1") == 0
     fp = checkpoint.load(str(fresh / "checkpoint.pt"))["fingerprint"]
     assert fp["config.foof_apply"] == "inverse" and fp["config.foof_precision"] == "split-tf32"

@@ -233,3 +233,19 @@ def paper_cost(model_name: str, apply: str = "inverse", mode: str = "fp32", **si
     shapes = block_shapes(make_model(model_name, classes, 3, 32), torch.zeros(3, 32, 32))
     kw = {"clients": 10, "per_client": 5000, "epochs": 5, "batch": 64, **size}
     return foof_cost(shapes, apply=apply, mode=mode, **kw)
+
+
+def auto_mode(device, model: str | None = None, clients: int = 10) -> str:
+    """The mode of ``--foof-precision auto``: ``precision.default_mode`` (fp32 off CUDA), and on CUDA split-tf32
+    only where ``split_pays`` models its apply faster than fp32's for the blocks of ``model`` ('cnn',
+    'resnet18gn', at CIFAR's 32 x 32 images) and ``clients`` clients on this device -- the split costs memory
+    traffic and launches that a small block's product does not repay -- else fp32."""
+    mode = precision.default_mode(device)
+    dev = torch.device(device)
+    if mode != "split-tf32" or model is None or dev.type != "cuda":
+        return mode
+    from ..models import make_model
+
+    shapes = block_shapes(make_model(model, 10, 3, 32), torch.zeros(3, 32, 32))
+    name = torch.cuda.get_device_name(dev) if torch.cuda.is_available() else ""
+    return "split-tf32" if split_pays(shapes, clients, name) else "fp32"

@@ -286,23 +286,11 @@ def half_pays(d: int, mode: str) -> bool:
     return HALF_GRAM_PRODUCTS[mode] * half_gram_cost(d) < GRAM_PRODUCTS[mode]
 
 
-def default_mode(device, model: str | None = None, clients: int = 10) -> str:
-    """The mode of ``--foof-precision auto``: fp32 off CUDA (no tensor cores: the split form would only cost three
-    products); on CUDA split-tf32 where ``foof_cost.split_pays`` models its apply faster than fp32's for the
-    blocks of ``model`` ('cnn', 'resnet18gn' at CIFAR's 32 x 32 images) and ``clients`` clients on this device
-    (the split costs memory traffic and launches that a small block's product does not repay), else fp32;
-    without a model, split-tf32."""
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        return "fp32"
-    if model is None:
-        return "split-tf32"
-    from ..models import make_model
-    from .cost import block_shapes, split_pays
-
-    shapes = block_shapes(make_model(model, 10, 3, 32), torch.zeros(3, 32, 32))
-    name = torch.cuda.get_device_name(dev) if torch.cuda.is_available() else ""
-    return "split-tf32" if split_pays(shapes, clients, name) else "fp32"
+def default_mode(device) -> str:
+    """The mode of ``--foof-precision auto`` before the model is known: split-tf32 on CUDA (tensor cores at
+    float32's accuracy), fp32 elsewhere (no tensor cores: the split form would only cost three products).
+    ``fedpm_dnn.foof.cost.auto_mode`` narrows it to where the split pays for the run's model."""
+    return "split-tf32" if torch.device(device).type == "cuda" else "fp32"
 
 
 # --- cost model -------------------------------------------------------------------------------------------------

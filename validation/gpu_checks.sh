@@ -77,6 +77,7 @@ else
     RUN_SIZE=(); SKIP_TINY=""
 fi
 START=$(date +%s)
+UNIT_MAX=530   # seconds: a unit never takes more than one 9-minute job
 PIECE_MARGIN=${PIECE_MARGIN:-60}   # a stack's round (3 SimpleCNN runs at the paper's size) and its checkpoint fit in it
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 step() { echo; echo "=== $1 (t=$(( $(date +%s) - START ))s, $(left)s left)"; }
@@ -92,7 +93,8 @@ run() {
     done_ "$name" && { echo "$name: done earlier"; return; }
     if [ "$(left)" -lt "$need" ]; then echo "skipping $name: $(left)s left, needs ~${need}s"; return; fi
     step "$name: $*"
-    if timeout $(( $(left) - 5 )) "$@" > "$WORK/$file"; then mark "$name"; else echo "$name failed rc=$?"; fi
+    local cap=$(( $(left) - 5 )); [ $cap -gt $UNIT_MAX ] && cap=$UNIT_MAX   # every unit fits one job
+    if timeout $cap "$@" > "$WORK/$file"; then mark "$name"; else echo "$name failed rc=$?"; fi
     tail -c 2000 "$WORK/$file"; echo
     refresh
 }

@@ -135,9 +135,10 @@ stack() {
     step "$name: $method $preset $* seeds 0,1,2, $ROUNDS rounds ($resume)"
     # a piece: rounds until PIECE_MARGIN seconds before the budget's end (--deadline: it stops after the round in
     # which the deadline passes, checkpointed, exit 75), with a hard stop 10 s before the end
-    timeout $(( $(left) - 10 )) $PY -m validation.dnn --dataset cifar10 --data-dir "$DATA" --model cnn \
+    local span=$(left); [ $span -gt $UNIT_MAX ] && span=$UNIT_MAX
+    timeout $(( span - 10 )) $PY -m validation.dnn --dataset cifar10 --data-dir "$DATA" --model cnn \
         --method "$method" --preset "$preset" "$@" --rounds $ROUNDS --seeds 0,1,2 --device $DEV --quiet \
-        "${RUN_SIZE[@]}" --out "$out" $resume --deadline $(( $(date +%s) + $(left) - PIECE_MARGIN )) || rc=$?
+        "${RUN_SIZE[@]}" --out "$out" $resume --deadline $(( $(date +%s) + span - PIECE_MARGIN )) || rc=$?
     case $rc in
         0) mark "$name" ;;
         75|124) echo "$name: a piece done (rc=$rc), its last round checkpointed; a call given this archive resumes it" ;;

@@ -765,7 +765,7 @@ def parse_args(argv=None):
         "--foof-precision",
         choices=("auto", *PRECISIONS),
         default="auto",
-        help="FedPM's --foof-precision (fedpm_dnn.foof.precision; auto: split-tf32 on CUDA, fp32 on the CPU) "
+        help="FedPM's --foof-precision (fedpm_dnn.foof.precision; auto: per model, fedpm_dnn.foof.cost.auto_mode) "
         "(default: auto)",
     )
     p.add_argument(
@@ -903,9 +903,10 @@ def _main(argv=None) -> int:
         if args.device == "auto" and torch.cuda.is_available()
         else ("cpu" if args.device == "auto" else args.device)
     )
-    from fedpm_dnn.foof.precision import default_mode
+    from fedpm_dnn.foof.cost import auto_mode
 
-    mode = default_mode(device) if args.foof_precision == "auto" else args.foof_precision
+    # per model: auto is the rule validation.dnn applies (split-tf32 on CUDA only where it pays for the model)
+    modes = {m: auto_mode(device, m) if args.foof_precision == "auto" else args.foof_precision for m in models}
     LAST_BATCH[0] = args.last_batch
     name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     out = {
@@ -914,6 +915,7 @@ def _main(argv=None) -> int:
         "device_name": name,
         "torch_threads": torch.get_num_threads(),
         "last_batch": args.last_batch,
+        "foof_precision": modes,
         "torch": torch.__version__,
         "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "results": [
@@ -928,7 +930,7 @@ def _main(argv=None) -> int:
                 args.quiet,
                 args.applies,
                 args.methods,
-                mode,
+                modes[m],
                 args.step_graph,
             )
             for m in models
@@ -948,12 +950,12 @@ def _main(argv=None) -> int:
                     args.client_chunk,
                     args.stack_method,
                     args.applies[0],
-                    mode,
+                    modes[m],
                     args.step_graph,
                 )
             )
         if args.proxies:
-            r["proxies"] = launch_proxies(m, device, size, args.applies[0], mode, step_graph=args.step_graph)
+            r["proxies"] = launch_proxies(m, device, size, args.applies[0], modes[m], step_graph=args.step_graph)
     cnn = next((r for r in out["results"] if r["model"] == "cnn"), None)
     if cnn:  # the headline keys: SimpleCNN, CIFAR-10 setting
         out.update(

@@ -141,15 +141,40 @@ def test_float16_parameters_on_the_wire_match_across_engines(method, tmp_path):
     assert [a["bytes_up"] for a in h_vec] == [b["bytes_up"] for b in h_seq]
 
 
-def test_cuda_graph_capture_falls_back_to_eager_solves_where_it_cannot_run():
-    """Graphs are CUDA-only; a failed capture returns None and warns (the engine then solves eagerly)."""
+def test_cuda_graph_capture_falls_back_to_eager_solves_where_it_cannot_run(monkeypatch):
+    """Graphs are CUDA-only; a failed capture returns None, warns and is recorded (the engine then solves
+    eagerly); so is a graph whose first replay disagrees with the eager solves (injected: its outputs scaled), while
+    one that agrees is kept."""
     from fedpm_dnn.foof import solve_graph
 
     assert not solve_graph.enabled("cpu")
     L = torch.linalg.cholesky(torch.eye(3).expand(2, 3, 3) * 2.0)
-    solve_graph._warned.clear()
+    factors, shapes = {"b": (L, L.mT.contiguous())}, {"b": (2, 4, 3)}
+    monkeypatch.setattr(solve_graph, "fallbacks", [])
     with pytest.warns(RuntimeWarning, match="CUDA graph capture"):
-        assert solve_graph.capture({"b": (L, L.mT.contiguous())}, {"b": (2, 4, 3)}, torch.float32, "cpu") is None
+        assert solve_graph.capture(factors, shapes, torch.float32, "cpu") is None
+    assert len(solve_graph.fallbacks) == 1
+
+    class Replay:  # a stand-in graph: replay runs the solves eagerly into the captured outputs, times ``scale``
+        def __init__(self, fn, scale):
+            self.fn, self.scale, self.out = fn, scale, fn()
+
+        def replay(self):
+            for k, v in self.fn().items():
+                self.out[k].copy_(v * self.scale)
+
+    def factory(scale):
+        def make(fn, device, warmup):
+            g = Replay(fn, scale)
+            return g, g.out
+
+        return make
+
+    good = solve_graph.capture(factors, shapes, torch.float32, "cpu", graph_factory=factory(1.0))
+    assert good is not None and all(not T.any() for T in good.inputs.values())
+    with pytest.warns(RuntimeWarning, match="first replay differs from the eager solves"):
+        assert solve_graph.capture(factors, shapes, torch.float32, "cpu", graph_factory=factory(1.01)) is None
+    assert len(solve_graph.fallbacks) == 2
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

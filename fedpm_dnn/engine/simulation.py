@@ -26,7 +26,7 @@ import torch
 from fedconvex.algorithms.base import State
 from fedconvex.driver import Driver
 
-from ..foof import precision
+from ..foof import precision, solve_graph
 from ..models import make_model
 from . import checkpoint as _ck
 from .training_task import DnnTask, client_generator  # noqa: F401  (client_generator: Flower's ClientApp)
@@ -191,6 +191,8 @@ def run_experiment(
                 executed["out_of_memory"] = list(rec["out_of_memory"])
         if precision.fallbacks():
             executed["precision_fallbacks"] = precision.fallbacks()
+        if solve_graph.fallbacks:
+            executed["solve_graph_fallbacks"] = list(solve_graph.fallbacks)
         if on_round is not None:
             on_round(row, history)
 

@@ -157,23 +157,8 @@ def clip_(grads: list, max_norm: float) -> None:
 
 
 def _cuda_graph(step, device):
-    """``step`` captured as a CUDA graph on a side stream of its own.  ``torch.cuda.graph``'s ``__exit__`` ends the
-    capture before it restores the stream, so a capture that fails at its end leaves every later kernel on the
-    capture stream; here the stream context is this function's and is left however the capture ends."""
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.synchronize(device)
-    side, prev = torch.cuda.Stream(device), torch.cuda.current_stream(device)
-    side.wait_stream(prev)
-    try:
-        with torch.cuda.stream(side):
-            graph.capture_begin()
-            try:
-                step()
-            finally:
-                graph.capture_end()  # raises where the capture failed
-    finally:
-        prev.wait_stream(side)
-    return graph
+    """``step`` captured as a CUDA graph on a stream context of its own (``solve_graph.capture_graph``)."""
+    return solve_graph.capture_graph(step, device)[0]
 
 
 CHECK_RTOL = 1e-2  # the first replay's parameters within 1 % of the eager step's own change (cuDNN's atomics)

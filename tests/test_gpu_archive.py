@@ -180,3 +180,18 @@ def test_a_damaged_packed_matrix_is_one_checkpoint_error(tmp_path):
     torch.save({"format": checkpoint.FORMAT, "fingerprint": {}, "clients": [{"foof": {"fc1": bad}}]}, path)
     with pytest.raises(checkpoint.CheckpointError, match="damaged checkpoint .*triangle does not match its size"):
         checkpoint.load(path)
+
+
+def test_a_finished_stack_units_checkpoints_stay_behind_and_its_histories_travel(tmp_path):
+    work = work_folder(tmp_path / "w")
+    run = work / "stacks" / "stack_fedpm_a1.0" / "s0"
+    (run / "history.csv").write_text("round\n1\n")
+    archive = str(tmp_path / gpu_archive.NAME)
+    gpu_archive.pack(str(work), archive, "CPU")
+    gpu_archive.unpack(archive, str(tmp_path / "a"), "CPU")
+    assert (tmp_path / "a" / "stacks" / "stack_fedpm_a1.0" / "s0" / "checkpoint.pt").is_file()  # unfinished
+    (work / "done" / "stack_fedpm_a1.0").write_text("")
+    gpu_archive.pack(str(work), archive, "CPU")
+    gpu_archive.unpack(archive, str(tmp_path / "b"), "CPU")
+    got = tmp_path / "b" / "stacks" / "stack_fedpm_a1.0" / "s0"
+    assert sorted(os.listdir(got)) == ["history.csv"]

@@ -2,7 +2,8 @@
 
 A GPU job hands back at most 8 files of at most 16 MiB each, at most two folders down, so the script works in a
 scratch folder and, after every unit, refreshes ``results.tar.gz`` at the top of its output folder: the whole
-scratch folder (the figures' files, the done markers, the stacks' histories and checkpoints, the log) and a
+scratch folder (the figures' files, the done markers, the stacks' histories and the checkpoints of the unfinished
+ones, the log) and a
 manifest naming the device that produced it.  A later job given that archive (``PREVIOUS``) unpacks it and
 continues where the first stopped.  An archive over 16 MiB (a FedPM stack's checkpoints: ~9 MB a run at 10
 SimpleCNN clients) is written in volumes of 16 MiB, ``results.tar.gz``, ``results.tar.gz.2``, ... (at most
@@ -52,9 +53,21 @@ def _files(work: str) -> list:
             if os.path.islink(path) or not os.path.isfile(path):
                 continue
             rel = os.path.relpath(path, work)
-            if rel != MANIFEST and not rel.endswith(".tmp"):
+            if rel != MANIFEST and not rel.endswith(".tmp") and not _finished_checkpoint(work, rel):
                 out.append(rel)
     return out
+
+
+def _finished_checkpoint(work: str, rel: str) -> bool:
+    """Whether ``rel`` is a checkpoint of a stack unit that has finished (stacks/<unit>/<run>/checkpoint.pt with
+    done/<unit>): nothing continues it, so it does not travel (its history and summary do)."""
+    parts = rel.split(os.sep)
+    return (
+        len(parts) == 4
+        and parts[0] == "stacks"
+        and parts[3] == "checkpoint.pt"
+        and os.path.isfile(os.path.join(work, "done", parts[1]))
+    )
 
 
 def volumes(archive: str) -> list:

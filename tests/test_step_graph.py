@@ -386,6 +386,9 @@ def test_what_each_round_used_is_recorded_for_the_summary(monkeypatch):
         with precision.use(mode):
             assert torch.backends.cudnn.allow_tf32 is conv and torch.backends.cuda.matmul.allow_tf32 is False
         assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == old
+    with precision.convolutions(True), precision.use("fp32"):  # a comparison's one setting for every method
+        assert torch.backends.cudnn.allow_tf32 is True and precision.backend_flags("fp32")["cudnn_allow_tf32"]
+    assert precision.backend_flags("fp32")["cudnn_allow_tf32"] is False
 
 
 def _alpha_split_sizes(alpha: float, clients: int = 4, n: int = 240) -> list:

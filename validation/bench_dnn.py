@@ -903,6 +903,7 @@ def _main(argv=None) -> int:
         if args.device == "auto" and torch.cuda.is_available()
         else ("cpu" if args.device == "auto" else args.device)
     )
+    from fedpm_dnn.foof import precision
     from fedpm_dnn.foof.cost import auto_mode
 
     # per model: auto is the rule validation.dnn applies (split-tf32 on CUDA only where it pays for the model)
@@ -918,44 +919,49 @@ def _main(argv=None) -> int:
         "foof_precision": modes,
         "torch": torch.__version__,
         "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "results": [
-            measure(
-                m,
-                device,
-                sizes,
-                args.repeats,
-                args.client_chunk,
-                engines,
-                args.seed,
-                args.quiet,
-                args.applies,
-                args.methods,
-                modes[m],
-                args.step_graph,
-            )
-            for m in models
-        ],
+        # every method of a model's comparison with FedPM's convolutions (TF32 unless its mode is fp32)
+        "cudnn_allow_tf32": {m: modes[m] != "fp32" for m in models},
+        "results": [],
     }
-    for r, m in zip(out["results"], models, strict=True):
-        size = sizes or SIZES[(m, "cuda" if device.startswith("cuda") else "cpu")]
-        if args.stack:
-            reps = args.repeats or (1 if (m == "resnet18gn" and device == "cpu") else 2)
-            r.update(
-                measure_stack(
+    for m in models:
+        with precision.convolutions(modes[m] != "fp32"):
+            out["results"].append(
+                measure(
                     m,
                     device,
-                    size,
-                    args.stack,
-                    reps,
+                    sizes,
+                    args.repeats,
                     args.client_chunk,
-                    args.stack_method,
-                    args.applies[0],
+                    engines,
+                    args.seed,
+                    args.quiet,
+                    args.applies,
+                    args.methods,
                     modes[m],
                     args.step_graph,
                 )
             )
-        if args.proxies:
-            r["proxies"] = launch_proxies(m, device, size, args.applies[0], modes[m], step_graph=args.step_graph)
+    for r, m in zip(out["results"], models, strict=True):
+        with precision.convolutions(modes[m] != "fp32"):
+            size = sizes or SIZES[(m, "cuda" if device.startswith("cuda") else "cpu")]
+            if args.stack:
+                reps = args.repeats or (1 if (m == "resnet18gn" and device == "cpu") else 2)
+                r.update(
+                    measure_stack(
+                        m,
+                        device,
+                        size,
+                        args.stack,
+                        reps,
+                        args.client_chunk,
+                        args.stack_method,
+                        args.applies[0],
+                        modes[m],
+                        args.step_graph,
+                    )
+                )
+            if args.proxies:
+                r["proxies"] = launch_proxies(m, device, size, args.applies[0], modes[m], step_graph=args.step_graph)
     cnn = next((r for r in out["results"] if r["model"] == "cnn"), None)
     if cnn:  # the headline keys: SimpleCNN, CIFAR-10 setting
         out.update(

@@ -53,9 +53,25 @@ def check(mode: str) -> str:
     return mode
 
 
+_conv: ContextVar = ContextVar("conv_tf32", default=None)  # ``convolutions``' setting; None: from the mode
+
+
+@contextmanager
+def convolutions(tf32: bool):
+    """cuDNN's convolutions in TF32 (True) or float32 (False) inside the block, whatever the rounds' mode: a
+    comparison of methods (benchmarks) gives FedAvg, which has no ``--foof-precision``, FedPM's convolutions."""
+    token = _conv.set(bool(tf32))
+    try:
+        yield
+    finally:
+        _conv.reset(token)
+
+
 def backend_flags(mode: str) -> dict:
-    """The TF32 flags of cuDNN and cuBLAS a round in ``mode`` runs with (module doc)."""
-    return {"cudnn_allow_tf32": check(mode) != "fp32", "cuda_matmul_allow_tf32": False}
+    """The TF32 flags of cuDNN and cuBLAS a round in ``mode`` runs with (module doc; ``convolutions`` overrides
+    cuDNN's)."""
+    conv = _conv.get()
+    return {"cudnn_allow_tf32": check(mode) != "fp32" if conv is None else conv, "cuda_matmul_allow_tf32": False}
 
 
 @contextmanager

@@ -258,7 +258,8 @@ def build_parser(doc: str | None = None):
         choices=("fp32", "split-tf32", "tf32", "bf16", "auto"),
         help="arithmetic of FOOF's apply product and statistics Gram (LocalNewton, FedPM; docs/stacking.md): fp32, "
         "split-tf32 (tensor cores at float32's accuracy), tf32 or bf16 (approximations, opt-in); auto is "
-        "split-tf32 on CUDA and fp32 on the CPU, and a resumed run keeps what it recorded (default: auto)",
+        "split-tf32 on CUDA where the cost model says it pays for the model (ResNet18-GN, not SimpleCNN), else fp32, "
+        "and a resumed run keeps what it recorded; fp32 runs the convolutions in float32 too (default: auto)",
     )
     g.add_argument(
         "--refresh-every",

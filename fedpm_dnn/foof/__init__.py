@@ -651,12 +651,14 @@ def operators(L64: dict, dtype, apply) -> dict:
     ``apply`` 'solve' or 'inverse' for every block, or name -> one of them (``resolve_apply``):
     'solve' (L, L^T) in ``dtype`` for two triangular solves a step (``solve_rows``); 'inverse' ((A + lam I)^{-1},)
     in ``dtype`` for one product a step -- the form the paper's cost table counts (one inverse per block and
-    round) and the K-FAC/FOOF libraries use.  ``direction`` tells them apart by their length."""
+    round) and the K-FAC/FOOF libraries use, with its TF32 parts in ``split-tf32`` (``precision.split_operand``:
+    (X, X_hi, X_lo)).  ``direction`` tells them apart by their length.  Call it inside ``precision.use``."""
     out = {}
     for name, L in L64.items():
         how = apply if isinstance(apply, str) else apply[name]
-        if how == "inverse":
-            out[name] = (damped_inverse(L, dtype),)
+        if how == "inverse":  # in split-tf32 with the inverse's TF32 parts, split once here, not at every step
+            X = damped_inverse(L, dtype)
+            out[name] = (X, *precision.split_operand(X))
         elif how == "solve":
             out[name] = with_uppers({name: L.to(dtype)})[name]
         else:
@@ -670,8 +672,11 @@ def prepare(A: dict, damping: float, dtype, apply) -> dict:
 
 
 def direction(T, op: tuple):
-    """T (A + lam I)^{-1} for row blocks T (..., d_out, d) and a block's ``operators`` entry."""
-    return precision.matmul(T, op[0]) if len(op) == 1 else solve_rows(T, *op)
+    """T (A + lam I)^{-1} for row blocks T (..., d_out, d) and a block's ``operators`` entry: (X,) or, in
+    split-tf32, (X, X_hi, X_lo) -- a product with the inverse; (L, L^T) -- two triangular solves."""
+    if len(op) == 2:
+        return solve_rows(T, *op)
+    return precision.matmul_kept(T, op[0], op[1:])
 
 
 @contextmanager

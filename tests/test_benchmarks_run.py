@@ -64,7 +64,8 @@ def test_the_gpu_script_runs_every_step_at_a_tiny_size_on_the_cpu(tmp_path):
     the rest.  Each job's output folder holds only what a GPU job can hand back (the archive's volumes and the log:
     under 8 files, none over 16 MiB, none in a folder); the final archive holds every figure's file (the benchmark
     JSONs parse), a done marker per finished step, the first job's unit as it wrote it, and the 100-round stacks'
-    units (the a1.0 ones finish; the relaysum-even ones are given that split)."""
+    units (the a1.0 ones finish, FedAvg's with the last partial batch dropped and kept; the relaysum-even ones are given
+    that split)."""
     import json
 
     from fake_cifar import cifar_pickle
@@ -106,10 +107,18 @@ def test_the_gpu_script_runs_every_step_at_a_tiny_size_on_the_cpu(tmp_path):
     assert (out / "done" / "gram_forms").is_file() and (out / "foof_gram_forms.txt").read_text().strip()
     graph = json.loads((out / "step_graph.json").read_text())
     assert (out / "done" / "step_graph").is_file() and all(graph[m]["agree"] for m in ("fedavg", "fedpm"))
-    for unit in ("stack_fedavg_a1.0", "stack_fedpm_a1.0"):
+    # the a1.0 stacks run the presets' drop, and the pair's other half keeps the last partial batch
+    for unit, last_batch in (
+        ("stack_fedavg_a1.0", "drop"),
+        ("stack_fedavg_a1.0_keep", "keep"),
+        ("stack_fedpm_a1.0", "drop"),
+    ):
         assert (out / "done" / unit).is_file()
         runs = sorted(p.name for p in (out / "stacks" / unit).iterdir())
         assert len(runs) == 3 and all((out / "stacks" / unit / p / "history.csv").is_file() for p in runs), runs
+        for p in runs:
+            summary = json.loads((out / "stacks" / unit / p / "summary.json").read_text())
+            assert summary["config"]["last_batch"] == last_batch, (unit, p)
     log = (out / "log.txt").read_text()
     assert log.count("--split relaysum-even") >= 2 and "continued from" in log
     again = subprocess.run(

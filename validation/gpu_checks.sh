@@ -18,7 +18,9 @@
 #    7. torch.profiler of a SimpleCNN FedAvg and FedPM round                              -> cuda_round_profile.txt
 #    8. the --foof-apply, CUDA-graph and step-graph tests on CUDA                         -> cuda_tests.txt
 #    9. the stacks, each a unit of its own (one 10-minute job each, resumable):
-#       stack_fedavg_a1.0, stack_fedpm_a1.0   (--preset cifar10-a1.0)
+#       stack_fedavg_a1.0, stack_fedavg_a1.0_keep, stack_fedpm_a1.0   (--preset cifar10-a1.0: the presets drop an
+#       epoch's last partial batch; the _keep unit steps on it, --last-batch keep, so that the first two are the pair
+#       that sizes the single-image step at the paper's length, REPRODUCTION.md section 3a)
 #       stack_fedpm_a0.1_even, stack_fedavg_a0.1_even   (--preset cifar10-a0.1 --split relaysum-even)
 #       each run's folder under stacks/ (history.csv, summary.json, checkpoint.pt)
 #
@@ -148,6 +150,7 @@ stack() {
     refresh
 }
 stack stack_fedavg_a1.0 fedavg cifar10-a1.0
+stack stack_fedavg_a1.0_keep fedavg cifar10-a1.0 --last-batch keep
 stack stack_fedpm_a1.0 fedpm cifar10-a1.0
 stack stack_fedpm_a0.1_even fedpm cifar10-a0.1 --split relaysum-even
 stack stack_fedavg_a0.1_even fedavg cifar10-a0.1 --split relaysum-even

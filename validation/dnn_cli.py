@@ -37,7 +37,8 @@ def build_parser(doc: str | None = None):
     from fedpm_dnn.method_names import METHOD_NAMES as METHODS
     from fedpm_dnn.presets import PRESETS
 
-    p = common.OneLineParser(prog=PROG, doc=doc)
+    # the usage line names no flag: argparse's would repeat all of them (and the presets) before their help
+    p = common.OneLineParser(prog=PROG, doc=doc, usage=f"{PROG} [FLAGS]   (the flags below)")
     p.add_argument(
         "--dataset",
         choices=("cifar10", "cifar100", "femnist"),
@@ -59,9 +60,11 @@ def build_parser(doc: str | None = None):
     p.add_argument(
         "--preset",
         choices=sorted(PRESETS),
+        metavar="PRESET",
         default=None,
         help="an appendix table: its setting (data set, alpha, clients, participants, local epochs, FOOF samples) "
-        "and the method's hyper-parameters; explicit flags override it; see docs/presets.md (default: none)",
+        "and the method's hyper-parameters; explicit flags override it; docs/presets.md (default: none); one of "
+        + ", ".join(sorted(PRESETS)),
     )
     p.add_argument(
         "--alpha",
@@ -274,7 +277,8 @@ def build_parser(doc: str | None = None):
         choices=("fp32", "split-tf32", "tf32", "bf16", "auto"),
         help="arithmetic of FOOF's apply product and statistics Gram (LocalNewton, FedPM; docs/stacking.md): fp32, "
         "split-tf32 (tensor cores at float32's accuracy), tf32 or bf16 (approximations, opt-in); auto is "
-        "split-tf32 on CUDA and fp32 on the CPU, and a resumed run keeps what it recorded (default: auto)",
+        "split-tf32 on CUDA where the cost model says it pays for the model (ResNet18-GN, not SimpleCNN), else fp32, "
+        "and a resumed run keeps what it recorded; fp32 runs the convolutions in float32 too (default: auto)",
     )
     g.add_argument(
         "--refresh-every",

@@ -43,25 +43,25 @@ def balanced_subset(labels, n, num_classes, seed):
 
 # --foof-apply auto (the default) on each device: the whole run's apply, decided once and recorded in the checkpoint
 AUTO_FOOF_APPLY = {"cuda": "inverse", "cpu": "solve"}
-# --foof-precision auto (the default): fedpm_dnn.foof.precision.default_mode; a checkpoint from before it: fp32
+# --foof-precision auto (the default): fedpm_dnn.foof.cost.auto_mode; a checkpoint from before it: fp32
 FOOF_AUTO = {"foof_apply": "solve", "foof_precision": "fp32"}  # what a checkpoint without the entry ran
 
 
 def concrete_foof_apply(args, cfg, device: str):
     """``cfg`` with --foof-apply and --foof-precision auto (or no flag) made concrete: on --resume what the
     checkpoint recorded (a run started under an earlier default continues as it began; a checkpoint from before an
-    option ran FOOF_AUTO), else AUTO_FOOF_APPLY and precision.default_mode for the device.  The flag's own value
+    option ran FOOF_AUTO), else AUTO_FOOF_APPLY and cost.auto_mode for the device and model.  The flag's own value
     follows the checkpoint's too, so that neither differs."""
     if not getattr(cfg, "uses_foof", False):
         return cfg
-    from fedpm_dnn.foof import precision
+    from fedpm_dnn.foof.cost import auto_mode
 
     auto = [k for k in FOOF_AUTO if getattr(args, k, None) in (None, "auto")]
     if not auto:
         return cfg
     concrete = {
         "foof_apply": AUTO_FOOF_APPLY.get(torch_device_type(device), "solve"),
-        "foof_precision": precision.default_mode(device),
+        "foof_precision": auto_mode(device, args.model),
     }
     if args.resume and os.path.isfile(os.path.join(args.out, "checkpoint.pt")):
         from fedpm_dnn.engine import checkpoint
@@ -95,6 +95,7 @@ def build(args):
     from fedpm_dnn.data.partition import make_partition
     from fedpm_dnn.engine.sequential import ClientData
     from fedpm_dnn.engine.simulation import Experiment
+    from fedpm_dnn.foof import precision
     from fedpm_dnn.presets import PRESETS
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -195,6 +196,10 @@ def build(args):
         "engine": engine,
         # the vectorized engine's full steps as one static function, captured as a CUDA graph there (step_graph)
         "step_graph": resolved_step_graph(args.step_graph, engine, device),
+        # the arithmetic of the training: the device's name and the TF32 flags its rounds ran with (precision.use)
+        "precision": precision.record(getattr(cfg, "foof_precision", "fp32"), device),
+        # what the run actually used, filled in as it goes (the step graph's fallbacks, its graphed share)
+        "executed": exp.meta.setdefault("executed", {}),
         "config": {"name": cfg.name, **cfg.hyperparameters()},
         "lr_schedule": exp.lr_schedule.as_dict() if exp.lr_schedule else None,
     }

@@ -15,6 +15,7 @@ import shutil
 import numpy as np
 
 from fedconvex.files import DamagedFile, FolderSwapped, NotARegularFile, read_json_object, written_atomically
+from fedconvex.results import read_summary
 from validation import common
 from validation.dnn_cli import OUTPUT, PROG
 from validation.outputs import mark, written_by
@@ -68,7 +69,7 @@ def settle_previous(run, exp, stacked: bool = False) -> str | None:
         return None
     best = ""
     with contextlib.suppress(ValueError, OSError, TypeError, KeyError):
-        summary = read_json_object(os.path.join(run.out, "summary.json"))
+        summary = read_summary(os.path.join(run.out, "summary.json"))  # its fields in range (fedconvex.results)
         best = f", best test accuracy {float(summary['best_test_acc']):.4f}"
     rounds = f"{done} round{'s' if done != 1 else ''}"
     return f"{run.out} already holds this run ({rounds}{best}); nothing to compute ({extend_advice(run)})"
@@ -183,6 +184,29 @@ def undo_open_out(out, state: str, held) -> None:
         shutil.rmtree(out, ignore_errors=True)
     elif state == "marked" and os.listdir(out) == [MARKER]:
         os.remove(os.path.join(out, MARKER))
+
+
+def nobody_contributed(history, exp) -> str | None:
+    """Why a finished run is no result: every reply of every round was rejected (the model never moved from its
+    initialisation), or None.  Such a run must not end as a success with an accuracy."""
+    per_round = min(exp.participants or len(exp.clients), len(exp.clients))
+    if not history or any(int(row.get("rejected", 0)) < per_round for row in history):
+        return None
+    return (
+        f"no client contributed to any of the {len(history)} rounds: every reply was rejected (the reasons are "
+        "logged above), so the model never left its initialisation"
+    )
+
+
+def discard_outputs(out, state: str, held) -> None:
+    """Remove what a run that is no result wrote into ``out`` (its files, then as ``undo_open_out``); nothing when
+    ``out`` no longer names the ``held`` folder."""
+    if held.problem():
+        return
+    for name in OUTPUT.files:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(out, name))
+    undo_open_out(out, state, held)
 
 
 def fail_run(args, exc):

@@ -94,8 +94,14 @@ def stack_held(args, command, built, opened, held) -> int:
             raise type(exc)(f"{args.out}: every run keeps the rounds done so far; --resume continues") from None
         raise
     failed, stopped = 0, []
-    for run, (_, desc), ck, state, h, out in zip(runs, built, ckpts, opened, held, results, strict=True):
+    for run, (built_exp, desc), ck, state, h, out in zip(runs, built, ckpts, opened, held, results, strict=True):
         name = os.path.basename(run.out)
+        void = None if isinstance(out, BaseException) else dnn_output.nobody_contributed(out, built_exp)
+        if void:
+            dnn_output.discard_outputs(run.out, state, h)
+            print(f"{PROG}: {name}: {void}; nothing was kept", file=sys.stderr)
+            failed += 1
+            continue
         if not isinstance(out, BaseException):
             summary = summarize(desc, out, command)
             try:

@@ -188,3 +188,21 @@ def test_every_numeric_flag_refuses_a_hostile_value_in_one_line(name, flag, pars
             parser.parse_known_args([f"{flag}={text}"])
         lines = capsys.readouterr().err.splitlines()
         assert exc.value.code == 2 and len(lines) == 1 and flag in lines[0] and len(lines[0]) < 240, (text, lines)
+
+
+@given(value=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**400), 10**400)))
+@settings(max_examples=300, deadline=None, derandomize=True)
+def test_a_flag_takes_a_number_exactly_when_the_libraries_number_rule_does(value):
+    """The flags' parser and the library's checks (hyper-parameters, FOOF, schedules, saved state) share one rule:
+    a flag's text is refused as a number exactly where fedconvex.hyperparams.number_problem refuses its value."""
+    from fedconvex.hyperparams import number_problem
+
+    text = repr(value) if isinstance(value, float) else str(value)
+    try:
+        common._number(text)
+        accepted = True
+    except argparse.ArgumentTypeError as exc:
+        accepted = False
+        assert str(exc) == f"{number_problem(float(text))}, got {common._shown(text)}"
+    parsed = float(text)
+    assert accepted == (number_problem(parsed) is None)

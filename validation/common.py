@@ -8,7 +8,6 @@ import copy
 import functools
 import hashlib
 import importlib.metadata
-import math
 import os
 import re
 import signal
@@ -132,11 +131,11 @@ def add_deprecated_alias(p, old: str, new: str, dest: str, convert=None, **kw) -
     if not isinstance(newer, _NewSpelling):
         newer.__class__ = type(type(newer).__name__, (_NewSpelling, type(newer)), {})
     if "parse_known_args" not in vars(p):  # the parser's own method, on this parser alone
-        parse = p.parse_known_args
 
         def parse_spelled(args=None, namespace=None):
-            # what a parse returns holds no note of the spellings it saw (_one_spelling)
-            ns, rest = parse(args, namespace)
+            # what a parse returns holds no note of the spellings it saw (_one_spelling); the class's method looked
+            # up at each parse, not bound once when the parser was built
+            ns, rest = type(p).parse_known_args(p, args, namespace)
             for flag in ns.__dict__.pop(_SPELLED, {}).values():  # after the parse: an error stays one line
                 action = p._option_string_actions[flag]  # noqa: SLF001
                 if isinstance(action, DeprecatedAlias):
@@ -218,8 +217,13 @@ def _number(text, kind=float):
         raise argparse.ArgumentTypeError(
             f"must be {'an integer' if kind is int else 'a number'}, got {_shown(text, quoted=True)}"
         ) from None
-    if kind is float and not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {_shown(text)}")
+    # the one rule for numbers of every entry point (fedconvex.hyperparams.number_problem); each flag's range, and
+    # the float32 limit of a DNN hyper-parameter, follow where the value is used (make_method runs the same rule)
+    from fedconvex.hyperparams import number_problem
+
+    problem = number_problem(v, integer=kind is int)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{problem}, got {_shown(text)}")
     return v + 0.0 if kind is float else v  # -0.0 is 0.0
 
 

@@ -1,17 +1,24 @@
 """fedpm_dnn: FedPM with FOOF preconditioners for federated DNN training (PyTorch).
 
 The building blocks for your own model and data: ``FOOF`` (the local step, a ``torch.optim.Optimizer``),
-``mix`` (the server's preconditioned mixing of state dicts) and ``federated`` (the in-process simulator)."""
+``mix`` (the server's preconditioned mixing of state dicts), ``federated`` (the in-process simulator) and ``cost``
+(what FedPM costs on a model: its matrices, the upload against FedAvg's, the extra work per step)."""
 
 import importlib
 import sys
 import types
 
-__all__ = ["FOOF", "FederatedRun", "federated", "mix"]
+__all__ = ["FOOF", "FederatedRun", "cost", "federated", "mix"]
 
 # imported on first use (PEP 562): the package's light modules (the method names, the presets) stay importable
 # without torch, so a command's --help does not wait for it
-_LAZY = {"FOOF": ".optim", "FederatedRun": ".federated", "federated": ".federated", "mix": ".mixing"}
+_LAZY = {
+    "FOOF": ".optim",
+    "FederatedRun": ".federated",
+    "cost": ".run_cost",
+    "federated": ".federated",
+    "mix": ".mixing",
+}
 
 
 def __getattr__(name):

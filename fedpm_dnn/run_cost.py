@@ -83,8 +83,9 @@ class Cost:
             "",
             f"upload a client a round: FedAvg {_mb(self.fedavg_bytes)}, FedPM {_mb(self.fedpm_bytes)} "
             f"({self.upload_ratio:.2f}x; codec {self.codec})",
-            f"work a local step: SGD {self.sgd_flop_per_step / 1e6:,.1f} MFLOP, FOOF +{self.foof_flop_per_step / 1e6:,.1f}"
-            f" MFLOP ({self.work_ratio:.2f}x; {self.steps_per_round} steps a round)",
+            f"work a local step: SGD {self.sgd_flop_per_step / 1e6:,.1f} MFLOP, "
+            f"FOOF +{self.foof_flop_per_step / 1e6:,.1f} MFLOP ({self.work_ratio:.2f}x; {self.steps_per_round} steps "
+            "a round)",
         ]
         if self.codecs:
             rows.append("the matrices outweigh the model; --precond-codec (precond_codec=) brings the upload to:")

@@ -22,10 +22,11 @@ def net():
 
 def loaders(n=2, samples=10, batch=4):
     g = torch.Generator().manual_seed(0)
-    make = lambda: TensorDataset(
-        torch.randn(samples, 2, 5, 5, generator=g), torch.randint(0, 4, (samples,), generator=g)
-    )  # noqa: E731
-    return [DataLoader(make(), batch_size=batch) for _ in range(n)]
+    sets = [
+        TensorDataset(torch.randn(samples, 2, 5, 5, generator=g), torch.randint(0, 4, (samples,), generator=g))
+        for _ in range(n)
+    ]
+    return [DataLoader(s, batch_size=batch) for s in sets]
 
 
 def uploads(method, **kw):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from . import checkpoint as _ck
 from .algorithms import DnnAlgorithm, make_method
 from .client import ClientData, LoaderData, _load
+from .run_cost import method_line
 from .simulation import HISTORY_COLUMNS, drive, make_driver
 from .task import ENGINES, DnnTask
 
@@ -251,6 +253,9 @@ def federated(
         finally:
             model.train()
 
+    line = method_line(alg, model, clients)  # what FedPM costs here, before the first round
+    if line:
+        print(line, file=sys.stderr)
     driver = make_driver(alg, task, metrics, participants, max_ratio)
     state = alg.init(task, task.initial_params())
     fp = _fingerprint(alg, model, clients, participants, seed, engine) if checkpoint else None

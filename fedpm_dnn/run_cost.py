@@ -102,11 +102,11 @@ def float_state_bytes(model: torch.nn.Module) -> int:
     return sum(4 * t.numel() for t in model.state_dict().values() if t.is_floating_point())
 
 
-def matrix_bytes(d: int, codec: str = "none", first: bool = False) -> int:
-    """Bytes of one (d, d) FOOF matrix on the wire: float32 (codec 'none') or the codec's payload (``first``: a
-    delta codec's first upload, the full upper triangle)."""
+def matrix_bytes(d: int, codec: str = "none", first: bool = False, precond_dtype: str = "float32") -> int:
+    """Bytes of one (d, d) FOOF matrix on the wire: whole in ``precond_dtype`` (codec 'none') or the codec's
+    payload (``first``: a delta codec's first upload, the full upper triangle)."""
     c = parse(codec)
-    return 4 * d * d if c is None else c.payload_bytes(d, 4, first)
+    return (2 if precond_dtype == "float16" else 4) * d * d if c is None else c.payload_bytes(d, 4, first)
 
 
 def cost(
@@ -117,22 +117,28 @@ def cost(
     samples: int = 5000,
     epochs: int = 1,
     codec: str = "none",
+    stats_samples: int | None = None,
+    precond_dtype: str = "float32",
 ) -> Cost:
     """FedPM's cost on ``model`` for one client's round of ``samples`` samples, ``epochs`` local epochs of batches
-    of ``batch``, the matrices sent with ``codec`` (module doc).  ``example``: one input, without the batch
+    of ``batch``, statistics over ``stats_samples`` of them (None: all, as FedPM's default), the matrices sent in
+    ``precond_dtype`` or with ``codec`` (module doc).  ``example``: one input, without the batch
     dimension (``torch.zeros(3, 32, 32)`` for CIFAR images): the conv layers' output sizes come from a forward
     pass of it, on a copy of the model (the model, its buffers and the random generators are left as they were)."""
-    for name, v in (("batch", batch), ("samples", samples), ("epochs", epochs)):
+    stats_samples = samples if stats_samples is None else stats_samples
+    for name, v in (("batch", batch), ("samples", samples), ("epochs", epochs), ("stats_samples", stats_samples)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     parse(codec)  # a ValueError naming the choices
+    if precond_dtype not in ("float32", "float16"):
+        raise ValueError(f"precond_dtype must be float32 or float16, got {precond_dtype!r}")
     if not torch.is_tensor(example):
         raise TypeError(f"example must be one input tensor (without the batch dimension), got {type(example).__name__}")
     probe = copy.deepcopy(model).cpu().float()
     with torch.random.fork_rng(devices=[]):
         shapes = foof_cost.block_shapes(probe, example.detach().cpu().float())
-    model_cost = foof_cost.foof_cost(shapes, clients=1, per_client=samples, epochs=epochs, batch=batch)
-    steps = model_cost["steps_per_client"]
+    steps = foof_cost.foof_cost(shapes, clients=1, per_client=samples, epochs=epochs, batch=batch)["steps_per_client"]
+    stats = foof_cost.foof_cost(shapes, clients=1, per_client=stats_samples, epochs=epochs, batch=batch)
     kinds = {name: type(m).__name__ for name, m in probe.named_modules()}
     blocks, forward = [], 0
     for s in shapes:
@@ -145,18 +151,19 @@ def cost(
                 "d": s["d"],
                 "rows": s["rows"],
                 "params": s["rows"] * s["d"],
-                "matrix_bytes": matrix_bytes(s["d"], codec),
+                "matrix_bytes": matrix_bytes(s["d"], codec, precond_dtype=precond_dtype),
                 "forward_flop": flop,
             }
         )
-    total = model_cost["total"]
-    # per round: the inverses' products every step; a statistics pass (forward + Grams) over the samples; the
+    total = stats["total"]
+    # per round: the inverses' products every step; a statistics pass (forward + Grams) over stats_samples; the
     # inverses formed once
-    round_extra = total["apply_flop"] + total["gram_flop"] + samples * forward + total["factorisation_flop"]
+    apply = steps * sum(2 * s["rows"] * s["d"] ** 2 for s in shapes)
+    round_extra = apply + total["gram_flop"] + stats_samples * forward + total["factorisation_flop"]
     fedavg = float_state_bytes(probe)
 
     def fedpm(spec):
-        return fedavg + sum(matrix_bytes(b["d"], spec) for b in blocks)
+        return fedavg + sum(matrix_bytes(b["d"], spec, precond_dtype=precond_dtype) for b in blocks)
 
     heavy = fedpm(codec) - fedavg > fedavg  # the matrices outweigh the model itself
     codecs = [(c, fedpm(c), NOTES[c.split(":")[0]]) for c in CANDIDATES if c != codec] if heavy else []
@@ -170,3 +177,28 @@ def cost(
         steps_per_round=steps,
         codecs=sorted(codecs, key=lambda c: c[1]),
     )
+
+
+def method_line(alg, model: torch.nn.Module, clients: list, batch: int | None = None) -> str | None:
+    """``cost(...).line()`` for a FedPM method object (``fedpm_dnn.algorithms.FedPM``) on ``model`` and its
+    clients (``ClientData`` or loader clients; the example input is a client's first sample, the samples their
+    mean count); None for other methods or where no sample can be read without drawing from the data."""
+    if getattr(alg, "name", None) != "fedpm" or not clients:
+        return None
+    first = clients[0]
+    if hasattr(first, "x"):  # ClientData: uint8 images
+        example, batch = first.x[0].float(), batch or alg.batch_size
+    else:
+        loader = getattr(first, "loader", first)
+        try:
+            example = loader.dataset[0][0]
+        except (AttributeError, TypeError, IndexError, KeyError):
+            return None
+        batch = batch or getattr(loader, "batch_size", None) or alg.batch_size
+    if not torch.is_tensor(example):
+        return None
+    samples = max(1, round(sum(len(c) for c in clients) / len(clients)))
+    stats = min(samples, alg.foof_samples) if alg.foof_samples else None
+    codec, dtype = alg.precond_codec, alg.precond_dtype
+    return cost(model, example, batch=batch, samples=samples, epochs=alg.local_epochs, codec=codec,
+                stats_samples=stats, precond_dtype=dtype).line()  # fmt: skip

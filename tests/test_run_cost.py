@@ -97,3 +97,45 @@ def test_bad_arguments_are_refused_in_one_line(kw, match):
     with pytest.raises((TypeError, ValueError), match=match) as exc:
         cost(net(), args.pop("example"), **args)
     assert "\n" not in str(exc.value)
+
+
+def test_federated_says_the_cost_first_and_its_result_is_unchanged(capsys, monkeypatch):
+    import sys
+
+    fed = sys.modules["fedpm_dnn.federated"]  # the module (the package's name 'federated' is the function)
+
+    def run():
+        run = federated(net, loaders(), method="fedpm", rounds=2, lr=0.1, local_epochs=1)
+        kept = ("round", "bytes_up", "bytes_down", "rejected", "train_loss")  # not the times and memory
+        return [{k: row[k] for k in kept} for row in run.history], [p.detach().clone() for p in run.model.parameters()]
+
+    with_line, params = run()
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    c = cost(net(), torch.zeros(2, 5, 5), batch=4, samples=10)
+    assert line == c.line() and line.startswith("FedPM cost: upload")
+    monkeypatch.setattr(fed, "method_line", lambda *a, **k: None)
+    without, again = run()
+    assert without == with_line  # the report draws nothing from the generators the run uses
+    assert all(torch.equal(p, q) for p, q in zip(params, again, strict=True))
+    assert capsys.readouterr().err == ""
+
+
+def test_validation_dnn_prints_the_cost_of_its_fedpm_run(tmp_path):
+    import csv
+    import os
+    import subprocess
+    import sys
+
+    from fake_cifar import cifar_pickle
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "validation.dnn", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data")]
+    cmd += ["--method", "fedpm", "--clients", "3", "--local-epochs", "1", "--rounds", "1", "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root}, cwd=root)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("FedPM cost: upload"))
+    with open(out / "history.csv") as fh:
+        sent = int(next(csv.DictReader(fh))["bytes_up"])  # round 1: what a client sent, counted from its reply
+    assert f"upload {sent / 1e6:.2f} MB a client a round" in line

@@ -1,5 +1,5 @@
 """The Flower strategy ``fedpm_flower.strategy.FedPM``, the client helper ``fedpm_fit`` and the example app
-examples/flower-fedpm (a LayerNorm MLP on FEMNIST writers) in-process and under ``flwr run``."""
+examples/flower-fedpm (the paper's SimpleCNN on FEMNIST writers) in-process and under ``flwr run``."""
 
 import json
 import os
@@ -71,7 +71,7 @@ def in_process(data_dir, nodes=3, rounds=2, **overrides):
         run_config=cfg,
     )
     torch.manual_seed(int(cfg["seed"]))
-    model = task.Net()
+    model = task.make_net(str(data_dir))
     strategy = server_app.make_strategy(cfg)
     result = strategy.start(
         grid=grid,
@@ -90,7 +90,8 @@ def test_the_example_trains_through_the_strategy_and_keeps_the_matrices_per_node
     assert strategy.rejected == {1: [], 2: []}
     for ctx in grid.contexts.values():  # the end-of-round matrices, for the next round's steps
         kept = ctx.state["fedpm.foof"].to_torch_state_dict()
-        assert sorted(kept) == ["fc1", "fc2"] and kept["fc1"].shape == (785, 785)
+        assert sorted(kept) == ["conv1", "conv2", "fc1", "fc2", "fc3"]
+        assert kept["conv1"].shape == (26, 26) and kept["fc1"].shape == (257, 257)  # 1x5x5 + 1, 16x4x4 + 1
 
 
 def _clients(n=3, seed=0):

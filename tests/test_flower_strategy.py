@@ -267,3 +267,44 @@ def test_flwr_run_of_the_example_gives_the_in_process_model(tmp_path):
     assert list(flwr_model) == list(ours)
     for k in ours:
         torch.testing.assert_close(flwr_model[k], ours[k], rtol=1e-5, atol=1e-6)
+
+
+def test_the_example_server_app_on_cifar_writes_its_history_and_the_readme_names_what_it_runs(tmp_path):
+    """The example's default path at a tiny size: CIFAR-10 files (generated), its ServerApp's own main on a grid
+    that hands messages to its ClientApp, a subset of the training and test images, the history file after every
+    round; and the README's command uses a throw-away FLWR_HOME, streams the log and names only run-config keys
+    the app has."""
+    import csv
+
+    from fake_cifar import cifar_pickle
+    from flwr.app import Context, RecordDict
+
+    client_app, server_app, task = example_modules()
+    data = str(tmp_path / "data")
+    cifar_pickle(os.path.join(data, "cifar-10-batches-py"), n=40)
+    history = tmp_path / "history.csv"
+    cfg = example_config(data, **{"train-images": 90, "test-images": 25, "history-file": str(history)})
+    cfg["num-server-rounds"] = 2
+    nodes = [{"partition-id": i, "num-partitions": 3} for i in range(3)]
+    grid = AppGrid({"train": client_app.train}, nodes, run_config=cfg)
+    server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
+    with open(history) as fh:
+        rows = list(csv.DictReader(fh))
+    assert [int(r["round"]) for r in rows] == [0, 1, 2]
+    assert all(float(r["test_accuracy"]) in {k / 25 for k in range(26)} for r in rows)  # 25 test images
+    x, _, _ = task._train_set(data, 90)
+    assert x.shape == (90, 3, 32, 32)
+    assert sorted(grid.contexts[100].state["fedpm.foof"].to_torch_state_dict()) == [
+        "conv1",
+        "conv2",
+        "fc1",
+        "fc2",
+        "fc3",
+    ]
+    with open(os.path.join(EXAMPLE, "README.md")) as fh:
+        readme = fh.read()
+    command = re.search(r"```bash\n(.*?)```", readme, re.S).group(1)
+    assert 'export FLWR_HOME="$(mktemp -d)"' in command and "$HOME/.flwr" not in command
+    assert "flwr run . --stream" in command
+    keys = re.findall(r"(\w[\w-]*)=", re.search(r'--run-config "([^"]*)"', command).group(1))
+    assert keys and set(keys) <= set(example_config(data))

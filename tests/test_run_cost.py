@@ -139,3 +139,15 @@ def test_validation_dnn_prints_the_cost_of_its_fedpm_run(tmp_path):
     with open(out / "history.csv") as fh:
         sent = int(next(csv.DictReader(fh))["bytes_up"])  # round 1: what a client sent, counted from its reply
     assert f"upload {sent / 1e6:.2f} MB a client a round" in line
+
+
+def test_the_predicted_upload_is_the_bytes_of_a_flower_reply():
+    """fedpm_fit's reply (the Flower client): the model's arrays and the float32 matrices, byte for byte."""
+    pytest.importorskip("flwr")
+    from fedpm_flower.client import fedpm_fit
+
+    c = cost(net(), torch.zeros(2, 5, 5), batch=4, samples=10)
+    reply = fedpm_fit(net(), loaders(n=1)[0], {"lr": 0.1})
+    sent = {key: reply[key].to_torch_state_dict() for key in ("arrays", "foof")}
+    size = {key: sum(t.numel() * t.element_size() for t in arrays.values()) for key, arrays in sent.items()}
+    assert size["arrays"] == c.fedavg_bytes and size["arrays"] + size["foof"] == c.fedpm_bytes

@@ -1,5 +1,5 @@
 """Vectorized FedAvg against FedPM round times (FedPM with the CUDA graphs and without: FEDPM_CUDA_GRAPHS=1 and 0;
-under the default --step-graph auto the graph is the whole local step, fedpm_dnn.step_graph), alternated in one
+under the default --step-graph auto the graph is the whole local step, fedpm_dnn.engine.step_graph), alternated in one
 process; SimpleCNN at the paper's 10 clients x 5,000 images x 5 epochs unless --sizes says otherwise.
 
     python benchmarks/cuda_fedavg_fedpm_round_ratio.py [repeats] [--device cuda|cpu] [--sizes C,N,E,R]

@@ -11,7 +11,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from fedpm_dnn.simulation import run_experiment
+from fedpm_dnn.engine.simulation import run_experiment
 from validation.bench_dnn import FoofTimer, _experiment
 
 p = argparse.ArgumentParser()

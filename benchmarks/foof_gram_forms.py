@@ -16,7 +16,8 @@ import time
 
 import torch
 
-from fedpm_dnn import foof, precision
+from fedpm_dnn import foof
+from fedpm_dnn.foof import precision
 from fedpm_dnn.models import make_model
 
 TINY = os.environ.get("FEDPM_BENCH_TINY") == "1"

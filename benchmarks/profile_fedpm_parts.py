@@ -17,14 +17,16 @@ import time
 import torch
 
 from fedconvex import messages
-from fedpm_dnn import batched_foof, client, foof, vectorized
+from fedpm_dnn import foof
 from fedpm_dnn.algorithms import fedpm
-from fedpm_dnn.simulation import run_experiment
+from fedpm_dnn.engine import sequential, vectorized
+from fedpm_dnn.engine.simulation import run_experiment
+from fedpm_dnn.foof import batched
 from validation.bench_dnn import _experiment, _sync
 
 PARTS = {
-    "statistics": [(vectorized.VectorizedEngine, "foof_for"), (client, "foof_matrices")],
-    "factorisations": [(batched_foof, "factorize_stacked"), (foof, "factorize")],
+    "statistics": [(vectorized.VectorizedEngine, "foof_for"), (sequential, "foof_matrices")],
+    "factorisations": [(batched, "factorize_stacked"), (foof, "factorize")],
     "operators": [(foof, "operators")],
     "screening": [(messages, "psd_problem")],  # the driver screens through fedconvex.messages
     "mixing": [(fedpm.FedPM, "mix")],

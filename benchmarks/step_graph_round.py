@@ -15,8 +15,8 @@ import sys
 import numpy as np
 import torch
 
-from fedpm_dnn import step_graph
-from fedpm_dnn.simulation import run_experiment
+from fedpm_dnn.engine import step_graph
+from fedpm_dnn.engine.simulation import run_experiment
 from validation.bench_dnn import _experiment, _sync
 
 p = argparse.ArgumentParser()

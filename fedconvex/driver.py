@@ -1,5 +1,5 @@
 """The one round driver, shared by every front-end: in-process convex (``fedconvex.run``),
-in-process DNN (``fedpm_dnn.simulation``) and Flower's ServerApp (``fedpm_flower.apps``).
+in-process DNN (``fedpm_dnn.engine.simulation``) and Flower's ServerApp (``fedpm_flower.apps``).
 
 Per round it samples the participants, broadcasts, has a *transport* run the clients, decodes and
 screens the replies, weights and mixes them through the algorithm's ``server_update``, counts bytes,

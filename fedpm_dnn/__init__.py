@@ -1,21 +1,22 @@
 """fedpm_dnn: FedPM with FOOF preconditioners for federated DNN training (PyTorch).
 
 The building blocks for your own model and data: ``FOOF`` (the local step, a ``torch.optim.Optimizer``),
-``mix`` (the server's preconditioned mixing of state dicts), ``federated`` (the in-process simulator) and ``cost``
-(what FedPM costs on a model: its matrices, the upload against FedAvg's, the extra work per step)."""
+``mix`` (the server's preconditioned mixing of state dicts) and ``federated`` (the in-process simulator)."""
 
 import importlib
 import sys
 import types
+
+from . import _deprecated_paths
 
 __all__ = ["FOOF", "FederatedRun", "cost", "federated", "mix"]
 
 # imported on first use (PEP 562): the package's light modules (the method names, the presets) stay importable
 # without torch, so a command's --help does not wait for it
 _LAZY = {
-    "FOOF": ".optim",
+    "FOOF": ".foof.optimizer",
     "FederatedRun": ".federated",
-    "cost": ".run_cost",
+    "cost": ".foof.run_cost",
     "federated": ".federated",
     "mix": ".mixing",
 }
@@ -42,3 +43,4 @@ class _Package(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _Package
+_deprecated_paths.install()  # fedpm_dnn.client and the other module paths of before the subpackages, with a warning

@@ -1,10 +1,10 @@
 """``federated``: the in-process simulator for any PyTorch model, any per-client data and any loss, through the
-one round driver (``fedconvex.driver``) and the DNN front-end (``fedpm_dnn.simulation``): every method of the
+one round driver (``fedconvex.driver``) and the DNN front-end (``fedpm_dnn.engine.simulation``): every method of the
 registry (``fedpm_dnn.algorithms``), the driver's screening, history rows, checkpoints and resume.
 
 Clients are ``torch.utils.data.DataLoader``s (or any re-iterable of (inputs, targets) batches;
-``client.LoaderData``) or the image clients of ``validation.dnn`` (``client.ClientData``), which train exactly as
-there.
+``engine.sequential.LoaderData``) or the image clients of ``validation.dnn`` (``engine.sequential.ClientData``),
+which train exactly as there.
 
 Buffers (BatchNorm's running mean, variance and batch count) are handled as ``fedpm_dnn.mix`` handles them: every
 participant starts its round from the global model's buffers; after the round the global buffers are the mean of
@@ -26,12 +26,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import checkpoint as _ck
 from .algorithms import DnnAlgorithm, make_method
-from .client import ClientData, LoaderData, _load
-from .run_cost import method_line
-from .simulation import HISTORY_COLUMNS, drive, make_driver
-from .task import ENGINES, DnnTask
+from .engine import checkpoint as _ck
+from .engine.sequential import ClientData, LoaderData, _load
+from .engine.simulation import HISTORY_COLUMNS, drive, make_driver
+from .engine.training_task import ENGINES, DnnTask
+from .foof.run_cost import method_line
 
 # history columns the driver writes: an evaluate() metric of one of these names would overwrite it or be lost
 RESERVED_METRICS = frozenset(HISTORY_COLUMNS) - {"test_acc"} | {"seconds"}

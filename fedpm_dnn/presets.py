@@ -23,6 +23,11 @@ N = None  # "No" clipping
 CIFAR_SETTING = {"clients": 10, "participants": None, "foof_samples": None}
 # what a table's setting may fix: each is also a command-line flag (validation.dnn), which overrides it
 SETTING_KEYS = ("dataset", "alpha", "clients", "participants", "local_epochs", "foof_samples")
+# The paper does not say what a client does with the last partial batch of an epoch; the code bases it cites for
+# the CIFAR setting (RelaySum's tasks/cifar.py, MOON, the model's source) load with DataLoader(drop_last=True), so
+# every preset drops it.  Keeping it lets a client whose size is one past a multiple of the batch size take a
+# full-rate step on a single image every epoch, which collapses FedAvg at alpha 1.0 (REPRODUCTION.md section 3a).
+PRESET_LAST_BATCH = "drop"
 # a run setting that neither a flag nor a preset gives (the others' None: the loader's or the method's default)
 DEFAULT_SETTING = {"dataset": "cifar10", "alpha": 0.1}
 
@@ -285,7 +290,11 @@ def preset_row(preset: str, method: str) -> dict:
 
     setting = PRESETS[preset]["setting"]
     takes = hyperparameters_of(method)
-    return {**rows[method], **{k: setting[k] for k in ("local_epochs", "foof_samples") if k in setting and k in takes}}
+    return {
+        **rows[method],
+        "last_batch": PRESET_LAST_BATCH,
+        **{k: setting[k] for k in ("local_epochs", "foof_samples") if k in setting and k in takes},
+    }
 
 
 def method_config(preset: str | None, method: str, **given):

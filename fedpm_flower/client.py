@@ -22,9 +22,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
-from fedpm_dnn.client import batch_length
+from fedpm_dnn.engine.sequential import batch_length
 from fedpm_dnn.foof import DEFAULT_DAMPING
-from fedpm_dnn.optim import FOOF
+from fedpm_dnn.foof.optimizer import FOOF
 
 from .strategy import MATRICES_KEY
 

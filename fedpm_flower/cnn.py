@@ -7,7 +7,7 @@ checks them against the server's own template and stacks them (``fedpm_flower.re
 the rest as in-process: decoding, screening from the method's ``message_fields``, mixing weights, the method's
 ``server_update``, byte counts, history rows.
 Per-client state the server's own steps write (FedPM's delta codec: the acknowledgement digests
-``receive`` and ``server_update`` give each participant, fedpm_dnn.wire) stays in the server's state --
+``receive`` and ``server_update`` give each participant, fedpm_dnn.algorithms.fedpm_wire) stays in the server's state --
 the only client state it holds, as the nodes keep the rest -- and goes to each client with its next
 'train' message (``held_entries``); the node uses it for that round and does not keep it.
 Data: the seeded synthetic task (every process rebuilds the same partitions), or a prepared data set
@@ -25,14 +25,14 @@ import torch
 from fedconvex.driver import Delivery
 from fedpm_dnn import foof
 from fedpm_dnn.algorithms import applicable, make_method, method_class
-from fedpm_dnn.augment import default_augment
-from fedpm_dnn.client import ClientData, client_round
+from fedpm_dnn.data.augment import default_augment
 from fedpm_dnn.data.synthetic import MEAN, STD, synthetic_task
+from fedpm_dnn.engine.sequential import ClientData, client_round
+from fedpm_dnn.engine.training_task import client_generator
+from fedpm_dnn.engine.transport import check_and_stack, reply_template
 from fedpm_dnn.models import make_model
-from fedpm_dnn.task import client_generator
 
 from . import prepared
-from .replies import check_and_stack, dnn_template
 from .transport import FlowerTransport
 
 log = logging.getLogger("fedpm.server")
@@ -247,7 +247,7 @@ class CnnTransport(FlowerTransport):
             losses.append(loss)
         if dropped:
             log.warning("round %d: %d of %d clients did not reply (dropped)", round_, dropped, len(sel))
-        template = dnn_template(alg, down["params"], self.blocks)  # the server's own, never another reply
+        template = reply_template(alg, down["params"], self.blocks)  # the server's own, never another reply
         up, kept, more = check_and_stack(template, replies, clients, round_)
         ok = [clients[k] for k in kept]
         # bytes as they travelled (FedPM's matrices may travel in float16)
@@ -262,7 +262,7 @@ class CnnTransport(FlowerTransport):
 
 def test_accuracy(cfg, theta: dict) -> float:
     """``theta``'s accuracy on the prepared data set's server/ test images."""
-    from fedpm_dnn.task import DnnTask
+    from fedpm_dnn.engine.training_task import DnnTask
 
     x, y, meta = prepared.load(prepared.server_folder(cfg.data_dir), "test.npz")
     return DnnTask(new_model(cfg.seed, *shape(cfg))[0], []).accuracy(
@@ -286,7 +286,7 @@ def in_process(cfg, tamper=None) -> np.ndarray:
     import os
     import tempfile
 
-    from fedpm_dnn.simulation import Experiment, run_experiment
+    from fedpm_dnn.engine.simulation import Experiment, run_experiment
 
     classes, channels, image = shape(cfg)
     if cfg.data_dir:

@@ -31,11 +31,11 @@ from fedconvex.screening import log as server_log
 from fedconvex.screening import max_ratio_problem
 from fedpm_dnn.algorithms.base import stack_replies
 from fedpm_dnn.algorithms.fedpm import FedPM as _FedPMMethod
-from fedpm_dnn.algorithms.fedpm import block_sizes
-from fedpm_dnn.foof import DEFAULT_DAMPING, foof_blocks
+from fedpm_dnn.engine.transport import reply_problem
+from fedpm_dnn.foof import DEFAULT_DAMPING, block_sizes, foof_blocks
 from fedpm_dnn.mixing import block_entries, mix_blocks
 
-from .replies import entries_of, num_examples_problem, reply_problem
+from .replies import entries_of, num_examples_problem
 
 MATRICES_KEY = "foof"  # the reply's ArrayRecord of FOOF matrices
 

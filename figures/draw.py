@@ -16,7 +16,7 @@ from fedconvex.algorithms import PAPER_TEST1 as TEST1  # noqa: E402
 from fedconvex.algorithms import REGISTRY as CONVEX_REGISTRY  # noqa: E402
 from fedconvex.data.splits import effective_classes  # noqa: E402
 from fedconvex.files import DamagedFile  # noqa: E402
-from fedpm_dnn.names import METHOD_NAMES as ORDER  # noqa: E402  (the paper's order of Test 2)
+from fedpm_dnn.method_names import METHOD_NAMES as ORDER  # noqa: E402  (the paper's order of Test 2)
 
 from .results import best_by_seed, curves_by_seed, read_summary  # noqa: E402
 from .tables import LABELS  # noqa: E402

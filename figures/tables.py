@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 from scipy.stats import kendalltau, mannwhitneyu
 
-from fedpm_dnn.names import METHOD_LABELS
+from fedpm_dnn.method_names import METHOD_LABELS
 
-# the DNN methods' labels for Test 2's tables (fedpm_dnn.names: importable without torch)
+# the DNN methods' labels for Test 2's tables (fedpm_dnn.method_names: importable without torch)
 LABELS = dict(METHOD_LABELS)
 
 

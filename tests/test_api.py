@@ -262,9 +262,9 @@ def test_federated_reproduces_validation_dnn_on_its_cifar_clients(tmp_path):
     """SimpleCNN and validation.dnn's CIFAR clients: the same history, row for row."""
     from fake_cifar import cifar_pickle
 
-    from fedpm_dnn.augment import normalize
+    from fedpm_dnn.data.augment import normalize
+    from fedpm_dnn.engine.simulation import run_experiment
     from fedpm_dnn.models import make_model
-    from fedpm_dnn.simulation import run_experiment
     from validation import dnn
 
     cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"))

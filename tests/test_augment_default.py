@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from fake_cifar import cifar_pickle  # noqa: E402
 
-from fedpm_dnn.augment import default_augment  # noqa: E402
+from fedpm_dnn.data.augment import default_augment  # noqa: E402
 from validation import dnn, experiments, flower, sweep  # noqa: E402
 
 

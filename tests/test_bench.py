@@ -166,6 +166,26 @@ def test_dnn_benchmark_prints_both_engines(capsys):
         assert r[key] > 0
 
 
+def test_dnn_benchmark_drops_the_last_partial_batch_when_asked(capsys, monkeypatch):
+    """--last-batch reaches every measured run's method, is recorded, and is the default again afterwards."""
+    pytest.importorskip("torch")
+    from fedpm_dnn.engine import simulation
+    from validation import bench_dnn
+
+    seen = []
+    real = simulation.run_experiment
+
+    def spy(exp, *a, **kw):
+        seen.append(exp.cfg.last_batch)
+        return real(exp, *a, **kw)
+
+    monkeypatch.setattr(simulation, "run_experiment", spy)
+    argv = ["--models", "cnn", "--sizes", "2,20,1,2", "--repeats", "1", "--threads", "1", "--engine", "vectorized"]
+    assert bench_dnn.main([*argv, "--foof-apply", "solve", "--last-batch", "drop", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["last_batch"] == "drop"
+    assert seen and set(seen) == {"drop"} and bench_dnn.LAST_BATCH == ["keep"]
+
+
 def test_dnn_benchmark_measures_only_the_engines_asked_for(capsys):
     pytest.importorskip("torch")
     from validation import bench_dnn
@@ -241,7 +261,8 @@ def test_the_foof_timer_counts_a_nested_factorisation_once(monkeypatch):
     torch = pytest.importorskip("torch")
     import time
 
-    from fedpm_dnn import batched_foof, foof
+    from fedpm_dnn import foof
+    from fedpm_dnn.foof import batched
     from validation.bench_dnn import FoofTimer
 
     A = torch.eye(3, dtype=torch.float64)[None].repeat(2, 1, 1)
@@ -251,7 +272,7 @@ def test_the_foof_timer_counts_a_nested_factorisation_once(monkeypatch):
     # the repair goes through the (timed) factorize of a PSD matrix: a wrapped call inside a wrapped call
     monkeypatch.setattr(foof, "repaired_factor", lambda name, M, lam: foof.factorize({name: M.abs()}, lam)[name])
     with FoofTimer("cpu") as timer:
-        batched_foof.factorize_stacked({"b": A}, 1.0, torch.float32)
+        batched.factorize_stacked({"b": A}, 1.0, torch.float32)
     assert 0.5 <= timer.seconds["factorisations"] < 0.95 and timer.seconds["statistics"] == 0.0
 
 
@@ -310,11 +331,11 @@ def test_the_json_holds_no_nan(capsys, monkeypatch):
 
 
 def test_the_foof_cost_model_matches_hand_counts_on_small_layers():
-    """fedpm_dnn.foof_cost on a Linear(3, 2) with bias and a Conv2d(2, 3, 3, padding=1) on 4 x 4 images, counted by
+    """fedpm_dnn.foof.cost on a Linear(3, 2) with bias and a Conv2d(2, 3, 3, padding=1) on 4 x 4 images, counted by
     hand; the Gram's count is the product the statistics pass makes (conv_patches' shape)."""
     torch = pytest.importorskip("torch")
     from fedpm_dnn import foof
-    from fedpm_dnn.foof_cost import block_shapes, foof_cost
+    from fedpm_dnn.foof.cost import block_shapes, foof_cost
 
     model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(48, 2))
     shapes = block_shapes(model, torch.zeros(2, 4, 4))
@@ -357,7 +378,7 @@ def test_the_paper_cost_reproduces_the_resnet_products_at_the_papers_size():
     ~320 TFLOP and the statistics Gram ~468 TFLOP a round in plain fp32, the three 4,608-wide blocks 81 % of the
     apply's."""
     pytest.importorskip("torch")
-    from fedpm_dnn.foof_cost import paper_cost
+    from fedpm_dnn.foof.cost import paper_cost
 
     c = paper_cost("resnet18gn", "inverse", "fp32")
     assert c["steps_per_client"] == 395
@@ -417,8 +438,9 @@ def test_phase_peaks_credit_each_part_of_a_run_to_its_innermost_phase():
     pytest.importorskip("torch")
     import types
 
-    from fedpm_dnn import foof, vectorized
+    from fedpm_dnn import foof
     from fedpm_dnn.algorithms import method_class
+    from fedpm_dnn.engine import vectorized
     from validation import bench_dnn
 
     class Allocator:

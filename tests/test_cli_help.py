@@ -76,10 +76,11 @@ def test_help_loads_no_heavy_module(name, helps):
 
 
 def test_the_light_method_names_are_the_registry():
-    """fedpm_dnn.names (read by --help without torch) lists the registered methods, in order, with their labels."""
+    """fedpm_dnn.method_names (read by --help without torch) lists the registered methods, in order, with their
+    labels."""
     pytest.importorskip("torch")
     from fedpm_dnn.algorithms import REGISTRY
-    from fedpm_dnn.names import METHOD_LABELS, METHOD_NAMES
+    from fedpm_dnn.method_names import METHOD_LABELS, METHOD_NAMES
 
     assert METHOD_NAMES == tuple(REGISTRY)
     assert METHOD_LABELS == {name: cls.label for name, cls in REGISTRY.items()}
@@ -99,7 +100,7 @@ def test_the_package_exports_load_on_first_use():
 def test_an_export_named_as_its_submodule_stays_the_export():
     """``fedpm_dnn.federated`` is the function, also after the submodule of that name was imported."""
     code = (
-        "import fedpm_dnn.simulation, fedpm_dnn.federated, types\n"
+        "import fedpm_dnn.engine.simulation, fedpm_dnn.federated, types\n"
         "from fedpm_dnn import federated\n"
         "import fedpm_dnn\n"
         "assert callable(federated) and not isinstance(federated, types.ModuleType), federated\n"

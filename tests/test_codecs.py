@@ -246,18 +246,18 @@ def test_dnn_sym_is_bit_identical_and_payloads_are_screened():
     from fedpm_dnn import foof
     from fedpm_dnn.algorithms import make_method
     from fedpm_dnn.algorithms.base import stack_replies
-    from fedpm_dnn.client import ClientData, client_round
     from fedpm_dnn.data.synthetic import MEAN, STD, synthetic_task
+    from fedpm_dnn.engine.sequential import ClientData, client_round
+    from fedpm_dnn.engine.training_task import client_generator
+    from fedpm_dnn.engine.transport import check_and_stack, reply_template
     from fedpm_dnn.models import make_model
-    from fedpm_dnn.task import client_generator
-    from fedpm_dnn.transport import check_and_stack
 
     def server_round(alg, task, state, replies):
         """One driver round whose transport delivers ``replies`` (checked and stacked as Flower's are):
         (new state, replies used, replies rejected)."""
 
         def transport(alg, down, cstate, sel, rng, t):
-            up, kept, rejected = check_and_stack(alg, alg.reply_shapes(state.theta, task.blocks), replies, sel, t)
+            up, kept, rejected = check_and_stack(reply_template(alg, state.theta, task.blocks), replies, sel, t)
             return Delivery(up=up, cstate=None, sel=sel[kept], rejected=rejected)
 
         driver = Driver(

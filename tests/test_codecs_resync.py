@@ -173,9 +173,9 @@ def _dnn_run(tmp_path, codec, tamper, rounds=4, engine="sequential"):
     torch = pytest.importorskip("torch")
     from test_dnn_training import experiment
 
-    from fedpm_dnn import checkpoint as ck
-    from fedpm_dnn.simulation import run_experiment
-    from fedpm_dnn.wire import client_estimate
+    from fedpm_dnn.algorithms.fedpm_wire import client_estimate
+    from fedpm_dnn.engine import checkpoint as ck
+    from fedpm_dnn.engine.simulation import run_experiment
 
     cfg = dnn_fedpm(codec)
     exp = experiment(cfg, rounds=rounds)
@@ -284,8 +284,8 @@ def test_dnn_server_that_lost_its_estimates_gets_full_uploads_again():
 
     from test_dnn_training import experiment
 
-    from fedpm_dnn.simulation import build
-    from fedpm_dnn.wire import client_estimate
+    from fedpm_dnn.algorithms.fedpm_wire import client_estimate
+    from fedpm_dnn.engine.simulation import build
 
     seen = {}
 
@@ -316,7 +316,7 @@ def test_dnn_delta_run_resumes_to_the_uninterrupted_history(tmp_path):
     pytest.importorskip("torch")
     from test_dnn_training import _strip, experiment
 
-    from fedpm_dnn.simulation import run_experiment
+    from fedpm_dnn.engine.simulation import run_experiment
 
     cfg = dnn_fedpm("delta:topk:0.05")
     tamper = _dnn_tamper("nan-payload", who=1, when=2)  # round 2 rejects client 1: its state matters

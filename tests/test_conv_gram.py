@@ -9,7 +9,8 @@ import torch.nn.functional as F  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from fedpm_dnn import foof, precision  # noqa: E402
+from fedpm_dnn import foof  # noqa: E402
+from fedpm_dnn.foof import precision  # noqa: E402
 
 
 def half_patch(m, x):

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fedpm_dnn.algorithms import METHODS, REGISTRY, applicable, make_method  # noqa: E402
-from fedpm_dnn.simulation import build  # noqa: E402
+from fedpm_dnn.engine.simulation import build  # noqa: E402
 
 # which state each method must carry from one round to the next: server-state entries and client-state entries
 STATEFUL = {

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from fedpm_dnn.augment import random_crop_flip  # noqa: E402
 from fedpm_dnn.data import (  # noqa: E402
     DatasetError,
     dirichlet_partition,
@@ -24,6 +23,7 @@ from fedpm_dnn.data import (  # noqa: E402
     load_image_dataset,
     partition_table,
 )
+from fedpm_dnn.data.augment import random_crop_flip  # noqa: E402
 from fedpm_dnn.data.partition import relaysum_partition  # noqa: E402
 
 
@@ -306,7 +306,7 @@ def test_femnist_every_writer_is_a_client_and_the_preset_samples_ten(tmp_path, r
 
 
 def test_femnist_rounds_sample_participants_from_every_writer(tmp_path, rng):
-    from fedpm_dnn.simulation import run_experiment
+    from fedpm_dnn.engine.simulation import run_experiment
     from validation import dnn
 
     make_leaf(str(tmp_path), rng, users=tuple(f"w{i}" for i in range(14)))
@@ -333,7 +333,7 @@ def test_femnist_rounds_sample_participants_from_every_writer(tmp_path, rng):
         )
     )  # the spy watches client_round
     seen = []
-    import fedpm_dnn.task as sim  # the sequential engine's client_round
+    import fedpm_dnn.engine.training_task as sim  # the sequential engine's client_round
 
     original = sim.client_round
 
@@ -369,7 +369,7 @@ def test_augmentation_crops_within_padding_and_flips():
 
 def test_crop_flip_is_a_padded_crop_then_a_mirror_per_image():
     """The one-gather crop/flip equals, image by image, zero padding, slicing at the offsets and flipping."""
-    from fedpm_dnn.augment import crop_flip
+    from fedpm_dnn.data.augment import crop_flip
 
     g = torch.Generator().manual_seed(4)
     x = torch.rand(9, 3, 6, 5, generator=g)

@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 from fake_cifar import cifar_pickle  # noqa: E402
 
 from fedpm_dnn.algorithms import METHODS, applicable, make_method  # noqa: E402
-from fedpm_dnn.client import ClientData  # noqa: E402
-from fedpm_dnn.simulation import Experiment, run_experiment  # noqa: E402
+from fedpm_dnn.engine.sequential import ClientData  # noqa: E402
+from fedpm_dnn.engine.simulation import Experiment, run_experiment  # noqa: E402
 
 
 def make(name, **kw):
@@ -181,7 +181,7 @@ def test_runner_cli_writes_results_and_resumes(tmp_path):
 
 
 def test_a_checkpoint_from_before_the_resolved_engine_compares_its_engine_flag():
-    from fedpm_dnn.checkpoint import first_difference
+    from fedpm_dnn.engine.checkpoint import first_difference
 
     old = {"model": "cnn", "run.engine": "vectorized", "run.lr": 0.5}
     assert first_difference(old, {"model": "cnn", "run.lr": 0.5, "engine": "vectorized"}) is None
@@ -230,7 +230,7 @@ def test_refreshing_the_matrices_during_local_training_changes_the_steps():
 
 def test_clip_stage_update_bounds_the_preconditioned_step():
     from fedpm_dnn import foof
-    from fedpm_dnn.client import local_train
+    from fedpm_dnn.engine.sequential import local_train
     from fedpm_dnn.models import make_model
 
     clients, _, _ = synthetic()
@@ -289,13 +289,32 @@ def test_bad_replies_are_rejected_and_the_round_goes_on(caplog, tmp_path):
     assert all(torch.equal(params[k], initial[k]) for k in params)
 
 
+def test_a_first_reply_in_float64_is_rejected_not_the_honest_ones_after_it(caplog):
+    """In process, as on Flower, replies are checked against the server's template (the method's shapes and
+    dtypes), never against the first reply of the round: a float64 reply sent first is the one rejected."""
+    import logging
+
+    first = {}
+
+    def tamper(round_, client, reply):
+        if first.setdefault(round_, client) == client:
+            reply = {**reply, "params": {k: v.double() for k, v in reply["params"].items()}}
+        return reply
+
+    cfg = make("fedavg", lr=0.1, local_epochs=1, batch_size=16)
+    with caplog.at_level(logging.WARNING, logger="fedpm.server"):
+        hist = run_experiment(experiment(cfg, rounds=2), tamper=tamper)
+    assert [r["rejected"] for r in hist] == [1, 1] and np.isfinite(hist[-1]["train_loss"])
+    assert "has dtype float64, expected float32" in caplog.text and "expected float64" not in caplog.text
+
+
 def _one_full_batch_step(cfg, data, seed=0):
     """(theta before, theta after, gradients of the first step, model, blocks, FOOF matrices):
     one local step on the whole client's data, so the step can be recomputed by hand."""
     import torch.nn.functional as F
 
     from fedpm_dnn import foof
-    from fedpm_dnn.client import local_train
+    from fedpm_dnn.engine.sequential import local_train
     from fedpm_dnn.models import make_model
 
     torch.manual_seed(seed)
@@ -407,7 +426,7 @@ def _n_params():
 
 
 def _final_params(cfg, tmp_path, tag, tamper=None, rounds=2):
-    from fedpm_dnn.simulation import run_experiment as run
+    from fedpm_dnn.engine.simulation import run_experiment as run
 
     ck = str(tmp_path / f"{tag}.pt")
     hist = run(experiment(cfg, rounds=rounds, participants=2), checkpoint=ck, tamper=tamper)

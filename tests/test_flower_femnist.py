@@ -134,7 +134,7 @@ def test_fedpm_on_flower_with_writers_as_clients_is_the_in_process_run(parts, tm
         + ["--out", str(tmp_path / "dnn")]
     )
     exp, _ = dnn.build(args)
-    from fedpm_dnn.simulation import run_experiment
+    from fedpm_dnn.engine.simulation import run_experiment
 
     ck = str(tmp_path / "ck.pt")
     run_experiment(exp, checkpoint=ck)

@@ -140,7 +140,7 @@ def test_fedpm_mixes_blocks_with_their_matrices_and_averages_the_rest():
 def test_one_full_batch_foof_step_plus_fedpm_mixing_is_a_global_newton_step(damping):
     """One Linear layer, squared loss: A is the exact Hessian (per output), so FedPM-FOOF with one
     full-batch local step and sample-count weights equals a (damped) Newton step on the pooled data."""
-    from fedpm_dnn.client import foof_matrices  # noqa: F401  (schedule exercised in the e2e test)
+    from fedpm_dnn.engine.sequential import foof_matrices  # noqa: F401  (schedule exercised in the e2e test)
 
     torch.manual_seed(5)
     d_in, d_out = 4, 3
@@ -289,10 +289,10 @@ def test_one_cpu_thread_runs_the_solves_single_threaded_and_restores_the_count()
 
 @pytest.mark.parametrize("damping", [1e-4, 0.3])
 def test_stacked_factorisation_is_the_per_client_factorisation(damping):
-    """The vectorized engine's batched Cholesky (batched_foof.factorize_stacked) gives every client the factor
+    """The vectorized engine's batched Cholesky (foof.batched.factorize_stacked) gives every client the factor
     of foof.factorize -- the sequential engine's -- also for a client whose matrix is indefinite beyond the
     damping and goes through the nearest-PSD repair (the damping must be added there as well)."""
-    from fedpm_dnn.batched_foof import factorize_stacked
+    from fedpm_dnn.foof.batched import factorize_stacked
 
     g = torch.Generator().manual_seed(2)
     d = 7

@@ -26,11 +26,11 @@ import torch.nn.functional as F  # noqa: E402
 
 from fedpm_dnn import foof  # noqa: E402
 from fedpm_dnn.algorithms import make_method  # noqa: E402
-from fedpm_dnn.client import ClientData  # noqa: E402
+from fedpm_dnn.engine.sequential import ClientData  # noqa: E402
+from fedpm_dnn.engine.simulation import Experiment  # noqa: E402
+from fedpm_dnn.engine.training_task import DnnTask  # noqa: E402
 from fedpm_dnn.mixing import mix  # noqa: E402
 from fedpm_dnn.models import ResNet18GN, make_model  # noqa: E402
-from fedpm_dnn.simulation import Experiment  # noqa: E402
-from fedpm_dnn.task import DnnTask  # noqa: E402
 
 U = 2.0**-24
 
@@ -303,7 +303,7 @@ def test_auto_follows_the_stated_rule():
 def test_a_checkpoint_from_before_foof_apply_resumes_with_the_default():
     """Written before the option: no config.foof_apply (it solved) and no --foof-apply flag; it resumes under the
     default, not under --foof-apply inverse."""
-    from fedpm_dnn.checkpoint import first_difference
+    from fedpm_dnn.engine.checkpoint import first_difference
 
     old = {"run.lr": 0.5, "config.damping": 1.0}
     now = {"run.lr": 0.5, "run.foof_apply": None, "config.damping": 1.0, "config.foof_apply": "solve"}
@@ -335,7 +335,8 @@ def test_a_run_started_under_the_old_default_resumes_with_the_apply_it_recorded(
     same for --foof-precision auto (split-tf32 on CUDA): such a run resumes in fp32."""
     from fake_cifar import cifar_pickle
 
-    from fedpm_dnn import checkpoint, precision
+    from fedpm_dnn.engine import checkpoint
+    from fedpm_dnn.foof import precision
     from validation import dnn
 
     cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"), balanced=True)  # class-balanced subsets exist

@@ -10,7 +10,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from fedpm_dnn import FOOF  # noqa: E402
-from fedpm_dnn.optim import DEFAULT_INVERSE_EVERY, DEFAULT_STATS_DECAY, DEFAULT_STATS_EVERY  # noqa: E402
+from fedpm_dnn.foof.optimizer import DEFAULT_INVERSE_EVERY, DEFAULT_STATS_DECAY, DEFAULT_STATS_EVERY  # noqa: E402
 
 torch.set_num_threads(1)
 

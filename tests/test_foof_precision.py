@@ -3,7 +3,7 @@ or the stated approximation bound (tf32, bf16) -- on the CPU by emulating TF32 r
 
 Bounds, with u = 2^-24 and |A||B| the product of the absolute values (k: the length of each sum):
 * fp32 and split-tf32: elementwise |err| <= (k + 24) u |A||B| (float32's gamma_k, plus the split form's dropped
-  lo lo term and its rounding of lo to TF32: at most 24 u per term, fedpm_dnn.precision), and in the Frobenius norm
+  lo lo term and its rounding of lo to TF32: at most 24 u per term, fedpm_dnn.foof.precision), and in the Frobenius norm
   the probabilistic float32 level ||err|| <= sqrt(k) u || |A||B| || (Higham & Mary 2019), which tf32 exceeds, so
   the test tells the split form from a plain TF32 product; the split form's error also stays within 1.25x the
   float32 product's own, measured beside it.
@@ -17,7 +17,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fedpm_dnn import batched_foof, foof, precision  # noqa: E402
+from fedpm_dnn import foof  # noqa: E402
+from fedpm_dnn.foof import batched, precision  # noqa: E402
 from fedpm_dnn.models import make_model  # noqa: E402
 
 U = 2.0**-24
@@ -164,7 +165,7 @@ def test_fp32_is_the_plain_product_the_kernels_made_before():
     a, b, x = torch.randn(4, 7, 9, generator=g), torch.randn(9, 9, generator=g), torch.randn(3, 50, 9, generator=g)
     assert precision.current() == "fp32"
     assert torch.equal(foof.direction(a, (b,)), torch.matmul(a, b))
-    assert torch.equal(batched_foof.stacked_gram(foof.LinearBlock(torch.nn.Linear(9, 2)), x)[0], torch.bmm(x.mT, x))
+    assert torch.equal(batched.stacked_gram(foof.LinearBlock(torch.nn.Linear(9, 2)), x)[0], torch.bmm(x.mT, x))
     assert torch.equal(precision.gram(x[0]), x[0].T @ x[0])
 
 
@@ -238,7 +239,7 @@ def test_the_cuda_forms_give_every_blocks_matrix(conv_form, monkeypatch):
             limit = 64 * U * math.sqrt(ref[name].shape[0] * 12 * 7 * 11) if mode in ("fp32", "split-tf32") else 2**-8
             assert err < limit, (mode, name, err)
     a = torch.rand(2, 30, 525, dtype=torch.float64)
-    S = batched_foof.stacked_gram(blocks["fc2"], a)[0]
+    S = batched.stacked_gram(blocks["fc2"], a)[0]
     torch.testing.assert_close(S, a.mT @ a, rtol=1e-13, atol=1e-12)
     assert torch.equal(S, S.mT)
 

@@ -578,7 +578,7 @@ def test_a_full_disk_in_the_convex_experiment_is_one_line_and_writes_nothing(tmp
 @pytest.mark.parametrize("full_at", [1, 2])
 def test_a_full_disk_in_dnn_names_the_file_and_keeps_the_rounds_done(base, tmp_path, capsys, monkeypatch, full_at):
     """torch's zip writer reports a full disk as 'unexpected pos': the line must say it is the disk."""
-    from fedpm_dnn import checkpoint as ck
+    from fedpm_dnn.engine import checkpoint as ck
 
     real, calls = ck.torch.save, []
 

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from fedpm_dnn import mix  # noqa: E402
+from fedpm_dnn.engine.transport import reply_problem  # noqa: E402
 from fedpm_flower.client import fedpm_fit  # noqa: E402
-from fedpm_flower.replies import reply_problem  # noqa: E402
 from fedpm_flower.strategy import FedPM  # noqa: E402
 
 NODES = (100, 101, 102)

@@ -554,7 +554,7 @@ def test_make_algorithm_refuses_a_bad_value_at_construction(method, params, mess
 
 
 def test_loading_a_folder_as_a_checkpoint_says_it_is_a_folder(tmp_path):
-    from fedpm_dnn import checkpoint as ck
+    from fedpm_dnn.engine import checkpoint as ck
 
     (tmp_path / "checkpoint.pt").mkdir()
     with pytest.raises(ck.CheckpointError) as exc:
@@ -927,7 +927,7 @@ def test_a_signal_where_it_cannot_propagate_still_ends_the_command_in_one_line(c
 def test_ctrl_c_while_a_checkpoint_is_written_keeps_the_old_one_and_no_temporary_file(tmp_path, monkeypatch):
     """torch's zip writer turns a Ctrl-C inside torch.save into a RuntimeError ('unexpected pos'): it must
     still end the run as a Ctrl-C (one line), leave the previous checkpoint and no checkpoint.pt.tmp."""
-    from fedpm_dnn import checkpoint as ck
+    from fedpm_dnn.engine import checkpoint as ck
 
     path = tmp_path / "checkpoint.pt"
     ck.save(str(path), {"round": torch.tensor(1)})
@@ -981,7 +981,7 @@ def test_kill_9_then_resume_gives_the_uninterrupted_history(base, tmp_path, caps
 def test_ctrl_c_in_dnn_says_what_is_kept_and_leaves_an_empty_out_as_it_was(base, tmp_path, capsys, monkeypatch, where):
     """An empty --out that the run marked as ours is empty again after a Ctrl-C before the first round ('nothing
     was written' is then true); a Ctrl-C while the final files are written keeps the rounds and says so."""
-    from fedpm_dnn import simulation
+    from fedpm_dnn.engine import simulation
 
     out = tmp_path / "empty"
     out.mkdir()

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from fake_cifar import cifar_pickle  # noqa: E402
 
-from fedpm_dnn import checkpoint as ck  # noqa: E402
+from fedpm_dnn.engine import checkpoint as ck  # noqa: E402
 from validation import dnn, outputs, sweep  # noqa: E402
 
 PROG = "python -m validation.dnn"

@@ -5,7 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fedpm_dnn.task import DnnTask  # noqa: E402
+from fedpm_dnn.engine.training_task import DnnTask  # noqa: E402
 from validation import bench_dnn, dnn  # noqa: E402
 
 

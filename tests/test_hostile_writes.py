@@ -15,7 +15,7 @@ from test_hostile_files import _results, dnn_args, one_line  # noqa: E402
 from test_hostile_inputs import base, one_thread, snapshot  # noqa: E402, F401  (fixtures)
 
 from fedconvex.files import FolderSwapped, held_folder, written_atomically  # noqa: E402
-from fedpm_dnn import checkpoint as ck  # noqa: E402
+from fedpm_dnn.engine import checkpoint as ck  # noqa: E402
 from figures import __main__ as figures_main  # noqa: E402
 from validation import dnn, dnn_output, outputs  # noqa: E402
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fedconvex.data import splits
-from fedpm_dnn.schedule import LrSchedule, parse_milestones, schedule_for
+from fedpm_dnn.engine.lr_schedule import LrSchedule, parse_milestones, schedule_for
 
 
 def test_the_even_split_cuts_the_concatenated_draw_into_equal_consecutive_pieces(monkeypatch):
@@ -101,7 +101,7 @@ def test_a_schedule_refuses_what_it_cannot_mean():
 def _run(cfg, rounds, schedule=None, checkpoint=None, resume=False):
     from test_dnn_training import experiment
 
-    from fedpm_dnn.simulation import run_experiment
+    from fedpm_dnn.engine.simulation import run_experiment
 
     exp = dataclasses.replace(experiment(cfg, rounds=rounds, participants=2), lr_schedule=schedule)
     exp.meta["fingerprint"] = {"lr_schedule": schedule.as_dict() if schedule else None}

@@ -54,7 +54,13 @@ def test_the_wheel_ships_the_tuning_cache_and_the_command(wheel):
         with open(os.path.join(ROOT, "reference", "tuning.json"), "rb") as fh:
             assert zf.read("validation/shipped/tuning.json") == fh.read()  # the one file, byte for byte
         assert "fedconvex/data/w8a.bz2" in names and "fedconvex/data/a9a.bz2" in names
-        assert "validation/cli.py" in names and "fedpm_dnn/names.py" in names
+        assert "validation/cli.py" in names and "fedpm_dnn/method_names.py" in names
+        # every module of the source tree ships (a subpackage missing from pyproject's list would not)
+        for pkg in PACKAGES:
+            for folder, _, files in os.walk(os.path.join(ROOT, pkg)):
+                rel = os.path.relpath(folder, ROOT).replace(os.sep, "/")
+                missing = [f"{rel}/{f}" for f in files if f.endswith(".py") and f"{rel}/{f}" not in names]
+                assert not missing, f"not in the wheel: {missing}"
         scripts = dist_info(zf, "entry_points.txt")
         assert re.search(r"^\[console_scripts\]\nfedpm = validation\.cli:main$", scripts, re.M)
         meta = email.message_from_string(dist_info(zf, "METADATA"))

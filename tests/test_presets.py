@@ -40,7 +40,9 @@ def test_a_preset_alone_sets_its_whole_setting_and_every_row(tmp_path, preset):
         if "foof_samples" in hyperparameters_of(method):
             assert cfg.foof_samples == setting["foof_samples"]
         assert res.from_flags == {} and res.conflicts == {} and dnn.preset_warning(args) is None
-        assert res.from_preset == {**setting, **row} | (
+        # every preset drops an epoch's last partial batch (the paper's cited code: drop_last=True)
+        assert cfg.last_batch == "drop"
+        assert res.from_preset == {**setting, **row, "last_batch": "drop"} | (
             {"foof_samples": setting["foof_samples"]} if "foof_samples" in hyperparameters_of(method) else {}
         )
 
@@ -133,7 +135,7 @@ def test_effective_classes_by_hand():
 
 
 def built(tmp_path, data_dir, *argv):
-    from fedpm_dnn.simulation import build
+    from fedpm_dnn.engine.simulation import build
 
     exp, desc = dnn.build(dnn.parse_args(small(data_dir, tmp_path / "unused", "--alpha", "0.3", *argv)))
     _, _, state = build(exp)
@@ -159,11 +161,13 @@ def test_the_seed_table_gives_the_runs_own_effective_classes(tmp_path, data_dir,
 
     assert splits.main(["--data-dir", data_dir, "--clients", "3", "--alpha", "0.3", "--seeds", "4-6"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    rows = {int(ln.split()[0]): float(ln.split()[1]) for ln in lines[2:5]}
+    rows = {int(ln.split()[0]): (float(ln.split()[1]), int(ln.split()[2].strip("()"))) for ln in lines[2:5]}
     assert sorted(rows) == [4, 5, 6] and lines[-1].startswith("mean +- std over 3 seeds")
-    for seed, value in rows.items():
+    for seed, (value, last) in rows.items():
         desc, _ = built(tmp_path, data_dir, "--split-seed", str(seed))
         assert round(desc["effective_classes_per_client"], 2) == value
+        # the smallest last batch at 64 from the run's own client sizes: a remainder, or all of a smaller client
+        assert last == min(n % 64 if n % 64 else min(n, 64) for n in desc["client_sizes"])
 
 
 def test_the_table_of_several_rules_and_alphas_gives_each_runs_own_effective_classes(tmp_path, data_dir, capsys):
@@ -172,8 +176,8 @@ def test_the_table_of_several_rules_and_alphas_gives_each_runs_own_effective_cla
     argv = ["--data-dir", data_dir, "--clients", "3", "--alpha", "0.3,2", "--split", "all", "--seeds", "4-5"]
     assert splits.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].split()[:2] == ["split", "seed"] and len(lines[1].split()) == 2 + 2 * 6  # "rule a=alpha" x 6
-    rows = {int(ln.split()[0]): [float(v) for v in ln.split()[1:]] for ln in lines[2:4]}
+    assert lines[1].split()[:2] == ["split", "seed"] and len(lines[1].split()) == 2 + 3 * 6  # "rule a=alpha (last)"
+    rows = {int(ln.split()[0]): [float(v) for v in ln.split()[1::2]] for ln in lines[2:4]}
     for seed, values in rows.items():
         col = 0
         for rule in ("relaysum", "relaysum-even", "dirichlet"):
@@ -205,7 +209,7 @@ def test_the_seed_table_refuses_sizes_a_run_would_refuse_in_one_line(data_dir, c
 
 
 def test_a_checkpoint_from_before_a_new_flag_resumes_while_the_flag_is_not_given():
-    from fedpm_dnn.checkpoint import first_difference
+    from fedpm_dnn.engine.checkpoint import first_difference
 
     old = {"run.alpha": 0.1, "run.seed": 0, "model": "cnn"}
     assert first_difference(old, {"run.alpha": 0.1, "run.seed": 0, "run.split_seed": None, "model": "cnn"}) is None

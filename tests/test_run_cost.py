@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from fedpm_dnn import cost, federated  # noqa: E402
-from fedpm_dnn.run_cost import matrix_bytes  # noqa: E402
+from fedpm_dnn.foof.run_cost import matrix_bytes  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -1,4 +1,4 @@
-"""Several runs trained as one stack (fedpm_dnn.run_stack) give each run what it gets trained alone on the
+"""Several runs trained as one stack (fedpm_dnn.engine.stacked_runs) give each run what it gets trained alone on the
 vectorized engine: replies every round, the global model, the history; a killed stack resumes every run."""
 
 import csv
@@ -11,10 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fedpm_dnn import run_stack as rs  # noqa: E402
 from fedpm_dnn.algorithms import METHODS, applicable, make_method  # noqa: E402
-from fedpm_dnn.client import ClientData  # noqa: E402
-from fedpm_dnn.simulation import Experiment, run_experiment  # noqa: E402
+from fedpm_dnn.engine import stacked_runs as rs  # noqa: E402
+from fedpm_dnn.engine.sequential import ClientData  # noqa: E402
+from fedpm_dnn.engine.simulation import Experiment, run_experiment  # noqa: E402
 
 # two runs with unequal client counts and sizes (5 is below one batch of 8, 9 and 12 end in partial batches)
 RUNS = (dict(sizes=(20, 9, 5), seed=3, participants=2), dict(sizes=(12, 7), seed=5, participants=None))
@@ -71,7 +71,7 @@ def stacked(cfg, paths, resume=(False, False), rounds=(2, 2), chunk=None):
     for run, n in zip(RUNS, rounds, strict=True):
         exps.append(experiment(cfg, run, rounds=n, chunk=chunk))
     # replies recorded through each run's transport (the tamper hook), as run_experiment's own test does
-    from fedpm_dnn import simulation
+    from fedpm_dnn.engine import simulation
 
     real = simulation.build
     records = [recorder() for _ in exps]

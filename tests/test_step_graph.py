@@ -1,17 +1,17 @@
-"""The vectorized engine's full local step as one function of static buffers (fedpm_dnn.step_graph): run eagerly on
-the CPU -- the function a CUDA graph captures, with the buffers it replays on -- it gives the eager loop's models bit
-for bit; on CUDA the graph replays give the eager step's."""
+"""The vectorized engine's full local step as one function of static buffers (fedpm_dnn.engine.step_graph): run
+eagerly on the CPU -- the function a CUDA graph captures, with the buffers it replays on -- it gives the eager loop's
+models bit for bit; on CUDA the graph replays give the eager step's."""
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from fedpm_dnn import step_graph  # noqa: E402
 from fedpm_dnn.algorithms import applicable, make_method  # noqa: E402
-from fedpm_dnn.client import ClientData  # noqa: E402
-from fedpm_dnn.simulation import Experiment, run_experiment  # noqa: E402
-from fedpm_dnn.task import DnnTask  # noqa: E402
+from fedpm_dnn.engine import step_graph  # noqa: E402
+from fedpm_dnn.engine.sequential import ClientData  # noqa: E402
+from fedpm_dnn.engine.simulation import Experiment, run_experiment  # noqa: E402
+from fedpm_dnn.engine.training_task import DnnTask  # noqa: E402
 
 # unequal clients: 7 is smaller than one batch of 16 and finishes first, so every round has full steps (all four
 # clients) and then partial ones (the eager loop's); 23 ends in a partial batch (a mask inside the full steps)
@@ -207,7 +207,7 @@ def test_a_failed_capture_warns_once_and_runs_the_step_eagerly(one_step):
 def test_cuda_graph_replays_give_the_eager_steps_models(variant, monkeypatch):
     """On CUDA the full steps after the warm-up replay one captured graph: the same replies as the eager static
     step (graphs switched off) and the loop within float32 round-off."""
-    from fedpm_dnn import solve_graph
+    from fedpm_dnn.foof import solve_graph
 
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
@@ -254,7 +254,7 @@ def test_the_schedule_tensors_hold_each_step_of_each_client():
     """vectorized.schedule_tensors (one write per client) against the definition, step by step: a step's drawn rows
     first (offset into the engine's data, mask set), the rest of the batch the client's first image, masked out, no
     crop shift and no flip; a finished client's later steps all zero rows and masked out."""
-    from fedpm_dnn.vectorized import PAD, schedule_tensors
+    from fedpm_dnn.engine.vectorized import PAD, schedule_tensors
 
     g = torch.Generator().manual_seed(0)
     B, sizes, offsets = 5, (12, 3, 7), (0, 12, 15)
@@ -289,8 +289,9 @@ def test_the_schedule_tensors_hold_each_step_of_each_client():
 
 @pytest.mark.parametrize("method", ["scaffold", "fedpm"])
 def test_stacked_runs_take_the_static_step_to_the_loops_models(method, tmp_path, monkeypatch):
-    """Two runs trained as one stack (fedpm_dnn.run_stack), in chunks that span both: each participant's broadcast
-    stacked (SCAFFOLD's hook reads both runs' controls), the static step gives the loop's replies bit for bit."""
+    """Two runs trained as one stack (fedpm_dnn.engine.stacked_runs), in chunks that span both: each participant's
+    broadcast stacked (SCAFFOLD's hook reads both runs' controls), the static step gives the loop's replies bit
+    for bit."""
     from test_run_stack import CFG as STACK_CFG
     from test_run_stack import stacked
 

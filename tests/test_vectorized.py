@@ -6,8 +6,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fedpm_dnn.algorithms import METHODS, applicable, make_method  # noqa: E402
-from fedpm_dnn.client import ClientData  # noqa: E402
-from fedpm_dnn.simulation import Experiment, run_experiment  # noqa: E402
+from fedpm_dnn.engine.sequential import ClientData  # noqa: E402
+from fedpm_dnn.engine.simulation import Experiment, run_experiment  # noqa: E402
 
 
 def make(name, **kw):
@@ -143,7 +143,7 @@ def test_float16_parameters_on_the_wire_match_across_engines(method, tmp_path):
 
 def test_cuda_graph_capture_falls_back_to_eager_solves_where_it_cannot_run():
     """Graphs are CUDA-only; a failed capture returns None and warns (the engine then solves eagerly)."""
-    from fedpm_dnn import solve_graph
+    from fedpm_dnn.foof import solve_graph
 
     assert not solve_graph.enabled("cpu")
     L = torch.linalg.cholesky(torch.eye(3).expand(2, 3, 3) * 2.0)
@@ -158,7 +158,8 @@ def test_cuda_graph_solves_give_the_eager_and_sequential_replies(method, monkeyp
     """On CUDA the loop's full steps replay the captured solves (steps where a client has dropped out solve
     eagerly): the same replies as eager solves, and as the sequential engine within float32 tolerance.  The loop
     is --step-graph off (on CUDA 'auto' replays the whole step instead: tests/test_step_graph.py)."""
-    from fedpm_dnn import solve_graph, step_graph
+    from fedpm_dnn.engine import step_graph
+    from fedpm_dnn.foof import solve_graph
 
     monkeypatch.setattr(step_graph, "resolve", lambda mode, device: False)
 
@@ -189,8 +190,8 @@ def test_grouped_and_per_client_convolutions_agree(model_name):
     CPU tests cover the GPU's form too."""
     from torch.func import functional_call
 
+    from fedpm_dnn.engine.stacked_model import StackedModel, _conv_grouped, _conv_loop
     from fedpm_dnn.models import make_model
-    from fedpm_dnn.stacked import StackedModel, _conv_grouped, _conv_loop
 
     torch.manual_seed(0)
     K, B = 3, 4
@@ -221,8 +222,8 @@ def test_the_cpu_training_form_client_by_client_agrees_with_the_stacked_form(mod
     parameter's gradient (float64), each client's own model run on its own batch."""
     from torch.func import functional_call
 
+    from fedpm_dnn.engine.stacked_model import StackedModel
     from fedpm_dnn.models import make_model
-    from fedpm_dnn.stacked import StackedModel
 
     torch.manual_seed(1)
     K, B = 3, 4
@@ -250,7 +251,7 @@ def test_the_cpu_training_form_client_by_client_agrees_with_the_stacked_form(mod
 def test_stacked_clipping_is_clip_grad_norm_client_by_client(max_norm):
     """vectorized._clip_ on (K, ...) gradient stacks equals torch.nn.utils.clip_grad_norm_ on each client's own
     gradients: one client's norm never scales another's (here the clients' norms straddle the threshold)."""
-    from fedpm_dnn.vectorized import _clip_
+    from fedpm_dnn.engine.vectorized import _clip_
 
     g = torch.Generator().manual_seed(0)
     scales = torch.tensor([0.001, 0.1, 1.0, 30.0])
@@ -274,7 +275,7 @@ def test_stacked_clipping_is_clip_grad_norm_client_by_client(max_norm):
 def test_free_memory_counts_the_allocators_cached_bytes():
     """CUDA's free memory is the driver's free plus what the caching allocator holds reserved but unallocated (it
     hands that out again first); the arithmetic through an injected query, as CUDA's would answer."""
-    from fedpm_dnn import vectorized
+    from fedpm_dnn.engine import vectorized
 
     assert vectorized.free_bytes("cuda", lambda dev: (10_000, 7_000, 3_000)) == 14_000
     assert vectorized.free_bytes("cuda", lambda dev: (10_000, 3_000, 3_000)) == 10_000  # nothing cached
@@ -294,7 +295,7 @@ def test_the_training_chunk_is_sized_without_the_statistics_pass():
     """client_plan: as many clients as fit in 70 % of the free memory (cached allocator bytes counted) after the
     round's kept matrices, ONE client's statistics pass and the pass's shared patches -- the statistics pass is
     sized on its own, so it is no longer charged once per training client."""
-    from fedpm_dnn import vectorized
+    from fedpm_dnn.engine import vectorized
 
     model, cfg, sample, blocks = _cnn_plan_inputs()
     per = vectorized.memory_model(model, cfg, sample, blocks)
@@ -314,7 +315,7 @@ def test_the_training_chunk_is_sized_without_the_statistics_pass():
 
 
 def test_the_statistics_pass_is_sized_from_what_is_free_when_it_starts():
-    from fedpm_dnn import vectorized
+    from fedpm_dnn.engine import vectorized
 
     shared = vectorized.STATS_SHARED_BYTES
     free = int((shared + 3 * 1000) / vectorized.FREE_SHARE) + 1
@@ -331,7 +332,7 @@ def test_a_statistics_pass_in_chunks_gives_the_same_replies(variant, monkeypatch
     """The statistics pass one client at a time (first participations, refreshes, end of round; cached first-layer
     matrices for some clients of a chunk and not others in round 2) gives the replies of the pass over every
     client at once, to float32 round-off."""
-    from fedpm_dnn import vectorized
+    from fedpm_dnn.engine import vectorized
 
     cfg = make("fedpm", **{**CFG, **variant})
     chunks = []
@@ -376,7 +377,7 @@ def test_foof_matrices_kept_in_float32_are_an_opt_in_both_engines_honour(tmp_pat
 
 def test_a_checkpoint_from_before_foof_state_dtype_resumes_as_float64():
     """Written before the setting (no config.foof_state_dtype): the same run as float64 now, not as float32."""
-    from fedpm_dnn.checkpoint import first_difference
+    from fedpm_dnn.engine.checkpoint import first_difference
 
     old = {"run.lr": 0.5, "config.damping": 1.0, "config.foof_apply": "solve", "config.foof_precision": "fp32"}
     now = {**old, "config.foof_state_dtype": "float64"}

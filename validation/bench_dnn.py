@@ -22,7 +22,7 @@ fixed per-round costs -- ResNet18-GN's 4,609-wide factorisations -- once per ima
 
 FedPM is measured with each ``--foof-applies`` (default solve and inverse, side by side:
 ``fedpm_over_fedavg_by_apply``; the plain keys are solve's).  ``--stack S`` adds, measured in the same process on
-the vectorized engine, the round time of one run alone and of S runs stacked (``fedpm_dnn.run_stack``, seeds
+the vectorized engine, the round time of one run alone and of S runs stacked (``fedpm_dnn.engine.stacked_runs``, seeds
 0..S-1): ``runs_stacked``, ``seconds_per_round_single``, ``seconds_per_round_stacked`` and ``stack_speedup``
 (S x single / stacked).
 
@@ -65,6 +65,12 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+# --last-batch of the measured runs, set once by main() for every run of the command (the benchmark's clients are
+# equal, so a remainder adds one short step per epoch to each of them alike); a one-entry list, not a parameter of
+# each of the measuring functions, so that the functions' many callers stay as they are
+LAST_BATCH = ["keep"]
+
+
 def _experiment(
     model,
     method,
@@ -83,8 +89,8 @@ def _experiment(
     import torch
 
     from fedpm_dnn.algorithms import make_method, method_class
-    from fedpm_dnn.client import ClientData
-    from fedpm_dnn.simulation import Experiment
+    from fedpm_dnn.engine.sequential import ClientData
+    from fedpm_dnn.engine.simulation import Experiment
 
     g = torch.Generator().manual_seed(seed)
     k = CLASSES[model]
@@ -104,7 +110,7 @@ def _experiment(
         if method_class(method).uses_foof
         else {}
     )
-    cfg = make_method(method, lr=0.05, clip=1.0, local_epochs=epochs, **foof_kw)
+    cfg = make_method(method, lr=0.05, clip=1.0, local_epochs=epochs, last_batch=LAST_BATCH[0], **foof_kw)
     return Experiment(
         cfg=cfg,
         model=model,
@@ -152,11 +158,13 @@ class FoofTimer:
         setattr(owner, name, timed)
 
     def __enter__(self):
-        from fedpm_dnn import batched_foof, client, foof, vectorized
+        from fedpm_dnn import foof
+        from fedpm_dnn.engine import sequential, vectorized
+        from fedpm_dnn.foof import batched
 
         self._wrap(vectorized.VectorizedEngine, "foof_for", "statistics")
-        self._wrap(client, "foof_matrices", "statistics")
-        self._wrap(batched_foof, "factorize_stacked", "factorisations")
+        self._wrap(sequential, "foof_matrices", "statistics")
+        self._wrap(batched, "factorize_stacked", "factorisations")
         self._wrap(foof, "factorize", "factorisations")
         self._wrap(foof, "operators", "factorisations")  # the inverse (--foof-apply inverse) is formed there
         return self
@@ -222,13 +230,15 @@ class PhasePeaks:
         setattr(owner, name, measured)
 
     def __enter__(self):
-        from fedpm_dnn import batched_foof, client, foof, simulation, task, vectorized
+        from fedpm_dnn import foof
+        from fedpm_dnn.engine import sequential, simulation, training_task, vectorized
+        from fedpm_dnn.foof import batched
 
         self._wrap(vectorized.VectorizedEngine, "round", "local_training")
-        self._wrap(task, "client_round", "local_training")
+        self._wrap(training_task, "client_round", "local_training")
         self._wrap(vectorized.VectorizedEngine, "foof_for", "statistics")
-        self._wrap(client, "foof_matrices", "statistics")
-        self._wrap(batched_foof, "factorize_stacked", "factorisations")
+        self._wrap(sequential, "foof_matrices", "statistics")
+        self._wrap(batched, "factorize_stacked", "factorisations")
         self._wrap(foof, "factorize", "factorisations")
         self._wrap(foof, "operators", "factorisations")
         self._wrap(self.server_cls, "server_update", "server")
@@ -272,7 +282,7 @@ def _rounds(
     """Per round (rounds after the first) its parts {seconds, statistics, factorisations, server}, peak MB, chunk
     used, and the run's memory: peak MB per phase (``PhasePeaks``) and the vectorized engine's last memory plan.
     ``server`` is the round's time outside the clients (screening, decoding, mixing)."""
-    from fedpm_dnn.simulation import run_experiment
+    from fedpm_dnn.engine.simulation import run_experiment
 
     clients, per_client, epochs, rounds = size
     exp = _experiment(
@@ -315,7 +325,7 @@ def _rounds(
 def memory_plan(plans: list) -> dict | None:
     """The vectorized engine's last round's plan in the JSON's words (None for the sequential engine): the training
     chunk it chose, the fewest clients a statistics pass took, the model's bytes per client of each phase, and the
-    free bytes it sized them from (cached allocator memory counted; fedpm_dnn.vectorized.client_plan)."""
+    free bytes it sized them from (cached allocator memory counted; fedpm_dnn.engine.vectorized.client_plan)."""
     if not plans:
         return None
     p = plans[-1]
@@ -340,8 +350,8 @@ def _profiled_run(model, method, device, size, epochs, apply, mode, seed=0, step
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from fedpm_dnn import step_graph as sg
-    from fedpm_dnn.simulation import run_experiment
+    from fedpm_dnn.engine import step_graph as sg
+    from fedpm_dnn.engine.simulation import run_experiment
 
     clients, per_client, _, _ = size
     exp = _experiment(
@@ -411,11 +421,13 @@ def launch_proxies(
     and operators per round at ``size``'s local epochs.  Each for both forms of the step (``step_forms``: 'loop',
     the eager loop, --step-graph off; 'static', the static-buffer step, --step-graph on: eager on a CPU, one graph
     replay on CUDA); the plain keys are those of the form ``step_graph`` resolves to on ``device``."""
-    from fedpm_dnn import step_graph as sg
     from fedpm_dnn.algorithms import make_method
+    from fedpm_dnn.engine import step_graph as sg
 
     clients, per_client, epochs, _ = size
-    steps = -(-per_client // make_method("fedavg").batch_size)  # the lockstep engine's steps per epoch
+    from fedpm_dnn.engine.sequential import epoch_batches
+
+    steps = epoch_batches(per_client, make_method("fedavg").batch_size, LAST_BATCH[0])  # the engine's steps an epoch
     plain = "static" if sg.resolve(step_graph, device) else "loop"
     out = {}
     for method in methods:
@@ -459,13 +471,13 @@ def paper_round_seconds(parts: dict, clients: int, per_client: int, epochs: int)
 
 
 ENGINES = ("sequential", "vectorized")
-PRECISIONS = ("fp32", "split-tf32", "tf32", "bf16")  # fedpm_dnn.precision.MODES (not imported: --help stays fast)
+PRECISIONS = ("fp32", "split-tf32", "tf32", "bf16")  # fedpm_dnn.foof.precision.MODES (not imported: --help stays fast)
 
 
 def cost_model(model: str, size, apply: str, mode: str, device: str = "cpu") -> dict:
-    """fedpm_dnn.foof_cost's totals for FedPM at the measured size and at the paper's (10 x 5,000 x 5 epochs), with
+    """fedpm_dnn.foof.cost's totals for FedPM at the measured size and at the paper's (10 x 5,000 x 5 epochs), with
     the statistics Gram in the forms ``device`` takes (``gram_form``: 'half' on CUDA, 'full' elsewhere)."""
-    from fedpm_dnn.foof_cost import paper_cost
+    from fedpm_dnn.foof.cost import paper_cost
 
     clients, per_client, epochs, _ = size
     form = "half" if device.startswith("cuda") else "full"
@@ -624,7 +636,7 @@ def measure(
 
 def step_graph_used(mode: str, device) -> str:
     """--step-graph as the vectorized engine uses it on ``device``: 'on' or 'off'."""
-    from fedpm_dnn import step_graph
+    from fedpm_dnn.engine import step_graph
 
     return "on" if step_graph.resolve(mode, device) else "off"
 
@@ -634,7 +646,7 @@ def _stack_round_seconds(
 ) -> list:
     """Seconds per round (after the first) of ``runs`` runs (seeds 0..runs-1) trained as one stack on the
     vectorized engine: the time between the ends of consecutive rounds (the last run's end)."""
-    from fedpm_dnn.run_stack import run_stack
+    from fedpm_dnn.engine.stacked_runs import run_stack
 
     clients, per_client, epochs, rounds = size
     exps = [
@@ -700,7 +712,7 @@ def measure_stack(
 
 def parse_args(argv=None):
     """The flags, checked; ``args.models``, ``engines``, ``applies``, ``methods`` and ``sizes`` parsed."""
-    from fedpm_dnn.names import METHOD_NAMES as REGISTERED
+    from fedpm_dnn.method_names import METHOD_NAMES as REGISTERED
     from validation.common import OneLineParser, add_quiet_arg, add_seed_arg, positive_int
 
     p = OneLineParser(prog="python -m validation.bench_dnn", doc=__doc__)
@@ -748,7 +760,7 @@ def parse_args(argv=None):
         "--foof-precision",
         choices=("auto", *PRECISIONS),
         default="auto",
-        help="FedPM's --foof-precision (fedpm_dnn.precision; auto: split-tf32 on CUDA, fp32 on the CPU) "
+        help="FedPM's --foof-precision (fedpm_dnn.foof.precision; auto: split-tf32 on CUDA, fp32 on the CPU) "
         "(default: auto)",
     )
     p.add_argument(
@@ -757,6 +769,13 @@ def parse_args(argv=None):
         default="auto",
         help="the vectorized engine's --step-graph: full local steps as one static function, on CUDA one graph "
         "replay (auto: on CUDA) (default: auto)",
+    )
+    p.add_argument(
+        "--last-batch",
+        choices=("keep", "drop"),
+        default="keep",
+        help="each client's last partial batch of an epoch: step on it or drop it (validation.dnn --last-batch) "
+        "(default: keep)",
     )
     p.add_argument(
         "--stack", type=positive_int, default=None, help="also time S runs stacked against one alone (default: off)"
@@ -862,6 +881,13 @@ def finite(v):
 
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    finally:
+        LAST_BATCH[0] = "keep"  # a later measurement in this process starts from the default
+
+
+def _main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
@@ -872,15 +898,17 @@ def main(argv=None) -> int:
         if args.device == "auto" and torch.cuda.is_available()
         else ("cpu" if args.device == "auto" else args.device)
     )
-    from fedpm_dnn.precision import default_mode
+    from fedpm_dnn.foof.precision import default_mode
 
     mode = default_mode(device) if args.foof_precision == "auto" else args.foof_precision
+    LAST_BATCH[0] = args.last_batch
     name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     out = {
         "command": "python -m validation.bench_dnn " + " ".join(argv if argv is not None else sys.argv[1:]),
         "device": device,
         "device_name": name,
         "torch_threads": torch.get_num_threads(),
+        "last_batch": args.last_batch,
         "torch": torch.__version__,
         "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "results": [

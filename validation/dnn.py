@@ -9,8 +9,9 @@ DIR/checkpoint.pt every round; ``--resume`` continues a killed run to the identi
 exit status 75 (EXIT_PARTIAL): the sweep's budget clock (validation/sweep.py) stops runs this way.
 
 ``--seeds 0,1,2`` and ``--alpha 0.1,1.0`` (lists: one run per combination) train the runs together as one
-stack on the vectorized engine (``fedpm_dnn.run_stack``); DIR is then the parent of one folder per run, named as
-``validation.experiments`` names its main runs (main-<dataset>-a<alpha>-<method>-s<seed>, or ``--run-names``).
+stack on the vectorized engine (``fedpm_dnn.engine.stacked_runs``); DIR is then the parent of one folder per run,
+named as ``validation.experiments`` names its main runs (main-<dataset>-a<alpha>-<method>-s<seed>, or
+``--run-names``).
 """
 
 # The command is split where a reader looks for one thing: its flags (validation.dnn_cli), the experiment they
@@ -202,8 +203,8 @@ def cost_line(exp) -> str | None:
     random generators forked, so that the run itself draws exactly what it drew without it."""
     import torch
 
+    from fedpm_dnn.foof.run_cost import method_line
     from fedpm_dnn.models import make_model
-    from fedpm_dnn.run_cost import method_line
 
     with torch.random.fork_rng(devices=[]):
         model = make_model(exp.model, exp.num_classes, exp.in_channels, exp.image_size, exp.gn_groups)
@@ -211,7 +212,7 @@ def cost_line(exp) -> str | None:
 
 
 def run_held(args, exp, desc, command, opened, held) -> int:
-    from fedpm_dnn.simulation import run_experiment
+    from fedpm_dnn.engine.simulation import run_experiment
 
     ckpt = os.path.join(args.out, "checkpoint.pt")
     bar = Progress(args.rounds, f"{args.method}", enabled=not args.quiet)

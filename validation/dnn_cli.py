@@ -23,7 +23,7 @@ EXIT_PARTIAL = 75  # sysexits' EX_TEMPFAIL: stopped at --deadline with rounds le
 def build_parser(doc: str | None = None):
     """The argument parser alone (no defaults filled in, no checks of --out): see parse_args.  ``doc``: the
     command's description and examples for --help (validation.dnn's docstring)."""
-    from fedpm_dnn.names import METHOD_NAMES as METHODS
+    from fedpm_dnn.method_names import METHOD_NAMES as METHODS
     from fedpm_dnn.presets import PRESETS
 
     p = common.OneLineParser(prog=PROG, doc=doc)
@@ -288,6 +288,12 @@ def build_parser(doc: str | None = None):
         "with clip 1.0 is stable) or the raw gradient before preconditioning (default: update)",
     )
     g.add_argument(
+        "--last-batch",
+        choices=("keep", "drop"),
+        help="an epoch's last partial batch: drop it (the paper's cited code) or step on it; a client smaller than "
+        "one batch trains on what it has (default: the preset's, drop; keep without a preset)",
+    )
+    g.add_argument(
         "--weight-decay-mode",
         choices=("coupled", "decoupled"),
         help="coupled: wd*theta joins the gradient before preconditioning and clipping; "
@@ -388,8 +394,8 @@ def resolve_into(p, args) -> None:
 
 
 def milestones_arg(text):
-    """--lr-milestones: checked here (fedpm_dnn.schedule.parse_milestones), kept as given."""
-    from fedpm_dnn.schedule import parse_milestones
+    """--lr-milestones: checked here (fedpm_dnn.engine.lr_schedule.parse_milestones), kept as given."""
+    from fedpm_dnn.engine.lr_schedule import parse_milestones
 
     try:
         parse_milestones(text)
@@ -399,8 +405,8 @@ def milestones_arg(text):
 
 
 def lr_schedule(args):
-    """The run's fedpm_dnn.schedule.LrSchedule (milestones made absolute for --rounds), or None."""
-    from fedpm_dnn.schedule import schedule_for
+    """The run's fedpm_dnn.engine.lr_schedule.LrSchedule (milestones made absolute for --rounds), or None."""
+    from fedpm_dnn.engine.lr_schedule import schedule_for
 
     return schedule_for(args.lr_warmup_rounds, args.lr_milestones, args.rounds)
 
@@ -485,7 +491,7 @@ SETTING_FLAGS = ("dataset", "alpha", "clients", "participants", "local_epochs", 
 HYPERPARAMETER_FLAGS = (
     *("lr", "clip", "weight_decay", "mu", "momentum", "server_lr", "momentum_form", "bias_correction", "damping"),
     *("batch_size", "refresh_every", "weighting", "precond_dtype", "param_dtype", "precond_codec", "clip_stage"),
-    *("weight_decay_mode", "foof_apply", "foof_precision"),
+    *("weight_decay_mode", "foof_apply", "foof_precision", "last_batch"),
 )
 
 
@@ -575,18 +581,18 @@ def checkpoint_conflict(args) -> str | None:
 
 
 # flags that do not change what a run computes (where it writes, how it reports, how many rounds)
-# engine: the checkpoint records the resolved engine (fedpm_dnn.checkpoint.fingerprint), not the flag, so that
+# engine: the checkpoint records the resolved engine (fedpm_dnn.engine.checkpoint.fingerprint), not the flag, so that
 # "auto" and the engine it stands for resume each other
 # resolved: derived from the flags and the preset (run_fingerprint adds the alpha it resolved to)
-# gn_groups: the resolved group count is in the model's entry of the fingerprint (fedpm_dnn.checkpoint)
+# gn_groups: the resolved group count is in the model's entry of the fingerprint (fedpm_dnn.engine.checkpoint)
 # seeds, alphas, run_names, runs: how a stack is given (each run's fingerprint has its own seed and alpha), so a
 # stacked run and the same run alone resume each other
 # overwrite: what happens to --out's previous run, not what this run computes
 # step_graph: how the vectorized engine issues its steps (the same kernels, replayed or not), recorded in the summary
 # the hyper-parameters and the settings a preset supplies enter the fingerprint resolved, not as flags: the method's
-# configuration (config.* in fedpm_dnn.checkpoint.fingerprint) and the client and participant counts the run uses
+# configuration (config.* in fedpm_dnn.engine.checkpoint.fingerprint) and the client and participant counts the run uses
 # (n_clients, participants), so that a flag repeating the preset's value or a default is no difference, and a real
-# difference is named by what differs (checkpoints that recorded these flags still resume: fedpm_dnn.checkpoint)
+# difference is named by what differs (checkpoints that recorded these flags still resume: fedpm_dnn.engine.checkpoint)
 NOT_IN_FINGERPRINT = {
     *("out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "deadline", "resolved"),
     *("gn_groups", "seeds", "alphas", "run_names", "runs", "overwrite", "step_graph"),
@@ -597,16 +603,16 @@ NOT_IN_FINGERPRINT = {
 
 
 def resolved_augment(augment: str, dataset: str) -> str:
-    """``--augment auto`` made concrete for the data set (fedpm_dnn.augment.default_augment)."""
+    """``--augment auto`` made concrete for the data set (fedpm_dnn.data.augment.default_augment)."""
     if augment != "auto":
         return augment
-    from fedpm_dnn.augment import default_augment
+    from fedpm_dnn.data.augment import default_augment
 
     return default_augment(dataset)
 
 
 def run_fingerprint(args) -> dict:
-    """The flags that shape the run, for the checkpoint's fingerprint (fedpm_dnn.checkpoint), as the run uses
+    """The flags that shape the run, for the checkpoint's fingerprint (fedpm_dnn.engine.checkpoint), as the run uses
     them: the data set and alpha resolved (their flags once defaulted to cifar10 and 0.1, a preset now supplies
     them), --split-seed None where it is the --seed it defaults to (as checkpoints have always recorded it), the
     other flags as given; the method's hyper-parameters and the client counts are in the checkpoint's own entries

@@ -50,7 +50,7 @@ def balanced_subset(labels, n, num_classes, seed):
 
 # --foof-apply auto (the default) on each device: the whole run's apply, decided once and recorded in the checkpoint
 AUTO_FOOF_APPLY = {"cuda": "inverse", "cpu": "solve"}
-# --foof-precision auto (the default): fedpm_dnn.precision.default_mode; a checkpoint from before it: fp32
+# --foof-precision auto (the default): fedpm_dnn.foof.precision.default_mode; a checkpoint from before it: fp32
 FOOF_AUTO = {"foof_apply": "solve", "foof_precision": "fp32"}  # what a checkpoint without the entry ran
 
 
@@ -61,7 +61,7 @@ def concrete_foof_apply(args, cfg, device: str):
     follows the checkpoint's too, so that neither differs."""
     if not getattr(cfg, "uses_foof", False):
         return cfg
-    from fedpm_dnn import precision
+    from fedpm_dnn.foof import precision
 
     auto = [k for k in FOOF_AUTO if getattr(args, k, None) in (None, "auto")]
     if not auto:
@@ -71,7 +71,7 @@ def concrete_foof_apply(args, cfg, device: str):
         "foof_precision": precision.default_mode(device),
     }
     if args.resume and os.path.isfile(os.path.join(args.out, "checkpoint.pt")):
-        from fedpm_dnn import checkpoint
+        from fedpm_dnn.engine import checkpoint
 
         recorded = checkpoint.load(os.path.join(args.out, "checkpoint.pt"), map_location="cpu")["fingerprint"]
         for k in auto:
@@ -85,7 +85,7 @@ def resolved_step_graph(mode: str, engine: str, device: str) -> str | None:
     """--step-graph as the run uses it: 'on' or 'off' on the vectorized engine, None on the sequential one."""
     if engine != "vectorized":
         return None
-    from fedpm_dnn import step_graph
+    from fedpm_dnn.engine import step_graph
 
     return "on" if step_graph.resolve(mode, device) else "off"
 
@@ -98,11 +98,11 @@ def build(args):
     """(Experiment, description dict) for the parsed arguments; raises on any user error."""
     import torch
 
-    from fedpm_dnn.client import ClientData
     from fedpm_dnn.data import effective_classes, load_image_dataset, partition_table
     from fedpm_dnn.data.partition import make_partition
+    from fedpm_dnn.engine.sequential import ClientData
+    from fedpm_dnn.engine.simulation import Experiment
     from fedpm_dnn.presets import PRESETS
-    from fedpm_dnn.simulation import Experiment
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is visible to torch")

@@ -24,7 +24,7 @@ def settle_previous(run, exp, stacked: bool = False) -> str | None:
     files are removed (None); when the checkpoint is this very run (the fingerprint compared resolved) with its
     rounds done, the line saying so (nothing to compute); else one line refusing it (exit 2): another run, or this
     one unfinished (--resume continues it)."""
-    from fedpm_dnn import checkpoint as ck
+    from fedpm_dnn.engine import checkpoint as ck
 
     path = os.path.join(run.out, "checkpoint.pt")
     if run.resume or not os.path.lexists(path):
@@ -70,7 +70,7 @@ def stack_advice(why: str, run) -> str:
     the vectorized engine, so a run checkpointed by another engine continues alone."""
     import re
 
-    from fedpm_dnn.checkpoint import ENGINE_ADVICE
+    from fedpm_dnn.engine.checkpoint import ENGINE_ADVICE
 
     pattern = re.escape(ENGINE_ADVICE).replace(re.escape("{}"), r"(\w+)")
     return re.sub(
@@ -90,7 +90,7 @@ def write_atomic(path, text):
 
 def write_outputs(out, history, summary):
     from fedconvex.history import history_csv
-    from fedpm_dnn.simulation import HISTORY_COLUMNS
+    from fedpm_dnn.engine.simulation import HISTORY_COLUMNS
 
     write_atomic(os.path.join(out, "history.csv"), history_csv(history, columns=HISTORY_COLUMNS))
     write_atomic(os.path.join(out, "summary.json"), json.dumps(summary, indent=2))

@@ -1,5 +1,6 @@
 """Several runs of ``python -m validation.dnn`` (--seeds / --alpha lists) trained together as one stack on the
-vectorized engine (``fedpm_dnn.run_stack``), each run writing its own folder under --out as a single run does."""
+vectorized engine (``fedpm_dnn.engine.stacked_runs``), each run writing its own folder under --out as a single run
+does."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from validation.progress import Progress
 
 
 def main_stack(args, command) -> int:
-    """The runs of ``args.runs`` trained as one stack (``fedpm_dnn.run_stack``), each writing its own folder as a
-    single run does; a run that fails says why in one line and in its summary, the others go on."""
+    """The runs of ``args.runs`` trained as one stack (``fedpm_dnn.engine.stacked_runs``), each writing its own folder
+    as a single run does; a run that fails says why in one line and in its summary, the others go on."""
     from fedpm_dnn.data import DatasetError
 
     runs = args.runs
@@ -56,7 +57,7 @@ def main_stack(args, command) -> int:
 
 
 def stack_held(args, command, built, opened, held) -> int:
-    from fedpm_dnn.run_stack import run_stack
+    from fedpm_dnn.engine.stacked_runs import run_stack
 
     runs = args.runs
     bar = Progress(args.rounds * len(runs), f"{args.method} x{len(runs)} runs", enabled=not args.quiet)

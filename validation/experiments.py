@@ -93,6 +93,7 @@ class Run:
 
 PROFILES = {
     "quick": dict(
+        last_batch="keep",  # as its shipped runs were made (PINNED_LAST_BATCH)
         seeds=(0, 1),
         rounds=4,
         subset=["--train-subset", "3000", "--test-subset", "2000"],
@@ -110,6 +111,7 @@ PROFILES = {
         papers_setting=True,  # Table 3's sizes: our accuracies compare with the paper's in its σ
     ),
     "cpu-full": dict(
+        last_batch="keep",  # as its shipped runs were made (PINNED_LAST_BATCH)
         seeds=(0,),
         rounds=20,
         subset=[],
@@ -132,6 +134,7 @@ PROFILES = {
         label="smoke profile: 120 CIFAR-10 images, 3 clients, 3 rounds, 2 seeds (checks the pipeline, not the paper)",
     ),
     "femnist": dict(
+        last_batch="keep",  # as its shipped runs were made (PINNED_LAST_BATCH)
         seeds=(0, 1, 2),
         rounds=100,
         subset=[],
@@ -139,6 +142,13 @@ PROFILES = {
         label="femnist profile: LEAF FEMNIST writers, 10 per round, 5 local epochs, 100 rounds, 3 seeds",
     ),
 }
+
+
+# A profile whose runs ship in reference/ pins what they did with an epoch's last partial batch: they were made
+# before the presets dropped it, so the profile and its shipped runs stay one computation.  The paper profile, whose
+# runs are made on GPUs from the presets, drops it as the presets do (fedpm_dnn.presets.PRESET_LAST_BATCH).
+def pinned_last_batch(p: dict) -> tuple:
+    return ("--last-batch", p["last_batch"]) if "last_batch" in p else ()
 
 
 def femnist_plan(p: dict) -> list[Run]:
@@ -160,7 +170,8 @@ def femnist_plan(p: dict) -> list[Run]:
                 "--seed",
                 str(s),
             )
-            + ("--threads", "1"),
+            + ("--threads", "1")
+            + pinned_last_batch(p),
             p["rounds"],
             "femnist",
         )
@@ -171,6 +182,7 @@ def femnist_plan(p: dict) -> list[Run]:
 
 def plan(profile: str) -> list[Run]:
     p = PROFILES[profile]
+    p = {**p, "subset": [*p["subset"], *pinned_last_batch(p)]}  # every DNN run of the profile carries it
     if p["datasets"] == ("femnist",):
         return femnist_plan(p)
     runs = [Run(f"superlinear-{d}", "superlinear", ("--dataset", d, "--quiet")) for d in ("w8a", "a9a")]

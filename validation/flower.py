@@ -52,7 +52,7 @@ def parse_args(argv=None):
         "--problem", choices=("logreg", "cnn"), default="logreg", help="logistic regression, or the SimpleCNN"
     )
     from fedconvex.algorithms import REGISTRY
-    from fedpm_dnn.names import METHOD_NAMES as DNN_METHODS
+    from fedpm_dnn.method_names import METHOD_NAMES as DNN_METHODS
 
     p.add_argument(
         "--method",
@@ -94,6 +94,13 @@ def parse_args(argv=None):
     )
     from fedpm_dnn.presets import PRESETS
 
+    p.add_argument(
+        "--last-batch",
+        choices=("keep", "drop"),
+        default=None,
+        help="cnn: an epoch's last partial batch: drop it or step on it (default: the preset's, drop; keep "
+        "without a preset)",
+    )
     p.add_argument(
         "--preset",
         choices=sorted(PRESETS) + ["none"],
@@ -284,7 +291,11 @@ def check_vocabulary(p, args) -> None:
     if args.device == "cuda":
         p.error("--device cuda: the Flower clients train on the CPU (logreg in NumPy, the cnn in CPU torch)")
     if args.problem == "logreg":
-        for flag, value in (("--local-epochs", args.local_epochs), ("--preset", args.preset)):
+        for flag, value in (
+            ("--local-epochs", args.local_epochs),
+            ("--preset", args.preset),
+            ("--last-batch", args.last_batch),
+        ):
             if value is not None:
                 p.error(f"{flag} applies to --problem cnn only")
         return
@@ -292,6 +303,8 @@ def check_vocabulary(p, args) -> None:
         common.warn_deprecated(PROG, "--local-steps with --problem cnn", "--local-epochs")
         if args.local_epochs is None:
             args.local_epochs = args.local_steps
+    if args.last_batch is not None and "last_batch" in json.loads(args.params or "{}"):
+        p.error("--params sets 'last_batch' and so does --last-batch: give it once")
     try:
         preset = preset_row(args.preset, args.method) if args.preset else {}
     except ValueError as exc:
@@ -336,13 +349,18 @@ def run_dataset(args) -> str:
 
 
 def preset_row(preset: str, method: str) -> dict:
-    """The appendix table's hyper-parameters of ``method`` (fedpm_dnn.presets), with the table's local epochs."""
-    from fedpm_dnn.presets import PRESETS
+    """The appendix table's hyper-parameters of ``method`` (fedpm_dnn.presets), with the table's local epochs and
+    the presets' last-batch rule."""
+    from fedpm_dnn.presets import PRESET_LAST_BATCH, PRESETS
 
     table = PRESETS[preset]
     if method not in table["methods"]:
         raise ValueError(f"--preset {preset}: has no row for --method {method}")
-    return {**table["methods"][method], "local_epochs": table["setting"].get("local_epochs", 1)}
+    return {
+        **table["methods"][method],
+        "last_batch": PRESET_LAST_BATCH,
+        "local_epochs": table["setting"].get("local_epochs", 1),
+    }
 
 
 def _our_app(toml: str) -> bool:
@@ -539,6 +557,8 @@ def run_config(args):
         )
         # the preset's other hyper-parameters under --params (whose own keys win)
         hyper = {k: v for k, v in preset.items() if k not in ("lr", "local_epochs")}
+        if args.last_batch is not None:  # the flag wins over the preset (--params cannot set it too: check_vocabulary)
+            hyper["last_batch"] = args.last_batch
         args.params = json.dumps({**hyper, **json.loads(args.params or "{}")}) if hyper else args.params
     else:
         from fedconvex.algorithms import REGISTRY

@@ -4,9 +4,12 @@
 
 Prints, per split seed, the mean over clients of exp(entropy of the client's class shares) -- 1 when every
 client holds one class, C when every client holds all C classes alike -- for every split rule and alpha asked
-for (one column each), then the mean +- std over the seeds.  With one column it also ranks the seeds from the
-most heterogeneous split.  The split is validation.dnn's (same labels, clients, alpha, --train-subset draw): a
-run's summary.json records the same number for its --split-seed.  ``--markdown`` prints the table as Markdown.
+for (one column each), beside it the smallest last batch of any client at --batch-size (the epoch's last partial
+batch a client steps on under --last-batch keep: 1 means one client takes a full-rate step on a single image every
+epoch; under drop, every preset's setting, it is left out), then the mean +- std over the seeds.  With one column it
+also ranks the seeds from the most heterogeneous split.  The split is validation.dnn's (same labels, clients, alpha,
+--train-subset draw): a run's summary.json records the same number for its --split-seed.  ``--markdown`` prints the
+table as Markdown.
 """
 
 from __future__ import annotations
@@ -67,6 +70,12 @@ def parse_args(argv=None):
     p.add_argument(
         "--train-subset", type=common.positive_int, default=None, help="as validation.dnn (default: every image)"
     )
+    p.add_argument(
+        "--batch-size",
+        type=common.positive_int,
+        default=64,
+        help="the local batch size the last batches are counted at (default: 64, every preset's)",
+    )
     p.add_argument("--seeds", type=seed_range, default=range(20), help="split seeds, A-B inclusive (default: 0-19)")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     return p.parse_args(argv)
@@ -85,8 +94,14 @@ def check_sizes(args, labels, num_classes: int) -> None:
         raise ValueError(f"--clients {args.clients}: more clients than the {n} training images")
 
 
+def smallest_last_batch(sizes, batch_size: int) -> int:
+    """The smallest last batch of an epoch over clients of ``sizes`` samples: a client whose size is a multiple of
+    the batch size ends on a full batch; one smaller than a batch has a single batch of all it holds."""
+    return min(n % batch_size or min(n, batch_size) for n in sizes)
+
+
 def table(args, labels, num_classes) -> dict:
-    """(split, alpha) -> {seed: mean effective classes per client}."""
+    """(split, alpha) -> {seed: (mean effective classes per client, smallest last batch)}."""
     from fedpm_dnn.data import effective_classes, partition_table
     from fedpm_dnn.data.partition import make_partition
     from validation.dnn_experiment import balanced_subset
@@ -100,7 +115,10 @@ def table(args, labels, num_classes) -> dict:
                 if args.train_subset:
                     y = y[balanced_subset(y, args.train_subset, num_classes, seed)]
                 parts = make_partition(split, y, args.clients, alpha, seed=seed)
-                col[seed] = float(effective_classes(partition_table(y, parts, num_classes)).mean())
+                col[seed] = (
+                    float(effective_classes(partition_table(y, parts, num_classes)).mean()),
+                    smallest_last_batch([len(p) for p in parts], args.batch_size),
+                )
             out[split, alpha] = col
     return out
 
@@ -108,30 +126,36 @@ def table(args, labels, num_classes) -> dict:
 def render(args, cols: dict, n_images: int) -> str:
     keys = list(cols)
     heads = [f"{s} a={a:g}" for s, a in keys]
+    eff = {k: {seed: v[0] for seed, v in cols[k].items()} for k in keys}
+    last = {k: {seed: v[1] for seed, v in cols[k].items()} for k in keys}
     lines = [
         f"{args.dataset}, {args.clients} clients, {n_images} images: effective classes per client "
-        "(exp of the class-share entropy, mean over clients)"
+        "(exp of the class-share entropy, mean over clients) and the smallest last batch of any client at batch "
+        f"size {args.batch_size} (in brackets)"
     ]
     single = len(keys) == 1
     if single:
-        order = sorted(cols[keys[0]], key=cols[keys[0]].get)
+        order = sorted(eff[keys[0]], key=eff[keys[0]].get)
     if args.markdown:
-        lines += ["", "| split seed | " + " | ".join(heads) + " |", "|---:|" + "---:|" * len(heads)]
+        lines += ["", "| split seed | " + " | ".join(f"{h} | last batch" for h in heads) + " |"]
+        lines.append("|---:|" + "---:|---:|" * len(heads))
         for seed in args.seeds:
-            lines.append(f"| {seed} | " + " | ".join(f"{cols[k][seed]:.2f}" for k in keys) + " |")
-        stats = [np.array(list(cols[k].values())) for k in keys]
-        lines.append("| mean +- std | " + " | ".join(f"{v.mean():.2f} +- {_std(v):.2f}" for v in stats) + " |")
+            lines.append(f"| {seed} | " + " | ".join(f"{eff[k][seed]:.2f} | {last[k][seed]}" for k in keys) + " |")
+        stats = [np.array(list(eff[k].values())) for k in keys]
+        lines.append("| mean +- std | " + " | ".join(f"{v.mean():.2f} +- {_std(v):.2f} | " for v in stats) + " |")
         return "\n".join(lines)
     width = max(12, *(len(h) for h in heads))
     lines.append(
-        "split seed" + "".join(f"  {h:>{width}}" for h in heads) + ("  rank (1 = most heterogeneous)" * single)
+        "split seed"
+        + "".join(f"  {h:>{width}} {'(last)':>6}" for h in heads)
+        + ("  rank (1 = most heterogeneous)" * single)
     )
     for seed in args.seeds:
-        row = f"{seed:>10}" + "".join(f"  {cols[k][seed]:>{width}.2f}" for k in keys)
+        row = f"{seed:>10}" + "".join(f"  {eff[k][seed]:>{width}.2f} {f'({last[k][seed]})':>6}" for k in keys)
         if single:
             row += f"  {order.index(seed) + 1:>3} of {len(order)}"
         lines.append(row)
-    stats = [np.array(list(cols[k].values())) for k in keys]
+    stats = [np.array(list(eff[k].values())) for k in keys]
     lines.append(
         f"mean +- std over {len(args.seeds)} seeds: "
         + ", ".join(f"{h} {v.mean():.2f} +- {_std(v):.2f}" for h, v in zip(heads, stats, strict=True))

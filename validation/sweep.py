@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 
 from fedconvex.files import read_json_object
-from fedpm_dnn.names import METHOD_NAMES as METHODS  # the names alone: no torch before a command parses
+from fedpm_dnn.method_names import METHOD_NAMES as METHODS  # the names alone: no torch before a command parses
 
 DNN_METHODS = METHODS  # the DNN registry's methods, in the paper's order (the plan's and the priority's)
 
@@ -158,6 +158,14 @@ def recorded_argv(summary: dict) -> list | None:
     return words[3:] if words[:3] == ["python", "-m", "validation.dnn"] else None
 
 
+def trained_last_batch(summary: dict) -> str:
+    """What a run did with an epoch's last partial batch, as its summary records it; a summary from before the
+    setting existed records none: every batch was kept then."""
+    config = summary.get("config")
+    value = config.get("last_batch", "keep") if isinstance(config, dict) else "keep"
+    return value if value in ("keep", "drop") else "keep"
+
+
 def first_difference(want: dict, have: dict | None) -> str:
     if have is None:
         return "its recorded command does not parse"
@@ -184,7 +192,10 @@ def status(run, folder: str) -> Status:
     want = _fingerprint(tuple(run.argv))
     if "command" in summary and want is not None:
         argv = recorded_argv(summary)
-        diff = first_difference(want, None if argv is None else _fingerprint(tuple(argv)))
+        have = None if argv is None else _fingerprint(tuple(argv))
+        if have is not None and "config.last_batch" in have:  # as trained, whatever this version's default is
+            have = {**have, "config.last_batch": trained_last_batch(summary)}
+        diff = first_difference(want, have)
         # the augmentation the run trained with, as its summary records it: a command that gave none trained
         # with the default of its version, which may not be this version's
         if not diff and summary.get("augment") not in (None, want.get("augment")):

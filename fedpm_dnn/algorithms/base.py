@@ -4,7 +4,7 @@ A DNN method is a frozen dataclass of hyper-parameters: the shared local-trainin
 (every default defined here, once) plus its own fields.  ``State.theta`` is the model's parameters
 (name -> tensor), ``State.server`` the method's server state, ``State.clients`` one dict per client
 (FOOF matrices, SCAFFOLD's control, codec estimates).  The local training itself runs on the task's
-engine (``fedpm_dnn.task``: sequential or vectorized); a method only says how it differs:
+engine (``fedpm_dnn.engine.training_task``: sequential or vectorized); a method only says how it differs:
 
   grad_hook      a correction added to every parameter's gradient (FedProx, SCAFFOLD)
   prepare_client  per-client state a first participation needs (SCAFFOLD's zero control)
@@ -53,6 +53,11 @@ class DnnAlgorithm(Algorithm):
     weight_decay_mode: str = "coupled"
     local_epochs: int = 5
     batch_size: int = 64
+    # The last batch of an epoch when the client's sample count is not a multiple of batch_size: 'keep' steps on
+    # it (the loss is its mean, so a 1-image remainder takes a full-rate step on one image), 'drop' takes only
+    # full batches, as the code bases the paper cites do (DataLoader(drop_last=True)); the epoch's shuffle
+    # decides which samples wait for the next epoch.  A client smaller than one batch trains on all it has.
+    last_batch: str = "keep"
     weighting: str = "uniform"  # mixing weights: uniform 1/N (paper) or 'samples'
     # dtype the reply's model parameters travel in (float16 / bfloat16 halve their bytes); float32 sends
     # them as trained.  The server upcasts them to the model's dtype before screening and mixing.
@@ -65,6 +70,7 @@ class DnnAlgorithm(Algorithm):
             "clip_stage": ("gradient", "update"),
             "weight_decay_mode": ("coupled", "decoupled"),
             "param_dtype": tuple(PARAM_DTYPES),
+            "last_batch": ("keep", "drop"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

@@ -3,7 +3,7 @@ FOOF matrices sent up for preconditioned mixing.
 
 Server, per FOOF block: Theta = precond_mix(A_stack, Theta_stack, w, damping=lam) -- the fedconvex
 kernel on torch tensors, in float64 -- and simple mixing of the other parameters.  The matrices travel
-in ``precond_dtype`` or through a codec of ``fedconvex.codecs`` (``fedpm_dnn.wire``), decoded by
+in ``precond_dtype`` or through a codec of ``fedconvex.codecs`` (``fedpm_dnn.algorithms.fedpm_wire``), decoded by
 ``receive`` before screening.  With one Linear layer, squared loss and one full-batch local step this
 is a global Newton step on the pooled data.
 """
@@ -17,8 +17,9 @@ import torch
 
 from fedconvex.codecs import parse, validate
 
-from .. import wire
+from ..foof import block_sizes
 from ..mixing import mix_blocks
+from . import fedpm_wire as wire
 from .localnewton import LocalNewton
 
 
@@ -30,7 +31,7 @@ class FedPM(LocalNewton):
 
     precond_dtype: str = "float32"  # dtype the matrices travel in (float16 halves the bytes)
     # 'none' (as precond_dtype says) or a codec of fedconvex.codecs (sym, fp16, bf16, lowrank:R,
-    # delta:identity|topk:K|rankr:R), see fedpm_dnn/wire.py
+    # delta:identity|topk:K|rankr:R), see fedpm_dnn/algorithms/fedpm_wire.py
     precond_codec: str = "none"
 
     def __post_init__(self):
@@ -63,7 +64,7 @@ class FedPM(LocalNewton):
 
     def receive(self, task, state, up, info):
         """Upcast the parameters (``param_dtype``) and decode the codec's payloads (before screening);
-        see fedpm_dnn.wire."""
+        see fedpm_dnn.algorithms.fedpm_wire."""
         up, state = super().receive(task, state, up, info)
         if self.precond_codec == "none":
             return up, state
@@ -76,8 +77,3 @@ class FedPM(LocalNewton):
     def mix(self, task, params, up, w):
         # the matrices name the blocks; every other parameter is simply averaged (fedpm_dnn.mixing)
         return mix_blocks(up["params"], up["foof"], w, self.damping)
-
-
-def block_sizes(blocks: dict) -> dict:
-    """block -> d, the side of its FOOF matrix (d_in, +1 with a bias)."""
-    return {name: b.module.weight[0].numel() + (1 if b.has_bias else 0) for name, b in blocks.items()}

@@ -18,8 +18,8 @@ import torch
 
 from fedconvex.mixing import simple_mix
 
-from .. import foof, precision
-from ..foof import DEFAULT_DAMPING
+from .. import foof
+from ..foof import DEFAULT_DAMPING, precision
 from .base import DnnAlgorithm, State, mixing_weights
 
 STATE_DTYPES = {"float64": torch.float64, "float32": torch.float32}  # foof_state_dtype
@@ -38,7 +38,7 @@ class LocalNewton(DnnAlgorithm):
     # 'inverse' (one product with the inverse formed once per refresh, as the paper's cost table counts) or
     # 'auto' (fedpm_dnn.foof.resolve_apply's measured rule); the results agree within float32 round-off
     foof_apply: str = "solve"
-    # the arithmetic of the apply's product and the statistics Gram (fedpm_dnn.precision): 'fp32' (plain float32),
+    # the arithmetic of the apply's product and the statistics Gram (fedpm_dnn.foof.precision): 'fp32' (plain float32),
     # 'split-tf32' (tensor cores at float32's accuracy), 'tf32' / 'bf16' (opt-in approximations)
     foof_precision: str = "fp32"
     # the dtype of the FOOF matrices a client keeps between rounds: 'float64' (as accumulated), or 'float32' (half

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from . import foof, precision
+from .. import foof
+from . import precision
 
 
 def input_blocks(model, blocks: dict, sample: torch.Tensor) -> set:

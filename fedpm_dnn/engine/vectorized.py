@@ -1,11 +1,11 @@
 """Vectorized engine: the round's participants trained together on one device, clients as a batch axis.
 
 The participants' parameters are stacked on a leading client axis and every local step is one
-forward (``stacked.StackedModel``: grouped convolutions, batched matrix products; other layer types
+forward (``stacked_model.StackedModel``: grouped convolutions, batched matrix products; other layer types
 through ``vmap`` over ``functional_call``; on the CPU the model client by client inside the one graph,
 ``StackedModel.per_client``) and one backward for all of them -- FedJAX's ``ClientBlock`` recipe in PyTorch.  The
 result is the
-sequential engine's (``client.local_train`` / ``simulation.client_round``), client by client:
+sequential engine's (``sequential.local_train`` / ``sequential.client_round``), client by client:
 
 * random streams: each client's generator is consumed on the CPU in exactly the sequential order
   (first-participation FOOF subset, per epoch ``randperm``, per batch the crop offsets oy, ox and
@@ -22,7 +22,7 @@ sequential engine's (``client.local_train`` / ``simulation.client_round``), clie
 * the steps every client of a chunk takes (all but the last few of a client that finishes early) as one function
   of static buffers, on CUDA captured once per chunk and round and replayed as one CUDA graph a step
   (``step_graph``, ``--step-graph``; the partial steps stay in the loop below);
-* FOOF matrices from batched Gram products (``batched_foof``) with the same first-layer cache.
+* FOOF matrices from batched Gram products (``foof.batched``) with the same first-layer cache.
 
 Replies are built by the method's ``client_reply``, shared with the sequential engine, so the message
 format, codecs and screening apply unchanged.  Clients are processed in chunks of ``client_chunk``
@@ -35,10 +35,13 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
-from . import batched_foof, foof, precision, solve_graph, stacked, step_graph
-from .augment import crop_flip
+from .. import foof
+from ..data.augment import crop_flip
+from ..foof import batched, precision, solve_graph
+from . import stacked_model, step_graph
+from .sequential import batch_starts_end
 
-STATS_BATCH = 512  # the sequential path's plain-data chunk (client.ClientData.plain_batches)
+STATS_BATCH = 512  # the sequential path's plain-data chunk (sequential.ClientData.plain_batches)
 PAD = 4  # augment.random_crop_flip's padding
 
 
@@ -56,7 +59,7 @@ def client_schedule(cfg, data, gen, first_foof: bool) -> dict:
     steps = 0
     for _ in range(cfg.local_epochs):
         order = torch.randperm(n, generator=gen)
-        for s in range(0, n, B):
+        for s in range(0, batch_starts_end(n, B, cfg.last_batch), B):
             idx = order[s : s + B]
             b = len(idx)
             if data.augment:
@@ -243,7 +246,7 @@ class VectorizedEngine:
         self.model, self.blocks, self.clients, self.device = model, blocks, clients, device
         self.client_chunk = client_chunk
         self.memory_query = memory_query  # free_bytes' query (None: the device's own)
-        # full steps as one function of static buffers, on CUDA replayed as a graph (fedpm_dnn.step_graph)
+        # full steps as one function of static buffers, on CUDA replayed as a graph (fedpm_dnn.engine.step_graph)
         self.static_step = step_graph.resolve(step_graph_mode, device)
         self.last_step_graph = None  # the last chunk's full steps and graph replays (benchmarks, tests)
         self.last_chunk = None
@@ -259,11 +262,11 @@ class VectorizedEngine:
         # every client's (mean, std) per channel, on the device: (clients, 2, C)
         self.stats = torch.tensor([[list(c.mean), list(c.std)] for c in clients], dtype=torch.float32).to(device)
         self.names = [k for k, _ in model.named_parameters()]
-        self.input_blocks = batched_foof.input_blocks(model, blocks, self._plain([0], 0, 1)[0])
-        self.capture = batched_foof.StackedCapture(blocks)
+        self.input_blocks = batched.input_blocks(model, blocks, self._plain([0], 0, 1)[0])
+        self.capture = batched.StackedCapture(blocks)
 
-        if stacked.supported(model):  # Linear / Conv2d / GroupNorm: the grouped formulation
-            self.forward = stacked.StackedModel(model)
+        if stacked_model.supported(model):  # Linear / Conv2d / GroupNorm: the grouped formulation
+            self.forward = stacked_model.StackedModel(model)
 
             def stacked_capture(p, x):
                 K, B = x.shape[:2]
@@ -272,7 +275,7 @@ class VectorizedEngine:
                 return {k: v.view(K, B, *v.shape[1:]) for k, v in self.capture.store.items()}
 
             self.forward_capture = stacked_capture
-            # training on the CPU: client by client inside the one graph (stacked.py's module doc)
+            # training on the CPU: client by client inside the one graph (stacked_model.py's module doc)
             self.train_forward = self.forward.per_client if torch.device(device).type == "cpu" else self.forward
         else:  # any other layer: torch.func.vmap over functional_call
 
@@ -290,7 +293,7 @@ class VectorizedEngine:
 
     # --- inputs -------------------------------------------------------------------------------------------------
     def _norm(self, sel, x):
-        """Standardise (K, b, C, H, W) floats with each client's mean and std (augment.standardize)."""
+        """Standardise (K, b, C, H, W) floats with each client's mean and std (data.augment.standardize)."""
         ms = self.stats[torch.as_tensor(list(sel), device=self.device)].to(x.dtype)  # (K, 2, C)
         shape = (len(sel), 1, -1, 1, 1)
         return (x - ms[:, 0].view(shape)) / ms[:, 1].view(shape)
@@ -330,7 +333,7 @@ class VectorizedEngine:
         cached = [sub is None and st is not None and len(st) > 0 for sub, st in zip(subsets, statics, strict=False)]
         skip = set(self.input_blocks) if all(cached) else set()
         with self.capture:
-            A = batched_foof.stacked_foof(
+            A = batched.stacked_foof(
                 self.forward_capture,
                 self.capture,
                 self.blocks,
@@ -354,7 +357,7 @@ class VectorizedEngine:
     # --- one round --------------------------------------------------------------------------------------------
     def round(self, cfg, sel, states: list, down, gens: list):
         """Local training of the participants ``sel``: [(reply, loss)] in the order of ``sel``.  ``down`` is the
-        round's broadcast, or one per participant (several runs stacked, ``fedpm_dnn.run_stack``)."""
+        round's broadcast, or one per participant (several runs stacked, ``fedpm_dnn.engine.stacked_runs``)."""
         downs = down if isinstance(down, list) else [down] * len(sel)
         k = len(sel)
         sample = self._plain([sel[0]], 0, 1)[0]
@@ -366,7 +369,7 @@ class VectorizedEngine:
         chunk = self.client_chunk or self.last_plan["chunk"]
         self.last_chunk = min(chunk, k)
         results = []
-        with precision.use(getattr(cfg, "foof_precision", "fp32")):  # FOOF's products (fedpm_dnn.precision)
+        with precision.use(getattr(cfg, "foof_precision", "fp32")):  # FOOF's products (fedpm_dnn.foof.precision)
             for s in range(0, k, chunk):
                 idx = list(range(s, min(k, s + chunk)))
                 results += self._chunk(
@@ -412,7 +415,7 @@ class VectorizedEngine:
             steps = max(len(sc["steps"]) for sc in scheds)  # the steps one factor serves (auto's rule)
             apply = foof.resolve_apply(cfg.foof_apply, dev, self.blocks, min(steps, cfg.refresh_every or steps))
             factors = foof.operators(
-                batched_foof.factorize_stacked(
+                batched.factorize_stacked(
                     {b: torch.stack([cs["foof"][b] for cs in states]) for b in self.blocks}, cfg.damping, torch.float64
                 ),
                 dtype,
@@ -443,7 +446,7 @@ class VectorizedEngine:
                     [scheds[j]["refresh"][t + 1] for j in due],
                     [states[j].get("foof_static") for j in due],
                 )
-                new_f = batched_foof.factorize_stacked(
+                new_f = batched.factorize_stacked(
                     {b: torch.stack([m[b] for m in mats]) for b in self.blocks}, cfg.damping, torch.float64
                 )
                 for b, op in foof.operators(new_f, dtype, apply).items():

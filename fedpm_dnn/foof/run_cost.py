@@ -14,7 +14,7 @@ forward + backward = 3 forward products per sample (the usual count: the backwar
 and the weights' gradients).  FOOF adds per step the product with each block's damped inverse (2 rows d^2), and
 per round a statistics pass (a forward pass and a Gram product per block, 2 L d_in^2 per sample, over the
 client's samples) and the inverses (float64 Cholesky and inverse, 4 d^3 / 3), spread here over the round's steps
-(``fedpm_dnn.foof_cost`` has the model of every term).
+(``fedpm_dnn.foof.cost`` has the model of every term).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 
 from fedconvex.codecs import parse
 
-from . import foof_cost
+from . import cost as foof_cost
 
 # codecs to weigh where the matrices outweigh the model: lossless first, then lossy by bytes
 CANDIDATES = ("sym", "fp16", "lowrank:32", "lowrank:8", "delta:rankr:8", "delta:topk:0.01")
@@ -182,8 +182,9 @@ def cost(
 
 def method_line(alg, model: torch.nn.Module, clients: list, batch: int | None = None) -> str | None:
     """``cost(...).line()`` for a FedPM method object (``fedpm_dnn.algorithms.FedPM``) on ``model`` and its
-    clients (``ClientData`` or loader clients; the example input is a client's first sample, the samples their
-    mean count); None for other methods or where no sample can be read without drawing from the data."""
+    clients (``fedpm_dnn.engine.sequential``'s ``ClientData`` or loader clients; the example input is a client's
+    first sample, the samples their mean count); None for other methods or where no sample can be read without
+    drawing from the data."""
     if getattr(alg, "name", None) != "fedpm" or not clients:
         return None
     first = clients[0]

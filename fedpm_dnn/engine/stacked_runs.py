@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import threading
 
-from . import foof
-from .models import make_model
+from .. import foof
+from ..models import make_model
 from .vectorized import VectorizedEngine
 
 

@@ -2,7 +2,7 @@
 engine that trains a round's participants (what ``client_update`` runs on).
 
 Engines (``task.train(alg, down, states, sel) -> [(reply, mean loss)]`` in the order of ``sel``):
-  sequential  one client after the other on the shared model (``client.client_round``), the reference;
+  sequential  one client after the other on the shared model (``sequential.client_round``), the reference;
   vectorized  the participants stacked on a leading client axis (``vectorized.VectorizedEngine``),
               the same models client by client.
 Each client's random stream derives from (seed, round, client) (``client_generator``), so a client
@@ -17,10 +17,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import foof
+from .. import foof
+from ..data.augment import normalize
 from . import step_graph as step_graph_module
-from .augment import normalize
-from .client import _load, client_round
+from .sequential import _load, client_round
 
 
 def client_generator(seed: int, round_: int, client: int) -> torch.Generator:
@@ -85,12 +85,14 @@ class DnnTask:
         self.n_clients = len(clients)
         self.sizes = np.array([len(c) for c in clients], dtype=np.float64)
         self.round = 1
-        self.lr_schedule = None  # fedpm_dnn.schedule.LrSchedule: the local learning rate's factor per round
+        self.lr_schedule = None  # fedpm_dnn.engine.lr_schedule.LrSchedule: the local learning rate's factor per round
         self.engine_state = None
         self.last_chunk = None
 
     def train(self, alg, down: dict, states: list, sel) -> list:
-        if self.lr_schedule is not None:  # the round's local rate (fedpm_dnn.schedule); 1.0 leaves alg as it is
+        if (
+            self.lr_schedule is not None
+        ):  # the round's local rate (fedpm_dnn.engine.lr_schedule); 1.0 leaves alg as it is
             factor = self.lr_schedule.factor(self.round)
             if factor != 1.0:
                 alg = dataclasses.replace(alg, lr=alg.lr * factor)

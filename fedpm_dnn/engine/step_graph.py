@@ -31,8 +31,9 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from . import foof, solve_graph
-from .augment import crop_flip
+from .. import foof
+from ..data.augment import crop_flip
+from ..foof import solve_graph
 
 MODES = ("auto", "on", "off")
 WARMUP = 2  # eager steps on a side stream before the capture (cuBLAS/cuDNN workspaces, the autograd engine)

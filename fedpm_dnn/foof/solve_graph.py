@@ -23,7 +23,7 @@ import warnings
 
 import torch
 
-from . import foof
+from .. import foof
 
 ENV = "FEDPM_CUDA_GRAPHS"  # "0" turns the graphs off (benchmarks compare both)
 _warned = []

@@ -29,6 +29,8 @@ import torch
 
 from fedconvex.codecs import CodecError, DecodeProblems, digest, parse, resync
 
+from ..foof import block_sizes
+
 PENDING = "foof_hat_pending"
 
 
@@ -86,8 +88,6 @@ def receive(alg, task, state, up: dict, info):
     """Decode the participants' payloads (server side, before screening).  Returns (message whose 'foof'
     holds plain (K, d, d) stacks and whose 'decode' names the clients whose payload did not decode --
     screening rejects those --, state with the server's updated delta estimates)."""
-    from .algorithms.fedpm import block_sizes
-
     codec = parse(alg.precond_codec)
     hats = state.server.get("foof_hat", {}) if codec.stateful else None
     pending = {} if codec.stateful else None

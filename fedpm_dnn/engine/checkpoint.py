@@ -101,6 +101,8 @@ def first_difference(saved: dict, now: dict) -> str | None:
         saved = {**saved, "config.foof_precision": "fp32"}
     if "config.foof_state_dtype" in now and "config.foof_state_dtype" not in saved:  # before the option: float64
         saved = {**saved, "config.foof_state_dtype": "float64"}
+    if "config.last_batch" in now and "config.last_batch" not in saved:  # before the option: every batch kept
+        saved = {**saved, "config.last_batch": "keep"}
     # a flag added since the checkpoint was written, and not given now, is the same run as before it existed
     saved = {**{k: None for k, v in now.items() if k.startswith("run.") and v is None and k not in saved}, **saved}
     order = list(now) + [k for k in saved if k not in now]
@@ -169,7 +171,7 @@ def check_structure(path: str, ck: dict, fresh_state: dict, n_clients: int) -> N
     server = ck["server"]
     if not isinstance(server, dict) or set(server) != set(fresh_state):
         raise bad("server state entries differ")
-    hats = server.get("foof_hat", {})  # the delta codec's estimates (fedpm_dnn.wire)
+    hats = server.get("foof_hat", {})  # the delta codec's estimates (fedpm_dnn.algorithms.fedpm_wire)
     if not isinstance(hats, dict) or not all(
         isinstance(c, int)
         and 0 <= c < n_clients

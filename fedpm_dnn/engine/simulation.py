@@ -3,13 +3,13 @@ process on one device, checkpoint every round.
 
 The driver samples the participants, broadcasts, screens the replies (from the method's
 ``message_fields``), weights them (uniform, or by samples), applies the method's ``server_update``,
-counts bytes and checks for divergence; this module supplies the task (``fedpm_dnn.task``: model,
-data, engine), the transport (``fedpm_dnn.transport``) and the history row: test accuracy of the
+counts bytes and checks for divergence; this module supplies the task (``fedpm_dnn.engine.training_task``: model,
+data, engine), the transport (``fedpm_dnn.engine.transport``) and the history row: test accuracy of the
 global model, mean train loss, client compute seconds (local training + FOOF statistics), server
 seconds, bytes up/down per participating client and peak memory.  ``resume=True`` continues a killed
 run from its last checkpoint to the identical result: the checkpoint holds the model, server and
 client states and the client-sampling generator (each client's stream derives from seed, round and
-client, see ``task.client_generator``).
+client, see ``training_task.client_generator``).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import torch
 from fedconvex.algorithms.base import State
 from fedconvex.driver import Driver
 
+from ..models import make_model
 from . import checkpoint as _ck
-from .models import make_model
-from .task import DnnTask, client_generator  # noqa: F401  (client_generator: Flower's ClientApp)
+from .training_task import DnnTask, client_generator  # noqa: F401  (client_generator: Flower's ClientApp)
 from .transport import DnnTransport
 
 HISTORY_COLUMNS = (
@@ -62,12 +62,14 @@ class Experiment:
     in_channels: int = 3
     image_size: int = 32
     meta: dict = field(default_factory=dict)
-    engine: str = "sequential"  # or "vectorized": the participants trained together (fedpm_dnn.vectorized)
+    engine: str = "sequential"  # or "vectorized": the participants trained together (fedpm_dnn.engine.vectorized)
     max_ratio: float | None = None  # server magnitude guard (fedconvex.screening); None: off, as in the paper
     client_chunk: int | None = None  # vectorized: clients per chunk (None: from the free device memory)
-    step_graph: str = "auto"  # vectorized: full local steps as one CUDA graph (fedpm_dnn.step_graph; auto: on CUDA)
+    step_graph: str = (
+        "auto"  # vectorized: full local steps as one CUDA graph (fedpm_dnn.engine.step_graph; auto: on CUDA)
+    )
     gn_groups: int = 2  # ResNet18-GN's GroupNorm group count
-    lr_schedule: object = None  # fedpm_dnn.schedule.LrSchedule, or None: the method's rate in every round
+    lr_schedule: object = None  # fedpm_dnn.engine.lr_schedule.LrSchedule, or None: the method's rate in every round
 
 
 def _reset_peak_memory(device) -> None:
@@ -129,7 +131,7 @@ def make_driver(alg, task, evaluate, participants=None, max_ratio=None, tamper=N
     )
 
 
-# the initial model comes from torch's global generator: runs built in threads (fedpm_dnn.run_stack) take turns
+# the initial model comes from torch's global generator: runs built in threads (engine.stacked_runs) take turns
 _SEEDED = threading.Lock()
 
 
@@ -162,7 +164,7 @@ def run_experiment(
     engine=None,
 ):
     """Run (or resume) the experiment; returns the list of per-round history rows (round 1 first).  ``engine``:
-    where the vectorized engine's rounds go instead of a private engine (a ``run_stack.StackMember``).
+    where the vectorized engine's rounds go instead of a private engine (a ``stacked_runs.StackMember``).
 
     Replies are screened before aggregation (wrong shape, NaN/Inf, non-PSD FOOF matrix: the client is
     rejected with a logged reason, the others' weights renormalised; with none left the round is

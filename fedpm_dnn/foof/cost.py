@@ -6,7 +6,7 @@ is a pure function of those shapes and the run's size.  FLOPs count a multiply-a
 the output positions for a Conv2d):
 
 * apply, per client and local step: ``2 rows d^2`` -- the product with the inverse (``G X``), or the two
-  triangular solves (``rows d^2`` each); times 3 products in ``split-tf32`` (fedpm_dnn.precision), 1 otherwise;
+  triangular solves (``rows d^2`` each); times 3 products in ``split-tf32`` (fedpm_dnn.foof.precision), 1 otherwise;
 * Gram, per client and statistics image, ``gram_form`` 'full' (every product whole: the CPU's patch form):
   ``2 L d_in^2`` (``d_in`` = d without the bias column, added from the row sums), times 2 products in
   ``split-tf32``; 'half' (the CUDA path, ``foof.half_forms``): the lower triangle's block rows alone where
@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from . import foof, precision
+from .. import foof
+from . import precision
 
 FLOAT32, FLOAT64 = 4, 8
 PATCH_ENTRIES = 2**25  # foof._chunk: the entries of one statistics product's patches
@@ -167,7 +168,7 @@ def _half_gram_products(d: int, mode: str) -> float:
 def paper_cost(model_name: str, apply: str = "inverse", mode: str = "fp32", **size) -> dict:
     """``foof_cost`` of ``model_name`` ('cnn': CIFAR-10 SimpleCNN, 'resnet18gn': CIFAR-100 ResNet18-GN) at the
     paper's size (10 clients x 5,000 images x 5 epochs, batch 64) unless ``size`` says otherwise."""
-    from .models import make_model
+    from ..models import make_model
 
     classes = 10 if model_name == "cnn" else 100
     shapes = block_shapes(make_model(model_name, classes, 3, 32), torch.zeros(3, 32, 32))

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from . import foof
+from .. import foof
 
 DEFAULT_STATS_DECAY = 0.95  # running average of hooked statistics: A <- decay A + (1 - decay) A_batch
 # stats_every="auto": the cadence benchmarks/foof_centralised.py recommends for centralised training (hooks every 5

@@ -9,6 +9,12 @@ FOOF matrix is the uncentred covariance of the layer input augmented with a cons
 Local step: Theta <- Theta - lr (A + lam I)^{-1} G_Theta.  Server (FedPM): per block
 Theta = precond_mix(A_stack, Theta_stack, w, damping=lam) -- the fedconvex kernel.
 A registry maps layer types to their block adapter (KFAC-jax / BackPACK style).
+
+This module is the preconditioner's core -- the blocks, their statistics, the damped factors and their apply --
+and the package ``fedpm_dnn.foof`` itself, so ``fedpm_dnn.foof.compute_foof`` and the rest keep the paths they
+had when it was a single module.  Beside it: ``batched`` (the statistics and factors of a stack of clients),
+``precision`` (the arithmetic of the large products), ``cost`` (a FLOP and memory model), ``solve_graph`` (the step
+directions as one CUDA graph) and ``optimizer`` (``FOOF``, a ``torch.optim.Optimizer``).
 """
 
 from __future__ import annotations
@@ -138,7 +144,7 @@ def patch_gram(m: nn.Conv2d, x: torch.Tensor, half: bool = False):
         a = conv_patches(m, x[:, i : i + step].reshape(-1, *x.shape[2:])).reshape(K, -1, D)
         if precision.current() == "fp32" and not half:
             S.baddbmm_(a.transpose(1, 2), a)
-        else:  # --foof-precision: the products on tensor cores (fedpm_dnn.precision); or half of them
+        else:  # --foof-precision: the products on tensor cores (fedpm_dnn.foof.precision); or half of them
             S += precision.gram(a, half=half)
         total += a.sum(1)
     return S, total, L
@@ -386,6 +392,11 @@ def coverable(m: nn.Module) -> bool:
 def foof_blocks(model: nn.Module) -> dict:
     """name -> block adapter for every layer a FOOF block covers (``survey``), in module order."""
     return survey(model)[0]
+
+
+def block_sizes(blocks: dict) -> dict:
+    """block -> d, the side of its FOOF matrix (d_in, +1 with a bias)."""
+    return {name: b.module.weight[0].numel() + (1 if b.has_bias else 0) for name, b in blocks.items()}
 
 
 def param_name(block_name: str, attr: str) -> str:

@@ -20,8 +20,20 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import foof, precision
-from .augment import normalize, random_crop_flip, standardize, to_unit
+from .. import foof
+from ..data.augment import normalize, random_crop_flip, standardize, to_unit
+from ..foof import precision
+
+
+def batch_starts_end(n: int, batch_size: int, last_batch: str) -> int:
+    """Where an epoch's batch starts stop: the whole ``n`` ('keep', or a client smaller than one batch, which
+    trains on what it has), else the end of the last full batch ('drop')."""
+    return n if last_batch == "keep" or n < batch_size else n - n % batch_size
+
+
+def epoch_batches(n: int, batch_size: int, last_batch: str) -> int:
+    """The local steps of one epoch over ``n`` samples."""
+    return -(-batch_starts_end(n, batch_size, last_batch) // batch_size)
 
 
 @dataclass
@@ -46,11 +58,12 @@ class ClientData:
         for s in range(0, len(idx), batch_size):
             yield normalize(self.x[idx[s : s + batch_size]], self.mean, self.std)
 
-    def train_batches(self, batch_size: int, generator):
-        """One epoch of (inputs, labels) minibatches in a random order drawn from ``generator``."""
+    def train_batches(self, batch_size: int, generator, last_batch: str = "keep"):
+        """One epoch of (inputs, labels) minibatches in a random order drawn from ``generator``; with
+        ``last_batch`` 'drop', only the full ones (``epoch_batches``)."""
         n = len(self)
         order = torch.randperm(n, generator=generator).to(self.x.device)
-        for s in range(0, n, batch_size):
+        for s in range(0, batch_starts_end(n, batch_size, last_batch), batch_size):
             yield self.batch(order[s : s + batch_size], generator)
 
     def stats_batches(self, samples, generator):
@@ -106,8 +119,13 @@ class LoaderData:
         for batch in self.loader:
             yield _to(batch[0], self.device), _to(_targets(batch), self.device)
 
-    def train_batches(self, batch_size: int, generator):
-        return self._batches(generator)
+    def train_batches(self, batch_size: int, generator, last_batch: str = "keep"):
+        """The loader's batches; with ``last_batch`` 'drop', a batch smaller than the loader's ``batch_size``
+        (its last partial one) is passed over, unless the loader holds less than one batch."""
+        size = getattr(self.loader, "batch_size", None)
+        if last_batch == "keep" or size is None or self.n < size:
+            return self._batches(generator)
+        return ((x, y) for x, y in self._batches(generator) if batch_length(y) >= size)
 
     def stats_batches(self, samples, generator):
         def inputs():
@@ -150,7 +168,7 @@ def client_round(alg, model, blocks, data, cs: dict, down: dict, gen, loss_fn=F.
     """One client's round on the sequential engine, shared by the in-process simulator and the Flower
     ClientApp: load the global model, train locally, and build the reply.  ``cs`` is the client's
     persistent state (FOOF matrices and first-layer cache, the method's own entries), updated in place.
-    FOOF's products in the method's ``foof_precision`` (fedpm_dnn.precision)."""
+    FOOF's products in the method's ``foof_precision`` (fedpm_dnn.foof.precision)."""
     with precision.use(getattr(alg, "foof_precision", "fp32")):
         return _client_round(alg, model, blocks, data, cs, down, gen, loss_fn)
 
@@ -207,12 +225,12 @@ def local_train(
     dtype = params[0].dtype
     apply = None
     if cfg.uses_foof:  # the steps one factor serves decide 'auto' (foof.resolve_apply)
-        steps = cfg.local_epochs * -(-len(data) // cfg.batch_size)
+        steps = cfg.local_epochs * epoch_batches(len(data), cfg.batch_size, cfg.last_batch)
         apply = foof.resolve_apply(cfg.foof_apply, params[0].device, blocks, min(steps, cfg.refresh_every or steps))
     factors = foof.prepare(foof_A, cfg.damping, dtype, apply) if cfg.uses_foof else None
     total_loss, steps, seen = 0.0, 0, 0
     for _ in range(cfg.local_epochs):
-        for x, y in data.train_batches(cfg.batch_size, generator):
+        for x, y in data.train_batches(cfg.batch_size, generator, cfg.last_batch):
             model.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
             loss.backward()

@@ -21,7 +21,7 @@ def blocks(lang):
 def test_every_python_block_of_the_guide_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code = blocks("python")
-    assert len(code) == 4
+    assert len(code) == 5
     # the first example is the plain loop with FOOF's defaults: no statistics call before the steps
     assert "opt = FOOF(model, lr=0.1)" in code[0] and "update_statistics" not in code[0]
     namespace = {"__name__": "guide"}

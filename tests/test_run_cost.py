@@ -151,3 +151,16 @@ def test_the_predicted_upload_is_the_bytes_of_a_flower_reply():
     sent = {key: reply[key].to_torch_state_dict() for key in ("arrays", "foof")}
     size = {key: sum(t.numel() * t.element_size() for t in arrays.values()) for key, arrays in sent.items()}
     assert size["arrays"] == c.fedavg_bytes and size["arrays"] + size["foof"] == c.fedpm_bytes
+
+
+def test_the_guides_report_is_what_cost_prints():
+    """docs/use-in-your-code.md shows cost's report for SimpleCNN: it is this code's output, so it cannot drift."""
+    import os
+    import re
+
+    from fedpm_dnn.models import SimpleCNN
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "use-in-your-code.md")) as fh:
+        shown = re.search(r"print\(cost\(SimpleCNN\(\).*?```\n\n```\n(.*?)```", fh.read(), re.S).group(1)
+    assert shown.rstrip("\n") == str(cost(SimpleCNN(), torch.zeros(3, 32, 32), batch=64, samples=500))

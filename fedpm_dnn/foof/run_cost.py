@@ -42,7 +42,7 @@ NOTES = {
 class Cost:
     """What ``cost`` found; ``str(cost)`` is the report, ``cost.line()`` its one-line summary."""
 
-    blocks: list  # per FOOF block: name, kind, d, rows, params, matrix_bytes, forward_flop
+    blocks: list  # per FOOF block: name, kind, d, rows, params (with the bias), matrix_bytes, forward_flop
     fedavg_bytes: int  # a client's upload a round with FedAvg: the model's float state
     fedpm_bytes: int  # with FedPM and ``codec``
     codec: str
@@ -74,10 +74,12 @@ class Cost:
 
     def __str__(self) -> str:
         rows = [
-            f"{'block':<16} {'kind':<7} {'matrix':>11} {'params':>9} {'matrix MB':>9} {'fwd MFLOP/sample':>16}",
+            f"{'block':<16} {'kind':<7} {'matrix':>11} {'params':>9} {'matrix MB':>9} {'vs params':>9} "
+            f"{'fwd MFLOP/sample':>16}",
             *(
                 f"{b['name'] or '(root)':<16} {b['kind']:<7} {b['d']:>5} x {b['d']:<5} {b['params']:>9,} "
-                f"{b['matrix_bytes'] / 1e6:>9.3f} {b['forward_flop'] / 1e6:>16.3f}"
+                f"{b['matrix_bytes'] / 1e6:>9.3f} {b['matrix_bytes'] / (4 * b['params']):>8.1f}x "
+                f"{b['forward_flop'] / 1e6:>16.3f}"
                 for b in self.blocks
             ),
             "",

@@ -69,6 +69,8 @@ def test_the_work_per_step_is_the_hand_count():
     stats = 10 * (conv + lin + 2 * 9 * 18**2 + 2 * 27**2)  # a forward pass and the Grams over the 10 samples
     inverses = 2 * (2 * 19**3 // 3) + 2 * (2 * 28**3 // 3)  # Cholesky and inverse of each (d, d), once a round
     assert c.foof_flop_per_step == round((3 * apply + stats + inverses) / 3)
+    twice = cost(net(), torch.zeros(2, 5, 5), batch=4, samples=10, refreshes=2)  # refresh_every: passes a round
+    assert twice.foof_flop_per_step == round((3 * apply + 2 * (stats + inverses)) / 3)
     assert c.work_ratio == pytest.approx((c.sgd_flop_per_step + c.foof_flop_per_step) / c.sgd_flop_per_step)
 
 

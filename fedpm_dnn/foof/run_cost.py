@@ -122,14 +122,18 @@ def cost(
     codec: str = "none",
     stats_samples: int | None = None,
     precond_dtype: str = "float32",
+    refreshes: int = 1,
 ) -> Cost:
     """FedPM's cost on ``model`` for one client's round of ``samples`` samples, ``epochs`` local epochs of batches
-    of ``batch``, statistics over ``stats_samples`` of them (None: all, as FedPM's default), the matrices sent in
-    ``precond_dtype`` or with ``codec`` (module doc).  ``example``: one input, without the batch
-    dimension (``torch.zeros(3, 32, 32)`` for CIFAR images): the conv layers' output sizes come from a forward
-    pass of it, on a copy of the model (the model, its buffers and the random generators are left as they were)."""
+    of ``batch``, ``refreshes`` statistics passes a round (1: FedPM's once-a-round refresh) over ``stats_samples``
+    of them (None: all, as FedPM's default), the matrices sent in ``precond_dtype`` or with ``codec`` (module
+    doc).  ``example``: one input, without the batch dimension (``torch.zeros(3, 32, 32)`` for CIFAR images): the
+    conv layers' output sizes come from a forward pass of it, on a copy of the model (the model, its buffers and
+    the random generators are left as they were)."""
     stats_samples = samples if stats_samples is None else stats_samples
-    for name, v in (("batch", batch), ("samples", samples), ("epochs", epochs), ("stats_samples", stats_samples)):
+    checked = (("batch", batch), ("samples", samples), ("epochs", epochs), ("stats_samples", stats_samples),
+               ("refreshes", refreshes))  # fmt: skip
+    for name, v in checked:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     parse(codec)  # a ValueError naming the choices
@@ -162,7 +166,7 @@ def cost(
     # per round: the inverses' products every step; a statistics pass (forward + Grams) over stats_samples; the
     # inverses formed once
     apply = steps * sum(2 * s["rows"] * s["d"] ** 2 for s in shapes)
-    round_extra = apply + total["gram_flop"] + stats_samples * forward + total["factorisation_flop"]
+    round_extra = apply + refreshes * (total["gram_flop"] + stats_samples * forward + total["factorisation_flop"])
     fedavg = float_state_bytes(probe)
 
     def fedpm(spec):
@@ -204,8 +208,10 @@ def method_line(alg, model: torch.nn.Module, clients: list, batch: int | None = 
     samples = max(1, round(sum(len(c) for c in clients) / len(clients)))
     stats = min(samples, alg.foof_samples) if alg.foof_samples else None
     codec, dtype = alg.precond_codec, alg.precond_dtype
+    steps = alg.local_epochs * -(-samples // batch)
+    refreshes = 1 + (steps - 1) // alg.refresh_every if alg.refresh_every else 1  # after s, 2s, ...; at the end
     try:
         return cost(model, example, batch=batch, samples=samples, epochs=alg.local_epochs, codec=codec,
-                    stats_samples=stats, precond_dtype=dtype).line()  # fmt: skip
+                    stats_samples=stats, precond_dtype=dtype, refreshes=refreshes).line()  # fmt: skip
     except Exception as exc:  # noqa: BLE001 -- a report must not stop the run it describes; the run will say
         return f"FedPM cost: not estimated ({type(exc).__name__}: {exc})".splitlines()[0]

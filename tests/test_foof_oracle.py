@@ -95,7 +95,7 @@ def test_foof_matrix_and_step_equal_the_published_definition(name, bias):
     torch.testing.assert_close(A, ref, **TOL)
     # the step: rows of G_Theta^T (A + lam I)^{-1}, by a solve against the reference matrix
     expected = torch.linalg.solve(ref + DAMPING * torch.eye(len(ref), dtype=ref.dtype), theta(layer, grads).T).T
-    torch.testing.assert_close(theta(layer, moved), expected, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(theta(layer, moved), expected, **TOL)
 
 
 @pytest.mark.parametrize("name, bias", CASES)
@@ -120,4 +120,4 @@ def test_foof_matrix_and_step_equal_curvlinops_forward_only_kfac(name, bias):
     direction = torch.cat([m.flatten() for m in moved])
     back = kfac @ direction + DAMPING * direction
     gradient = torch.cat([g.flatten() for g in grads])
-    torch.testing.assert_close(back, gradient, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(back, gradient, **TOL)

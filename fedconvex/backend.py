@@ -77,7 +77,9 @@ def get_backend(name: str) -> types.ModuleType:
     try:
         cp = importlib.import_module("cupy")
     except ImportError as exc:
-        raise BackendError(f"backend 'cupy' needs CuPy: pip install 'fedpm[gpu]' ({exc})") from None
+        from fedconvex.extras import install_hint
+
+        raise BackendError(f"backend 'cupy': {install_hint('CuPy', 'gpu')} ({exc})") from None
     try:
         n = cp.cuda.runtime.getDeviceCount()
     except Exception as exc:  # CUDA driver missing or broken

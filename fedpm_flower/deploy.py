@@ -84,7 +84,10 @@ def executable(name: str) -> str:
         return here
     found = shutil.which(name)
     if found is None:
-        raise RuntimeError(f"{name} not found next to {sys.executable} nor on PATH; pip install -e '.[flower]'")
+        from fedconvex.extras import install_hint
+
+        hint = install_hint("Flower", "flower")
+        raise RuntimeError(f"{name} not found next to {sys.executable} nor on PATH; {hint}")
     return found
 
 

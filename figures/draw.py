@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedconvex.algorithms import PAPER_TEST1 as TEST1  # noqa: E402
 from fedconvex.algorithms import REGISTRY as CONVEX_REGISTRY  # noqa: E402
@@ -18,7 +19,7 @@ from fedconvex.data.splits import effective_classes  # noqa: E402
 from fedconvex.files import DamagedFile  # noqa: E402
 from fedpm_dnn.method_names import METHOD_NAMES as ORDER  # noqa: E402  (the paper's order of Test 2)
 
-from .results import best_by_seed, curves_by_seed, read_summary  # noqa: E402
+from .results import best_by_seed, curves_by_seed, machines_of, read_summary  # noqa: E402
 from .tables import LABELS  # noqa: E402
 
 TEST1_LABELS = {m: CONVEX_REGISTRY[m].label for m in TEST1}
@@ -31,6 +32,18 @@ def save(fig, out_dir, stem):
         fig.savefig(p, dpi=150, bbox_inches="tight")
     plt.close(fig)
     return paths
+
+
+def seed_std(values, axis=None):
+    """The spread over seeds every figure and table shows: the sample standard deviation (n - 1), 0 for one seed
+    (figures.tables.mean_std is the same)."""
+    v = np.asarray(values, dtype=float)
+    n = v.shape[axis] if axis is not None else v.size
+    return v.std(axis=axis, ddof=1) if n > 1 else np.zeros_like(v.mean(axis=axis))
+
+
+def _integer_rounds(ax):
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole: no 1.5 tick between rounds 1 and 2
 
 
 def _style(method):
@@ -46,6 +59,7 @@ def test1(folders: dict, out_dir, note=""):
     names = [d for d in ("w8a", "a9a") if d in folders]
     fig, axes = plt.subplots(len(names), 2, figsize=(10, 3.6 * len(names)), squeeze=False)
     styles = ["-", "--", "-.", ":"]
+    under = None  # {method: the later-drawn method whose curves are exactly its own in every row}
     for row, ds in enumerate(names):
         try:
             hist = read_convex(os.path.join(folders[ds], "history.csv"))
@@ -53,7 +67,12 @@ def test1(folders: dict, out_dir, note=""):
             raise DamagedFile(f"damaged result: {exc}") from None
         f_star = read_summary(folders[ds])["f_star"]
         floor = 2.2e-16 * max(1.0, abs(f_star))
-        for k, m in enumerate(x for x in TEST1 if x in hist):
+        drawn = [x for x in TEST1 if x in hist]
+        same = {
+            m: next((o for o in drawn[i + 1 :] if _same_curve(hist[m], hist[o])), None) for i, m in enumerate(drawn)
+        }
+        under = {m: o for m, o in same.items() if o and (under is None or under.get(m) == o)}
+        for k, m in enumerate(drawn):
             r = [h["round"] for h in hist[m]]
             st = dict(linestyle=styles[k % 4], label=TEST1_LABELS[m], **_style(m))
             axes[row, 0].semilogy(r, [max(h["f_gap"], floor) for h in hist[m]], **st)
@@ -62,19 +81,34 @@ def test1(folders: dict, out_dir, note=""):
         axes[row, 1].set_ylabel(f"{ds}: " + r"$\|\theta_t-\theta^*\|$")
         for ax in axes[row]:
             ax.set_xlabel("communication round")
+            _integer_rounds(ax)
             ax.grid(alpha=0.3)
     handles, labels = axes[0, 0].get_legend_handles_labels()
+    # a curve drawn exactly under a later one is invisible: the legend says where it is
+    hidden = {TEST1_LABELS[m]: TEST1_LABELS[o] for m, o in (under or {}).items()}
+    labels = [f"{x} (under {hidden[x]}: the same curve)" if x in hidden else x for x in labels]
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
     fig.suptitle("Test 1 (K=1): convergence on w8a and a9a" + (f"\n{note}" if note else ""), fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return save(fig, out_dir, "test1_convergence"), fig
 
 
+def _same_curve(a, b) -> bool:
+    """Two methods' Test 1 histories draw the same curves: f-gap and distance equal to 1e-6 relative in every round,
+    far below what a log-scale line shows (with K = 1, SCAFFOLD's corrections cancel and it is FedAvg to
+    round-off)."""
+    if len(a) != len(b):
+        return False
+    x = np.array([[h["f_gap"], h["dist"]] for h in a], dtype=float)
+    y = np.array([[h["f_gap"], h["dist"]] for h in b], dtype=float)
+    return bool(np.allclose(x, y, rtol=1e-6, atol=0.0))
+
+
 def _mean_band(ax, xs, ys, label, method):
     n = min(len(y) for y in ys)
     Y = np.stack([y[:n] for y in ys]) * 100
     X = np.mean(np.stack([x[:n] for x in xs]), axis=0)
-    mu, sd = Y.mean(0), Y.std(0)
+    mu, sd = Y.mean(0), seed_std(Y, axis=0)
     (line,) = ax.plot(X, mu, label=label, **_style(method))
     ax.fill_between(X, mu - sd, mu + sd, alpha=0.2, color=line.get_color())
 
@@ -94,7 +128,10 @@ def test2_curves(root, dataset, alpha, out_dir, note=""):
         plt.close(fig)
         return [], None
     axes[0].set_xlabel("communication round")
-    axes[1].set_xlabel("wall-clock time [s] (this machine, all clients in one process)")
+    _integer_rounds(axes[0])
+    # the seconds each run recorded where it ran (shipped runs: their machine, not the one drawing the figure)
+    where = " and ".join(machines_of(root, f"main-{dataset}-a{alpha}"))
+    axes[1].set_xlabel(f"wall-clock time [s] as recorded on {where} (all clients in one process)")
     for ax, tag in zip(axes, "ab", strict=False):
         ax.set_ylabel("test accuracy [%]")
         ax.set_title(f"({tag})", fontsize=9)
@@ -110,7 +147,7 @@ def test2_curves(root, dataset, alpha, out_dir, note=""):
 
 
 def _best_line(ax, xs, by_x, method, label):
-    pts = [(x, 100 * np.mean(v), 100 * np.std(v)) for x, v in zip(xs, by_x, strict=False) if v]
+    pts = [(x, 100 * np.mean(v), 100 * seed_std(v)) for x, v in zip(xs, by_x, strict=False) if v]
     if not pts:
         return
     x, mu, sd = map(np.array, zip(*pts, strict=False))
@@ -187,6 +224,14 @@ def foof_samples(root, out_dir, note=""):
     return save(fig, out_dir, "foof_samples"), fig
 
 
+def _round_count(x: float) -> int:
+    """``x`` rounded to one or two significant digits (a key's bubble sizes: 4,000, 2,000, 400 rather than 3,971)."""
+    if x < 1:
+        return 0
+    digits = 10 ** max(int(np.floor(np.log10(x))) - 1, 0)
+    return int(round(x / digits) * digits)
+
+
 def data_distribution(folders: dict, out_dir, note=""):
     """Per-client class counts (bubble plot) and client sizes for each alpha, from the runs' summary.json."""
     items = [(a, read_summary(f)) for a, f in folders.items()]
@@ -194,11 +239,13 @@ def data_distribution(folders: dict, out_dir, note=""):
         return [], None
     fig, axes = plt.subplots(1, len(items), figsize=(5 * len(items), 4.4), squeeze=False)
     splits = set()
+    # one scale for every panel, so that equal bubbles are equal counts across the alphas; the key shows it
+    most = max(int(np.asarray(summary["class_counts"]).max()) for _, summary in items) or 1
     for ax, (alpha, summary) in zip(axes[0], items, strict=False):
         c = np.asarray(summary["class_counts"])
         splits.add(summary.get("partition", "dirichlet"))
         ci, ki = np.nonzero(c)
-        ax.scatter(ci, ki, s=600 * c[ci, ki] / c.max(), alpha=0.6, color="tab:red")
+        ax.scatter(ci, ki, s=600 * c[ci, ki] / most, alpha=0.6, color="tab:red")
         ax.set_xlabel("client (samples held, effective classes)")
         ax.set_ylabel("class")
         eff = effective_classes(c)
@@ -210,6 +257,20 @@ def data_distribution(folders: dict, out_dir, note=""):
             f"{eff.mean():.2f} effective classes per client (exp of the class-share entropy)",
             fontsize=9,
         )
+    key = sorted({_round_count(most * f) for f in (1.0, 0.5, 0.1)} - {0}, reverse=True)
+    marks = [axes[0, -1].scatter([], [], s=600 * k / most, alpha=0.6, color="tab:red") for k in key]
+    axes[0, -1].legend(
+        marks,
+        [str(k) for k in key],
+        title="images of a class\nheld by a client",
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        fontsize=8,
+        title_fontsize=8,
+        labelspacing=1.6,
+        borderpad=1.0,
+        frameon=False,
+    )
     how = {
         "relaysum": "RelaySum Dirichlet split, Vogels et al. 2021",
         "relaysum-even": "RelaySum Dirichlet draw re-cut into equal clients (its distribute_evenly)",
@@ -227,6 +288,7 @@ def data_distribution(folders: dict, out_dir, note=""):
 
 
 CELL_CHARS = 44  # a cell's text is wrapped at this many characters (a verdict runs to ~90)
+TITLE_CHARS = 80  # a table's title is wrapped at this many characters at least
 FONT_PT = 8
 
 
@@ -248,11 +310,15 @@ def table_figure(header, rows, title, out_dir, stem):
     widths = [char_in * n + 0.25 for n in chars]  # + the cell's padding on both sides
     line_in = 1.5 * FONT_PT / 72
     table_w, table_h = sum(widths), sum(line_in * h + 0.08 for h in heights)
-    title = _wrap(title, max(40, int(table_w / (char_in * 9 / FONT_PT))))
+    # the title is wrapped at no fewer than TITLE_CHARS characters: above a narrow table (two columns) the figure is
+    # widened for it rather than the title squeezed into a tall column of short lines
+    title_char_in = char_in * 9 / FONT_PT
+    title = _wrap(title, max(TITLE_CHARS, int(table_w / title_char_in)))
+    fig_w = max(table_w, max(len(x) for x in title.split("\n")) * title_char_in) + 0.2
     title_h = (title.count("\n") + 1) * 1.5 * 9 / 72 + 0.15
-    fig = plt.figure(figsize=(table_w + 0.2, table_h + title_h + 0.2))
+    fig = plt.figure(figsize=(fig_w, table_h + title_h + 0.2))
     ax = fig.add_axes(
-        (0.1 / (table_w + 0.2), 0.1 / fig.get_figheight(), table_w / (table_w + 0.2), table_h / fig.get_figheight())
+        ((fig_w - table_w) / 2 / fig_w, 0.1 / fig.get_figheight(), table_w / fig_w, table_h / fig.get_figheight())
     )
     ax.axis("off")
     table = ax.table(cellText=body, colLabels=head, cellLoc="center", colWidths=widths, bbox=(0, 0, 1, 1))

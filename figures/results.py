@@ -110,3 +110,14 @@ def curves_by_seed(root, prefix, method, key="test_acc"):
         if h:
             out.append((h["round"], h["wall_seconds"], h[key]))
     return out
+
+
+def machines_of(root, prefix) -> list[str]:
+    """The machines the runs named <prefix>-* ran on, as their summary.json records them (the GPU's name for a
+    CUDA run, the CPU's otherwise; "an unrecorded machine" where it says nothing), sorted."""
+    out = set()
+    for f in runs_matching(root, rf"{re.escape(prefix)}-.+").values():
+        s = read_summary(f)
+        name = s.get("gpu") if s.get("device") == "cuda" else s.get("cpu")
+        out.add(name if isinstance(name, str) and name != "unknown" else "an unrecorded machine")
+    return sorted(out)

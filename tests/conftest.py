@@ -137,7 +137,8 @@ def flower_check_runs(tmp_path_factory):
     work = tmp_path_factory.mktemp("check")
     out = work / "fedpm"
     argv = ["--problem", "logreg", "--dataset", "a9a", "--method", "fedpm", "--clients", "3", "--rounds", "2"]
-    cmd = [sys.executable, "-m", "validation.flower", *argv, "--mode", "simulation", "--check", "--out", str(out)]
+    # --out relative to the shell's folder, as a user types it: the command prints it back as given
+    cmd = [sys.executable, "-m", "validation.flower", *argv, "--mode", "simulation", "--check", "--out", out.name]
     env = {**os.environ, "PYTHONPATH": root}
     code, stdout, drawn = run_on_a_terminal(cmd, env, str(work))
     return {"fedpm": (code, out, drawn, stdout)}

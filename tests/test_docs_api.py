@@ -20,9 +20,13 @@ def blocks(lang):
 
 def test_every_python_block_of_the_guide_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code = blocks("python")
+    first, *code = blocks("python")
+    # the first-run block at the top stands alone: a reader starts there, in a fresh interpreter
+    alone = {"__name__": "first_run"}
+    exec(compile(first, DOC, "exec"), alone)
+    assert [h["round"] for h in alone["run"].history] == [1, 2, 3]
     assert len(code) == 5
-    # the first example is the plain loop with FOOF's defaults: no statistics call before the steps
+    # section 1's first example is the plain loop with FOOF's defaults: no statistics call before the steps
     assert "opt = FOOF(model, lr=0.1)" in code[0] and "update_statistics" not in code[0]
     namespace = {"__name__": "guide"}
     for block in code:

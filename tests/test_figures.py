@@ -308,3 +308,88 @@ def test_a_profile_of_two_seeds_and_few_rounds_is_neither_incomplete_nor_measure
             assert "σ" not in fedpm and "largest gap" not in md
         else:
             assert "2 of 3 seeds (INCOMPLETE)" in fedpm and md.splitlines()[2].endswith("gap [paper σ] |")
+
+
+def _tick_values(ax):
+    ax.figure.canvas.draw()
+    lo, hi = ax.get_xlim()
+    return [t for t in ax.get_xticks() if lo <= t <= hi]
+
+
+def test_round_axes_tick_whole_rounds_and_the_time_axis_names_the_runs_machine(results, tmp_path):
+    for name in os.listdir(results):
+        if name.startswith("main-cifar10-a0.1-"):
+            path = os.path.join(results, name, "summary.json")
+            summary = json.load(open(path))
+            summary.update(device="cpu", cpu="Some CPU, 2 cores", gpu="none")
+            json.dump(summary, open(path, "w"))
+    _, fig = draw.test2_curves(results, "cifar10", "0.1", str(tmp_path / "o"))
+    assert all(float(t).is_integer() for t in _tick_values(fig.axes[0]))  # 3 rounds: no 1.5 or 2.5 tick
+    assert (
+        "recorded on Some CPU, 2 cores" in fig.axes[1].get_xlabel() and "this machine" not in fig.axes[1].get_xlabel()
+    )
+    _, fig = draw.test1({"w8a": os.path.join(results, "superlinear-w8a")}, str(tmp_path / "o"))
+    assert all(float(t).is_integer() for t in _tick_values(fig.axes[0]))
+
+
+def test_a_test1_curve_drawn_exactly_under_another_says_so_in_the_legend(tmp_path):
+    root = str(tmp_path / "r")
+    os.makedirs(os.path.join(root, "superlinear-w8a"))
+    lines = ["method,round,f_gap,dist,grad_norm,bytes_up,bytes_down,seconds"]
+    for m, rate in (("fedavg", 0.5), ("scaffold", 0.5), ("fedpm", 0.1)):
+        lines += [f"{m},{t},{rate**t},{rate**t * (1 + 1e-12 * (m == 'scaffold'))},1,8,8,0.1" for t in range(4)]
+    open(os.path.join(root, "superlinear-w8a", "history.csv"), "w").write("\n".join(lines) + "\n")
+    json.dump({"f_star": 0.3}, open(os.path.join(root, "superlinear-w8a", "summary.json"), "w"))
+    _, fig = draw.test1({"w8a": os.path.join(root, "superlinear-w8a")}, str(tmp_path / "o"))
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    fedavg, scaffold = draw.TEST1_LABELS["fedavg"], draw.TEST1_LABELS["scaffold"]
+    assert f"{fedavg} (under {scaffold}: the same curve)" in labels and scaffold in labels
+    assert draw.TEST1_LABELS["fedpm"] in labels  # a different curve keeps its plain label
+
+
+def test_spreads_over_seeds_are_the_sample_std_in_the_figures_as_in_the_tables(results, tmp_path):
+    from figures.tables import mean_std
+
+    seeds = [0.3 + 0.01 * s for s in (0, 1, 2)]  # the fixture's FedAvg best accuracies
+    assert 100 * draw.seed_std(seeds) == pytest.approx(mean_std(seeds)[1])  # the tables give percent
+    assert draw.seed_std(seeds) == pytest.approx(np.std(seeds, ddof=1))
+    assert draw.seed_std([0.4]) == 0.0
+    _, fig = draw.test2_curves(results, "cifar10", "0.1", str(tmp_path / "o"))
+    band = fig.axes[0].collections[0].get_paths()[0].vertices[:, 1]  # FedAvg's band, in %
+    last = [100 * a for a in seeds]  # the last round's accuracies are the best ones
+    assert band.max() == pytest.approx(np.mean(last) + np.std(last, ddof=1))
+
+
+def test_the_data_distribution_has_one_bubble_scale_with_a_key(tmp_path):
+    root = str(tmp_path / "r")
+    folders = {}
+    for alpha, most in (("1.0", 40), ("0.1", 400)):
+        name = f"main-cifar10-a{alpha}-fedavg-s0"
+        _dnn_run(root, name, 0.3, clients=2)
+        path = os.path.join(root, name, "summary.json")
+        summary = json.load(open(path))
+        summary["class_counts"] = [[most, 10] + [0] * 8, [0, 20] + [0] * 8]
+        json.dump(summary, open(path, "w"))
+        folders[alpha] = os.path.join(root, name)
+    _, fig = draw.data_distribution(folders, str(tmp_path / "o"))
+    key = fig.axes[-1].get_legend()
+    assert [t.get_text() for t in key.get_texts()] == ["400", "200", "40"]
+    sizes = {round(float(h.get_sizes()[0])) for h in key.legend_handles}
+    # the 40-image bubble of alpha = 1.0 is as large as the key's 40, not as the 400 of its own panel
+    assert 60 in sizes and max(fig.axes[0].collections[0].get_sizes()) == pytest.approx(60)
+
+
+def test_the_profiling_table_shows_the_first_rounds_peak_memory_apart(tmp_path):
+    root = str(tmp_path / "r")
+    for s in (0, 1):
+        _dnn_run(root, f"main-cifar10-a0.1-fedpm-s{s}", 0.3)
+        path = os.path.join(root, f"main-cifar10-a0.1-fedpm-s{s}", "history.csv")
+        rows = open(path).read().splitlines()
+        for i, mb in ((1, 3000.0 + s), (2, 1100.0), (3, 1200.0 - s)):
+            cells = rows[i].split(",")
+            cells[7] = str(mb)
+            rows[i] = ",".join(cells)
+        open(path, "w").write("\n".join(rows) + "\n")
+    build_all(root, str(tmp_path / "out"), "quick", log=lambda msg: None)
+    md = open(os.path.join(tmp_path, "out", "table_profiling.md")).read()
+    assert "| FedPM |" in md and "| 3001 / 1200 |" in md and "round 1 / later" in md

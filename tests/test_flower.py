@@ -605,8 +605,10 @@ def test_the_check_command_passes_and_writes_the_one_history_format(flower_check
 
     from fedconvex.history import read_run
 
-    code, out, _, _ = flower_check_runs["fedpm"]
+    code, out, _, stdout = flower_check_runs["fedpm"]
     assert code == 0
+    # the result's path as the user typed it (relative), as the other commands print theirs
+    assert f"wrote {out.name}/result.json and history.csv beside it" in stdout, stdout
     result = json.loads((out / "result.json").read_text())
     assert result["max_abs_diff_vs_in_process"] <= 1e-9
     rows = read_run(out / "history.csv")

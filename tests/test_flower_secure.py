@@ -82,12 +82,14 @@ def test_credentials_never_overwrite_or_follow_a_link(tmp_path):
         write_credentials(str(tmp_path / "h"), 1, hosts=("a b",))
 
 
-def test_keys_command_writes_a_folder_per_machine_and_refuses_a_used_folder(tmp_path, capsys):
+def test_keys_command_writes_a_folder_per_machine_and_refuses_a_used_folder(tmp_path, capsys, monkeypatch):
     from validation import flower
 
     out = tmp_path / "keys"
-    assert flower.main(["keys", "--out", str(out), "--nodes", "3", "--host", "lab.example.org"]) == 0
+    monkeypatch.chdir(tmp_path)  # --out relative, as typed: printed back as given
+    assert flower.main(["keys", "--out", "keys", "--nodes", "3", "--host", "lab.example.org"]) == 0
     printed = capsys.readouterr().out
+    assert "\nwrote keys: superlink/" in printed and str(tmp_path) not in printed
     assert "lab.example.org:9092" in printed and "flwr supernode register supernode-0/node.pub" in printed
     assert sorted(os.listdir(out)) == ["COMMANDS.txt", "superlink", "supernode-0", "supernode-1", "supernode-2"]
     assert sorted(os.listdir(out / "supernode-1")) == ["ca.crt", "node.key", "node.pub"]

@@ -103,3 +103,39 @@ def test_the_snippet_finder_sees_marked_blocks():
     found = {p.id: p.values[0] for p in snippets()}
     assert any(info == "no-run" for info in found.values())
     assert any(info == "" for info in found.values())
+
+
+def test_the_front_page_stays_short_and_links_the_suites_details():
+    """README is a front page (at most 200 lines): how the suite schedules itself and its times are in
+    docs/testing.md, which the set-up section links; the test command stays README's last set-up line."""
+    text = read("README.md")
+    assert len(text.splitlines()) <= 200
+    setup = text.split("## Set up", 1)[1].split("\n## ", 1)[0]
+    assert "(docs/testing.md)" in setup and "xdist" not in setup
+    assert install_and_test()[1] == "python -m pytest -q"
+
+
+def test_quick_start_2s_figures_come_from_runs_of_its_command():
+    """The shipped runs behind README's quick-start 2 figures (reference/quick-start/) computed what the command
+    computes now (same resolved settings, --method aside; the engine the command picks on a CPU): a change of a
+    default that moves the figures shows here, not silently."""
+    import json
+    import shlex
+
+    pytest.importorskip("torch")
+    from validation import sweep
+
+    block = re.search(r"\*\*2\. FedPM on CIFAR-10\*\*.*?```bash\n(.*?)```", read("README.md"), re.S).group(1)
+    line = next(ln for ln in block.replace("\\\n", " ").splitlines() if ln.startswith("python -m validation.dnn"))
+    readme = shlex.split(line)[3:]
+    for method in ("fedpm", "fedavg"):
+        folder = os.path.join(ROOT, "reference", "quick-start", f"cifar10-a0.1-{method}-s0")
+        summary = json.load(open(os.path.join(folder, "summary.json")))
+        argv = [method if i and readme[i - 1] == "--method" else a for i, a in enumerate(readme)]
+        want, have = sweep._fingerprint(tuple(argv)), sweep._fingerprint(tuple(sweep.recorded_argv(summary)))
+        assert want is not None and sweep.first_difference(want, have) == "", method
+        # and as the run resolved them then (a default changed since would move the figures)
+        ran = {f"config.{k}": v for k, v in summary["config"].items()} | {"augment": summary["augment"]}
+        assert {k: want[k] for k in ran if k in want} == {k: v for k, v in ran.items() if k in want}, method
+        assert summary["engine"] == "sequential" and summary["device"] == "cpu"  # the command's pick on a CPU
+        assert f"{100 * summary['best_test_acc']:.2f} %" in read("README.md")

@@ -218,12 +218,14 @@ def test_listing_says_done_partial_missing_and_stale(data, reference, tmp_path):
     assert [states[r.name].state for r in RUNS] == [sweep.DONE, sweep.PARTIAL, sweep.MISSING, sweep.STALE]
     assert states[partial.name].rounds_done == partial.rounds - 1
     assert "lr is 0.3, the profile's " in states[stale.name].why
+    here = sweep.this_machine("cpu")
     lines = sweep.listing(RUNS, str(root), "cpu")
     assert lines[-2] == "1 done, 1 partial, 1 missing, 1 stale of 4 runs"
     # time left: the partial run's round and the missing run's three, from the runs measured here
-    assert "estimated time left on this device (cpu)" in lines[-1] and "not estimated" not in lines[-1]
-    # nothing was measured on a GPU: no estimate there is made up
-    assert "3 runs not estimated (no run like them measured on cuda)" in sweep.listing(RUNS, str(root), "cuda")[-1]
+    assert f"estimated time left on this machine (cpu: {here}): " in lines[-1]
+    assert lines[-1].endswith("from its own runs"), lines[-1]
+    # nothing was measured on a GPU, and the smoke runs are not the paper's size: no estimate is made up
+    assert "unknown for 3 runs (no run like them measured on cuda)" in sweep.listing(RUNS, str(root), "cuda")[-1]
 
 
 @pytest.fixture(scope="module")

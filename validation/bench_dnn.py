@@ -860,7 +860,9 @@ def parse_args(argv=None):
     try:
         import torch
     except ImportError:
-        p.error("torch is not installed: pip install -e '.[dnn]'")
+        from fedconvex.extras import install_hint
+
+        p.error(install_hint("torch", "dnn"))
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is visible to torch")
     args.sizes = sizes

@@ -26,7 +26,7 @@ PROG = "fedpm"
 def usage() -> str:
     listed = "\n".join(f"  {name:13s} {what}" for name, (_, what) in COMMANDS.items())
     return (
-        f"usage: {PROG} COMMAND [FLAGS]   ({PROG} COMMAND --help: the command's flags)\n\n"
+        f"usage: {PROG} COMMAND [FLAGS]   ({PROG} COMMAND --help: the command's flags; {PROG} --version)\n\n"
         f"FedPM toolkit: each command is also `python -m MODULE`.\n\ncommands:\n{listed}\n"
     )
 
@@ -35,6 +35,11 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] in (["-h"], ["--help"]):
         sys.stdout.write(usage())
+        return 0
+    if argv[:1] in (["-V"], ["--version"]):
+        from validation.common import toolkit_version
+
+        sys.stdout.write(f"{PROG} {toolkit_version()}\n")
         return 0
     if not argv or argv[0] not in COMMANDS:
         given = f"unknown command {argv[0]!r}" if argv else "no command given"

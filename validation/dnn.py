@@ -152,6 +152,8 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    if not {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):  # --help answers without torch
+        require_torch()  # before the flags: resolving them reads the methods' settings, which need torch
     args = parse_args(argv)
     runs = args.runs or [args]
     # a stack: --out is the parent of its runs' folders, each held and checked as a run's own; the lock creates
@@ -166,11 +168,19 @@ def main(argv=None) -> int:
         return run(args, argv)
 
 
-def run(args, argv) -> int:
+def require_torch() -> None:
+    """One line naming what to install where torch (the [dnn] extra) is missing, not an import's traceback."""
     try:
-        import torch
+        import torch  # noqa: F401
     except ImportError:
-        common.fail(PROG, ImportError("torch is not installed: pip install -e '.[dnn]'"))
+        from fedconvex.extras import install_hint
+
+        common.fail(PROG, ImportError(install_hint("torch", "dnn")))
+
+
+def run(args, argv) -> int:
+    import torch
+
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     from fedpm_dnn.data import DatasetError

@@ -26,7 +26,8 @@ def build_parser(doc: str | None = None):
     from fedpm_dnn.method_names import METHOD_NAMES as METHODS
     from fedpm_dnn.presets import PRESETS
 
-    p = common.OneLineParser(prog=PROG, doc=doc)
+    # the usage line names no flag: argparse's would repeat all of them (and the presets) before their help
+    p = common.OneLineParser(prog=PROG, doc=doc, usage=f"{PROG} [FLAGS]   (the flags below)")
     p.add_argument(
         "--dataset",
         choices=("cifar10", "cifar100", "femnist"),
@@ -48,9 +49,11 @@ def build_parser(doc: str | None = None):
     p.add_argument(
         "--preset",
         choices=sorted(PRESETS),
+        metavar="PRESET",
         default=None,
         help="an appendix table: its setting (data set, alpha, clients, participants, local epochs, FOOF samples) "
-        "and the method's hyper-parameters; explicit flags override it; see docs/presets.md (default: none)",
+        "and the method's hyper-parameters; explicit flags override it; docs/presets.md (default: none); one of "
+        + ", ".join(sorted(PRESETS)),
     )
     p.add_argument(
         "--alpha",

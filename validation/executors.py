@@ -227,7 +227,9 @@ class RayExecutor:
         try:
             import ray
         except ImportError:
-            raise ValueError("--executor ray: ray is not installed: pip install -e '.[flower]'") from None
+            from fedconvex.extras import install_hint
+
+            raise ValueError("--executor ray: " + install_hint("Ray", "flower")) from None
         started = not ray.is_initialized()
         if started:
             timeout = CONNECT_SECONDS if job.end is None else max(1.0, min(CONNECT_SECONDS, job.end - time.time()))

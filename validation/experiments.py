@@ -491,7 +491,8 @@ def ensure(
             if not have_data[r.dataset]:
                 continue
         todo.append(r)
-    estimates = sweep.round_seconds(runs, states, sweep.this_device())
+    here = sweep.this_device()
+    estimates = sweep.round_seconds(runs, states, here, sweep.this_machine(here))
     job = Job(root, data_dir or os.environ.get("FEDPM_DATA", ""), budget.end, device)
     bar = Progress(len(todo), f"{profile} runs", enabled=not quiet, unit="run")
     seen = {}
@@ -701,7 +702,8 @@ def main(argv=None) -> int:
         "--list",
         action="store_true",
         help="list the runs in the order they are computed: done, partial (rounds done) or missing, and the "
-        "estimated time left on this device (writes nothing; the shipped runs are read where they are)",
+        "estimated time left, naming the machine whose measured rounds it comes from: this one once it has run one "
+        "(writes nothing; the shipped runs are read where they are)",
     )
     add_sweep_args(p)
     add_run_args(p)

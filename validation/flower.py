@@ -607,7 +607,9 @@ def main(argv=None) -> int:
     try:
         import flwr  # noqa: F401
     except ImportError:
-        common.fail(PROG, ImportError("Flower is not installed: pip install -e '.[flower]'"))
+        from fedconvex.extras import install_hint
+
+        common.fail(PROG, ImportError(install_hint("Flower", "flower")))
     cfg = run_config(args)
     if args.preset_default and not args.quiet:
         print(f"{PROG}: --preset {args.preset}, the prepared data set's (--preset none runs the method's defaults)")
@@ -705,7 +707,8 @@ def finish(args, cfg, tmp, final) -> None:
         print(f"largest |theta_flower - theta_in_process| = {result['max_abs_diff_vs_in_process']:.2e}")
     if "test_acc" in result:
         print(f"test accuracy of the final model: {100 * result['test_acc']:.1f} %")
-    print(f"wrote {final} and history.csv beside it")
+    # the folder as the user named it, as every other command prints it (result.json records the absolute path)
+    print(f"wrote {os.path.join(args.out, 'result.json')} and history.csv beside it")
 
 
 if __name__ == "__main__":

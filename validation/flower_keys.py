@@ -102,7 +102,8 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     print(text)
-    print(f"wrote {out}: superlink/ and supernode-0 ... supernode-{args.nodes - 1}/ (owner-only), COMMANDS.txt")
+    # the folder as the user named it, as every command prints its output
+    print(f"wrote {args.out}: superlink/ and supernode-0 ... supernode-{args.nodes - 1}/ (owner-only), COMMANDS.txt")
     return 0
 
 

@@ -49,6 +49,7 @@ class Status:
     rounds_done: int = 0
     round_seconds: float | None = None  # measured wall seconds per round (history.csv), on ``device``
     device: str | None = None
+    machine: str | None = None  # the machine that measured it: summary.json's gpu on cuda, its cpu elsewhere
     why: str = ""  # STALE: what differs; DONE: "diverged" when the run stopped on a divergence
 
 
@@ -212,6 +213,8 @@ def status(run, folder: str) -> Status:
     measured = dict(rounds_done=done, round_seconds=_seconds_per_round(rows), device=summary.get("device"))
     if not isinstance(measured["device"], str):
         measured["device"] = None
+    machine = summary.get("gpu" if measured["device"] == "cuda" else "cpu")
+    measured["machine"] = machine if isinstance(machine, str) and machine != "unknown" else None
     if "failed" in summary:  # diverged: a re-run would diverge at the same round
         return Status(DONE, why="diverged", **measured)
     if done >= run.rounds:
@@ -250,22 +253,49 @@ def this_device() -> str:
         return "cpu"
 
 
-def round_seconds(runs, states: dict, device: str) -> dict:
+def this_machine(device: str) -> str:
+    """This machine as a summary.json names it: the GPU's name on cuda, "<CPU model>, <n> cores" elsewhere."""
+    if device == "cuda":
+        try:
+            import torch
+
+            return torch.cuda.get_device_name(0)
+        except Exception:  # noqa: BLE001 - no name is no match, never an error of --list
+            return "unknown"
+    from validation.common import cpu_model
+
+    return f"{cpu_model()}, {os.cpu_count()} cores"
+
+
+def _measurements(states: dict, device: str, machine: str | None) -> dict:
+    """{run name: seconds per round} an estimate may use: the runs measured on this machine once it has one,
+    until then those measured on any machine of this device kind (the shipped runs' machine, say)."""
+    usable = {n: st for n, st in states.items() if st.round_seconds and st.device == device}
+    mine = {n: st.round_seconds for n, st in usable.items() if machine and st.machine == machine}
+    return mine or {n: st.round_seconds for n, st in usable.items()}
+
+
+def measured_on(states: dict, device: str, machine: str | None) -> list[str]:
+    """The machines whose runs the estimates of ``round_seconds`` come from (sorted; "unknown" for a summary
+    that does not name its machine)."""
+    used = _measurements(states, device, machine)
+    return sorted({states[n].machine or "unknown" for n in used})
+
+
+def round_seconds(runs, states: dict, device: str, machine: str | None = None) -> dict:
     """{run name: estimated seconds per round on ``device``}: the run's own measurement, else its other seeds',
-    else the mean of its column's (name without method and seed); runs with nothing measured are left out."""
-
-    def measured(st):
-        return st.round_seconds if st.round_seconds and st.device == device else None
-
+    else the mean of its column's (name without method and seed); runs with nothing measured are left out.  Only
+    this machine's measurements count once it has one (``machine``), before that every machine's of ``device``."""
+    usable = _measurements(states, device, machine)
     by_seedless, by_column = {}, {}
     for r in runs:
-        s = measured(states[r.name])
+        s = usable.get(r.name)
         if s is not None:
             by_seedless.setdefault(SEED_SUFFIX.sub("", r.name), []).append(s)
             by_column.setdefault(SEED_SUFFIX.sub("", r.name).rsplit("-", 1)[0], []).append(s)
     out = {}
     for r in runs:
-        own = measured(states[r.name])
+        own = usable.get(r.name)
         seedless = SEED_SUFFIX.sub("", r.name)
         pool = by_seedless.get(seedless) or by_column.get(seedless.rsplit("-", 1)[0])
         if own is not None:
@@ -273,6 +303,33 @@ def round_seconds(runs, states: dict, device: str) -> dict:
         elif pool:
             out[r.name] = sum(pool) / len(pool)
     return out
+
+
+# Seconds a round of the paper's setting (10 clients, 5,000 images each, 5 local epochs) on one NVIDIA H100, from
+# the shipped measurements of reference/gpu/2026-11-27-h100/ (commit 9097157): for the runs of which nothing was
+# measured on this device, so that an estimate names where it comes from instead of being left out.
+#   SimpleCNN (CIFAR-10): stack3_cnn.json's single rounds, FedAvg 1.99 s, FedPM 2.50 s (the stacked seeds 1 and 2
+#     of main-cifar10-a0.1-fedpm-s1/s2 took 4.94 s a round for two: 2.47 s each);
+#   ResNet18-GN (CIFAR-100): resnet_applies.json at 10 x 1,000 images x 1 epoch, FedAvg 1.22 s x 25 (images x
+#     epochs) = 30.4 s, FedPM its projected_100_round_minutes 277.0 / 100 rounds = 166.2 s.
+# LocalNewton is costed as FedPM (the same FOOF statistics and solves), the other methods as FedAvg; rounds with
+# fewer local epochs or participants (the ablations) cost less, so those estimates are upper bounds.
+H100 = "NVIDIA H100 80GB HBM3"
+H100_ROUND_SECONDS = {
+    "cifar10": {"first-order": 1.99, "foof": 2.50},
+    "cifar100": {"first-order": 30.4, "foof": 166.2},
+}
+FOOF_METHODS = ("fedpm", "localnewton")
+
+
+def elsewhere_round_seconds(run) -> float | None:
+    """Seconds a round of ``run`` on one NVIDIA H100 (H100_ROUND_SECONDS); None for what was not measured there."""
+    by_family = H100_ROUND_SECONDS.get(run.dataset)
+    resized = {"--train-subset", "--test-subset", "--clients"} & set(run.argv)
+    if run.kind != "dnn" or by_family is None or resized:  # measured at the paper's data size only
+        return None
+    method = run.argv[run.argv.index("--method") + 1] if "--method" in run.argv else "fedpm"
+    return by_family["foof" if method in FOOF_METHODS else "first-order"]
 
 
 class Budget:
@@ -316,13 +373,16 @@ def hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
 
 
-def listing(runs, root: str, device: str | None = None, shipped: dict | None = None) -> list[str]:
+def listing(runs, root: str, device: str | None = None, shipped: dict | None = None, machine=None) -> list[str]:
     """--list: every run in priority order with its state, then the counts and the estimated time left.  A run
-    with no folder under ``root`` is read where the repository ships it (``shipped``): nothing is written."""
+    with no folder under ``root`` is read where the repository ships it (``shipped``): nothing is written.  The
+    estimates say which machine measured the rounds they come from: this machine once it has run one, else the
+    machines of this device kind that did (the shipped runs'), else one NVIDIA H100 (H100_ROUND_SECONDS)."""
     device = device or this_device()
+    machine = machine or this_machine(device)
     ordered = priority(runs)
     states = statuses(ordered, root, shipped)
-    est = round_seconds(ordered, states, device)
+    est = round_seconds(ordered, states, device, machine)
     lines = []
     for r in ordered:
         st = states[r.name]
@@ -333,8 +393,18 @@ def listing(runs, root: str, device: str | None = None, shipped: dict | None = N
     counts = {s: sum(st.state == s for st in states.values()) for s in (DONE, PARTIAL, MISSING, STALE)}
     total, unknown = time_left(ordered, states, est)
     lines.append(", ".join(f"{n} {s}" for s, n in counts.items()) + f" of {len(ordered)} runs")
-    lines.append(
-        f"estimated time left on this device ({device}): {hours(total)} from the runs measured on it"
-        + (f"; {unknown} runs not estimated (no run like them measured on {device})" if unknown else "")
-    )
+    sources = measured_on(states, device, machine)
+    here = f"this machine ({device}: {machine})"
+    line = f"estimated time left on {here}: "
+    if sources:
+        source = "its own runs" if sources == [machine] else f"runs measured on {' and '.join(sources)}, not on it"
+        line += f"{hours(total)} from {source}" + (f"; {unknown} runs not estimated" if unknown else "")
+    else:
+        line += f"unknown for {unknown} runs (no run like them measured on {device})" if unknown else "0 s"
+    rest = [r for r in ordered if states[r.name].state != DONE and r.kind == "dnn" and r.name not in est]
+    left = [(r, s) for r, s in ((r, elsewhere_round_seconds(r)) for r in rest) if s is not None]
+    if left:
+        on_h100 = sum(s * max(r.rounds - states[r.name].rounds_done, 0) + START_SECONDS for r, s in left)
+        line += f"; {len(left)} of those: ~{hours(on_h100)} on one {H100} (from the rounds measured on it)"
+    lines.append(line)
     return lines

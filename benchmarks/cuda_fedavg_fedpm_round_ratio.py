@@ -6,7 +6,6 @@ process; SimpleCNN at the paper's 10 clients x 5,000 images x 5 epochs unless --
 
 On a CPU there is no graph: both FedPM rows are the eager solves."""
 
-import argparse
 import json
 import os
 
@@ -14,8 +13,9 @@ import numpy as np
 import torch
 
 from validation.bench_dnn import _rounds
+from validation.common import OneLineParser
 
-p = argparse.ArgumentParser()
+p = OneLineParser(prog="python benchmarks/cuda_fedavg_fedpm_round_ratio.py")
 p.add_argument("repeats", nargs="?", type=int, default=2)
 p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 p.add_argument("--sizes", default="10,5000,5,3", help="clients,images per client,local epochs,rounds")

@@ -5,7 +5,6 @@ bench_dnn's synthetic data: operators, CUDA kernel launches and syncs, the costl
 
 On a CPU it profiles the same round (no kernel launches; the host time is the work itself)."""
 
-import argparse
 import time
 
 import torch
@@ -13,8 +12,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from fedpm_dnn.engine.simulation import run_experiment
 from validation.bench_dnn import FoofTimer, _experiment
+from validation.common import OneLineParser
 
-p = argparse.ArgumentParser()
+p = OneLineParser(prog="python benchmarks/cuda_round_profile.py")
 p.add_argument("images", nargs="?", type=int, default=5000, help="images per client (default 5000)")
 p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 p.add_argument("--clients", type=int, default=10)

@@ -11,7 +11,6 @@ rule that ``foof.resolve_apply`` states is fitted from these numbers (docs/stack
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -21,6 +20,7 @@ import torch
 
 from fedpm_dnn import foof
 from fedpm_dnn.models import make_model
+from validation.common import OneLineParser
 
 
 def timed(fn, device, repeats):
@@ -64,7 +64,7 @@ def measure(d, rows, K, device, repeats):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python benchmarks/foof_apply.py", description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cpu")
     p.add_argument("--clients", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)

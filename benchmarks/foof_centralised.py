@@ -31,8 +31,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from fedconvex.files import read_json_object, written_atomically  # noqa: E402
 from fedpm_dnn import FOOF  # noqa: E402
-from validation.common import add_deprecated_alias, cpu_model  # noqa: E402
+from validation import common  # noqa: E402
+from validation.common import add_deprecated_alias, cpu_model, seed_int  # noqa: E402
+
+PROG = "python benchmarks/foof_centralised.py"
 
 # optimizer settings: fixed, not tuned per run (the JSON records them)
 CONFIGS = {
@@ -243,8 +247,8 @@ def positive(text: str) -> int:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        prog="python benchmarks/foof_centralised.py",
+    p = common.OneLineParser(
+        prog=PROG,
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawTextHelpFormatter,
     )
@@ -260,30 +264,70 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=positive, default=2)
     p.add_argument("--batch-size", type=positive, default=64)
     p.add_argument("--eval-every", type=positive, default=20, help="steps between evaluation points")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=seed_int, nargs="+", default=[0, 1, 2])
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--threads", type=positive, default=1, help="torch CPU threads")
     p.add_argument("--out", required=True, help="the JSON result file")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--figure", default=None, help="write PREFIX.png and PREFIX.pdf")
     p.add_argument("--replot", action="store_true", help="no training: the table and figure of the --out JSON")
     return p.parse_args(argv)
 
 
+def check_args(args) -> None:
+    """What can be refused before any data is read or any step trained: one line each (``common.fail``)."""
+    for flag, values in (("--seeds", args.seeds), ("--configs", args.configs)):
+        repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+        if repeated:
+            common.fail(PROG, ValueError(f"{flag} names {', '.join(map(str, repeated))} more than once"))
+    if args.replot:
+        return
+    for flag, path in (("--out", args.out), ("--figure", args.figure)):
+        if path is None:
+            continue
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            common.fail(PROG, ValueError(f"{flag} {path}: the folder {parent} does not exist"))
+        if not os.access(parent, os.W_OK | os.X_OK):
+            common.fail(PROG, ValueError(f"{flag} {path}: the folder {parent} is not writable"))
+    if os.path.isdir(args.out):
+        common.fail(PROG, ValueError(f"--out {args.out}: is a folder; name the JSON file to write"))
+    if os.path.lexists(args.out) and not (args.overwrite and os.path.isfile(args.out)):
+        kind = "a file" if os.path.isfile(args.out) else "not a regular file"
+        common.fail(
+            PROG,
+            ValueError(f"--out {args.out}: exists ({kind}); choose another --out, or --overwrite to replace a file"),
+        )
+
+
+def check_sizes(args, data) -> None:
+    """The subsets asked for within the data read (generated data has any size)."""
+    for flag, asked, have in (("--train-subset", args.train, len(data[0])), ("--test-subset", args.test, len(data[2]))):
+        if asked > have:
+            common.fail(PROG, ValueError(f"{flag} {asked}: the data holds only {have} images"))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    check_args(args)
     if args.replot:
-        with open(args.out) as fh:
-            saved = json.load(fh)
+        try:
+            saved = read_json_object(args.out)
+        except (ValueError, OSError) as exc:
+            common.fail(PROG, exc)
         names = [n for n in saved["configs"] if any(r["config"] == n for r in saved["runs"])]
         print(markdown(table(saved["runs"], names), saved["epochs"]))
         if args.figure:
             figure(saved["runs"], names, args.figure)
         return 0
     if not args.synthetic and not (args.data_dir or os.environ.get("FEDPM_DATA")):
-        print("foof_centralised: no data: pass --data-dir, set FEDPM_DATA, or use --synthetic", file=sys.stderr)
-        return 2
+        common.fail(PROG, ValueError("no data: pass --data-dir, set FEDPM_DATA, or use --synthetic"))
     torch.set_num_threads(args.threads)
-    data = load(args)
+    try:
+        data = load(args)
+    except (ValueError, OSError) as exc:  # fedpm_dnn.data's DatasetError is a ValueError
+        common.fail(PROG, exc)
+    check_sizes(args, data)
     runs = []
     for seed in args.seeds:
         for name in args.configs:
@@ -318,12 +362,10 @@ def write(args, argv, data, runs: list, partial: bool) -> dict:
         "table": tab,
         "runs": runs,
     }
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as fh:
+    with written_atomically(args.out) as fh:  # a private temporary file, renamed over --out; removed on an error
         json.dump(result, fh, indent=1)
-    os.replace(tmp, args.out)
     return tab
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_command(PROG, main))

@@ -10,7 +10,6 @@ behind the CUDA rule (``foof.ROW_FORM_LAUNCH_COST_CUDA``) can be checked.  Milli
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
@@ -19,6 +18,7 @@ import torch
 from fedpm_dnn import foof
 from fedpm_dnn.foof import precision
 from fedpm_dnn.models import make_model
+from validation.common import OneLineParser
 
 TINY = os.environ.get("FEDPM_BENCH_TINY") == "1"
 
@@ -67,7 +67,7 @@ def forms(block, x):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python benchmarks/foof_gram_forms.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--models", default="resnet18gn,cnn")
     p.add_argument("--precision", default="fp32,split-tf32")

@@ -14,7 +14,6 @@ are printed.  It also prints the largest relative difference of the two results,
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -26,6 +25,7 @@ import torch
 from fedconvex.mixing import precond_mix
 from fedpm_dnn import foof
 from fedpm_dnn.models import make_model
+from validation.common import OneLineParser
 
 
 def earlier_precond_mix(P, X, w, damping):
@@ -62,7 +62,7 @@ def sync(device):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python benchmarks/mixing_solve_forms.py", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="resnet18gn")
     p.add_argument("--clients", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)

@@ -10,7 +10,6 @@ evaluation outside).  On a CPU under load the split, not the absolute seconds, i
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
@@ -23,6 +22,7 @@ from fedpm_dnn.engine import sequential, vectorized
 from fedpm_dnn.engine.simulation import run_experiment
 from fedpm_dnn.foof import batched
 from validation.bench_dnn import _experiment, _sync
+from validation.common import OneLineParser
 
 PARTS = {
     "statistics": [(vectorized.VectorizedEngine, "foof_for"), (sequential, "foof_matrices")],
@@ -34,7 +34,7 @@ PARTS = {
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python benchmarks/profile_fedpm_parts.py", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="resnet18gn")
     p.add_argument("--sizes", default="2,16,1,2")
     p.add_argument("--foof-apply", default="solve")

@@ -189,6 +189,19 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def not_a_file(path: str) -> str:
+    """What ``path``, which is not (a link to) a regular file, is instead, as the rest of a line naming it."""
+    if not os.path.lexists(path):
+        return "no such file"
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:  # a link to nothing, a link loop, a folder not to be entered
+        if os.path.islink(path):
+            return "is a symbolic link to nothing" if exc.errno == errno.ENOENT else "is a symbolic-link loop"
+        return f"cannot be read ({exc.strerror})"
+    return f"is {_kind(mode)}, not a regular file"
+
+
 def open_regular(path: str, limit: int | None = None, error=NotARegularFile):
     """``path`` opened for binary reading, only if it is (or links to) a regular file of at most ``limit`` bytes;
     else ``error`` naming it.  Checked on the opened file itself (O_NONBLOCK: a FIFO swapped in after a check never

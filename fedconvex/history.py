@@ -70,7 +70,8 @@ def _value(column: str, text: str):
         try:
             return int(text)
         except ValueError:
-            return int(float(text))
+            v = float(text)  # "3.0" is 3; "1.5" stays 1.5, for the readers to refuse (never truncated to 1)
+            return int(v) if v.is_integer() else v
     try:
         return float(text)
     except ValueError:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 from typing import NamedTuple
 
 from .backend import python_scalar
@@ -84,7 +85,44 @@ def _specs(cls) -> tuple:
     return tuple(out)
 
 
-def _kind_problem(value, kinds) -> str | None:
+FLOAT32_MAX = 3.4028234663852886e38  # the largest float32: a DNN's numbers become float32 scalars in its updates
+FLOAT32_TINY = 2.0**-149  # the smallest positive float32 (subnormal): anything smaller rounds to 0 there
+
+
+def number_problem(value, allowed: Range | None = None, *, integer: bool = False, limit: float = math.inf):
+    """None if ``value`` is a number of its kind in ``allowed``, else why not (words to follow the argument's
+    name).  A bool is no number; ``integer``: an ``int``; otherwise an ``int`` or ``float``, finite and of
+    magnitude at most ``limit`` (the largest value the arrays it reaches can hold: ``FLOAT32_MAX`` in the DNN).
+    The one rule for numbers of every entry point: hyper-parameters, ``FOOF``'s arguments and saved state, the
+    learning-rate schedule."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "must be an integer" if integer else "must be a number"
+    if integer and not isinstance(value, int):
+        return "must be an integer"
+    if not integer and isinstance(value, int) and abs(value) > sys.float_info.max:  # no float holds it
+        return "must be a finite number" + ("" if allowed is None else f" {allowed}")
+    if not integer and not math.isfinite(value):
+        return "must be a finite number" + ("" if allowed is None else f" {allowed}")
+    if not integer and abs(value) > limit:
+        return f"must be at most {limit:g} in magnitude (larger is no float32 number)"
+    if not integer and limit == FLOAT32_MAX and 0 < abs(value) < FLOAT32_TINY:
+        return f"must be 0 or at least {FLOAT32_TINY:.3g} in magnitude (smaller rounds to 0 in float32)"
+    if allowed is not None and value not in allowed:
+        return f"must be {'an integer' if integer else 'a finite number'} {allowed}"
+    return None
+
+
+def checked_number(name: str, value, allowed: Range | None = None, *, integer: bool = False, limit=math.inf):
+    """``value`` (as ``float``, or ``int`` with ``integer``) when ``number_problem`` finds nothing, else a
+    TypeError (not a number at all) or ValueError naming ``name``."""
+    problem = number_problem(value, allowed, integer=integer, limit=limit)
+    if problem:
+        wrong_kind = isinstance(value, bool) or not isinstance(value, (int, float))
+        raise (TypeError if wrong_kind else ValueError)(f"{name} {problem}, got {value!r}")
+    return int(value) if integer else float(value) + 0.0
+
+
+def _kind_problem(value, kinds, limit=math.inf) -> str | None:
     if "bool" in kinds:
         return None if isinstance(value, bool) else "must be true or false"
     if isinstance(value, bool):  # True is an int to Python, not a count or a step size to us
@@ -92,9 +130,7 @@ def _kind_problem(value, kinds) -> str | None:
     if "int" in kinds:
         return None if isinstance(value, int) else "must be an integer"
     if "float" in kinds:
-        if not isinstance(value, (int, float)):
-            return "must be a number"
-        return None if math.isfinite(value) else "must be a finite number"
+        return number_problem(value, limit=limit)
     if "str" in kinds:
         return None if isinstance(value, str) else "must be a string"
     return None  # a field of another kind is its method's own business
@@ -112,7 +148,7 @@ def check_hyperparameters(alg) -> None:
         if plain is not value:
             object.__setattr__(alg, key, plain)  # frozen: the one place a field is normalised
             value = plain
-        problem = _kind_problem(value, kinds)
+        problem = _kind_problem(value, kinds, getattr(alg, "float_limit", math.inf))
         if problem is None and allowed is not None and value not in allowed:
             problem = f"must be {allowed}"
         if problem:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import asarray_like, eye_like, is_torch, namespace
+from .backend import asarray_like, eye_like, is_torch, namespace, python_scalar
+from .hyperparams import NONNEGATIVE, checked_number
 from .screening import dtype_problem
 
 _INF = float("inf")
@@ -29,8 +30,13 @@ def _weights(xp, weights, n, like):
     """Normalised (n,) weights in ``like``'s library (and dtype: ``like`` is real floating point)."""
     if weights is None:
         return asarray_like(xp, [1.0 / n] * n, like)
-    if dtype_problem(weights if hasattr(weights, "dtype") else xp.asarray(weights), "fiu"):
-        raise ValueError(f"weights must be real numbers, got {weights!r}")
+    if not hasattr(weights, "dtype"):  # a list: read by NumPy, whose object and string dtypes the check refuses
+        try:
+            weights = np.asarray(weights)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"weights must be real numbers, got {_shown(weights)}") from None
+    if dtype_problem(weights, "fiu"):
+        raise ValueError(f"weights must be real numbers, got {_shown(weights)}")
     w = asarray_like(xp, weights, like)
     if w.shape != (n,):
         raise ValueError(f"weights must have shape ({n},), got {tuple(w.shape)}")
@@ -42,6 +48,12 @@ def _weights(xp, weights, n, like):
     if not low >= 0:  # a negative weight extrapolates away from a client instead of averaging
         raise ValueError(f"weights must be >= 0, got {low}")
     return w / total
+
+
+def _shown(value) -> str:
+    """``value`` for a message: one line, cut short."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _real(name: str, a) -> None:
@@ -91,11 +103,12 @@ def precond_mix(P, X, weights=None, damping: float = 0.0):
         raise ValueError(f"P has {n} clients but X has {X.shape[0]}")
     if n < 1:
         raise ValueError("precond_mix needs at least one client (P and X hold 0)")
-    if not 0 <= damping < _INF:
-        raise ValueError(f"damping must be a finite number >= 0, got {damping}")
+    damping = checked_number("damping", python_scalar(damping), NONNEGATIVE)
     if not structured:
         _real("P", P)  # a complex or integer stack would be mixed in the wrong arithmetic
     _real("X", X)
+    if not structured and is_torch(xp) and P.dtype != X.dtype:  # torch's products refuse the mix with a RuntimeError
+        raise ValueError(f"P has dtype {P.dtype} and X {X.dtype}: give them one dtype")
     # written with array-API functions (xp.sum, xp.matmul, ...) so any conforming library works
     w = _weights(xp, weights, n, X)
     if structured:
@@ -223,7 +236,9 @@ def simple_mix(X, weights=None):
     if dtype_problem(X, "iu") is None:
         mixed = simple_mix(X.double() if is_torch(xp) else X.astype(xp.float64), weights)
         return xp.round(mixed).to(X.dtype) if is_torch(xp) else xp.round(mixed).astype(X.dtype)
-    if dtype_problem(X, "fc"):  # bool: there is no average of flags
+    if dtype_problem(X, "f"):  # bool: there is no average of flags; complex: no model of ours is
         raise ValueError(f"simple_mix: X has dtype {str(X.dtype).replace('torch.', '')}, expected numbers")
+    if not bool(xp.all(xp.isfinite(X))):  # one NaN would become the mixed entry, silently
+        raise ValueError("simple_mix: X contains NaN or Inf")
     w = _weights(xp, weights, X.shape[0], X)
     return xp.sum(xp.reshape(w, (-1,) + (1,) * (X.ndim - 1)) * X, axis=0)

@@ -119,6 +119,18 @@ def _integer(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
+def _check_device(device) -> str:
+    """``device`` as a string naming a torch device this machine has, or a TypeError/ValueError naming it."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}")
+    try:
+        torch.empty(0, device=device)  # parses the name and reaches the device: cheap, and the real test
+    except (RuntimeError, AssertionError, ValueError) as exc:  # torch's words differ by device kind and build
+        why = " ".join(str(exc).split())[:120]
+        raise ValueError(f"device {str(device)!r} is not usable here: {why}") from None
+    return str(device)
+
+
 def _check_arguments(client_loaders, rounds, participants, seed, engine, checkpoint, resume, evaluate, loss_fn):
     """The arguments ``federated`` checks before building anything; a TypeError/ValueError naming the cause."""
     if not _integer(rounds) or rounds < 1:
@@ -221,6 +233,7 @@ def federated(
 
     Returns ``FederatedRun(model, history)``.  Raises ``fedconvex.driver.Diverged`` when training diverges."""
     _check_arguments(client_loaders, rounds, participants, seed, engine, checkpoint, resume, evaluate, loss_fn)
+    device = _check_device(device)
     if isinstance(method, DnnAlgorithm):
         if hyperparameters:
             raise ValueError(f"pass hyper-parameters {sorted(hyperparameters)} in the method object, not beside it")

@@ -20,7 +20,7 @@ import torch
 
 from fedconvex.mixing import precond_mix, simple_mix
 
-from .foof import DEFAULT_DAMPING, param_name
+from .foof import DEFAULT_DAMPING, matrix_problem, param_name
 
 
 def block_entries(block: str, side: int, entries: dict, stacked: bool = True) -> tuple:
@@ -150,6 +150,10 @@ def _check_states(client_states: list, client_matrices: list) -> list:
                 raise ValueError(f"client {i}'s entry {k!r} has shape {tuple(b.shape)}, client 0's {tuple(a.shape)}")
             if b.dtype != a.dtype:
                 raise ValueError(f"client {i}'s entry {k!r} has dtype {b.dtype}, client 0's {a.dtype}")
+            if b.is_complex():
+                raise TypeError(f"client {i}'s entry {k!r} is complex ({b.dtype}): mix takes real models")
+            if b.is_floating_point() and not bool(torch.isfinite(b).all()):  # every entry is averaged into the model
+                raise ValueError(f"client {i}'s entry {k!r} contains NaN or Inf")
         for b in blocks:
             if m[b].shape != client_matrices[0][b].shape or m[b].ndim != 2 or m[b].shape[0] != m[b].shape[1]:
                 raise ValueError(
@@ -159,6 +163,11 @@ def _check_states(client_states: list, client_matrices: list) -> list:
                 raise ValueError(
                     f"client {i}'s matrix {b!r} is on {m[b].device}, client 0's on {client_matrices[0][b].device}"
                 )
+            if not m[b].is_floating_point():
+                raise TypeError(f"client {i}'s matrix {b!r} has dtype {m[b].dtype}: FOOF matrices are real floats")
+            problem = matrix_problem(m[b].detach().to(torch.float64))
+            if problem:
+                raise ValueError(f"client {i}'s matrix {b!r} {problem}")
     return names
 
 

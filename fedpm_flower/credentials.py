@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import re
 from dataclasses import dataclass
 
 SUPERLINK_DIR = "superlink"
@@ -92,6 +93,32 @@ def _write_private(path: str, data: bytes) -> None:
         fh.write(data)
 
 
+_DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def check_host(host) -> str:
+    """``host`` as a certificate and an address name it: an IP address (IPv6 with or without its brackets, given
+    back without them) or a DNS name of letters, digits and hyphens in dot-separated labels; else a ValueError
+    naming it (a port, a scheme, a path or spaces belong to no host name)."""
+    if not isinstance(host, str) or not host.strip():
+        raise ValueError(f"host must be a DNS name or an IP address, got {host!r}")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        return str(ipaddress.ip_address(bare))
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host  # a fully qualified name's root dot
+    if len(name) > 253 or not all(_DNS_LABEL.fullmatch(label) for label in name.split(".")):
+        hint = " (the port is 9092, set by the commands; give the host alone)" if ":" in host else ""
+        raise ValueError(f"{host!r} is neither a DNS name nor an IP address{hint}")
+    return name
+
+
+def address(host: str, port: int) -> str:
+    """host:port as gRPC and Flower read it: an IPv6 address in brackets ([::1]:9092)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _host_names(hosts) -> list:
     from cryptography import x509
 
@@ -113,9 +140,10 @@ def write_credentials(folder: str, nodes: int, hosts=DEFAULT_HOSTS, days: int = 
         raise ValueError(f"nodes must be a positive integer, got {nodes!r}")
     if not isinstance(days, int) or isinstance(days, bool) or not 1 <= days <= MAX_DAYS:
         raise ValueError(f"days must be an integer in 1..{MAX_DAYS}, got {days!r}")
-    hosts = tuple(hosts)
-    if not hosts or any(not isinstance(h, str) or not h.strip() or any(c.isspace() for c in h) for h in hosts):
-        raise ValueError(f"hosts must be non-empty names or addresses without spaces, got {hosts!r}")
+    hosts = tuple(hosts) if not isinstance(hosts, str) else (hosts,)
+    if not hosts:
+        raise ValueError("hosts must name at least one DNS name or IP address")
+    hosts = tuple(check_host(h) for h in hosts)
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec

@@ -14,7 +14,6 @@ evaluation are FedAvg's.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from logging import INFO, WARNING
 
@@ -27,6 +26,7 @@ from flwr.supercore import log
 
 from fedconvex.algorithms.base import RoundInfo
 from fedconvex.driver import normalised, screen_message
+from fedconvex.hyperparams import NONNEGATIVE, Range, checked_number
 from fedconvex.screening import log as server_log
 from fedconvex.screening import max_ratio_problem
 from fedpm_dnn.algorithms.base import stack_replies
@@ -65,10 +65,12 @@ class FedPM(FedAvg):
         blocks=None,
         **fedavg_kwargs,
     ):
-        if isinstance(damping, bool) or not isinstance(damping, (int, float)):
-            raise TypeError(f"damping must be a number, got {damping!r}")
-        if not (math.isfinite(damping) and damping >= 0):
-            raise ValueError(f"damping must be a finite number >= 0, got {damping!r}")
+        checked_number("damping", damping, NONNEGATIVE)
+        for key, value in fedavg_kwargs.items():  # Flower's FedAvg takes them as given; a fraction of NaN samples none
+            if key.startswith("fraction_"):
+                checked_number(key, value, Range(0.0, 1.0))
+            elif key.startswith("min_") and key.endswith("_nodes"):
+                checked_number(key, value, Range(0, MAX_NODES), integer=True)
         if not isinstance(weighting, str) or weighting not in ("uniform", "samples"):
             raise ValueError(f"weighting must be uniform or samples, got {weighting!r}")
         problem = max_ratio_problem(max_ratio)
@@ -207,6 +209,9 @@ class FedPM(FedAvg):
         # the model's integer entries (counters) are the server's own, kept as sent; anything else must fit
         params = {k: v for k, v in params.items() if k in floats or k not in self._global}
         return {"params": params, MATRICES_KEY: mats}, float(count), None
+
+
+MAX_NODES = 2**31 - 1  # far beyond any federation: a larger minimum would wait forever
 
 
 def _block_sides(blocks) -> dict | None:

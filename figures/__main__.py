@@ -391,7 +391,7 @@ def main(argv=None) -> int:
     only = check_run_args(p, args)  # a seed the profile does not run, --device cuda without one: as computing says
     if not args.compute:
         check_draw_only(p, args)
-    check_results_arg(p, args.results)
+    check_results_arg(p, args.results, computes=args.compute)
     check_profile_folder(p, args.results, args.profile)
     out = args.out or os.path.join("figures", "out", args.profile)
     check_out_arg(p, out, kind=OUTPUT)  # figures are written file by file into it: only ever into a folder of ours

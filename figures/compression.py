@@ -147,14 +147,19 @@ def cnn_table(points):
                 f"{100 * a:.2f}",
                 " / ".join(f"{100 * x:.2f}" for x in accs),
                 f"{up:.3f}",
-                f"{100 * up / ref[3]:.1f} %" if ref else "–",
+                _percent(up, ref[3] if ref else None),
                 f"{steady:.3f}",
-                f"{100 * steady / ref[6]:.1f} %" if ref else "–",
+                _percent(steady, ref[6] if ref else None),
                 f"{100 * (a - ref_acc):+.2f}" if ref else "–",
                 "/".join(str(d) for d in done),
             ]
         )
     return header, rows
+
+
+def _percent(x, ref) -> str:
+    """x as a percentage of ref; '–' where there is no reference or it sent nothing (no ratio to 0 bytes)."""
+    return f"{100 * x / ref:.1f} %" if ref else "–"
 
 
 def _pareto_front(xy):

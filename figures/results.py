@@ -11,8 +11,8 @@ import re
 
 import numpy as np
 
-from fedconvex.files import DamagedFile, read_json_object
-from fedconvex.history import read_run
+from fedconvex import results
+from fedconvex.files import DamagedFile
 
 # the summary entries the figures and tables read as numbers (None where a run recorded none)
 NUMBERS = (
@@ -45,12 +45,13 @@ def _is_number(v) -> bool:
 
 
 def read_history(folder):
-    """{column: array} of a run folder's single-run history (fedconvex.history's format)."""
+    """{column: array} of a run folder's single-run history (``fedconvex.results``: every cell in its range, the
+    rounds increasing)."""
     path = os.path.join(folder, "history.csv")
-    try:
-        rows = read_run(path)
-    except ValueError as exc:
-        raise DamagedFile(f"damaged result: {exc}") from None
+    runs = results.read_history(path)
+    if len(runs) != 1:
+        raise DamagedFile(f"{path}: damaged (holds {len(runs)} runs, expected one)")
+    rows = next(iter(runs.values()))
     out = {}
     for k in rows[0] if rows else ():
         if not all(_is_number(r[k]) for r in rows):
@@ -61,7 +62,7 @@ def read_history(folder):
 
 def read_summary(folder):
     path = os.path.join(folder, "summary.json")
-    summary = read_json_object(path)
+    summary = results.read_summary(path)  # every field the figures read within its range (fedconvex.results)
     for k in NUMBERS:
         v = summary.get(k)
         if v is not None and not _is_number(v):

@@ -373,6 +373,32 @@ def test_the_foof_cost_model_matches_hand_counts_on_small_layers():
     ] == 2 * 2 * 4 * (19 * 19 + 49 * 49)
 
 
+def test_the_cost_model_counts_the_splits_memory_traffic_and_auto_takes_split_tf32_only_where_it_pays():
+    """split-tf32 moves more bytes than the fp32 product (the rows' split, both parts of the inverse read by three
+    products), and its statistics pass splits the patches; on SimpleCNN's small blocks that traffic and the
+    launches outweigh the tensor cores (auto: fp32), on ResNet18-GN's wide ones the tensor cores win (auto:
+    split-tf32); off CUDA auto is fp32."""
+    torch = pytest.importorskip("torch")
+    from fedpm_dnn.foof.cost import apply_bytes, auto_mode, block_shapes, foof_cost, split_pays
+    from fedpm_dnn.models import make_model
+
+    assert apply_bytes(19, 3, "inverse", "fp32") == 4 * (19 * 19 + 2 * 3 * 19)
+    assert apply_bytes(19, 3, "inverse", "split-tf32") == 4 * (3 * 19 * 19 + 17 * 3 * 19)
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(48, 2))
+    shapes = block_shapes(model, torch.zeros(2, 4, 4))
+    fp32 = foof_cost(shapes, 2, 5, 2, 2, apply="inverse", mode="fp32")
+    split = foof_cost(shapes, 2, 5, 2, 2, apply="inverse", mode="split-tf32")
+    assert fp32["total"]["gram_split_bytes"] == 0 and split["total"]["gram_split_bytes"] == 2 * 5 * 4 * 5 * (
+        16 * 18 + 48
+    )
+    assert split["total"]["apply_bytes"] > 2 * fp32["total"]["apply_bytes"] > 0
+    for name, pays in (("cnn", False), ("resnet18gn", True)):
+        blocks = block_shapes(make_model(name, 10, 3, 32), torch.zeros(3, 32, 32))
+        assert split_pays(blocks, 10, "NVIDIA H100 80GB HBM3") is pays, name
+        assert auto_mode("cuda", name) == ("split-tf32" if pays else "fp32")
+        assert auto_mode("cpu", name) == "fp32"
+
+
 def test_the_paper_cost_reproduces_the_resnet_products_at_the_papers_size():
     """ResNet18-GN, CIFAR-100, 10 x 5,000 images x 5 epochs, batch 64 (395 steps): the per-step apply products
     ~320 TFLOP and the statistics Gram ~468 TFLOP a round in plain fp32, the three 4,608-wide blocks 81 % of the

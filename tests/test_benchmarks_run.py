@@ -59,19 +59,46 @@ def test_each_benchmark_runs_at_a_tiny_size_on_the_cpu(script):
 
 @pytest.mark.slow
 def test_the_gpu_script_runs_every_step_at_a_tiny_size_on_the_cpu(tmp_path):
-    """validation/gpu_checks.sh with GPU_CHECKS_TINY=1: every figure's file written (the benchmark JSONs parse), a done
-    marker per finished step, the 100-round stacks' units run (the a1.0 ones finish; the relaysum-even ones are
-    given that split), and a second call skips what the first finished."""
+    """validation/gpu_checks.sh with GPU_CHECKS_TINY=1, twice: a first job runs one unit and hands back its archive,
+    a second job (another output folder, a fresh scratch folder) continues from that archive (PREVIOUS) and runs
+    the rest.  Each job's output folder holds only what a GPU job can hand back (the archive's volumes and the log:
+    under 8 files, none over 16 MiB, none in a folder); the final archive holds every figure's file (the benchmark
+    JSONs parse), a done marker per finished step, the first job's unit as it wrote it, and the 100-round stacks'
+    units (the a1.0 ones finish, FedAvg's with the last partial batch dropped and kept; the relaysum-even ones are given
+    that split)."""
     import json
 
     from fake_cifar import cifar_pickle
 
+    from validation import gpu_archive
+
     cifar_pickle(str(tmp_path / "data" / "cifar-10-batches-py"), n=20, balanced=True)  # class-balanced subsets exist
-    out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": ROOT, "GPU_CHECKS_TINY": "1", "PYTHON": sys.executable}
-    cmd = ["bash", os.path.join(ROOT, "validation", "gpu_checks.sh"), str(tmp_path / "data"), str(out), "3000"]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    script = ["bash", os.path.join(ROOT, "validation", "gpu_checks.sh"), str(tmp_path / "data")]
+
+    def job(n, *extra, **more):
+        out = tmp_path / f"out{n}"
+        r = subprocess.run(
+            [*script, str(out), "3000", *extra],
+            cwd=ROOT,
+            env={**env, "GPU_CHECKS_WORK": str(tmp_path / f"work{n}"), **more},
+            capture_output=True,
+            text=True,
+            timeout=3300,
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        names = sorted(os.listdir(out))
+        assert len(names) < 8 and all((out / f).is_file() for f in names), names
+        assert all((out / f).stat().st_size <= gpu_archive.MAX_BYTES for f in names)
+        return r, out
+
+    first, out1 = job(1, ONLY="cnn_paper")
+    assert "=== cnn_paper" in first.stdout and "=== stack" not in first.stdout
+    second, out2 = job(2, str(out1 / gpu_archive.NAME))
+    assert "cnn_paper: done earlier" in second.stdout and "=== cnn_paper" not in second.stdout
+    out = tmp_path / "unpacked"
+    gpu_archive.unpack(str(out2 / gpu_archive.NAME), str(out), gpu_archive.device_name())
+    assert (out / "cnn_paper.json").read_text() == (tmp_path / "work1" / "cnn_paper.json").read_text()
     for name in ("resnet_split_tf32", "cnn_paper", "stack6_cnn"):
         result = json.loads((out / f"{name}.json").read_text())["results"][0]
         assert (out / "done" / name).is_file() and result["fedpm_round_seconds_vectorized"] > 0, name
@@ -80,14 +107,24 @@ def test_the_gpu_script_runs_every_step_at_a_tiny_size_on_the_cpu(tmp_path):
     assert (out / "done" / "gram_forms").is_file() and (out / "foof_gram_forms.txt").read_text().strip()
     graph = json.loads((out / "step_graph.json").read_text())
     assert (out / "done" / "step_graph").is_file() and all(graph[m]["agree"] for m in ("fedavg", "fedpm"))
-    for unit in ("stack_fedavg_a1.0", "stack_fedpm_a1.0"):
+    # the a1.0 stacks run the presets' drop, and the pair's other half keeps the last partial batch
+    for unit, last_batch in (
+        ("stack_fedavg_a1.0", "drop"),
+        ("stack_fedavg_a1.0_keep", "keep"),
+        ("stack_fedpm_a1.0", "drop"),
+    ):
         assert (out / "done" / unit).is_file()
         runs = sorted(p.name for p in (out / "stacks" / unit).iterdir())
         assert len(runs) == 3 and all((out / "stacks" / unit / p / "history.csv").is_file() for p in runs), runs
+        for p in runs:
+            summary = json.loads((out / "stacks" / unit / p / "summary.json").read_text())
+            assert summary["config"]["last_batch"] == last_batch, (unit, p)
     log = (out / "log.txt").read_text()
-    assert log.count("--split relaysum-even") >= 2
-    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and "cnn_paper: done earlier" in again.stdout
+    assert log.count("--split relaysum-even") >= 2 and "continued from" in log
+    again = subprocess.run(
+        [*script, str(out2), "3000"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )  # the same output folder again: its archive is continued, nothing is left to run
+    assert again.returncode == 0 and "cnn_paper: done earlier" in again.stdout and "=== stack" not in again.stdout
 
 
 @pytest.mark.parametrize(

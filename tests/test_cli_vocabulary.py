@@ -201,7 +201,8 @@ def test_flower_seed_and_preset_reach_the_run_config(monkeypatch, tmp_path):
     cfg = flower_cfg(monkeypatch, tmp_path, "--problem", "cnn", "--preset", "cifar10-a0.1", "--seed", "7")
     row = table["methods"]["fedpm"]
     assert cfg.seed == 7 and cfg.lr == row["lr"] and cfg.local_steps == table["setting"]["local_epochs"]
-    assert json.loads(cfg.params) == {k: v for k, v in row.items() if k != "lr"}
+    # the row's hyper-parameters and the presets' last-batch rule (fedpm_dnn.presets.PRESET_LAST_BATCH)
+    assert json.loads(cfg.params) == {**{k: v for k, v in row.items() if k != "lr"}, "last_batch": "drop"}
     mine = flower_cfg(monkeypatch, tmp_path, "--problem", "cnn", "--preset", "cifar10-a0.1", "--lr", "0.01")
     assert mine.lr == 0.01  # an explicit flag wins over the preset
 

@@ -158,6 +158,13 @@ def test_runner_cli_writes_results_and_resumes(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     assert s["rounds_done"] == 2 and s["preset_table"].startswith("Table") and len(s["class_counts"]) == 3
     assert s["config"]["lr"] == 0.5 and s["config"]["damping"] == 1.0 and s["config"]["foof_samples"] == 64
+    # the arithmetic said: "fp32" is float32 in the convolutions too, on the device named
+    assert s["precision"] == {
+        "device_name": "CPU",
+        "foof_precision": "fp32",
+        "cudnn_allow_tf32": False,
+        "cuda_matmul_allow_tf32": False,
+    }
     assert (out / "history.csv").read_text().splitlines()[0].startswith("round,test_acc,train_loss")
     again = subprocess.run(base + ["--rounds", "3"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert again.returncode == 2 and "pass --resume" in again.stderr

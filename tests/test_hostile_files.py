@@ -515,7 +515,7 @@ def test_figures_name_a_damaged_result_and_a_rerun_after_the_repair_works(base, 
     out = tmp_path / "figs"
     args = ["--no-compute", "--results", str(tmp_path / "results"), "--out", str(out)]
     line = one_line(figures_main, args, capsys)
-    assert f"{run / 'history.csv'}: damaged (column 'test_acc' holds a cell that is not a number)" in line
+    assert f"{run / 'history.csv'}: damaged (line 2: test_acc is 'high', not a finite number)" in line
     shutil.copy(base / "run" / "history.csv", run / "history.csv")  # repaired: the folder it began is taken again
     assert figures_main.main(args) == 0 and (out / "table3_accuracy.md").exists()
 

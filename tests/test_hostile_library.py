@@ -59,7 +59,7 @@ def test_foof_of_bare_parameters_names_the_model_argument():
         ({"lr": "0.1"}, "lr must be a number"),
         ({"lr": 0.1, "damping": None}, "damping must be a number"),
         ({"lr": 0.1, "damping": -1.0}, "damping must be a finite number >= 0"),
-        ({"lr": 0.1, "momentum": 1.0}, "momentum must be a finite number >= 0 and < 1"),
+        ({"lr": 0.1, "momentum": 1.0}, "momentum must be a finite number in \\[0, 1\\)"),
         ({"lr": 0.1, "stats_every": 0}, "stats_every must be a positive integer"),
         ({"lr": 0.1, "stats_every": None, "inverse_every": 5}, "inverse_every needs stats_every"),
         ({"lr": 0.1, "stats_every": "every"}, "stats_every must be a positive integer, .auto. or None"),

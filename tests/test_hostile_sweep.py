@@ -335,9 +335,13 @@ def test_a_history_without_usable_timing_gives_no_estimate_rather_than_a_crash(t
     folder = tmp_path / "r"
     folder.mkdir()
     (folder / "summary.json").write_text(json.dumps({"device": ["cpu"]}))
-    (folder / "history.csv").write_text("round,test_acc,wall_seconds\n1,0.5,-4\n")
+    (folder / "history.csv").write_text("round,test_acc,wall_seconds\n1,0.5,0\n")
     st = sweep.status(run, str(folder))
     assert (st.state, st.rounds_done, st.round_seconds, st.device) == (sweep.MISSING, 1, None, None)
+    # a negative time is no measurement but a damaged history (fedconvex.results): nothing of it is counted
+    (folder / "history.csv").write_text("round,test_acc,wall_seconds\n1,0.5,-4\n")
+    st = sweep.status(run, str(folder))
+    assert (st.state, st.rounds_done) == (sweep.MISSING, 0) and "wall_seconds is -4.0, below 0" in st.why
 
 
 # --- shipped runs: read in place by --list, copied whole by a sweep --------------------------------------------

@@ -114,7 +114,8 @@ def test_the_static_step_gives_the_eager_loops_models_bit_for_bit(variant):
     cfg = make(name, **{**CFG, **extra})
     h_loop, r_loop, none = train(cfg, "off", rounds=rounds)
     h_static, r_static, seen = train(cfg, "on", rounds=rounds)
-    assert none is None and seen == {"full_steps": 2, "replays": 0}  # 7 images, batch 16, 2 epochs: 2 full steps
+    # 7 images, batch 16, 2 epochs: 2 full steps, run eagerly (no graph on the CPU)
+    assert none is None and seen == {"full_steps": 2, "replays": 0, "used": "eager"}
     assert_identical(r_static, r_loop)
     assert strip(h_static) == strip(h_loop)
 
@@ -144,9 +145,9 @@ def one_step():
     built = []
     original = step_graph.Runner.__init__
 
-    def keep(self, step, capture):
+    def keep(self, step, capture, graph_factory=None):
         built.append((step, {n: v.clone() for n, v in step.P.items()}, step.loss_sum.clone()))
-        original(self, step, capture)
+        original(self, step, capture, graph_factory)
 
     step_graph.Runner.__init__ = keep
     try:
@@ -183,23 +184,79 @@ def test_the_static_step_reads_nothing_back_to_the_host(one_step):
     assert torch.equal(step.ints, ints) and torch.equal(step.x_all, x)
 
 
-def test_a_failed_capture_warns_once_and_runs_the_step_eagerly(one_step):
-    """Capture needs CUDA: on the CPU it fails, warns once, and the call is the eager step (the same parameters);
-    no later runner of the process tries again."""
+def _eager_result(step, reset, steps=1):
+    reset()
+    for _ in range(steps):
+        step()
+    return {n: v.clone() for n, v in step.P.items()}, step.loss_sum.clone()
+
+
+def _failing_capture(step, device):
+    step()  # a failing capture may have run part of the step before it fails
+    raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_failed_capture_restores_the_state_runs_the_step_eagerly_and_records_why(one_step):
+    """An injected capture failure (after the step ran part-way): the state is put back, the call is the eager step
+    (the same parameters and loss), the runner says so once and records it; the next runner tries again (no flag
+    of the process turns capture off)."""
     step, reset = one_step
+    expect, loss = _eager_result(step, reset)
     reset()
-    step()
-    expect = {n: v.clone() for n, v in step.P.items()}
-    reset()
-    step_graph._warned.clear()
-    runner = step_graph.Runner(step, capture=True)
+    step_graph._said.clear()
+    runner = step_graph.Runner(step, capture=True, graph_factory=_failing_capture)
     runner.calls = step_graph.WARMUP  # past the warm-up: this call captures
-    with pytest.warns(RuntimeWarning, match="CUDA graph capture of the local step failed"):
+    with pytest.warns(RuntimeWarning, match="CUDA graph capture failed .*operation not permitted"):
         runner()
     assert runner.graph is None and not runner.capture and int(step.t) == 1
-    assert all(torch.equal(step.P[n], expect[n]) for n in expect)
-    assert not step_graph.Runner(step, capture=True).capture  # later rounds do not try again
-    step_graph._warned.clear()
+    assert all(torch.equal(step.P[n], expect[n]) for n in expect) and torch.equal(step.loss_sum, loss)
+    assert runner.used.startswith("eager: CUDA graph capture failed")
+    tried = []
+    later = step_graph.Runner(step, capture=True, graph_factory=lambda s, d: tried.append(1) or _failing_capture(s, d))
+    later.calls = step_graph.WARMUP
+    later()  # said once per process: no second warning, but a second try
+    assert tried == [1] and later.used.startswith("eager: CUDA graph capture failed")
+
+
+class _Replay:
+    """A stand-in for a captured graph: ``replay`` runs the step eagerly, optionally off by ``scale`` afterwards."""
+
+    def __init__(self, step, scale=None):
+        self.step, self.scale = step, scale
+
+    def replay(self):
+        self.step()
+        if self.scale is not None:
+            with torch.no_grad():
+                next(iter(self.step.P.values())).mul_(self.scale)
+
+
+def test_a_graph_whose_first_replay_agrees_is_kept_and_replayed(one_step):
+    step, reset = one_step
+    expect, loss = _eager_result(step, reset, steps=2)
+    reset()
+    runner = step_graph.Runner(step, capture=True, graph_factory=lambda s, d: _Replay(s))
+    runner.calls = step_graph.WARMUP
+    runner()
+    runner()
+    assert runner.replays == 2 and runner.used == "graph" and int(step.t) == 2
+    assert all(torch.equal(step.P[n], expect[n]) for n in expect) and torch.equal(step.loss_sum, loss)
+
+
+def test_a_graph_whose_first_replay_disagrees_is_dropped_for_the_eager_step(one_step):
+    """A graph that replays wrongly (injected: one tensor scaled after the step) fails its first-replay check: the
+    eager step's result stands, the runner stays eager and records why."""
+    step, reset = one_step
+    expect, loss = _eager_result(step, reset, steps=2)
+    reset()
+    step_graph._said.clear()
+    runner = step_graph.Runner(step, capture=True, graph_factory=lambda s, d: _Replay(s, scale=1.5))
+    runner.calls = step_graph.WARMUP
+    with pytest.warns(RuntimeWarning, match="first graphed step differs from the eager one"):
+        runner()
+    runner()
+    assert runner.replays == 0 and runner.graph is None and runner.used.startswith("eager: the first graphed step")
+    assert all(torch.equal(step.P[n], expect[n]) for n in expect) and torch.equal(step.loss_sum, loss)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -306,3 +363,62 @@ def test_stacked_runs_take_the_static_step_to_the_loops_models(method, tmp_path,
     assert len(calls) >= 4  # every chunk of both rounds took its first step in the static function
     for a, b in zip(static, loop, strict=True):
         assert_identical(a, b)
+
+
+def test_what_each_round_used_is_recorded_for_the_summary(monkeypatch):
+    """A run whose captures fail (injected) records that its rounds ran eagerly and why, with a graphed share of 0;
+    the TF32 flags follow --foof-precision inside a round and are put back after it."""
+    from fedpm_dnn.foof import precision
+
+    cfg = make("fedpm", **CFG)
+    monkeypatch.setattr(step_graph, "capturable", lambda device: True)
+    monkeypatch.setattr(step_graph, "WARMUP", 0)
+    monkeypatch.setattr(step_graph, "_cuda_graph", _failing_capture)
+    step_graph._said.clear()
+    exp = experiment(cfg, "on", rounds=1)
+    with pytest.warns(RuntimeWarning, match="CUDA graph capture failed"):
+        run_experiment(exp)
+    forms = exp.meta["executed"]["step_forms"]
+    assert any(f.startswith("eager: CUDA graph capture failed") for f in forms), forms
+    assert "graph" not in forms and exp.meta["executed"]["graphed_share"] == 0.0
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    for mode, conv in (("fp32", False), ("split-tf32", True), ("bf16", True)):
+        with precision.use(mode):
+            assert torch.backends.cudnn.allow_tf32 is conv and torch.backends.cuda.matmul.allow_tf32 is False
+        assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == old
+    with precision.convolutions(True), precision.use("fp32"):  # a comparison's one setting for every method
+        assert torch.backends.cudnn.allow_tf32 is True and precision.backend_flags("fp32")["cudnn_allow_tf32"]
+    assert precision.backend_flags("fp32")["cudnn_allow_tf32"] is False
+
+
+def _alpha_split_sizes(alpha: float, clients: int = 4, n: int = 240) -> list:
+    from fedpm_dnn.data.partition import make_partition
+
+    labels = np.arange(n) % 10
+    return [len(p) for p in make_partition("relaysum", labels, clients, alpha, seed=0)]
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedpm"])
+def test_an_unequal_alpha_split_is_graphed_as_fully_as_an_equal_one(monkeypatch, method):
+    """Captured (a stand-in graph that replays the step eagerly, on the CPU), every local step of a round on the
+    paper's alpha = 0.1 split goes through the graph, the finished clients' steps masked: a graphed share of 1, as
+    on an equal split; the replies agree with the loop's within float32 round-off (the finished clients ride in
+    the stacked products, which changes their summation order)."""
+    from test_vectorized import assert_same
+
+    sizes = _alpha_split_sizes(0.1)
+    assert len(set(sizes)) == len(sizes), sizes  # unequal clients
+    cfg = make(method, **{**CFG, "weight_decay": 0.01, "weight_decay_mode": "decoupled"})
+    _, loop, _ = train(cfg, "off", sizes=sizes, rounds=1)
+    monkeypatch.setattr(step_graph, "capturable", lambda device: True)
+    monkeypatch.setattr(step_graph, "WARMUP", 0)
+    monkeypatch.setattr(step_graph, "_cuda_graph", lambda step, device: _Replay(step))
+    shares = {}
+    for name, split in (("alpha=0.1", sizes), ("equal", [sum(sizes) // len(sizes)] * len(sizes))):
+        exp = experiment(cfg, "on", sizes=split, rounds=1)
+        replies = {}
+        run_experiment(exp, tamper=lambda t, i, r, replies=replies: replies.setdefault((t, i), r))
+        shares[name] = exp.meta["executed"]["graphed_share"]
+        if name == "alpha=0.1":
+            assert_same(replies, loop, tol=1e-5)
+    assert shares == {"alpha=0.1": 1.0, "equal": 1.0}, shares

@@ -141,15 +141,40 @@ def test_float16_parameters_on_the_wire_match_across_engines(method, tmp_path):
     assert [a["bytes_up"] for a in h_vec] == [b["bytes_up"] for b in h_seq]
 
 
-def test_cuda_graph_capture_falls_back_to_eager_solves_where_it_cannot_run():
-    """Graphs are CUDA-only; a failed capture returns None and warns (the engine then solves eagerly)."""
+def test_cuda_graph_capture_falls_back_to_eager_solves_where_it_cannot_run(monkeypatch):
+    """Graphs are CUDA-only; a failed capture returns None, warns and is recorded (the engine then solves
+    eagerly); so is a graph whose first replay disagrees with the eager solves (injected: its outputs scaled), while
+    one that agrees is kept."""
     from fedpm_dnn.foof import solve_graph
 
     assert not solve_graph.enabled("cpu")
     L = torch.linalg.cholesky(torch.eye(3).expand(2, 3, 3) * 2.0)
-    solve_graph._warned.clear()
+    factors, shapes = {"b": (L, L.mT.contiguous())}, {"b": (2, 4, 3)}
+    monkeypatch.setattr(solve_graph, "fallbacks", [])
     with pytest.warns(RuntimeWarning, match="CUDA graph capture"):
-        assert solve_graph.capture({"b": (L, L.mT.contiguous())}, {"b": (2, 4, 3)}, torch.float32, "cpu") is None
+        assert solve_graph.capture(factors, shapes, torch.float32, "cpu") is None
+    assert len(solve_graph.fallbacks) == 1
+
+    class Replay:  # a stand-in graph: replay runs the solves eagerly into the captured outputs, times ``scale``
+        def __init__(self, fn, scale):
+            self.fn, self.scale, self.out = fn, scale, fn()
+
+        def replay(self):
+            for k, v in self.fn().items():
+                self.out[k].copy_(v * self.scale)
+
+    def factory(scale):
+        def make(fn, device, warmup):
+            g = Replay(fn, scale)
+            return g, g.out
+
+        return make
+
+    good = solve_graph.capture(factors, shapes, torch.float32, "cpu", graph_factory=factory(1.0))
+    assert good is not None and all(not T.any() for T in good.inputs.values())
+    with pytest.warns(RuntimeWarning, match="first replay differs from the eager solves"):
+        assert solve_graph.capture(factors, shapes, torch.float32, "cpu", graph_factory=factory(1.01)) is None
+    assert len(solve_graph.fallbacks) == 2
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -384,3 +409,70 @@ def test_a_checkpoint_from_before_foof_state_dtype_resumes_as_float64():
     assert first_difference(old, now) is None
     assert "foof state dtype" in first_difference(old, {**now, "config.foof_state_dtype": "float32"})
     assert "foof_state_dtype" in make("fedpm", **CFG).hyperparameters()
+
+
+def _oom_once(monkeypatch, name, exc, always=False):
+    """``VectorizedEngine.<name>`` raising ``exc`` on its first call (``always``: every call) with more than one
+    client (after running part of the work, as a real allocation failure mid-chunk would), then as it is."""
+    from fedpm_dnn.engine import vectorized
+
+    real, raised = getattr(vectorized.VectorizedEngine, name), []
+
+    def flaky(self, cfg_or_sel, *a):
+        sel = a[0] if name == "_chunk" else cfg_or_sel
+        if (always or not raised) and len(sel) > 1:
+            raised.append(len(sel))
+            real(self, cfg_or_sel, *a)  # the work done before the failure: its draws and state changes undone
+            raise exc
+        return real(self, cfg_or_sel, *a)
+
+    monkeypatch.setattr(vectorized.VectorizedEngine, name, flaky)
+    return raised
+
+
+def _same_bits(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        for part, vals in a[key].items():
+            assert all(torch.equal(v, b[key][part][n]) for n, v in vals.items()), (key, part)
+
+
+@pytest.mark.parametrize(
+    "exc", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), RuntimeError("boom")]
+)
+def test_an_out_of_memory_chunk_is_halved_and_retried_as_a_smaller_chunk_would_run(monkeypatch, exc):
+    """An injected out-of-memory error in a training chunk of 3 clients: the chunk is retried as chunks of 1 (its
+    generators and client states as they were), giving bit for bit the replies of a run with --client-chunk 1,
+    said once and recorded; any other error is raised as it is."""
+    cfg = make("fedpm", **CFG)
+    _, one = run(cfg, "vectorized", chunk=1, rounds=1)
+    raised = _oom_once(monkeypatch, "_chunk", exc)
+    exp = experiment(cfg, "vectorized", rounds=1)
+    if not isinstance(exc, torch.OutOfMemoryError):
+        with pytest.raises(RuntimeError, match="boom"):
+            run_experiment(exp)
+        return
+    replies = {}
+    with pytest.warns(RuntimeWarning, match="out of memory on cpu: training chunk 3 -> 1 clients"):
+        run_experiment(exp, tamper=lambda t, i, r: replies.setdefault((t, i), r))
+    assert raised == [3] and exp.meta["executed"]["out_of_memory"] == ["training chunk 3 -> 1 clients"]
+    _same_bits(replies, one)
+
+
+def test_an_out_of_memory_statistics_pass_is_halved_and_retried(monkeypatch):
+    """An injected out-of-memory error in every statistics pass over more than one client: each is retried one
+    client at a time, giving bit for bit the replies of passes sized to one client, recorded."""
+    from fedpm_dnn.engine import vectorized
+
+    cfg = make("fedpm", **CFG)
+    monkeypatch.setattr(vectorized, "stats_client_chunk", lambda *a: 1)
+    _, one = run(cfg, "vectorized", rounds=1)
+    monkeypatch.undo()
+    raised = _oom_once(monkeypatch, "_foof_pass", torch.OutOfMemoryError("CUDA out of memory"), always=True)
+    exp = experiment(cfg, "vectorized", rounds=1)
+    replies = {}
+    with pytest.warns(RuntimeWarning, match="statistics chunk 3 -> 1 clients"):
+        run_experiment(exp, tamper=lambda t, i, r: replies.setdefault((t, i), r))
+    # every pass over 3 clients (the first participations', the end of round's) fails and runs one client at a time
+    assert raised == [3, 3] and exp.meta["executed"]["out_of_memory"] == ["statistics chunk 3 -> 1 clients"] * 2
+    _same_bits(replies, one)

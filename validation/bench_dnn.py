@@ -403,6 +403,9 @@ def _profiled_run(model, method, device, size, epochs, apply, mode, seed=0, step
         "ops": len(top),
         "in_step_ops": sum(1 for e in top if in_step(e)),
         "replays": sum(replays),
+        # the shares of the local steps the graph replayed, and the static step function ran (graphed or eagerly)
+        "graphed_share": exp.meta.get("executed", {}).get("graphed_share", 0.0),
+        "static_step_share": exp.meta.get("executed", {}).get("static_step_share", 0.0),
         "kernels": sum(1 for e in events if e.name in launch),
         "host_ms": sum(e.self_cpu_time_total for e in events if e.name.startswith("aten::")) / 1000,
     }
@@ -448,6 +451,8 @@ def launch_proxies(
                 "operators_per_round": one["ops"] + (epochs - 1) * (two["ops"] - one["ops"]),
                 # ~1 where the static step ran as a graph (CUDA), 0 where it ran eagerly (a CPU, a failed capture)
                 "graph_replays_per_local_step": per_step["replays"] / 2,  # both rounds of each run
+                "graphed_share": two["graphed_share"],
+                "static_step_share": two["static_step_share"],
             }
         out[method] = {"local_steps_per_epoch": steps, "step_form": plain, **forms[plain], "step_forms": forms}
     return out
@@ -760,7 +765,7 @@ def parse_args(argv=None):
         "--foof-precision",
         choices=("auto", *PRECISIONS),
         default="auto",
-        help="FedPM's --foof-precision (fedpm_dnn.foof.precision; auto: split-tf32 on CUDA, fp32 on the CPU) "
+        help="FedPM's --foof-precision (fedpm_dnn.foof.precision; auto: per model, fedpm_dnn.foof.cost.auto_mode) "
         "(default: auto)",
     )
     p.add_argument(
@@ -900,9 +905,11 @@ def _main(argv=None) -> int:
         if args.device == "auto" and torch.cuda.is_available()
         else ("cpu" if args.device == "auto" else args.device)
     )
-    from fedpm_dnn.foof.precision import default_mode
+    from fedpm_dnn.foof import precision
+    from fedpm_dnn.foof.cost import auto_mode
 
-    mode = default_mode(device) if args.foof_precision == "auto" else args.foof_precision
+    # per model: auto is the rule validation.dnn applies (split-tf32 on CUDA only where it pays for the model)
+    modes = {m: auto_mode(device, m) if args.foof_precision == "auto" else args.foof_precision for m in models}
     LAST_BATCH[0] = args.last_batch
     name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     out = {
@@ -911,46 +918,52 @@ def _main(argv=None) -> int:
         "device_name": name,
         "torch_threads": torch.get_num_threads(),
         "last_batch": args.last_batch,
+        "foof_precision": modes,
         "torch": torch.__version__,
         "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "results": [
-            measure(
-                m,
-                device,
-                sizes,
-                args.repeats,
-                args.client_chunk,
-                engines,
-                args.seed,
-                args.quiet,
-                args.applies,
-                args.methods,
-                mode,
-                args.step_graph,
-            )
-            for m in models
-        ],
+        # every method of a model's comparison with FedPM's convolutions (TF32 unless its mode is fp32)
+        "cudnn_allow_tf32": {m: modes[m] != "fp32" for m in models},
+        "results": [],
     }
-    for r, m in zip(out["results"], models, strict=True):
-        size = sizes or SIZES[(m, "cuda" if device.startswith("cuda") else "cpu")]
-        if args.stack:
-            reps = args.repeats or (1 if (m == "resnet18gn" and device == "cpu") else 2)
-            r.update(
-                measure_stack(
+    for m in models:
+        with precision.convolutions(modes[m] != "fp32"):
+            out["results"].append(
+                measure(
                     m,
                     device,
-                    size,
-                    args.stack,
-                    reps,
+                    sizes,
+                    args.repeats,
                     args.client_chunk,
-                    args.stack_method,
-                    args.applies[0],
-                    mode,
+                    engines,
+                    args.seed,
+                    args.quiet,
+                    args.applies,
+                    args.methods,
+                    modes[m],
                     args.step_graph,
                 )
             )
-        if args.proxies:
-            r["proxies"] = launch_proxies(m, device, size, args.applies[0], mode, step_graph=args.step_graph)
+    for r, m in zip(out["results"], models, strict=True):
+        with precision.convolutions(modes[m] != "fp32"):
+            size = sizes or SIZES[(m, "cuda" if device.startswith("cuda") else "cpu")]
+            if args.stack:
+                reps = args.repeats or (1 if (m == "resnet18gn" and device == "cpu") else 2)
+                r.update(
+                    measure_stack(
+                        m,
+                        device,
+                        size,
+                        args.stack,
+                        reps,
+                        args.client_chunk,
+                        args.stack_method,
+                        args.applies[0],
+                        modes[m],
+                        args.step_graph,
+                    )
+                )
+            if args.proxies:
+                r["proxies"] = launch_proxies(m, device, size, args.applies[0], modes[m], step_graph=args.step_graph)
     cnn = next((r for r in out["results"] if r["model"] == "cnn"), None)
     if cnn:  # the headline keys: SimpleCNN, CIFAR-10 setting
         out.update(

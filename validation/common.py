@@ -77,16 +77,17 @@ class OneLineParser(argparse.ArgumentParser):
         try:
             for a, _ in saved:
                 a.default = unset
-            ns, _ = self.parse_known_args(argv)
+            ns, _ = type(self).parse_known_args(self, argv)  # the class's parse: no deprecation warned again
         finally:
             for a, default in saved:
                 a.default = default
-        return {k for k, v in vars(ns).items() if v is not unset}
+        return {k for k, v in vars(ns).items() if v is not unset and k != _SPELLED}
 
 
 class DeprecatedAlias(argparse.Action):
     """An old spelling of a flag: stores into the new flag's dest (through ``convert``) and prints one
-    deprecation line on stderr.  Hidden from --help (docs/cli.md lists the aliases)."""
+    deprecation line on stderr.  Hidden from --help (docs/cli.md lists the aliases).  Given together with the new
+    spelling, in either order, it is refused (``_one_spelling``): the last would otherwise win silently."""
 
     def __init__(self, option_strings, dest, new: str, convert=None, **kw):
         kw.update(help=argparse.SUPPRESS, default=argparse.SUPPRESS)
@@ -94,8 +95,31 @@ class DeprecatedAlias(argparse.Action):
         self.new, self.convert = new, convert
 
     def __call__(self, parser, namespace, values, option_string=None):
-        warn_deprecated(parser.prog, option_string, self.new)
+        _one_spelling(parser, self, namespace, option_string)
         setattr(namespace, self.dest, self.convert(values) if self.convert else values)
+
+
+class _NewSpelling:
+    """Mixed into the action of a flag that has a DeprecatedAlias: it notes its spelling for ``_one_spelling``."""
+
+    old: str = ""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        _one_spelling(parser, self, namespace, option_string)
+        super().__call__(parser, namespace, values, option_string)
+
+
+_SPELLED = "_spelled_as"  # on the namespace while it is parsed: {dest: the spelling given}; removed after parsing
+
+
+def _one_spelling(parser, action, namespace, option_string) -> None:
+    """The rule for the old and new spellings of one flag: either, not both (the last would win silently)."""
+    spelled = namespace.__dict__.setdefault(_SPELLED, {})
+    other = spelled.get(action.dest)
+    if other is not None and other != option_string:
+        old, new = (option_string, other) if isinstance(action, DeprecatedAlias) else (other, option_string)
+        parser.error(f"{old} is the earlier spelling of {new}: give one of them")
+    spelled[action.dest] = option_string
 
 
 def warn_deprecated(prog: str, old: str, new: str) -> None:
@@ -104,6 +128,22 @@ def warn_deprecated(prog: str, old: str, new: str) -> None:
 
 def add_deprecated_alias(p, old: str, new: str, dest: str, convert=None, **kw) -> None:
     p.add_argument(old, dest=dest, action=DeprecatedAlias, new=new, convert=convert, **kw)
+    newer = p._option_string_actions[new]  # noqa: SLF001  (argparse keeps no public map of flags to actions)
+    if not isinstance(newer, _NewSpelling):
+        newer.__class__ = type(type(newer).__name__, (_NewSpelling, type(newer)), {})
+    if "parse_known_args" not in vars(p):  # the parser's own method, on this parser alone
+        parse = p.parse_known_args
+
+        def parse_spelled(args=None, namespace=None):
+            # what a parse returns holds no note of the spellings it saw (_one_spelling)
+            ns, rest = parse(args, namespace)
+            for flag in ns.__dict__.pop(_SPELLED, {}).values():  # after the parse: an error stays one line
+                action = p._option_string_actions[flag]  # noqa: SLF001
+                if isinstance(action, DeprecatedAlias):
+                    warn_deprecated(p.prog, flag, action.new)
+            return ns, rest
+
+        p.parse_known_args = parse_spelled
 
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -400,6 +440,13 @@ def check_problem_args(parser, args) -> None:
         parser.error(
             f"--dataset {args.dataset}: is a folder; give a bundled name ({', '.join(BUNDLED)}) or a LibSVM file"
         )
+    if args.dataset not in BUNDLED and os.path.lexists(args.dataset) and not os.path.isfile(args.dataset):
+        from fedconvex.files import not_a_file  # a FIFO, a device, a link to nothing: what it is, not "no file"
+
+        parser.error(
+            f"--dataset {args.dataset}: {not_a_file(args.dataset)}; give a bundled name ({', '.join(BUNDLED)}) or "
+            "a LibSVM file"
+        )
 
 
 def check_fits(ds, dataset: str) -> None:
@@ -551,7 +598,11 @@ def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> i
     processes, a worker pool that would otherwise be orphaned) has run by then.  A KeyboardInterrupt carrying a
     message (validation.dnn: what the output folder keeps) says that instead of ``what_is_kept``."""
 
+    received = []  # the SIGTERMs that arrived: a library that turns Terminated into a plain KeyboardInterrupt (Ray's
+    # waits report any interruption so) still ends as a SIGTERM, in its own words and exit status
+
     def terminated(signum, frame):
+        received.append(signum)
         raise Terminated()
 
     def redeliver(unraisable):
@@ -572,12 +623,12 @@ def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> i
     hook, sys.unraisablehook = sys.unraisablehook, redeliver
     try:
         return main()
-    except Terminated as exc:
+    except KeyboardInterrupt as exc:
+        if not isinstance(exc, Terminated) and not received:
+            sys.stderr.write(f"{prog}: error: interrupted (Ctrl-C); {str(exc) or what_is_kept}\n")
+            return 130
         sys.stderr.write(f"{prog}: error: terminated (SIGTERM); {str(exc) or what_is_kept}\n")
         return 128 + signal.SIGTERM
-    except KeyboardInterrupt as exc:
-        sys.stderr.write(f"{prog}: error: interrupted (Ctrl-C); {str(exc) or what_is_kept}\n")
-        return 130
     finally:
         sys.unraisablehook = hook
         if main_thread:

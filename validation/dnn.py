@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import sys
 import time
 
 from fedconvex.files import FolderSwapped, held_folder
-from validation import common, dnn_cli, dnn_output
+from validation import common, dnn_cli, dnn_output, progress
 from validation.dnn_cli import (
     DEFAULT_CLIENTS,
     DEFAULT_ENGINE,
@@ -185,7 +184,7 @@ def run(args, argv) -> int:
         torch.set_num_threads(args.threads)
     from fedpm_dnn.data import DatasetError
 
-    command = PROG + " " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = dnn_cli.recorded_command(argv if argv is not None else sys.argv[1:], args.started)
     if args.runs:
         return main_stack(args, command)
     try:
@@ -231,6 +230,7 @@ def run_held(args, exp, desc, command, opened, held) -> int:
         # results on disk after every round, each file replaced atomically
         bar.done = row["round"] - 1
         bar.update(1, f"round {row['round']} acc {row['test_acc']:.3f}")
+        progress.round_done(os.path.basename(os.path.normpath(args.out)), row["round"], args.rounds)
         dnn_output.write_outputs(args.out, history, summarize(desc, history, command))
 
     if not args.quiet:
@@ -251,6 +251,10 @@ def run_held(args, exp, desc, command, opened, held) -> int:
         if not isinstance(exc, (ArithmeticError, ValueError, OSError)):
             raise
         fail_run(args, exc)
+    void = dnn_output.nobody_contributed(history, exp)
+    if void:
+        dnn_output.discard_outputs(args.out, opened, held)
+        common.fail(PROG, RuntimeError(f"{void}; nothing was kept in {args.out}"))
     summary = summarize(desc, history, command)
     try:
         dnn_output.write_outputs(args.out, history, summary)

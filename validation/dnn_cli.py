@@ -7,8 +7,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
+import shlex
 import sys
+import time
+from dataclasses import dataclass
 
 from validation import common
 from validation.outputs import Kind, reserved_name, written_by
@@ -18,6 +22,13 @@ OUTPUT = Kind(PROG, ("history.csv", "summary.json", "checkpoint.pt"))  # what a 
 DEFAULT_ENGINE = "auto"
 DEFAULT_CLIENTS = 10  # --clients of a Dirichlet split (FEMNIST: every writer)
 EXIT_PARTIAL = 75  # sysexits' EX_TEMPFAIL: stopped at --deadline with rounds left; --resume continues
+
+# auto: on a GPU the vectorized engine (5-6x the sequential one for SimpleCNN on an H100/H200); on a CPU the
+# sequential one.  With per-client convolutions the vectorized engine is level there (SimpleCNN, 10 clients:
+# 0.96-1.22x at two torch threads, 0.90-1.02x at one; ResNet18-GN 0.43x), within the
+# runs' noise -- not enough to change what a default CPU run computes (float32 round-off differs between the
+# engines) or to stop older checkpoints from resuming under the default.
+AUTO_ENGINE = {"cuda": "vectorized", "cpu": "sequential"}
 
 
 def build_parser(doc: str | None = None):
@@ -184,7 +195,8 @@ def build_parser(doc: str | None = None):
         "--out",
         default=None,
         help="output folder (default: results/dnn-<preset or dataset>-<method>-s<seed>-r<rounds>, then what else "
-        "differs from the preset: -train<N> -test<N> -a<alpha>, a digest of any other setting; docs/dnn.md)",
+        "differs from the preset: -train<N> -test<N> -a<alpha>, a digest of any other setting, the engine where it "
+        "is not auto's; docs/dnn.md)",
     )
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument(
@@ -198,6 +210,13 @@ def build_parser(doc: str | None = None):
         default=None,
         help="seconds since the epoch: stop after the round in which this time passes (checkpointed; exit 75 "
         "when rounds are left) (default: none)",
+    )
+    p.add_argument(
+        "--budget-minutes",
+        type=common.budget_minutes,
+        default=None,
+        help="stop after the round in which M minutes since the start pass (as --deadline, counted from now; a run's "
+        "recorded command gives its --deadline so) (default: none)",
     )
     common.add_quiet_arg(p)
     g = p.add_argument_group("hyper-parameters (override the preset)")
@@ -258,7 +277,8 @@ def build_parser(doc: str | None = None):
         choices=("fp32", "split-tf32", "tf32", "bf16", "auto"),
         help="arithmetic of FOOF's apply product and statistics Gram (LocalNewton, FedPM; docs/stacking.md): fp32, "
         "split-tf32 (tensor cores at float32's accuracy), tf32 or bf16 (approximations, opt-in); auto is "
-        "split-tf32 on CUDA and fp32 on the CPU, and a resumed run keeps what it recorded (default: auto)",
+        "split-tf32 on CUDA where the cost model says it pays for the model (ResNet18-GN, not SimpleCNN), else fp32, "
+        "and a resumed run keeps what it recorded; fp32 runs the convolutions in float32 too (default: auto)",
     )
     g.add_argument(
         "--refresh-every",
@@ -306,16 +326,16 @@ def build_parser(doc: str | None = None):
 
 
 def parse_args(argv=None, doc: str | None = None):
+    started = time.time()  # a --budget-minutes counts from here
     p = build_parser(doc)
     args = p.parse_args(argv)
-    if args.seeds is not None and args.seed is not None:
-        p.error("--seed and --seeds exclude each other")
-    seeds = args.seeds or [0 if args.seed is None else args.seed]
-    args.alphas = args.alpha  # None (the preset's, else 0.1) or the values as typed (they name run folders)
-    args.seed, args.alpha = seeds[0], None if args.alpha is None else float(args.alpha[0])
-    combos = list(itertools.product(seeds, args.alphas or [None]))
-    check_preset(p, args)
-    resolve_into(p, args)
+    if args.budget_minutes is not None:
+        if args.deadline is not None:
+            p.error("--deadline and --budget-minutes exclude each other")
+        args.deadline = started + 60.0 * args.budget_minutes
+    args.started = started
+    combos = settle(p, args)
+    args.out_given = args.out is not None  # a default --out names the rounds: advice to extend a run names it
     check_natural_split(p, args, p.given(sys.argv[1:] if argv is None else argv))
     if args.resume and args.overwrite:
         p.error("--resume and --overwrite exclude each other")
@@ -327,6 +347,21 @@ def parse_args(argv=None, doc: str | None = None):
             args.out = default_out(args)
         check_args(p, args)
     return args
+
+
+def settle(p, args) -> list:
+    """The parsed flags made the run's settings, the one way every reader sees them (the run itself, its default
+    --out, the sweep's comparison of a recorded command with a profile's: ``command_fingerprint``): --seed and
+    --alpha as the first run's, the preset applied under the flags (args.resolved), alpha in its canonical form.
+    Returns the (seed, alpha text) of each run a list of seeds and alphas makes."""
+    if args.seeds is not None and args.seed is not None:
+        p.error("--seed and --seeds exclude each other")
+    seeds = args.seeds or [0 if args.seed is None else args.seed]
+    args.alphas = args.alpha  # None (the preset's, else 0.1) or the canonical values (they name run folders)
+    args.seed, args.alpha = seeds[0], None if args.alpha is None else float(args.alpha[0])
+    check_preset(p, args)
+    resolve_into(p, args)
+    return list(itertools.product(seeds, args.alphas or [None]))
 
 
 def check_natural_split(p, args, given: set) -> None:
@@ -375,25 +410,104 @@ def default_out(args, stack: bool = False) -> str:
     if stack:
         differs = [k for k in differs if k not in ("seed", "alpha")]
     if "alpha" in differs:
-        head.append("a" + (args.alphas[0] if args.alphas else repr(args.resolved.settings["alpha"])))
+        head.append("a" + settings_of(args).alpha_text)
         differs.remove("alpha")
     if differs:
         text = json.dumps({k: want.get(k) for k in differs}, sort_keys=True, default=str)
         head.append(hashlib.sha256(text.encode()).hexdigest()[:8])
     name = os.path.join("results", "-".join(head))
+    if not stack and args.alphas and args.alphas.typed:
+        name = legacy_alpha_folder(name, args.alphas[0], args.alphas.typed[0])
+    engine = None if stack else engine_tag(args)
+    if engine:  # another engine than --engine auto's here: another folder (its float32 sums differ)
+        untagged, name = name, f"{name}-{engine}"
+        if not os.path.exists(name) and checkpoint_engine(untagged) == engine:
+            name = untagged  # written before the folder named the engine: still this run's
     legacy = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")  # the earlier default
     if not stack and args.resume and not os.path.exists(name) and os.path.isfile(os.path.join(legacy, "checkpoint.pt")):
         return legacy
     return name
 
 
+def engine_tag(args) -> str | None:
+    """The engine --engine names where it is not the one --engine auto gives on the run's device, else None
+    (that engine's runs are named without it, as they always were)."""
+    if args.engine == "auto":
+        return None
+    device = args.device
+    if device == "auto":
+        try:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        except ImportError:
+            device = "cpu"
+    return None if AUTO_ENGINE.get(device) == args.engine else args.engine
+
+
+def checkpoint_engine(folder: str) -> str | None:
+    """The engine a run's checkpoint in ``folder`` recorded, or None (none there, or not readable)."""
+    path = os.path.join(folder, "checkpoint.pt")
+    if not os.path.isfile(path):
+        return None
+    try:
+        from fedpm_dnn.engine import checkpoint
+
+        saved = checkpoint.load(path, map_location="cpu").get("fingerprint", {})
+    except Exception:  # noqa: BLE001  (an unreadable checkpoint names no engine; the run says why later)
+        return None
+    return saved.get("engine", saved.get("run.engine")) if isinstance(saved, dict) else None
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """A run's settings resolved once, at the command's boundary (``resolve_into``): the preset applied under the
+    flags, every ``auto`` that needs no device made concrete, each value in its one form.  The fingerprint, the
+    default --out, the experiment (``validation.dnn_experiment.build``) and summary.json read these, not the
+    flags as typed."""
+
+    dataset: str
+    alpha: float  # the Dirichlet concentration (FEMNIST: the default's, unused by its writers' split)
+    seed: int
+    split_seed: int  # --split-seed, else --seed
+    augment: str  # --augment auto made concrete for the data set
+    lr_schedule: object  # fedpm_dnn.engine.lr_schedule.LrSchedule (milestones as rounds of --rounds), or None
+    resolved: object  # fedpm_dnn.presets.Resolved: the method, and where each setting came from
+
+    @property
+    def alpha_text(self) -> str:
+        return canonical_alpha(self.alpha)
+
+
+def settings_of(args) -> RunSettings:
+    """``args.settings`` (made by ``resolve_into``), or made now for a namespace that was not settled so."""
+    made = getattr(args, "settings", None)
+    return made if made is not None else _run_settings(args)
+
+
+def _run_settings(args) -> RunSettings:
+    dataset = args.resolved.settings["dataset"]
+    seed = 0 if args.seed is None else args.seed
+    return RunSettings(
+        dataset=dataset,
+        alpha=float(args.resolved.settings["alpha"]),
+        seed=seed,
+        split_seed=seed if args.split_seed is None else args.split_seed,
+        augment=resolved_augment(args.augment, dataset),
+        lr_schedule=lr_schedule(args),
+        resolved=args.resolved,
+    )
+
+
 def resolve_into(p, args) -> None:
-    """args.resolved (the preset under the flags) and the data set it names, or one parser error."""
+    """args.resolved (the preset under the flags), the data set it names and args.settings (``RunSettings``), or
+    one parser error."""
     try:
         args.resolved = resolve(args)
+        args.dataset = args.resolved.settings["dataset"]
+        args.settings = _run_settings(args)
     except ValueError as exc:  # the preset has no row for the method, or a flag's value does not fit it
         p.error(str(exc))
-    args.dataset = args.resolved.settings["dataset"]
 
 
 def milestones_arg(text):
@@ -407,6 +521,30 @@ def milestones_arg(text):
     return text
 
 
+def recorded_command(argv, started: float) -> str:
+    """The command line a run records (summary.json, its ``reproduce:`` line): ``argv`` quoted, with an absolute
+    --deadline (the sweep's budget clock) given as the --budget-minutes it left at ``started``, so that the line
+    run again later stops as late after its start, not at once."""
+    words, i = [], 0
+    argv = list(argv)
+    while i < len(argv):
+        word = argv[i]
+        value = None
+        flag = word.split("=", 1)[0]
+        is_deadline = len(flag) >= len("--dea") and "--deadline".startswith(flag)  # argparse takes a prefix
+        if is_deadline and "=" not in word and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 2
+        elif is_deadline and "=" in word:
+            value, i = word.split("=", 1)[1], i + 1
+        else:
+            words.append(word)
+            i += 1
+            continue
+        left = max(float(value) - started, 0.0) / 60.0
+        words += ["--budget-minutes", f"{max(math.ceil(left * 100) / 100, 0.01):g}"]
+    return PROG + " " + " ".join(shlex.quote(w) for w in words)
+
+
 def lr_schedule(args):
     """The run's fedpm_dnn.engine.lr_schedule.LrSchedule (milestones made absolute for --rounds), or None."""
     from fedpm_dnn.engine.lr_schedule import schedule_for
@@ -414,14 +552,37 @@ def lr_schedule(args):
     return schedule_for(args.lr_warmup_rounds, args.lr_milestones, args.rounds)
 
 
+def canonical_alpha(value) -> str:
+    """An alpha's one written form, as run folders, default --out names and the sweep's profiles write it: the
+    shortest text that reads back as the same float (1, 1.0 and 1.00 are all 1.0; 0.10 is 0.1)."""
+    return repr(float(value))
+
+
+class AlphaList(list):
+    """--alpha's values in their canonical form (``canonical_alpha``); ``typed``: as given on the command line,
+    which named run folders before names were canonical (found again under --resume: ``legacy_alpha_folder``)."""
+
+    typed: tuple = ()
+
+
 def alpha_list(text):
-    """--alpha: one Dirichlet concentration or a comma-separated list (kept as typed: they name run folders)."""
+    """--alpha: one Dirichlet concentration or a comma-separated list of distinct values (1 and 1.0 are one)."""
     parts = text.split(",")
-    for t in parts:
-        common.positive_float(t)
-    if len(set(parts)) != len(parts):
-        raise argparse.ArgumentTypeError(f"repeated value in {text}")
-    return parts
+    values = AlphaList(canonical_alpha(common.positive_float(t)) for t in parts)
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"repeated value in {text} (as numbers: {', '.join(values)})")
+    values.typed = tuple(parts)
+    return values
+
+
+def legacy_alpha_folder(folder: str, canonical: str, typed: str) -> str:
+    """``folder``, named with an alpha in its canonical form, or the folder a run under the same flags wrote
+    before names were canonical (the alpha as typed) where only that one holds a checkpoint to resume."""
+    if typed == canonical or os.path.exists(folder):
+        return folder
+    head, tail = os.path.split(folder)
+    old = os.path.join(head, tail.replace(f"a{canonical}", f"a{typed}", 1))
+    return old if os.path.isfile(os.path.join(old, "checkpoint.pt")) else folder
 
 
 def seed_list(text):
@@ -436,16 +597,22 @@ def stack_run_name(dataset: str, alpha: str, method: str, seed: int) -> str:
     return f"main-{dataset}-a{alpha}-{method}-s{seed}"
 
 
+def stack_names(args, combos) -> list:
+    """A stack's run folder names, in the order seeds x alphas: --run-names, else validation.experiments' names
+    of the main runs (alpha in its canonical form)."""
+    alpha_text = [a if a is not None else settings_of(args).alpha_text for _, a in combos]
+    return args.run_names or [
+        stack_run_name(args.dataset, a, args.method, s) for (s, _), a in zip(combos, alpha_text, strict=True)
+    ]
+
+
 def check_stack_args(p, args, combos):
     """Several runs (--seeds / --alpha lists): args.runs gets one namespace per run, its own seed, alpha (resolved
     with the preset as a run alone would be) and folder under --out; a run folder with a checkpoint continues under
     --resume, one without starts."""
     if args.engine == "sequential":
         p.error("--seeds / --alpha lists train the runs as one stack on the vectorized engine, not --engine sequential")
-    alpha_text = [a if a is not None else repr(args.resolved.settings["alpha"]) for _, a in combos]
-    names = args.run_names or [
-        stack_run_name(args.dataset, a, args.method, s) for (s, _), a in zip(combos, alpha_text, strict=True)
-    ]
+    names = stack_names(args, combos)
     if len(names) != len(combos):
         p.error(f"--run-names: {len(names)} names for {len(combos)} runs (seeds x alphas)")
     if len(set(names)) != len(names) or any(not n or os.sep in n or n in (".", "..") for n in names):
@@ -457,9 +624,12 @@ def check_stack_args(p, args, combos):
     if args.out is None:
         args.out = default_out(args, stack=True)
     check_stack_out(p, args.out)
+    typed = dict(zip(args.alphas or (), getattr(args.alphas, "typed", ()), strict=False))
     for (seed, alpha), name in zip(combos, names, strict=True):
         run = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "runs"})
-        run.seed, run.out = seed, os.path.join(args.out, name)
+        run.seed, run.out, run.runs_parent = seed, os.path.join(args.out, name), args.out
+        if args.run_names is None and alpha in typed:
+            run.out = legacy_alpha_folder(run.out, alpha, typed[alpha])
         run.alpha, run.alphas = (None, None) if alpha is None else (float(alpha), [alpha])
         run.resume = args.resume and os.path.isfile(os.path.join(run.out, "checkpoint.pt"))
         run.overwrite = args.overwrite
@@ -529,8 +699,10 @@ def check_preset(p, args):
 
 def preset_warning(args) -> str | None:
     """One line naming each flag that contradicts the preset's own setting (allowed: the flag wins)."""
+    from validation.progress import in_sweep
+
     conflicts = args.resolved.conflicts
-    if not conflicts:
+    if not conflicts or in_sweep():  # a sweep's runs: the profile set these flags, not the user
         return None
 
     def show(key, value):  # None: every client / every sample
@@ -555,21 +727,37 @@ def check_args(p, args):
             p.error(f"--gn-groups applies to --model resnet18gn, not to --model {args.model}")
         if 64 % args.gn_groups:
             p.error(f"--gn-groups {args.gn_groups}: must divide 64, the channels of ResNet18-GN's first layer")
-    schedule = lr_schedule(args)
+    schedule = settings_of(args).lr_schedule
     for first, _ in schedule.milestones if schedule else ():
         if first > args.rounds:
             p.error(f"--lr-milestones {args.lr_milestones}: a milestone starts at round {first}, after the last round")
-    if args.client_chunk is not None and args.engine == "sequential":
-        p.error("--client-chunk applies to --engine vectorized (or auto on a GPU), not to --engine sequential")
-    if args.step_graph != "auto" and args.engine == "sequential":
-        p.error(
-            f"--step-graph {args.step_graph} applies to --engine vectorized (or auto on a GPU), "
-            "not to --engine sequential"
-        )
+    why = vectorized_only(args, args.engine)
+    if why:
+        p.error(why)
     common.check_out_arg(p, args.out, kind=OUTPUT)
     why = checkpoint_conflict(args)
     if why:
         p.error(why)
+
+
+def vectorized_only(args, engine: str, device: str | None = None) -> str | None:
+    """Why a flag of the vectorized engine (--client-chunk, --step-graph on/off) does not apply to ``engine``, the
+    run's engine (``device``: the device --engine auto resolved it for), or None: such a flag is refused, never
+    ignored."""
+    if engine != "sequential":
+        return None
+    given = ["--client-chunk"] if args.client_chunk is not None else []
+    given += [f"--step-graph {args.step_graph}"] if args.step_graph != "auto" else []
+    if not given:
+        return None
+    what = " and ".join(given)
+    verb = "apply" if len(given) > 1 else "applies"
+    if device is None:
+        return f"{what} {verb} to --engine vectorized (or auto on a GPU), not to --engine sequential"
+    return (
+        f"{what} {verb} to the vectorized engine, and --engine auto is the sequential one on this {device}: "
+        "give --engine vectorized, or leave them out"
+    )
 
 
 def checkpoint_conflict(args) -> str | None:
@@ -598,7 +786,8 @@ def checkpoint_conflict(args) -> str | None:
 # difference is named by what differs (checkpoints that recorded these flags still resume: fedpm_dnn.engine.checkpoint)
 NOT_IN_FINGERPRINT = {
     *("out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "deadline", "resolved"),
-    *("gn_groups", "seeds", "alphas", "run_names", "runs", "overwrite", "step_graph"),
+    *("budget_minutes", "started", "settings"),
+    *("gn_groups", "seeds", "alphas", "run_names", "runs", "overwrite", "step_graph", "out_given", "runs_parent"),
     *HYPERPARAMETER_FLAGS,
     *("local_epochs", "foof_samples", "clients", "participants"),
     *("lr_warmup_rounds", "lr_milestones"),  # in the fingerprint as the resolved lr_schedule (run_fingerprint)
@@ -623,25 +812,34 @@ def run_fingerprint(args) -> dict:
     flags = {k: v for k, v in vars(args).items() if k not in NOT_IN_FINGERPRINT}
     # the augmentation as trained: "auto" and the concrete name it stands for are one run (and checkpoints
     # written before "auto" existed record the concrete name)
-    flags["augment"] = resolved_augment(args.augment, args.resolved.settings["dataset"])
+    settings = settings_of(args)
+    flags["augment"] = settings.augment
     if flags.get("split_seed") == args.seed:
         flags["split_seed"] = None
     # the schedule with its milestones as rounds: --rounds is not in the fingerprint (a run can be extended), but
     # milestones given in per cent of it move with it, and a run resumed under other milestones is another run.
     # None (no schedule) is how checkpoints written before the flags existed read.
-    schedule = lr_schedule(args)
+    schedule = settings.lr_schedule
     flags["lr_schedule"] = schedule.as_dict() if schedule else None
     return dict(sorted({**flags, "alpha": args.resolved.settings["alpha"]}.items()))
 
 
-def command_fingerprint(argv) -> dict:
-    """What a command line computes, resolved without reading data (``resolved_fingerprint``).  The sweep compares
-    a profile's run with the command a result folder's summary.json records this way (validation/sweep.py)."""
-    args = build_parser().parse_args(list(argv))
-    args.resolved = resolve(args)
-    args.dataset = args.resolved.settings["dataset"]
-    if args.seed is None:
-        args.seed = 0
+def command_fingerprint(argv, run_name: str | None = None) -> dict:
+    """What a command line computes, resolved without reading data (``resolved_fingerprint``), its flags settled as
+    the command itself settles them (``settle``: presets applied, alpha canonical), so that a flag left to the
+    preset, or written another way (0.10, 1), is no difference.  A stack's command (--seeds, --alpha lists) is
+    read for its run in the folder ``run_name`` (ValueError when it has none of that name).  The sweep compares a
+    profile's run with the command a result folder's summary.json records this way (validation/sweep.py)."""
+    p = build_parser()
+    args = p.parse_args(list(argv))
+    combos = settle(p, args)
+    if len(combos) > 1 or args.seeds is not None or args.run_names is not None:
+        names = stack_names(args, combos)
+        if run_name not in names or len(names) != len(combos):
+            raise ValueError(f"the stack's command has no run {run_name!r}")
+        seed, alpha = combos[names.index(run_name)]
+        args.seed, args.alpha = seed, None if alpha is None else float(alpha)
+        resolve_into(p, args)
     return resolved_fingerprint(args)
 
 

@@ -8,14 +8,7 @@ import os
 
 import numpy as np
 
-from validation.dnn_cli import DEFAULT_CLIENTS, lr_schedule, resolved_augment
-
-# auto: on a GPU the vectorized engine (5-6x the sequential one for SimpleCNN on an H100/H200); on a CPU the
-# sequential one.  With per-client convolutions the vectorized engine is level there (SimpleCNN, 10 clients:
-# 0.96-1.22x at two torch threads, 0.90-1.02x at one; ResNet18-GN 0.43x), within the
-# runs' noise -- not enough to change what a default CPU run computes (float32 round-off differs between the
-# engines) or to stop older checkpoints from resuming under the default.
-AUTO_ENGINE = {"cuda": "vectorized", "cpu": "sequential"}
+from validation.dnn_cli import AUTO_ENGINE, DEFAULT_CLIENTS, settings_of, vectorized_only
 
 
 def subset_problem(n, labels, num_classes) -> str | None:
@@ -50,25 +43,25 @@ def balanced_subset(labels, n, num_classes, seed):
 
 # --foof-apply auto (the default) on each device: the whole run's apply, decided once and recorded in the checkpoint
 AUTO_FOOF_APPLY = {"cuda": "inverse", "cpu": "solve"}
-# --foof-precision auto (the default): fedpm_dnn.foof.precision.default_mode; a checkpoint from before it: fp32
+# --foof-precision auto (the default): fedpm_dnn.foof.cost.auto_mode; a checkpoint from before it: fp32
 FOOF_AUTO = {"foof_apply": "solve", "foof_precision": "fp32"}  # what a checkpoint without the entry ran
 
 
 def concrete_foof_apply(args, cfg, device: str):
     """``cfg`` with --foof-apply and --foof-precision auto (or no flag) made concrete: on --resume what the
     checkpoint recorded (a run started under an earlier default continues as it began; a checkpoint from before an
-    option ran FOOF_AUTO), else AUTO_FOOF_APPLY and precision.default_mode for the device.  The flag's own value
+    option ran FOOF_AUTO), else AUTO_FOOF_APPLY and cost.auto_mode for the device and model.  The flag's own value
     follows the checkpoint's too, so that neither differs."""
     if not getattr(cfg, "uses_foof", False):
         return cfg
-    from fedpm_dnn.foof import precision
+    from fedpm_dnn.foof.cost import auto_mode
 
     auto = [k for k in FOOF_AUTO if getattr(args, k, None) in (None, "auto")]
     if not auto:
         return cfg
     concrete = {
         "foof_apply": AUTO_FOOF_APPLY.get(torch_device_type(device), "solve"),
-        "foof_precision": precision.default_mode(device),
+        "foof_precision": auto_mode(device, args.model),
     }
     if args.resume and os.path.isfile(os.path.join(args.out, "checkpoint.pt")):
         from fedpm_dnn.engine import checkpoint
@@ -102,6 +95,7 @@ def build(args):
     from fedpm_dnn.data.partition import make_partition
     from fedpm_dnn.engine.sequential import ClientData
     from fedpm_dnn.engine.simulation import Experiment
+    from fedpm_dnn.foof import precision
     from fedpm_dnn.presets import PRESETS
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -112,12 +106,16 @@ def build(args):
         else ("cpu" if args.device == "auto" else args.device)
     )
     engine = AUTO_ENGINE[device] if args.engine == "auto" else args.engine
+    why = vectorized_only(args, engine, device)  # before any data is read
+    if why:
+        raise ValueError(why)
     res = args.resolved
     cfg, settings = concrete_foof_apply(args, res.config, device), res.settings
     data, natural = load_image_dataset(args.dataset, args.data_dir, args.cache_dir)
     x, y = data.x_train, data.y_train
     n_clients = settings["clients"]
-    split_seed = args.seed if args.split_seed is None else args.split_seed
+    run = settings_of(args)  # resolved once, at the command's boundary
+    split_seed = run.split_seed
     if natural is not None:
         # FEMNIST (paper appendix): every writer is a client; --clients N keeps the first N writers
         if args.train_subset:
@@ -146,7 +144,7 @@ def build(args):
     if participants and participants > len(parts):
         raise ValueError(f"--participants {participants} exceeds the {len(parts)} clients")
     to = lambda a: torch.as_tensor(a).to(device)  # noqa: E731
-    augment = resolved_augment(args.augment, data.name) == "crop-flip"
+    augment = run.augment == "crop-flip"
     clients = [ClientData(to(x[p]), to(y[p]), data.mean, data.std, augment=augment) for p in parts]
     exp = Experiment(
         cfg=cfg,
@@ -168,7 +166,7 @@ def build(args):
         step_graph=args.step_graph,
         max_ratio=args.max_ratio or None,
         gn_groups=args.gn_groups or 2,
-        lr_schedule=lr_schedule(args),
+        lr_schedule=run.lr_schedule,
     )
     counts = partition_table(y, parts, data.num_classes)
     desc = {
@@ -184,7 +182,7 @@ def build(args):
         # exp of the entropy of each client's class shares, averaged: 1 = one class per client, C = all alike
         "effective_classes_per_client": float(effective_classes(counts).mean()),
         "participants": participants or len(parts),
-        "augment": resolved_augment(args.augment, data.name),
+        "augment": run.augment,
         "client_sizes": [int(len(p)) for p in parts],
         "class_counts": counts.tolist(),
         "preset": args.preset,
@@ -198,6 +196,10 @@ def build(args):
         "engine": engine,
         # the vectorized engine's full steps as one static function, captured as a CUDA graph there (step_graph)
         "step_graph": resolved_step_graph(args.step_graph, engine, device),
+        # the arithmetic of the training: the device's name and the TF32 flags its rounds ran with (precision.use)
+        "precision": precision.record(getattr(cfg, "foof_precision", "fp32"), device),
+        # what the run actually used, filled in as it goes (the step graph's fallbacks, its graphed share)
+        "executed": exp.meta.setdefault("executed", {}),
         "config": {"name": cfg.name, **cfg.hyperparameters()},
         "lr_schedule": exp.lr_schedule.as_dict() if exp.lr_schedule else None,
     }

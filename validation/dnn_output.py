@@ -9,11 +9,13 @@ import contextlib
 import json
 import os
 import platform
+import shlex
 import shutil
 
 import numpy as np
 
 from fedconvex.files import DamagedFile, FolderSwapped, NotARegularFile, read_json_object, written_atomically
+from fedconvex.results import read_summary
 from validation import common
 from validation.dnn_cli import OUTPUT, PROG
 from validation.outputs import mark, written_by
@@ -54,15 +56,54 @@ def settle_previous(run, exp, stacked: bool = False) -> str | None:
                 "it, or --overwrite to start over"
             ),
         )
+    damaged = outputs_problem(run.out, done)
+    if damaged:  # the checkpoint holds every round's row: the files are written again from it (no round is run)
+        if done > run.rounds:
+            common.fail(
+                PROG,
+                ValueError(f"--out {run.out}: {damaged}; --rounds {done} writes history.csv and summary.json again"),
+            )
+        rounds = f"{done} round{'s' if done != 1 else ''}"
+        print(f"{run.out}: {damaged}; history.csv and summary.json written again from checkpoint.pt ({rounds})")
+        run.resume = True
+        return None
     best = ""
     with contextlib.suppress(ValueError, OSError, TypeError, KeyError):
-        summary = read_json_object(os.path.join(run.out, "summary.json"))
+        summary = read_summary(os.path.join(run.out, "summary.json"))  # its fields in range (fedconvex.results)
         best = f", best test accuracy {float(summary['best_test_acc']):.4f}"
     rounds = f"{done} round{'s' if done != 1 else ''}"
-    return (
-        f"{run.out} already holds this run ({rounds}{best}); nothing to compute (--overwrite recomputes it, "
-        "--resume with more --rounds extends it)"
-    )
+    return f"{run.out} already holds this run ({rounds}{best}); nothing to compute ({extend_advice(run)})"
+
+
+def extend_advice(run) -> str:
+    """How to recompute or extend a finished run, in words that find it again: a default --out names the rounds,
+    so more --rounds without it would name another folder; the folder is then given."""
+    stacked = getattr(run, "runs_parent", None)
+    out = stacked or run.out
+    where = "" if getattr(run, "out_given", True) else f" --out {shlex.quote(out)}"
+    what = "the stack" if stacked else "it"
+    return f"--overwrite recomputes {what}; --resume --rounds N{where}, N more than now, extends {what}"
+
+
+def outputs_problem(out: str, rounds: int) -> str | None:
+    """What is wrong with a finished run's history.csv and summary.json (missing, damaged, fewer rows than the
+    checkpoint's ``rounds``), or None."""
+    from fedconvex.history import read_run
+
+    missing = [name for name in ("history.csv", "summary.json") if not os.path.lexists(os.path.join(out, name))]
+    if missing:
+        return f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing"
+    try:
+        read_json_object(os.path.join(out, "summary.json"))
+    except (ValueError, OSError) as exc:
+        return f"summary.json is damaged ({exc})"
+    try:
+        rows = read_run(os.path.join(out, "history.csv"))
+    except (ValueError, OSError, KeyError) as exc:
+        return f"history.csv is damaged ({exc})"
+    if [r.get("round") for r in rows] != list(range(1, rounds + 1)):
+        return f"history.csv does not hold rounds 1 to {rounds} as the checkpoint does"
+    return None
 
 
 def stack_advice(why: str, run) -> str:
@@ -143,6 +184,29 @@ def undo_open_out(out, state: str, held) -> None:
         shutil.rmtree(out, ignore_errors=True)
     elif state == "marked" and os.listdir(out) == [MARKER]:
         os.remove(os.path.join(out, MARKER))
+
+
+def nobody_contributed(history, exp) -> str | None:
+    """Why a finished run is no result: every reply of every round was rejected (the model never moved from its
+    initialisation), or None.  Such a run must not end as a success with an accuracy."""
+    per_round = min(exp.participants or len(exp.clients), len(exp.clients))
+    if not history or any(int(row.get("rejected", 0)) < per_round for row in history):
+        return None
+    return (
+        f"no client contributed to any of the {len(history)} rounds: every reply was rejected (the reasons are "
+        "logged above), so the model never left its initialisation"
+    )
+
+
+def discard_outputs(out, state: str, held) -> None:
+    """Remove what a run that is no result wrote into ``out`` (its files, then as ``undo_open_out``); nothing when
+    ``out`` no longer names the ``held`` folder."""
+    if held.problem():
+        return
+    for name in OUTPUT.files:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(out, name))
+    undo_open_out(out, state, held)
 
 
 def fail_run(args, exc):

@@ -10,7 +10,7 @@ import sys
 import time
 
 from fedconvex.files import FolderSwapped, held_folder
-from validation import common, dnn_output
+from validation import common, dnn_output, progress
 from validation.dnn_cli import EXIT_PARTIAL, PROG, preset_warning, run_fingerprint
 from validation.dnn_experiment import build
 from validation.dnn_output import note_failure, open_out, settle_previous, stack_advice, summarize, undo_open_out
@@ -69,6 +69,7 @@ def stack_held(args, command, built, opened, held) -> int:
             if first.pop("round", False):  # the rounds a resumed run did before this process: counted, not timed
                 bar.done = bar.done + row["round"] - 1
             bar.update(1, f"{os.path.basename(run.out)} round {row['round']} acc {row['test_acc']:.3f}")
+            progress.round_done(os.path.basename(run.out), row["round"], run.rounds)
             dnn_output.write_outputs(run.out, history, summarize(desc, history, command))
 
         return write
@@ -93,8 +94,14 @@ def stack_held(args, command, built, opened, held) -> int:
             raise type(exc)(f"{args.out}: every run keeps the rounds done so far; --resume continues") from None
         raise
     failed, stopped = 0, []
-    for run, (_, desc), ck, state, h, out in zip(runs, built, ckpts, opened, held, results, strict=True):
+    for run, (built_exp, desc), ck, state, h, out in zip(runs, built, ckpts, opened, held, results, strict=True):
         name = os.path.basename(run.out)
+        void = None if isinstance(out, BaseException) else dnn_output.nobody_contributed(out, built_exp)
+        if void:
+            dnn_output.discard_outputs(run.out, state, h)
+            print(f"{PROG}: {name}: {void}; nothing was kept", file=sys.stderr)
+            failed += 1
+            continue
         if not isinstance(out, BaseException):
             summary = summarize(desc, out, command)
             try:

@@ -53,10 +53,12 @@ def run_unit(unit, job: Job, round_seconds: dict) -> list[tuple[str, str]]:
     is held (validation.outputs.exclusive, as the runner holds it) from before it is read until its outcome is
     known: a run another process is computing (another sweep on the same folder) is left to it (``BUSY``)."""
     from validation.outputs import OutputError, exclusive
+    from validation.progress import sweep_runs
     from validation.sweep import DONE, STALE, START_SECONDS, describe, stack_argv, status
 
     todo, outcomes = [], []
     with contextlib.ExitStack() as held:
+        held.enter_context(sweep_runs())  # the runs' flags are the profile's (a Ray worker's too)
         for run in unit:
             folder = os.path.join(job.root, run.name)
             try:
@@ -177,21 +179,48 @@ def _connect(ray, address: str | None, timeout: float) -> None:
     if attempts is not None:
         ray_constants.NUM_REDIS_GET_RETRIES = min(attempts, GCS_ATTEMPTS)
     # ray.init replaces the SIGTERM handler (Python's with sys.exit, then its core worker's native one, which
-    # prints a stack dump): the command's own handlers are put back, so SIGTERM and Ctrl-C stay one line
+    # prints a stack dump): the command's own handlers are put back, so SIGTERM and Ctrl-C stay one line, once it is
+    # back.  Its Python handlers (sys.exit: a SIGTERM while Ray starts would end the command without a line) are
+    # not installed at all: the command's one handler stays from its first line to its last.
     main = threading.current_thread() is threading.main_thread()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
     try:
         # a Ray started here runs no dashboard (nobody reads it; it only adds start-up time and warnings)
-        ray.init(address=address, log_to_driver=False, **({} if address else {"include_dashboard": False}))
+        with _keeping_sigterm_handler():
+            ray.init(address=address, log_to_driver=False, **({} if address else {"include_dashboard": False}))
     except Exception as exc:  # Ray raises ConnectionError, RuntimeError, Exception... with long messages
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ValueError(f"--executor ray: no Ray cluster at {address or 'this machine'}: {first}") from None
+    except BaseException:  # SIGTERM or Ctrl-C while Ray starts: the processes it started so far are stopped
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        raise
     finally:
         if attempts is not None:
             ray_constants.NUM_REDIS_GET_RETRIES = attempts
         for signum, handler in handlers.items():
             if handler is not None:  # None: a handler not installed from Python, which cannot be put back
                 signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def _keeping_sigterm_handler():
+    """Within the block Ray's ``set_sigterm_handler`` (called by ray.init for the driver and the node it starts)
+    installs nothing; where this Ray has no such function, nothing changes."""
+    try:
+        from ray._private import utils
+    except ImportError:
+        yield
+        return
+    if not callable(getattr(utils, "set_sigterm_handler", None)):
+        yield
+        return
+    original = utils.set_sigterm_handler
+    utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = original
 
 
 def task_resources(cluster: dict, gpus_per_task: float | None) -> dict:

@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from validation.progress import Progress
+from validation.progress import Progress, sweep_runs
 from validation.sweep import DNN_METHODS, stack_argv, stacks  # noqa: F401  (stack_argv: this module's API)
 
 # FedPM preconditioner codecs measured on the CNN (fedconvex/codecs.py).  lowrank:0.02, lowrank:1 and the
@@ -497,17 +497,19 @@ def ensure(
     bar = Progress(len(todo), f"{profile} runs", enabled=not quiet, unit="run")
     seen = {}
     done_units = (executor or LocalExecutor()).map(sweep.units(todo, stacks if stack else None), job, estimates)
-    try:
-        for _, outcomes in done_units:
-            for name, outcome in outcomes:
-                seen[name] = outcome
-                if outcome.startswith("failed"):
-                    log(f"run {name} {outcome}; its figures will lack it")
-                elif outcome.startswith(BUSY):
-                    log(f"run {name} is {outcome}: left to it; a later call reads its result")
-                bar.update(1, f"{name}: {outcome}")
-    finally:  # on every exit (an error, SIGTERM, Ctrl-C) the executor's clean-up (Ray's shutdown) runs at once
-        getattr(done_units, "close", lambda: None)()
+    # what the runs print goes above the bar, and their rounds beside it (runs computed here; Ray's run elsewhere)
+    with bar.lines_above(), sweep_runs(lambda run, done, rounds: bar.note(f"{run}: round {done} of {rounds}")):
+        try:
+            for _, outcomes in done_units:
+                for name, outcome in outcomes:
+                    seen[name] = outcome
+                    if outcome.startswith("failed"):
+                        log(f"run {name} {outcome}; its figures will lack it")
+                    elif outcome.startswith(BUSY):
+                        log(f"run {name} is {outcome}: left to it; a later call reads its result")
+                    bar.update(1, f"{name}: {outcome}")
+        finally:  # on every exit (an error, SIGTERM, Ctrl-C) the executor's clean-up (Ray's shutdown) runs at once
+            getattr(done_units, "close", lambda: None)()
     not_started = [n for n, o in seen.items() if o == NOT_STARTED]
     if not_started:
         log(
@@ -600,13 +602,25 @@ def check_run_args(parser, args):
     return lambda r: run_seed(r) == args.seed
 
 
-def check_results_arg(parser, path: str, flag: str = "--results") -> None:
+def check_results_arg(parser, path: str, flag: str = "--results", computes: bool = True) -> None:
     """The runs' root (experiments --out, figures --results) must be a folder (or not exist yet): every run writes
-    below it."""
+    below it.  Where runs are computed (``computes``) it is not the shipped results' folder: reference/ is only
+    read (its runs are copied into the runs' root where that lacks them)."""
     if not path.strip():
         parser.error(f"{flag}: empty path")
     if os.path.lexists(path) and not os.path.isdir(path):
         parser.error(f"{flag} {path}: is not a folder")
+    if computes and within(path, REFERENCE):
+        parser.error(
+            f"{flag} {path}: is the folder of the shipped results, which is only read; give another folder (its "
+            "runs are copied there where it lacks them)"
+        )
+
+
+def within(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or below it, links resolved (a path that does not exist yet included)."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([path, folder]) == folder
 
 
 def add_sweep_args(p) -> None:
@@ -715,7 +729,7 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
     by_seed = check_run_args(p, args)
-    check_results_arg(p, args.results, "--out")
+    check_results_arg(p, args.results, "--out", computes=not args.list)
     check_profile_folder(p, args.results, args.profile, "--out")
     by_name = None
     if args.only:
@@ -742,6 +756,16 @@ def main(argv=None) -> int:
 def ensure_from_args(p, args, only, started: float) -> Outcome:
     """``ensure`` with the flags of add_sweep_args / add_run_args (experiments, figures); a Ray cluster that
     cannot be reached, or shipped runs that cannot be copied into the runs' root, is one line."""
+
+    try:
+        return _ensure_from_args(p, args, only, started)
+    except KeyboardInterrupt as exc:  # SIGTERM (Terminated) or Ctrl-C: what continues is this command, as it was
+        raise type(exc)(
+            "the runs finished are kept, and a run cut short keeps its rounds done; the same command continues"
+        ) from None
+
+
+def _ensure_from_args(p, args, only, started: float) -> Outcome:
     from validation import common
 
     try:

@@ -228,6 +228,10 @@ def parse_args(argv=None):
         from fedconvex.data import BUNDLED
 
         if args.dataset not in BUNDLED:
+            if os.path.lexists(args.dataset) and not os.path.isfile(args.dataset):
+                from fedconvex.files import not_a_file  # a FIFO, a folder, a link to nothing: named as what it is
+
+                p.error(f"--dataset {args.dataset}: {not_a_file(args.dataset)}; give a bundled name or a LibSVM file")
             if not os.path.isfile(args.dataset):
                 p.error(f"--dataset {args.dataset}: neither a bundled dataset ({', '.join(BUNDLED)}) nor a file")
             args.dataset = os.path.abspath(args.dataset)  # SuperNodes run in another folder

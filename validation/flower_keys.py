@@ -22,6 +22,16 @@ from validation import common
 PROG = "python -m validation.flower keys"
 
 
+def host_arg(text):
+    """--host: a DNS name or an IP address (fedpm_flower.credentials.check_host), IPv6 without brackets."""
+    from fedpm_flower.credentials import check_host
+
+    try:
+        return check_host(text)
+    except ValueError as exc:
+        raise common.argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_args(argv):
     p = common.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="the folder to create (must not exist, or be empty)")
@@ -29,6 +39,7 @@ def parse_args(argv):
     p.add_argument(
         "--host",
         action="append",
+        type=host_arg,
         default=None,
         help="a DNS name or IP address the SuperNodes use to reach the SuperLink, repeatable "
         "(default: 127.0.0.1 and localhost)",
@@ -50,6 +61,8 @@ def parse_args(argv):
 
 def commands(folder: str, nodes: int, host: str) -> str:
     """What to run on each machine, with the files of ``folder`` copied to the same relative places."""
+    from fedpm_flower.credentials import address
+
     last = nodes - 1
     return f"""# Flower deployment with TLS and SuperNode authentication (flwr 1.42)
 # Copy superlink/ to the server machine and supernode-<i>/ to client machine i; keep them owner-only.
@@ -60,14 +73,14 @@ flower-superlink --ssl-ca-certfile superlink/ca.crt --ssl-certfile superlink/ser
 
 # 2. your machine: a connection in ~/.flwr/config.toml (FLWR_HOME), trusting the CA ...
 [superlink.fedpm]
-address = "{host}:9092"
+address = "{address(host, 9092)}"
 root-certificates = "/absolute/path/to/superlink/ca.crt"
 
 # ... and register every SuperNode's public key (supernode-0 ... supernode-{last}):
 flwr supernode register supernode-0/node.pub fedpm
 
 # 3. client machine i (data partition i of {nodes}):
-flower-supernode --superlink {host}:9092 --root-certificates supernode-i/ca.crt \\
+flower-supernode --superlink {address(host, 9092)} --root-certificates supernode-i/ca.crt \\
     --auth-supernode-private-key supernode-i/node.key \\
     --node-config "partition-id=i num-partitions={nodes}"
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The GPU figures of the FOOF throughput work, most important first, each in its own file under OUT_DIR, then the
+# The GPU figures of the FOOF throughput work, most important first, each in its own file of the archive, then the
 # 100-round CIFAR-10 SimpleCNN stacks (3 seeds each) with the time left:
 #    1. --foof-precision on CUDA: each mode against float64 within its bound (tests/test_foof_precision.py, TF32 off
-#       outside the modes' own products)                                                  -> precision_tests.txt
+#       outside the modes' own products), and by how much each check passed                -> precision_tests.txt,
+#                                                                                            precision_margins.txt
 #    2. ResNet18-GN, 10 clients x 1,000 images x 1 epoch, FedPM (inverse, split-tf32) / FedAvg, with the clients per
 #       chunk the engine chose and the peak memory                                        -> resnet_split_tf32.json
 #    3. SimpleCNN at the paper's size (10 x 5,000 x 5), vectorized, FedPM inverse and solve / FedAvg, with the
@@ -17,34 +18,58 @@
 #    7. torch.profiler of a SimpleCNN FedAvg and FedPM round                              -> cuda_round_profile.txt
 #    8. the --foof-apply, CUDA-graph and step-graph tests on CUDA                         -> cuda_tests.txt
 #    9. the stacks, each a unit of its own (one 10-minute job each, resumable):
-#       stack_fedavg_a1.0, stack_fedpm_a1.0   (--preset cifar10-a1.0)
+#       stack_fedavg_a1.0, stack_fedavg_a1.0_keep, stack_fedpm_a1.0   (--preset cifar10-a1.0: the presets drop an
+#       epoch's last partial batch; the _keep unit steps on it, --last-batch keep, so that the first two are the pair
+#       that sizes the single-image step at the paper's length, REPRODUCTION.md section 3a)
 #       stack_fedpm_a0.1_even, stack_fedavg_a0.1_even   (--preset cifar10-a0.1 --split relaysum-even)
-#       each run's folder under OUT_DIR/stacks/ (history.csv, summary.json, checkpoint.pt)
+#       each run's folder under stacks/ (history.csv, summary.json, checkpoint.pt)
 #
-#   bash validation/gpu_checks.sh DATA_DIR OUT_DIR [SECONDS] [PREVIOUS_OUT]
-#   ONLY=stack_fedpm_a1.0 bash validation/gpu_checks.sh DATA_DIR OUT_DIR 570 PREVIOUS_OUT   # one unit alone
+#   bash validation/gpu_checks.sh DATA_DIR OUT_DIR [SECONDS] [PREVIOUS]
+#   ONLY=stack_fedpm_a1.0 bash validation/gpu_checks.sh DATA_DIR OUT_DIR 540 PREVIOUS   # one unit alone
 #   GPU_CHECKS_TINY=1 bash validation/gpu_checks.sh DATA_DIR OUT_DIR   # every step at a tiny size on the CPU
 #
 # DATA_DIR holds CIFAR-10 (cifar10_jpeg_{train,test}.zip or cifar-10-batches-py); SECONDS (default 540) is the whole
-# budget.  Every finished step leaves OUT_DIR/done/<step>; a second call with the same OUT_DIR -- or a fresh one
-# with the first call's output as PREVIOUS_OUT, copied in first -- skips the finished steps and resumes the stacks
-# from their checkpoints.  Steps are independent: one failing does not stop the others.  The tiny mode
-# (GPU_CHECKS_TINY=1) runs on the CPU with SimpleCNN in place of ResNet18-GN, a few images, one round of each stack,
-# and without the CUDA-only tests: it checks the script, not the figures (tests/test_benchmarks_run.py runs it).
+# budget.  The units work in a scratch folder (GPU_CHECKS_WORK, default a fresh temporary one) and every unit ends by
+# refreshing ONE archive, OUT_DIR/results.tar.gz (at most 16 MiB: validation/gpu_archive.py), beside a copy of the
+# log: all a job has to hand back.  PREVIOUS (the 4th argument or $PREVIOUS) is an earlier call's results.tar.gz, or
+# its OUT_DIR; without it an OUT_DIR that already holds results.tar.gz continues from that.  A continued call skips
+# the finished units (done/<unit> in the archive) and resumes the stacks from their checkpoints; it refuses, in one
+# line, an archive measured on a device of another name (H100 and H200 figures are never mixed).  Steps are
+# independent: one failing does not stop the others.  Without a CUDA device the script stops at once with one line
+# and exit 2 (nothing written), unless GPU_CHECKS_TINY=1: SimpleCNN in place of ResNet18-GN, a few images, one
+# round of each stack, without the CUDA-only tests; it checks the script, not the figures
+# (tests/test_benchmarks_run.py runs it twice, the second call continuing from the first's archive).
 set -u
-DATA=${1:?usage: gpu_checks.sh DATA_DIR OUT_DIR [SECONDS] [PREVIOUS_OUT]}
-OUT=${2:?usage: gpu_checks.sh DATA_DIR OUT_DIR [SECONDS] [PREVIOUS_OUT]}
+USAGE="usage: gpu_checks.sh DATA_DIR OUT_DIR [SECONDS] [PREVIOUS]"
+DATA=${1:?$USAGE}
+OUT=${2:?$USAGE}
 BUDGET=${3:-540}
-PREV=${4:-}
+PREV=${4:-${PREVIOUS:-}}
 PY=${PYTHON:-python3}
 ONLY=${ONLY:-}
-mkdir -p "$OUT/done"
-if [ -n "$PREV" ] && [ -d "$PREV" ] && [ "$(cd "$PREV" && pwd)" != "$(cd "$OUT" && pwd)" ]; then
-    cp -R "$PREV"/. "$OUT"/   # the earlier call's results, markers and checkpoints
-    chmod -R u+w "$OUT"
+TINY=${GPU_CHECKS_TINY:-0}
+fail() { echo "gpu_checks.sh: $*" >&2; exit 2; }
+case "$BUDGET" in ''|*[!0-9]*) fail "SECONDS must be a whole number of seconds, got '$BUDGET'" ;; esac
+[ -d "$DATA" ] || fail "DATA_DIR $DATA: no such folder"
+abs() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+DATA=$(abs "$DATA"); OUT=$(abs "$OUT"); [ -z "$PREV" ] || PREV=$(abs "$PREV")
+cd "$(dirname "$0")/.." || fail "cannot enter the repository"   # the benchmarks and tests are named from its root
+DEVNAME=$($PY -m validation.gpu_archive device 2> /dev/null) || fail "$PY cannot import torch (set PYTHON to the project's Python)"
+if [ "$TINY" != 1 ] && [ "$DEVNAME" = CPU ]; then
+    fail "no CUDA device is visible (torch.cuda.is_available() is False): run it on a GPU machine, or with GPU_CHECKS_TINY=1 to check the script on the CPU"
 fi
+if [ -z "$PREV" ] && [ -f "$OUT/results.tar.gz" ]; then PREV=$OUT/results.tar.gz; fi
+if [ -n "$PREV" ] && [ -d "$PREV" ]; then PREV=$PREV/results.tar.gz; fi
+[ -z "$PREV" ] || [ -f "$PREV" ] || fail "PREVIOUS $PREV: no results.tar.gz there"
+WORK=$(abs "${GPU_CHECKS_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/gpu_checks.XXXXXX")}")
+mkdir -p "$OUT" "$WORK/done" || fail "cannot create $OUT or $WORK"
+[ -n "${GPU_CHECKS_WORK:-}" ] || trap 'rm -rf "$WORK"' EXIT   # its own scratch folder: all of it is in the archive
+if [ -n "$PREV" ]; then
+    $PY -m validation.gpu_archive unpack "$PREV" "$WORK" "$DEVNAME" > /dev/null || exit 2
+fi
+ARCHIVE=$OUT/results.tar.gz
 export PYTHONUNBUFFERED=1
-if [ "${GPU_CHECKS_TINY:-0}" = 1 ]; then
+if [ "$TINY" = 1 ]; then
     DEV=cpu; RESNET=cnn; CNN_PAPER=2,16,1,2; RESNET_SIZE=2,8,1,2; STACK=2; ROUNDS=1
     SKIP_TINY="precision_tests resnet_fp32 cuda_tests"   # CUDA-only tests, and a repeat of step 2 at this size
     RUN_SIZE=(--clients 2 --train-subset 40 --test-subset 20 --local-epochs 1 --threads 1)
@@ -54,11 +79,15 @@ else
     RUN_SIZE=(); SKIP_TINY=""
 fi
 START=$(date +%s)
+UNIT_MAX=530   # seconds: a unit never takes more than one 9-minute job
+PIECE_MARGIN=${PIECE_MARGIN:-60}   # a stack's round (3 SimpleCNN runs at the paper's size) and its checkpoint fit in it
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 step() { echo; echo "=== $1 (t=$(( $(date +%s) - START ))s, $(left)s left)"; }
-done_() { [ -f "$OUT/done/$1" ]; }
-mark() { date -u +%FT%TZ > "$OUT/done/$1"; }
-# run STEP SECONDS FILE COMMAND...: once (a done marker), in the budget, its output into OUT/FILE
+done_() { [ -f "$WORK/done/$1" ]; }
+mark() { date -u +%FT%TZ > "$WORK/done/$1"; }
+# the unit's results into the one archive (the previous one stays where the new one would be over its limit)
+refresh() { cp "$WORK/log.txt" "$OUT/log.txt"; $PY -m validation.gpu_archive pack "$WORK" "$ARCHIVE" "$DEVNAME"; }
+# run STEP SECONDS FILE COMMAND...: once (a done marker), in the budget, its output into WORK/FILE, then the archive
 run() {
     local name=$1 need=$2 file=$3; shift 3
     if [ -n "$ONLY" ] && [ "$ONLY" != "$name" ]; then return; fi
@@ -66,10 +95,13 @@ run() {
     done_ "$name" && { echo "$name: done earlier"; return; }
     if [ "$(left)" -lt "$need" ]; then echo "skipping $name: $(left)s left, needs ~${need}s"; return; fi
     step "$name: $*"
-    if timeout $(( $(left) - 5 )) "$@" > "$OUT/$file"; then mark "$name"; else echo "$name failed rc=$?"; fi
-    tail -c 2000 "$OUT/$file"; echo
+    local cap=$(( $(left) - 5 )); [ $cap -gt $UNIT_MAX ] && cap=$UNIT_MAX   # every unit fits one job
+    if timeout $cap "$@" > "$WORK/$file"; then mark "$name"; else echo "$name failed rc=$?"; fi
+    tail -c 2000 "$WORK/$file"; echo
+    refresh
 }
-exec > >(tee -a "$OUT/log.txt") 2>&1
+exec > >(tee -a "$WORK/log.txt") 2>&1
+echo "device: $DEVNAME; work folder: $WORK; archive: $ARCHIVE${PREV:+; continued from $PREV}"
 
 step "machine"
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -77,7 +109,7 @@ $PY -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torc
 git log -1 --format='commit %H %cd' 2>/dev/null || true
 
 BENCH=($PY -m validation.bench_dnn --device $DEV --json --repeats 1 --threads 1)
-run precision_tests 60 precision_tests.txt $PY -m pytest -q -p no:cacheprovider -rs tests/test_foof_precision.py -k cuda
+run precision_tests 60 precision_tests.txt env FOOF_PRECISION_MARGINS="$WORK/precision_margins.txt" $PY -m pytest -q -p no:cacheprovider -rs tests/test_foof_precision.py -k cuda
 run resnet_split_tf32 150 resnet_split_tf32.json "${BENCH[@]}" --models $RESNET --engine vectorized \
     --sizes $RESNET_SIZE --foof-apply inverse --foof-precision split-tf32
 run cnn_paper 150 cnn_paper.json "${BENCH[@]}" --models cnn --engine vectorized --sizes $CNN_PAPER \
@@ -99,18 +131,28 @@ stack() {
     local name=$1 method=$2 preset=$3; shift 3
     if [ -n "$ONLY" ] && [ "$ONLY" != "$name" ]; then return; fi
     done_ "$name" && { echo "$name: done earlier"; return; }
-    [ "$(left)" -lt 60 ] && { echo "skipping $name: $(left)s left"; return; }
-    local out="$OUT/stacks/$name" resume=""
+    [ "$(left)" -lt $(( PIECE_MARGIN + 30 )) ] && { echo "skipping $name: $(left)s left"; return; }
+    local out="$WORK/stacks/$name" resume="" rc=0
     ls "$out"/*/checkpoint.pt > /dev/null 2>&1 && resume="--resume"
     step "$name: $method $preset $* seeds 0,1,2, $ROUNDS rounds ($resume)"
-    timeout $(( $(left) - 10 )) $PY -m validation.dnn --dataset cifar10 --data-dir "$DATA" --model cnn \
+    # a piece: rounds until PIECE_MARGIN seconds before the budget's end (--deadline: it stops after the round in
+    # which the deadline passes, checkpointed, exit 75), with a hard stop 10 s before the end
+    local span=$(left); [ $span -gt $UNIT_MAX ] && span=$UNIT_MAX
+    timeout $(( span - 10 )) $PY -m validation.dnn --dataset cifar10 --data-dir "$DATA" --model cnn \
         --method "$method" --preset "$preset" "$@" --rounds $ROUNDS --seeds 0,1,2 --device $DEV --quiet \
-        "${RUN_SIZE[@]}" --out "$out" $resume \
-        && mark "$name" || echo "$name stopped rc=$? (124: budget reached; the next call resumes it)"
+        "${RUN_SIZE[@]}" --out "$out" $resume --deadline $(( $(date +%s) + span - PIECE_MARGIN )) || rc=$?
+    case $rc in
+        0) mark "$name" ;;
+        75|124) echo "$name: a piece done (rc=$rc), its last round checkpointed; a call given this archive resumes it" ;;
+        *) echo "$name failed rc=$rc" ;;
+    esac
     for d in "$out"/*/; do [ -f "$d/history.csv" ] && echo "$d: $(tail -n 1 "$d/history.csv")"; done
+    refresh
 }
 stack stack_fedavg_a1.0 fedavg cifar10-a1.0
+stack stack_fedavg_a1.0_keep fedavg cifar10-a1.0 --last-batch keep
 stack stack_fedpm_a1.0 fedpm cifar10-a1.0
 stack stack_fedpm_a0.1_even fedpm cifar10-a0.1 --split relaysum-even
 stack stack_fedavg_a0.1_even fedavg cifar10-a0.1 --split relaysum-even
 step "done"
+refresh

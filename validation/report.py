@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from fedconvex.files import write_error
 from fedconvex.history import histories_csv
 from fedconvex.history import read_history as _read
+from fedconvex.results import check_rows
 from fedconvex.run import COLUMNS
 
 DIST_TARGET = 1e-10
@@ -96,6 +97,7 @@ def read_history(path) -> dict:
                 else "no method column"
             )
             raise ValueError(f"{path}: not a history of this tool ({why})")
+        check_rows(path, rows, m)  # each cell in its column's range, the rounds increasing (fedconvex.results)
     return out
 
 

@@ -27,7 +27,7 @@ import shlex
 import time
 from dataclasses import dataclass
 
-from fedconvex.files import read_json_object
+from fedconvex.results import read_history, read_summary
 from fedpm_dnn.method_names import METHOD_NAMES as METHODS  # the names alone: no torch before a command parses
 
 DNN_METHODS = METHODS  # the DNN registry's methods, in the paper's order (the plan's and the priority's)
@@ -136,12 +136,13 @@ def stack_argv(group: list) -> list:
 
 
 @functools.lru_cache(maxsize=4096)
-def _fingerprint(argv: tuple) -> dict | None:
+def _fingerprint(argv: tuple, run_name: str | None = None) -> dict | None:
+    """``argv``'s settings as validation.dnn settles them (a stack's command: its run in folder ``run_name``)."""
     from validation.dnn_cli import command_fingerprint
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # the parser's one-line complaint: we say "stale"
-            return command_fingerprint(argv)
+            return command_fingerprint(argv, run_name)
     except (SystemExit, ValueError):  # a recorded command this version no longer takes: another configuration
         return None
 
@@ -184,7 +185,7 @@ def status(run, folder: str) -> Status:
     if not os.path.lexists(summary_path):
         return Status(PARTIAL if resumable else MISSING)
     try:
-        summary = read_json_object(summary_path)  # a regular file (a FIFO would block a plain open) of one object
+        summary = read_summary(summary_path)  # a regular file of one object, its fields in range (fedconvex.results)
     except ValueError as exc:
         return Status(STALE, why=f"summary.json does not parse ({exc})")
     if run.kind != "dnn":
@@ -193,7 +194,7 @@ def status(run, folder: str) -> Status:
     want = _fingerprint(tuple(run.argv))
     if "command" in summary and want is not None:
         argv = recorded_argv(summary)
-        have = None if argv is None else _fingerprint(tuple(argv))
+        have = None if argv is None else _fingerprint(tuple(argv), os.path.basename(os.path.normpath(folder)))
         if have is not None and "config.last_batch" in have:  # as trained, whatever this version's default is
             have = {**have, "config.last_batch": trained_last_batch(summary)}
         diff = first_difference(want, have)
@@ -204,9 +205,10 @@ def status(run, folder: str) -> Status:
         if diff:
             return Status(STALE, why=diff)
     try:
-        from fedconvex.history import read_run
-
-        rows = read_run(os.path.join(folder, "history.csv"))
+        runs = read_history(os.path.join(folder, "history.csv"))  # cells in range, rounds increasing
+        if len(runs) != 1:
+            raise ValueError(f"holds {len(runs)} runs")
+        rows = next(iter(runs.values()))
     except (OSError, ValueError, KeyError) as exc:
         return Status(PARTIAL if resumable else MISSING, why=f"history.csv does not parse ({exc})")
     done = len(rows)

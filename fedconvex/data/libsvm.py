@@ -205,9 +205,11 @@ def read_libsvm(path, n_features: int | None = None) -> Dataset:
     import gzip
     import os
 
+    from fedconvex.files import not_a_file
+
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise DataError(f"{path}: no such file")
+    if not os.path.isfile(path):  # a FIFO would block the read below, a folder fail it: each is named
+        raise DataError(f"{path}: {not_a_file(path)}")
     opener = bz2.open if path.endswith(".bz2") else gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8") as fh:

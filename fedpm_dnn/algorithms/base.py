@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from fedconvex.algorithms.base import Algorithm, RoundInfo, State  # noqa: F401
+from fedconvex.hyperparams import FLOAT32_MAX
 
 # --param-dtype: the wire dtype of a reply's model parameters (None: sent as trained)
 PARAM_DTYPES = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -39,6 +40,10 @@ class DnnAlgorithm(Algorithm):
     message_fields: ClassVar[dict] = {"params": "model"}
     uses_foof: ClassVar[bool] = False  # the engines compute FOOF matrices for these methods
     client_tensors: ClassVar[tuple] = ()  # per-client tensor dicts that ``grad_hook`` reads (stacked by the engine)
+
+    # every number of a DNN method meets float32 tensors (its updates, its clip, its decay): beyond float32's
+    # range it would overflow there (fedconvex.hyperparams.number_problem)
+    float_limit: ClassVar[float] = FLOAT32_MAX
 
     lr: float = 0.1
     clip: float | None = None

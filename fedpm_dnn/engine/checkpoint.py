@@ -12,6 +12,10 @@
   command line now records its hyper-parameters and client counts resolved, in the entries above, where older
   checkpoints also hold the flags as given.
 * A truncated, corrupted or structurally wrong file is one ``CheckpointError`` naming the file.
+* The FOOF matrices the clients keep (and the delta codec's estimates) are stored as their upper triangles, in
+  the dtype they are kept in: they are exactly symmetric (``foof.StatsAccumulator`` averages with the transpose),
+  so loading mirrors them back bit for bit, in half the bytes.  A matrix that is not exactly symmetric is stored
+  whole.
 """
 
 from __future__ import annotations
@@ -121,9 +125,60 @@ def first_difference(saved: dict, now: dict) -> str | None:
     return None
 
 
+PACKED = "symmetric_upper"  # the key of a packed matrix: {PACKED: its upper triangle row by row, "size": n}
+PACKED_KEYS = ("foof", "foof_static")  # the client-state entries holding FOOF matrices
+
+
+def pack_symmetric(m):
+    """A square, exactly symmetric tensor as {PACKED: upper triangle, "size": n}; anything else as it is."""
+    if not (isinstance(m, torch.Tensor) and m.dim() == 2 and m.shape[0] == m.shape[1] > 1 and m.is_floating_point()):
+        return m
+    if not bool(torch.equal(m, m.mT)):
+        return m
+    i, j = torch.triu_indices(m.shape[0], m.shape[0], device=m.device)
+    return {PACKED: m[i, j].clone(), "size": int(m.shape[0])}
+
+
+def unpack_symmetric(v):
+    """``pack_symmetric``'s inverse (exact); anything else as it is."""
+    if not (isinstance(v, dict) and set(v) == {PACKED, "size"}):
+        return v
+    upper, n = v[PACKED], v["size"]
+    if not (isinstance(upper, torch.Tensor) and isinstance(n, int) and n > 1 and upper.shape == (n * (n + 1) // 2,)):
+        raise ValueError("a packed symmetric matrix whose triangle does not match its size")
+    m = upper.new_empty(n, n)
+    i, j = torch.triu_indices(n, n, device=upper.device)
+    m[i, j] = upper
+    m[j, i] = upper
+    return m
+
+
+def _map_matrices(payload: dict, fn) -> dict:
+    """``payload`` with ``fn`` applied to every FOOF matrix of its client states and server estimates."""
+    out = dict(payload)
+    if isinstance(payload.get("clients"), list):
+        out["clients"] = [
+            {
+                k: {b: fn(m) for b, m in v.items()} if k in PACKED_KEYS and isinstance(v, dict) else v
+                for k, v in c.items()
+            }
+            if isinstance(c, dict)
+            else c
+            for c in payload["clients"]
+        ]
+    server = payload.get("server")
+    if isinstance(server, dict) and isinstance(server.get("foof_hat"), dict):
+        hats = {
+            c: {b: fn(m) for b, m in h.items()} if isinstance(h, dict) else h for c, h in server["foof_hat"].items()
+        }
+        out["server"] = {**server, "foof_hat": hats}
+    return out
+
+
 def save(path: str, payload: dict) -> None:
     """Write atomically (a kill leaves the previous checkpoint or the new one, never half of one; a full disk or a
     Ctrl-C, which torch's zip writer reports as its own RuntimeError, is raised as itself: replaced_atomically)."""
+    payload = _map_matrices(payload, pack_symmetric)
     with written_atomically(path, "wb") as fh:  # into a held --out only while it stands (fedconvex.files)
         torch.save(payload, fh)
         fh.flush()
@@ -147,7 +202,10 @@ def load(path: str, map_location=None) -> dict:
         raise CheckpointError(
             f"{path}: not a checkpoint of this version (no fingerprint); remove it or choose another --out"
         )
-    return ck
+    try:
+        return _map_matrices(ck, unpack_symmetric)
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: damaged checkpoint ({exc}); remove it or choose another --out") from None
 
 
 def stored(path: str, exp) -> tuple[int, str | None]:

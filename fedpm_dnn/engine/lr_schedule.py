@@ -19,6 +19,8 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+from fedconvex.hyperparams import FLOAT32_MAX, POSITIVE, checked_number, number_problem
+
 
 @dataclass(frozen=True)
 class LrSchedule:
@@ -34,9 +36,31 @@ class LrSchedule:
                 raise ValueError(f"a milestone's round must be a whole number >= 1, got {first!r}")
             if first < last:
                 raise ValueError("milestones must be in increasing order")
-            if not (isinstance(factor, float | int) and math.isfinite(factor) and factor > 0):
-                raise ValueError(f"a milestone's factor must be a finite number > 0, got {factor!r}")
+            checked_number("a milestone's factor", factor, POSITIVE, limit=FLOAT32_MAX)
             last = first
+
+    def largest(self) -> float:
+        """The largest factor of any round (the warm-up's are at most 1)."""
+        f = top = 1.0
+        for _, factor in self.milestones:
+            f *= factor
+            top = max(top, f)
+        return top
+
+    def smallest(self) -> float:
+        """The smallest factor of any round."""
+        f, low = 1.0, 1.0 / self.warmup_rounds if self.warmup_rounds else 1.0
+        for _, factor in self.milestones:
+            f *= factor
+            low = min(low, f)
+        return low
+
+    def check_rate(self, lr: float) -> None:
+        """A ValueError unless every round's rate ``lr * factor`` is a float32 number above 0."""
+        lr = checked_number("lr", lr, POSITIVE, limit=FLOAT32_MAX)
+        for what, f in (("largest", self.largest()), ("smallest", self.smallest())):
+            checked_number(f"the learning rate at its {what} (lr x the milestones' factors)", lr * f, POSITIVE,
+                           limit=FLOAT32_MAX)  # fmt: skip
 
     def factor(self, round_: int) -> float:
         """The learning-rate multiplier of round ``round_`` (1-based)."""
@@ -67,8 +91,9 @@ def parse_milestones(text: str) -> tuple:
             raise ValueError(f"{part!r} is not PERCENT:FACTOR (e.g. 75:0.1)") from None
         if not 0 < p < 100:
             raise ValueError(f"{part!r}: the per cent must be between 0 and 100 (exclusive)")
-        if not (math.isfinite(f) and f > 0):
-            raise ValueError(f"{part!r}: the factor must be a finite number > 0")
+        problem = number_problem(f, POSITIVE, limit=FLOAT32_MAX)
+        if problem:
+            raise ValueError(f"{part!r}: the factor {problem}")
         out.append((p, f))
     if any(b[0] <= a[0] for a, b in zip(out, out[1:], strict=False)):
         raise ValueError(f"{text!r}: the per cents must increase")

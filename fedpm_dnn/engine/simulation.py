@@ -26,6 +26,7 @@ import torch
 from fedconvex.algorithms.base import State
 from fedconvex.driver import Driver
 
+from ..foof import precision, solve_graph
 from ..models import make_model
 from . import checkpoint as _ck
 from .training_task import DnnTask, client_generator  # noqa: F401  (client_generator: Flower's ClientApp)
@@ -143,6 +144,8 @@ def build(exp: Experiment, tamper=None):
         model = make_model(exp.model, exp.num_classes, exp.in_channels, exp.image_size, exp.gn_groups).to(dev)
     task = DnnTask(model, exp.clients, dev, exp.seed, exp.engine, exp.client_chunk, step_graph=exp.step_graph)
     task.lr_schedule = exp.lr_schedule
+    if exp.lr_schedule is not None:
+        exp.lr_schedule.check_rate(alg.lr)
     driver = make_driver(
         alg,
         task,
@@ -176,7 +179,26 @@ def run_experiment(
             raise ValueError("stacked runs train on the vectorized engine")
         task.engine_state = engine
     fp = _ck.fingerprint(exp) if checkpoint else None
-    _, history = drive(task, driver, state, exp.rounds, exp.seed, fp, checkpoint, resume, on_round, stop)
+    executed = exp.meta.setdefault("executed", {})  # a summary's "executed" entry: this dict, filled as rounds end
+
+    def note(row, history):
+        if task.executed is not None and task.executed["chunk_steps"]:
+            rec = task.executed
+            executed.update(
+                step_forms=dict(rec["step_forms"]),
+                graphed_share=rec["graphed_steps"] / rec["chunk_steps"],
+                static_step_share=rec["static_steps"] / rec["chunk_steps"],
+            )
+            if rec.get("out_of_memory"):
+                executed["out_of_memory"] = list(rec["out_of_memory"])
+        if precision.fallbacks():
+            executed["precision_fallbacks"] = precision.fallbacks()
+        if solve_graph.fallbacks:
+            executed["solve_graph_fallbacks"] = list(solve_graph.fallbacks)
+        if on_round is not None:
+            on_round(row, history)
+
+    _, history = drive(task, driver, state, exp.rounds, exp.seed, fp, checkpoint, resume, note, stop)
     if task.last_chunk is not None:
         exp.meta["client_chunk"] = task.last_chunk
     return history

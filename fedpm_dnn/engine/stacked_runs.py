@@ -129,6 +129,10 @@ class StackMember:
     def last_chunk(self):
         return self.stack.last_chunk
 
+    @property
+    def executed(self):
+        return self.stack.engine.executed  # the stack's rounds, which every run of it shares
+
     def round(self, cfg, sel, states, down, gens):
         return self.stack.submit(self.run, cfg, sel, states, down, gens)
 

@@ -13,10 +13,14 @@ replay it for every later full step: one launch a step.
 
 The step is the engine's eager loop (``vectorized.VectorizedEngine._chunk``) operation for operation, so that the
 two give the same parameters (the CPU tests hold them equal bit for bit, eagerly); the graph replays the kernels of
-that eager function.  Steps where a client has finished (unequal client sizes) stay in the eager loop.  Where the
-capture fails, the engine warns once and runs the same function eagerly.  ``--step-graph`` (``resolve``): 'auto'
-uses the static step on CUDA and the loop on a CPU; 'on' uses it on any device (on a CPU eagerly: the tests'
-form); 'off' the loop.  ``solve_graph.ENV`` = 0 switches every capture off (the static step then runs eagerly).
+that eager function.  Unequal clients' steps are graphed too: a client whose steps have ended takes masked steps
+(no loss, no update, no decay) until the longest client's end, so that every step of the chunk is the one static
+function (``graphed_share`` in the engine's record: 1 on CUDA wherever the capture holds).  Where the
+capture fails, or its first replay disagrees with the eager step, the runner warns (once per process) and runs the
+same function eagerly for that chunk and round; the engine records what each round used.  ``--step-graph``
+(``resolve``): 'auto' uses the static step on CUDA and the loop on a CPU; 'on' uses it on any device (on a CPU
+eagerly: the tests' form); 'off' the loop.  ``solve_graph.ENV`` = 0 switches every capture off (the static step
+then runs eagerly).
 
 Costs of the graph: one capture per chunk and round (``torch.cuda.graph`` synchronises the device, collects
 garbage and empties the allocator's cache as it starts), and the step's intermediate tensors held in the graph's
@@ -37,7 +41,6 @@ from ..foof import solve_graph
 
 MODES = ("auto", "on", "off")
 WARMUP = 2  # eager steps on a side stream before the capture (cuBLAS/cuDNN workspaces, the autograd engine)
-_warned = []
 
 
 def check(mode: str) -> str:
@@ -69,7 +72,12 @@ class FullStep:
 
     def __init__(self, cfg, forward, names, P, x_all, y_all, ms, ints, bools, counts, hook, factors, blocks, loss_sum):
         self.cfg, self.forward, self.names, self.P = cfg, forward, names, P
-        self.x_all, self.y_all, self.ints, self.bools, self.counts = x_all, y_all, ints, bools, counts
+        self.x_all, self.y_all, self.ints, self.bools = x_all, y_all, ints, bools
+        # a client whose steps have ended (unequal clients: counts 0) takes masked steps that leave it as it is:
+        # its batch counted as 1 image (no 0 / 0), its update and decay multiplied by 0 (``active``)
+        finished = counts == 0
+        self.active = None if not bool(finished.any()) else (~finished).to(counts.dtype)
+        self.counts = counts if self.active is None else counts.clamp_min(1)
         self.hook, self.factors, self.blocks, self.loss_sum = hook, factors, blocks, loss_sum
         self.K, self.B = ints.shape[2], ints.shape[3]
         shape = (self.K, 1, -1, 1, 1)
@@ -108,10 +116,17 @@ class FullStep:
             if cfg.clip is not None and cfg.clip_stage == "update":
                 clip_(list(G.values()), cfg.clip)
             decay = cfg.lr * cfg.weight_decay if cfg.weight_decay_mode == "decoupled" else 0.0
+            a_t = None if self.active is None else self.active.index_select(0, self.t)[0]
+            if a_t is not None:  # finished clients: no update, no decay (x 1.0 leaves the others' bits as they are)
+                for n in names:
+                    G[n] = G[n] * a_t.view(K, *([1] * (G[n].dim() - 1)))
             for n in names:
                 new = Pk[n].detach().add_(G[n], alpha=-cfg.lr)  # a view of P[n]: the update lands in place
-                if decay:
+                if decay and a_t is None:
                     new.mul_(1.0 - decay)
+                elif decay:
+                    keep = torch.where(a_t > 0, a_t.new_tensor(1.0 - decay), a_t.new_tensor(1.0))
+                    new.mul_(keep.view(K, *([1] * (new.dim() - 1))))
             self.loss_sum.add_((loss.detach() * c_t).to(torch.float64))
             self.t.add_(1)
 
@@ -141,15 +156,43 @@ def clip_(grads: list, max_norm: float) -> None:
         g.mul_(coef.view(K, *([1] * (g.dim() - 1))))
 
 
-class Runner:
-    """Runs a ``FullStep`` once per call: eagerly, or with ``capture`` on CUDA the first ``WARMUP`` calls eagerly
-    on a side stream, then one capture, then a replay per call.  A failed capture warns and leaves the calls eager,
-    for the rest of the process (no later round tries again).  ``replays`` counts the replays (the benchmarks and
-    tests read it)."""
+def _cuda_graph(step, device):
+    """``step`` captured as a CUDA graph on a stream context of its own (``solve_graph.capture_graph``)."""
+    return solve_graph.capture_graph(step, device)[0]
 
-    def __init__(self, step: FullStep, capture: bool):
-        self.step, self.capture, self.calls, self.replays = step, capture and not _warned, 0, 0
-        self.graph = None
+
+CHECK_RTOL = 1e-2  # the first replay's parameters within 1 % of the eager step's own change (cuDNN's atomics)
+_said = set()  # the fallback warnings given in this process (each said once; no run is changed by another's)
+
+
+def _say(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+class Runner:
+    """Runs a ``FullStep`` once per call: eagerly, or with ``capture`` the first ``WARMUP`` calls eagerly on a side
+    stream, then one capture, then a replay per call.
+
+    The first replay checks itself: the step is run eagerly from the same state, the state put back, the graph
+    replayed, and the two results compared (parameters within ``CHECK_RTOL`` of the eager step's change, loss and
+    step index alike); where they differ, or the capture fails, the eager result stands, the runner stays eager and
+    says why once per process, and ``used``/``fallback`` record it.  A failed capture leaves the stream and the
+    step's state as they were before it.  Nothing carries over to another runner: each round and chunk tries again.
+    ``graph_factory(step, device)`` makes the graph (tests inject failures); ``replays`` counts the replays."""
+
+    def __init__(self, step: FullStep, capture: bool, graph_factory=None):
+        self.step, self.capture, self.calls, self.replays = step, capture, 0, 0
+        self.graph, self.fallback = None, None
+        self._factory = graph_factory or _cuda_graph
+
+    @property
+    def used(self) -> str:
+        """'graph' (replays ran), 'eager' (no capture asked) or 'eager: <why the graph was given up>'."""
+        if self.fallback:
+            return f"eager: {self.fallback}"
+        return "graph" if self.replays else "eager"
 
     def __call__(self) -> None:
         self.calls += 1
@@ -166,32 +209,52 @@ class Runner:
                 self.step()
             torch.cuda.current_stream(dev).wait_stream(side)
         else:
-            self.graph = self._capture()
-            if self.graph is None:
-                self.capture = False
-                self.step()
-            else:
-                self.graph.replay()
-                self.replays += 1
+            self._first_replay()
 
-    def _capture(self):
-        """The step captured as a CUDA graph (capture runs nothing: the call's step is the first replay), or None
-        with one warning per process."""
+    def _state(self) -> list:
+        st = self.step
+        return [*st.P.values(), st.t, st.loss_sum]
+
+    def _first_replay(self) -> None:
+        before = [t.clone() for t in self._state()]
         try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self.step()
+            graph = self._factory(self.step, self.step.device)
         except Exception as exc:  # capture is an optimisation: any failure means the eager step
-            if not _warned:
-                _warned.append(exc)
-                warnings.warn(
-                    f"CUDA graph capture of the local step failed ({type(exc).__name__}: {exc}); running it eagerly "
-                    f"(--step-graph off skips the attempt)",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-            return None
-        return graph
+            self._restore(before)  # a capture runs nothing, but a failing one may have run part of the step
+            self._give_up(f"CUDA graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
+            self.step()
+            return
+        self.step()  # the eager step from the same state: the reference of the first replay
+        eager = [t.clone() for t in self._state()]
+        self._restore(before)
+        graph.replay()
+        worst = self._disagreement(before, eager)
+        if worst > CHECK_RTOL:
+            self._restore(eager)
+            self._give_up(f"the first graphed step differs from the eager one ({worst:.2e} of its change)")
+            return
+        self.graph = graph
+        self.replays += 1
+
+    def _restore(self, saved: list) -> None:
+        with torch.no_grad():
+            for t, v in zip(self._state(), saved, strict=True):
+                t.copy_(v)
+
+    def _disagreement(self, before: list, eager: list) -> float:
+        """The largest difference of the replayed state from the eager one, relative to the eager step's change."""
+        worst = 0.0
+        for got, want, old in zip(self._state(), eager, before, strict=True):
+            change = float((want.double() - old.double()).norm())
+            diff = float((got.double() - want.double()).norm())
+            if diff and not change:
+                return float("inf")
+            worst = max(worst, diff / change if change else 0.0)
+        return worst if worst == worst else float("inf")  # NaN: disagreement
+
+    def _give_up(self, why: str) -> None:
+        self.capture, self.graph, self.fallback = False, None, why
+        _say(f"{why}; running the local step eagerly for this round (--step-graph off skips the attempt)")
 
     def release(self) -> None:
         """Drop the graph (its memory pool goes back to the allocator before the round's statistics pass)."""

@@ -56,6 +56,7 @@ def _vectorized(task, alg, down, states, sel):
         alg, sel, states, down, [client_generator(task.seed, task.round, int(i)) for i in sel]
     )
     task.last_chunk = task.engine_state.last_chunk
+    task.executed = getattr(task.engine_state, "executed", None)
     return out
 
 
@@ -87,6 +88,7 @@ class DnnTask:
         self.round = 1
         self.lr_schedule = None  # fedpm_dnn.engine.lr_schedule.LrSchedule: the local learning rate's factor per round
         self.engine_state = None
+        self.executed = None  # the vectorized engine's record of what its rounds used (VectorizedEngine.executed)
         self.last_chunk = None
 
     def train(self, alg, down: dict, states: list, sel) -> list:

@@ -31,6 +31,8 @@ when the whole stack does not fit in memory (chosen from the free device memory 
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
@@ -217,6 +219,17 @@ def stats_client_chunk(stats_bytes: int, device, clients: int, query=None) -> in
     return max(1, min(clients, int(room // stats_bytes)))
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation failure: CUDA's out-of-memory error, or the CPU allocator's."""
+    text = str(exc)
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
+
+
+def _state_copy(cs: dict) -> dict:
+    """A client state as a round found it: its entries, and the dicts among them (filled in place) copied."""
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in cs.items()}
+
+
 def _stack_downs(downs: list, rows=None) -> dict:
     """Broadcasts of several runs as one: every tensor entry (field -> {name: tensor}) stacked over the
     participants (``rows``: only those), other entries taken from the first."""
@@ -249,6 +262,10 @@ class VectorizedEngine:
         # full steps as one function of static buffers, on CUDA replayed as a graph (fedpm_dnn.engine.step_graph)
         self.static_step = step_graph.resolve(step_graph_mode, device)
         self.last_step_graph = None  # the last chunk's full steps and graph replays (benchmarks, tests)
+        # what the rounds used, summed: the chunks' local steps, those replayed as a graph, those the static step
+        # function ran (graphed or, on a CPU, eagerly), and per form of the
+        # step (step_graph.Runner.used, or 'loop') the chunk-rounds that ran in it
+        self.executed = {"chunk_steps": 0, "graphed_steps": 0, "static_steps": 0, "step_forms": {}}
         self.last_chunk = None
         # the round's memory plan (client_plan) and the fewest clients a statistics pass took (stats_client_chunk)
         self.last_plan, self.last_stats_chunk = None, None
@@ -317,11 +334,25 @@ class VectorizedEngine:
         per = self.last_plan["stats_bytes_per_client"] if self.last_plan else 0
         step = stats_client_chunk(per, self.device, k, self.memory_query)
         self.last_stats_chunk = step if self.last_stats_chunk is None else min(step, self.last_stats_chunk)
-        out = []
-        for s in range(0, k, step):
+        out, s = [], 0
+        while s < k:
             e = min(k, s + step)
-            part = {n: v[s:e] for n, v in params.items()} if step < k else params
-            out += self._foof_pass(sel[s:e], part, subsets[s:e], statics[s:e])
+            part = {n: v[s:e] for n, v in params.items()} if e - s < k else params
+            kept = [None if st is None else dict(st) for st in statics[s:e]]  # the first-layer caches it may fill
+            try:
+                out += self._foof_pass(sel[s:e], part, subsets[s:e], statics[s:e])
+            except Exception as exc:  # retried in halves, from the caches as they were
+                if e - s == 1 or not out_of_memory(exc):
+                    raise
+                for st, was in zip(statics[s:e], kept, strict=True):
+                    if st is not None:
+                        st.clear()
+                        st.update(was)
+                step = (e - s) // 2
+                self.last_stats_chunk = min(self.last_stats_chunk, step)
+                self._out_of_memory(f"statistics chunk {e - s} -> {step} clients")
+                continue
+            s = e
         return out
 
     def _foof_pass(self, sel, params, subsets, statics):
@@ -368,18 +399,40 @@ class VectorizedEngine:
         self.last_stats_chunk = None
         chunk = self.client_chunk or self.last_plan["chunk"]
         self.last_chunk = min(chunk, k)
-        results = []
+        results, s = [], 0
         with precision.use(getattr(cfg, "foof_precision", "fp32")):  # FOOF's products (fedpm_dnn.foof.precision)
-            for s in range(0, k, chunk):
+            while s < k:
                 idx = list(range(s, min(k, s + chunk)))
-                results += self._chunk(
-                    cfg,
-                    [int(sel[j]) for j in idx],
-                    [states[j] for j in idx],
-                    [downs[j] for j in idx],
-                    [gens[j] for j in idx],
-                )
+                drawn = [gens[j].get_state() for j in idx]  # the chunk as it starts, for a retry in halves
+                kept = [_state_copy(states[j]) for j in idx]
+                try:
+                    results += self._chunk(
+                        cfg,
+                        [int(sel[j]) for j in idx],
+                        [states[j] for j in idx],
+                        [downs[j] for j in idx],
+                        [gens[j] for j in idx],
+                    )
+                except Exception as exc:
+                    if len(idx) == 1 or not out_of_memory(exc):
+                        raise
+                    for j, g, st, cs in zip(idx, drawn, kept, [states[j] for j in idx], strict=True):
+                        gens[j].set_state(g)
+                        cs.clear()
+                        cs.update(st)
+                    chunk = len(idx) // 2
+                    self._out_of_memory(f"training chunk {len(idx)} -> {chunk} clients")
+                    continue
+                s += len(idx)
+                self.last_chunk = min(self.last_chunk, len(idx))
         return results
+
+    def _out_of_memory(self, what: str) -> None:
+        """After an out-of-memory error: the allocator's cached blocks released, the halving recorded and said."""
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.empty_cache()
+        self.executed.setdefault("out_of_memory", []).append(what)
+        warnings.warn(f"out of memory on {self.device}: {what}, and the step retried", RuntimeWarning, stacklevel=3)
 
     def _chunk(self, cfg, sel, states, downs, gens):
         K, B, dev = len(sel), cfg.batch_size, self.device
@@ -453,8 +506,11 @@ class VectorizedEngine:
                     for old, new in zip(factors[b], op, strict=True):  # in place: a CUDA graph reads them
                         old[due] = new
 
-        # the steps every client of the chunk takes (a prefix of the schedule) as one static function
-        n_full = min(n_steps) if self.static_step else 0
+        # every step of the chunk as one static function (a client whose steps have ended takes masked ones)
+        # captured, every step (a finished client's masked: step_graph.FullStep), so that the graph covers unequal
+        # clients' rounds whole; run eagerly (the CPU's 'on'), the steps every client takes, as before
+        capture = step_graph.capturable(dev)
+        n_full = (T if capture else min(n_steps)) if self.static_step else 0
         runner = None
         if n_full:
             hook = cfg.grad_hook(down, per_client)
@@ -475,13 +531,13 @@ class VectorizedEngine:
                     self.blocks,
                     loss_sum,
                 ),
-                step_graph.capturable(dev),
+                capture,
             )
-        every = list(range(K))
+        every, n_steps_min = list(range(K)), min(n_steps)
         for t in range(T):
             if t < n_full:
                 runner()
-                refresh(t, every)
+                refresh(t, every if t < n_steps_min else [j for j in every if n_steps[j] > t])
                 continue
             act = (steps_t > t).nonzero().flatten()
             full = len(act) == K
@@ -569,8 +625,13 @@ class VectorizedEngine:
                         P[n].index_copy_(0, ids, new)
                 loss_sum.index_add_(0, act.to(dev), (loss.detach() * c_t).to(torch.float64))
             refresh(t, act.tolist())
+        used = runner.used if runner is not None else "loop"
+        self.executed["chunk_steps"] += T
+        self.executed["graphed_steps"] += runner.replays if runner is not None else 0
+        self.executed["static_steps"] += n_full
+        self.executed["step_forms"][used] = self.executed["step_forms"].get(used, 0) + 1
         if runner is not None:
-            self.last_step_graph = {"full_steps": n_full, "replays": runner.replays}
+            self.last_step_graph = {"full_steps": n_full, "replays": runner.replays, "used": used}
             runner.release()
         end = None
         if cfg.uses_foof:  # matrices at the end of the round, on plain data

@@ -26,6 +26,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fedconvex.hyperparams import FLOAT32_MAX
+from fedconvex.screening import psd_problem
+
 from . import precision
 
 
@@ -434,7 +437,9 @@ class StatsAccumulator:
         x = x.detach()
         if x.dtype in (torch.float16, torch.bfloat16):  # mixed precision: the statistics are kept in float32
             x = x.float()
-        with torch.autocast(x.device.type, enabled=False):  # autocast would run the Gram products in half precision
+        x, mode = precision.for_statistics(x)
+        # autocast would run the Gram products in half precision
+        with torch.autocast(x.device.type, enabled=False), precision.use(mode):
             S, s, rows = block.gram(x)
         if block.has_bias:
             n = torch.tensor([[float(rows)]], dtype=S.dtype, device=S.device)
@@ -447,6 +452,8 @@ class StatsAccumulator:
         """The matrices, kept in float64 (accumulated there) until they are factorised or sent."""
         out = {}
         for name, S in self.sums.items():
+            if not self.counts[name]:
+                raise ValueError(f"the batches held no rows for block {name!r} (an empty batch): no statistics to take")
             A = S / self.counts[name]
             out[name] = 0.5 * (A + A.T)
         return out
@@ -512,6 +519,19 @@ def compute_foof(model: nn.Module, blocks: dict, batches, static: dict | None = 
         else:
             static.update({k: out[k] for k in acc.input_blocks})
     return {k: out[k] for k in blocks}
+
+
+# FOOF matrices from outside (a client's in ``mix``, ``FOOF.set_matrices``, a saved state) are checked as the
+# server checks a reply's: symmetric PSD within float32's round-off
+MATRIX_TOL = 64 * float(torch.finfo(torch.float32).eps)
+
+
+def matrix_problem(M: torch.Tensor) -> str | None:
+    """None if the float64 ``M`` can be a FOOF matrix (a second moment of float32 activations): finite, within
+    float32's range, symmetric and positive semidefinite within ``MATRIX_TOL``; else why not."""
+    if bool(torch.isfinite(M).all()) and M.numel() and float(M.abs().max()) > FLOAT32_MAX:
+        return f"holds entries beyond float32's range ({FLOAT32_MAX:.3g}): no second moment of float32 activations"
+    return psd_problem(M, tol=MATRIX_TOL)
 
 
 def finite_float64(name: str, M):
@@ -631,12 +651,14 @@ def operators(L64: dict, dtype, apply) -> dict:
     ``apply`` 'solve' or 'inverse' for every block, or name -> one of them (``resolve_apply``):
     'solve' (L, L^T) in ``dtype`` for two triangular solves a step (``solve_rows``); 'inverse' ((A + lam I)^{-1},)
     in ``dtype`` for one product a step -- the form the paper's cost table counts (one inverse per block and
-    round) and the K-FAC/FOOF libraries use.  ``direction`` tells them apart by their length."""
+    round) and the K-FAC/FOOF libraries use, with its TF32 parts in ``split-tf32`` (``precision.split_operand``:
+    (X, X_hi, X_lo)).  ``direction`` tells them apart by their length.  Call it inside ``precision.use``."""
     out = {}
     for name, L in L64.items():
         how = apply if isinstance(apply, str) else apply[name]
-        if how == "inverse":
-            out[name] = (damped_inverse(L, dtype),)
+        if how == "inverse":  # in split-tf32 with the inverse's TF32 parts, split once here, not at every step
+            X = damped_inverse(L, dtype)
+            out[name] = (X, *precision.split_operand(X))
         elif how == "solve":
             out[name] = with_uppers({name: L.to(dtype)})[name]
         else:
@@ -650,8 +672,11 @@ def prepare(A: dict, damping: float, dtype, apply) -> dict:
 
 
 def direction(T, op: tuple):
-    """T (A + lam I)^{-1} for row blocks T (..., d_out, d) and a block's ``operators`` entry."""
-    return precision.matmul(T, op[0]) if len(op) == 1 else solve_rows(T, *op)
+    """T (A + lam I)^{-1} for row blocks T (..., d_out, d) and a block's ``operators`` entry: (X,) or, in
+    split-tf32, (X, X_hi, X_lo) -- a product with the inverse; (L, L^T) -- two triangular solves."""
+    if len(op) == 2:
+        return solve_rows(T, *op)
+    return precision.matmul_kept(T, op[0], op[1:])
 
 
 @contextmanager

@@ -101,7 +101,9 @@ def stacked_foof(
             a = inputs[name]
             a = a * valid.view(K, e - s, *([1] * (a.dim() - 2))).to(a.dtype)
             block = blocks[name]
-            S, sv, per = stacked_gram(block, a)
+            a, mode = precision.for_statistics(a)
+            with precision.use(mode):
+                S, sv, per = stacked_gram(block, a)
             if block.has_bias:
                 nrow = (valid.sum(1) * per).to(S.dtype)
                 S = torch.cat(

@@ -16,6 +16,11 @@ the output positions for a Conv2d):
   as a half Gram, a row with another as a general product, times 3 in ``split-tf32``);
 * factorisation, per client and refresh: the float64 Cholesky ``d^3 / 3`` multiply-adds (``2 d^3 / 3`` FLOP) and,
   for the inverse apply, ``cholesky_inverse`` ``2 d^3 / 3`` more multiply-adds (``4 d^3 / 3`` FLOP);
+* memory traffic, per client and local step (``apply_bytes_per_step``): what the apply's kernels read and write --
+  the product ``4 (d^2 + 2 rows d)`` bytes in float32; in ``split-tf32`` the gradient rows' split (the inverse's
+  parts are formed once per refresh, ``foof.operators``), three products reading both parts and two sums,
+  ``4 (3 d^2 + 17 rows d)``; the two solves ``4 (2 d^2 + 4 rows d)``; and per client and statistics image
+  (``gram_split_bytes_per_image``) the split of the patches in ``split-tf32``, ``4 * 5 L d_in``;
 * memory: per client the matrix A in float64 (``8 d^2`` bytes: the client's state) and the step operators in
   the training dtype (``4 d^2`` per operator: the inverse one, the solves two, L and L^T); the statistics pass
   holds one block's patches at a time, in products of at most 2^25 float32 entries for the whole stack
@@ -94,6 +99,7 @@ def foof_cost(
     apply_products = precision.PRODUCTS[mode] if apply == "inverse" else 1  # the solves stay in float32
     blocks = []
     total = {"apply_flop": 0, "gram_flop": 0, "factorisation_flop": 0, "state_bytes": 0, "operator_bytes": 0}
+    total.update(apply_bytes=0, gram_split_bytes=0)
     for s in shapes:
         d, d_in, rows, L = s["d"], s["d_in"], s["rows"], s["L"]
         gram_per_image, form = gram_flop_per_image(s, mode, gram_form, clients, min(stats_chunk, per_client))
@@ -101,6 +107,9 @@ def foof_cost(
             "name": s["name"],
             "d": d,
             "apply_flop_per_step": 2 * rows * d * d * apply_products,
+            "apply_bytes_per_step": apply_bytes(d, rows, apply, mode),
+            "apply_kernels_per_step": APPLY_KERNELS[apply if apply == "solve" else mode],
+            "gram_split_bytes_per_image": FLOAT32 * 5 * L * d_in if mode == "split-tf32" else 0,
             "gram_flop_per_image": gram_per_image,
             "gram_form": form,
             "factorisation_flop": (2 * d**3 // 3) * (2 if apply == "inverse" else 1),
@@ -111,9 +120,13 @@ def foof_cost(
         }
         row["apply_flop"] = clients * steps * row["apply_flop_per_step"]
         row["gram_flop"] = clients * per_client * row["gram_flop_per_image"]
+        row["apply_bytes"] = clients * steps * row["apply_bytes_per_step"]
+        row["gram_split_bytes"] = clients * per_client * row["gram_split_bytes_per_image"]
         row["factorisation_flop_round"] = clients * refreshes * row["factorisation_flop"]
         blocks.append(row)
         total["apply_flop"] += row["apply_flop"]
+        total["apply_bytes"] += row["apply_bytes"]
+        total["gram_split_bytes"] += row["gram_split_bytes"]
         total["gram_flop"] += row["gram_flop"]
         total["factorisation_flop"] += row["factorisation_flop_round"]
         total["state_bytes"] += clients * row["state_bytes"]
@@ -130,6 +143,52 @@ def foof_cost(
 
 
 GRAM_FORMS = ("full", "half")
+# kernels a step's apply launches per block: the product; split-tf32's two for the rows' split, three products and
+# two sums; the two triangular solves
+APPLY_KERNELS = {"fp32": 1, "tf32": 1, "bf16": 3, "split-tf32": 7, "solve": 2}
+
+
+def apply_bytes(d: int, rows: int, apply: str, mode: str) -> int:
+    """Bytes one client's apply of a block of side d to ``rows`` gradient rows reads and writes (module doc)."""
+    if apply == "solve":
+        return FLOAT32 * (2 * d * d + 4 * rows * d)
+    if mode == "split-tf32":
+        return FLOAT32 * (3 * d * d + 17 * rows * d)
+    return FLOAT32 * (d * d + 2 * rows * d)
+
+
+# What a CUDA device does per second, for --foof-precision auto's rule (``split_pays``): float32 FLOPs on the CUDA
+# cores, TF32 FLOPs on the tensor cores (dense), memory bytes, and the seconds a kernel launch costs.  The vendors'
+# figures for the SXM parts, derated to what large GEMMs and copies reach; estimates until validation/gpu_checks.sh
+# measures the two forms (benchmarks/foof_apply.py).  A device not named here is taken as an H100.
+DEVICE_RATES = {
+    "H200": {"fp32": 50e12, "tf32": 350e12, "bytes": 4.0e12, "launch": 4e-6},
+    "H100": {"fp32": 50e12, "tf32": 350e12, "bytes": 2.8e12, "launch": 4e-6},
+    "A100": {"fp32": 17e12, "tf32": 120e12, "bytes": 1.6e12, "launch": 4e-6},
+}
+
+
+def device_rates(name: str) -> dict:
+    return next((r for key, r in DEVICE_RATES.items() if key in name), DEVICE_RATES["H100"])
+
+
+def apply_seconds(shapes: list, mode: str, clients: int, rates: dict) -> float:
+    """Modelled seconds of one local step's inverse apply for ``clients`` clients: per block the longer of its
+    FLOPs at the mode's rate and its bytes at the memory's, plus its kernels' launches."""
+    rate = rates["tf32"] if mode == "split-tf32" else rates["fp32"]
+    total = 0.0
+    for s in shapes:
+        d, rows = s["d"], s["rows"]
+        flop = clients * 2 * rows * d * d * precision.PRODUCTS[mode]
+        moved = clients * apply_bytes(d, rows, "inverse", mode)
+        total += max(flop / rate, moved / rates["bytes"]) + APPLY_KERNELS[mode] * rates["launch"]
+    return total
+
+
+def split_pays(shapes: list, clients: int = 10, device_name: str = "") -> bool:
+    """Whether ``split-tf32``'s apply is modelled faster than plain float32's for these blocks (``apply_seconds``)."""
+    rates = device_rates(device_name)
+    return apply_seconds(shapes, "split-tf32", clients, rates) < apply_seconds(shapes, "fp32", clients, rates)
 
 
 def gram_flop_per_image(shape: dict, mode: str, gram_form: str, clients: int, stats_chunk: int) -> tuple:
@@ -174,3 +233,19 @@ def paper_cost(model_name: str, apply: str = "inverse", mode: str = "fp32", **si
     shapes = block_shapes(make_model(model_name, classes, 3, 32), torch.zeros(3, 32, 32))
     kw = {"clients": 10, "per_client": 5000, "epochs": 5, "batch": 64, **size}
     return foof_cost(shapes, apply=apply, mode=mode, **kw)
+
+
+def auto_mode(device, model: str | None = None, clients: int = 10) -> str:
+    """The mode of ``--foof-precision auto``: ``precision.default_mode`` (fp32 off CUDA), and on CUDA split-tf32
+    only where ``split_pays`` models its apply faster than fp32's for the blocks of ``model`` ('cnn',
+    'resnet18gn', at CIFAR's 32 x 32 images) and ``clients`` clients on this device -- the split costs memory
+    traffic and launches that a small block's product does not repay -- else fp32."""
+    mode = precision.default_mode(device)
+    dev = torch.device(device)
+    if mode != "split-tf32" or model is None or dev.type != "cuda":
+        return mode
+    from ..models import make_model
+
+    shapes = block_shapes(make_model(model, 10, 3, 32), torch.zeros(3, 32, 32))
+    name = torch.cuda.get_device_name(dev) if torch.cuda.is_available() else ""
+    return "split-tf32" if split_pays(shapes, clients, name) else "fp32"

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from fedconvex.hyperparams import FLOAT32_MAX, Range, checked_number
+
 from .. import foof
 
 DEFAULT_STATS_DECAY = 0.95  # running average of hooked statistics: A <- decay A + (1 - decay) A_batch
@@ -69,16 +71,10 @@ class Layer:
 
 
 def _number(name: str, value, low: float, *, low_ok: bool = True, high: float | None = None) -> float:
-    """``value`` as a finite float in [low, high) (low excluded unless ``low_ok``); a ValueError/TypeError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v) or v < low or (v == low and not low_ok) or (high is not None and v >= high):
-        bound = f">= {low:g}" if low_ok else f"> {low:g}"
-        raise ValueError(
-            f"{name} must be a finite number {bound}{'' if high is None else f' and < {high:g}'}, got {value!r}"
-        )
-    return v
+    """``value`` as a float32-representable finite float in [low, high) (low excluded unless ``low_ok``); a
+    ValueError/TypeError naming it (``fedconvex.hyperparams.checked_number``, the rule of every entry point)."""
+    allowed = Range(low, math.inf if high is None else high, low_open=not low_ok, high_open=high is not None)
+    return checked_number(name, value, allowed, limit=FLOAT32_MAX)
 
 
 def _every(name: str, value) -> int | None:
@@ -88,6 +84,9 @@ def _every(name: str, value) -> int | None:
         also = ", 'auto'" if name == "stats_every" else ""
         raise ValueError(f"{name} must be a positive integer{also} or None, got {value!r}")
     return value
+
+
+GROUP_NUMBERS = (("lr", 0.0, False, None), ("momentum", 0.0, True, 1.0), ("weight_decay", 0.0, True, None))
 
 
 class FOOF(torch.optim.Optimizer):
@@ -139,6 +138,7 @@ class FOOF(torch.optim.Optimizer):
             )
         elif not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
         lr = _number("lr", lr, 0.0, low_ok=False)
         self.damping = _number("damping", damping, 0.0)
         momentum = _number("momentum", momentum, 0.0, high=1.0)
@@ -156,16 +156,13 @@ class FOOF(torch.optim.Optimizer):
         if self.inverse_every is not None and self.stats_every is None:
             raise ValueError("inverse_every needs stats_every (statistics taken from the training batches)")
         self.stats_decay = _number("stats_decay", stats_decay, 0.0, high=1.0)
-        super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
-        for group in self.param_groups:  # a group's own values are checked as the defaults are
-            group["lr"] = _number("a param group's lr", group["lr"], 0.0, low_ok=False)
-            group["momentum"] = _number("a param group's momentum", group["momentum"], 0.0, high=1.0)
-            group["weight_decay"] = _number("a param group's weight_decay", group["weight_decay"], 0.0)
-        self.model, self.clip, self.clip_stage = model, clip, clip_stage
-        self._find_blocks()
         self._matrices: dict | None = None  # the statistics (running average with hooks)
         self._inverted: dict | None = None  # the matrices the inverses in use were formed from
         self._inverses: dict | None = None
+        # torch.optim's __init__ adds each group through add_param_group (checked there)
+        super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
+        self.clip, self.clip_stage = clip, clip_stage
+        self._find_blocks()
         self._steps = 0
         self._handles: list = []
         self._batch = None  # a StatsAccumulator while hooks collect this step's statistics
@@ -185,16 +182,54 @@ class FOOF(torch.optim.Optimizer):
 
     # ---- which layers are blocks ---------------------------------------------------------------------------------
 
+    def add_param_group(self, param_group: dict) -> None:
+        """A group of the model's parameters (``torch.optim``'s), its lr, momentum and weight decay checked as the
+        defaults are; a Linear/Conv2d weight among them becomes a FOOF block, whose statistics the next
+        ``update_statistics`` takes (``step`` refuses to run without them)."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"a param group must be a dict, got {type(param_group).__name__}")
+        params = param_group.get("params")
+        if torch.is_tensor(params) or (isinstance(params, Iterable) and not isinstance(params, (set, str, dict))):
+            params = [params] if torch.is_tensor(params) else list(params)  # a generator is read once, here
+            param_group = {**param_group, "params": params}
+        if isinstance(params, list):
+            owned = {id(p) for p in self.model.parameters()}
+            foreign = [p for p in params if torch.is_tensor(p) and id(p) not in owned]
+            if foreign:
+                raise ValueError(
+                    f"{len(foreign)} of the {len(params)} parameters given are not parameters of the model FOOF "
+                    "was given (model=): FOOF preconditions the model's own layers; pass that model's parameters"
+                )
+        for key, low, low_ok, high in GROUP_NUMBERS:
+            if key in param_group:
+                _number(f"a param group's {key}", param_group[key], low, low_ok=low_ok, high=high)
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        for key, low, low_ok, high in GROUP_NUMBERS:  # the defaults filled in are checked already
+            group[key] = _number(f"a param group's {key}", group[key], low, low_ok=low_ok, high=high)
+        if hasattr(self, "_blocks"):  # added after construction: its layers become blocks too
+            self._find_blocks()
+            self._hook()
+
     def _find_blocks(self) -> None:
         given = {id(p) for g in self.param_groups for p in g["params"]}
+        unseen = {k for k, (_, why) in getattr(self, "_skipped", {}).items() if why == UNSEEN}
+        old = getattr(self, "_blocks", {})
         blocks, skipped = foof.survey(self.model)
         self._blocks, self._skipped = {}, dict(skipped)
         for name, b in blocks.items():
+            if name in unseen:  # found unreachable before: it stays plain
+                self._skipped[name] = (type(b.module).__name__, UNSEEN)
+                continue
             if id(b.module.weight) not in given:
                 self._skipped[name] = (type(b.module).__name__, "its weight is not among the optimizer's parameters")
                 continue
             b.has_bias = b.has_bias and id(b.module.bias) in given  # a bias trained elsewhere is no part of the block
             self._blocks[name] = b
+            if name not in old or old[name].has_bias != b.has_bias:  # new, or its matrix changed size: none yet
+                for held in (self._matrices, self._inverted, self._inverses):
+                    if held is not None:
+                        held.pop(name, None)
         by_kind: dict = {}
         for name, (kind, why) in self._skipped.items():
             if not why.startswith(("frozen", "its weight is not")):
@@ -238,7 +273,7 @@ class FOOF(torch.optim.Optimizer):
         if not seen:
             raise ValueError("update_statistics saw no batch: pass the data to take the statistics over")
         self._drop_unseen(set(acc.sums))
-        self.set_matrices(acc.result())
+        self._use(self._checked(acc.result()))  # built here: symmetric and PSD by construction
         return self.matrices()
 
     def _drop_unseen(self, seen: set) -> None:
@@ -253,11 +288,16 @@ class FOOF(torch.optim.Optimizer):
 
     def set_matrices(self, matrices: dict) -> None:
         """Use these FOOF matrices (block name -> (d, d), as ``matrices()`` returns) from now on: a client's
-        matrices kept from its previous round, for instance.  With ``stats_every='auto'`` the hooks stop here:
-        from now on A comes only from these calls (the once-a-round mode)."""
-        self._inverted = self._checked(matrices)
-        if self._auto:
+        matrices kept from its previous round, for instance.  Each must be finite, symmetric and positive
+        semidefinite (within float32's round-off): a ValueError naming the block otherwise.  With
+        ``stats_every='auto'`` the hooks stop here: from now on A comes only from these calls (the once-a-round
+        mode)."""
+        self._use(self._checked(matrices, values=True))
+
+    def _use(self, matrices: dict) -> None:
+        if self._auto:  # matrices given explicitly (update_statistics, set_matrices): the once-a-round mode
             self._explicit()
+        self._inverted = matrices
         self._matrices = dict(self._inverted)
         self._invert()
 
@@ -266,14 +306,19 @@ class FOOF(torch.optim.Optimizer):
         self._auto, self.stats_every, self.inverse_every, self._batch = False, None, None, None
         self._hook()
 
-    def _checked(self, matrices, partial: bool = False) -> dict:
+    def _checked(self, matrices, partial: bool = False, values: bool = False, only=None) -> dict:
         """``matrices`` in float64 on the model's device, checked against the blocks (with ``partial``: those of
-        some blocks only, as hooks that have not yet seen every block hold)."""
+        some blocks only, as hooks that have not yet seen every block hold); ``values``: also finite, symmetric
+        and positive semidefinite, as matrices from outside must be."""
         if not isinstance(matrices, dict):
             raise TypeError(
                 f"FOOF matrices must be a dict of block name -> (d, d) tensor, got {type(matrices).__name__}"
             )
-        sides = {name: self._side(b) for name, b in self._blocks.items() if not partial or name in matrices}
+        sides = {
+            name: self._side(b)
+            for name, b in self._blocks.items()
+            if (not partial or name in matrices) and (only is None or name in only)
+        }
         if set(matrices) != set(sides):
             raise ValueError(f"FOOF matrices name blocks {sorted(matrices)}, the model has {sorted(sides)}")
         for name, d in sides.items():
@@ -281,8 +326,15 @@ class FOOF(torch.optim.Optimizer):
             if not torch.is_tensor(M) or tuple(M.shape) != (d, d):
                 shape = tuple(M.shape) if torch.is_tensor(M) else type(M).__name__
                 raise ValueError(f"FOOF matrix {name!r} has shape {shape}, expected {(d, d)}")
+            if values and (M.is_complex() or not (M.is_floating_point() or M.dtype == torch.int64)):
+                raise ValueError(f"FOOF matrix {name!r} must hold real numbers, got dtype {M.dtype}")
         device = next(iter(self.model.parameters())).device
-        return {k: matrices[k].detach().to(device=device, dtype=torch.float64) for k in sides}
+        out = {k: matrices[k].detach().to(device=device, dtype=torch.float64) for k in sides}
+        for name, M in out.items() if values else ():
+            problem = foof.matrix_problem(M)
+            if problem:
+                raise ValueError(f"FOOF matrix {name!r} {problem}: it must be a second moment E[a a^T]")
+        return out
 
     def _invert(self) -> None:
         """The damped inverses of ``_inverted``, each in its block's dtype."""
@@ -336,6 +388,12 @@ class FOOF(torch.optim.Optimizer):
             if self._matrices and (self._inverses is None or self._steps % every == 0):
                 self._inverted = dict(self._matrices)
                 self._invert()
+        missing = [] if self._inverses is None or self.stats_every else sorted(set(self._blocks) - set(self._inverses))
+        if missing:
+            raise RuntimeError(
+                f"FOOF has no matrices for block(s) {', '.join(map(repr, missing))} (added by add_param_group): call "
+                "update_statistics(batches) again before step()"
+            )
         if self._inverses is None:
             raise RuntimeError(
                 "FOOF has no matrices yet: call update_statistics(batches) before step(), or take the statistics "
@@ -394,23 +452,40 @@ class FOOF(torch.optim.Optimizer):
         # a copy: torch.optim keeps the given tensors, which would tie this optimizer's momentum to the saved one's
         state_dict = copy.deepcopy(state_dict)
         saved = state_dict.pop("foof")
-        blocks = saved.get("blocks")
-        if not isinstance(blocks, list) or not set(blocks) <= set(self._blocks):
+        for key in ("damping", "steps", "blocks", "matrices", "inverted"):
+            if key not in saved:
+                raise ValueError(f"the saved FOOF state has no {key!r} entry (write it with FOOF.state_dict())")
+        for key in ("state", "param_groups"):
+            if key not in state_dict:
+                raise ValueError(f"the saved optimizer state has no {key!r} entry (write it with FOOF.state_dict())")
+        blocks = saved["blocks"]
+        if not isinstance(blocks, list) or not all(isinstance(b, str) for b in blocks):
+            raise ValueError(f"the saved FOOF state's 'blocks' must be a list of block names, got {blocks!r}")
+        if not set(blocks) <= set(self._blocks) or (self._blocks and not blocks):
             raise ValueError(f"the saved FOOF state names blocks {blocks}, this one {sorted(self._blocks)}")
+        damping = _number("the saved FOOF state's damping", saved["damping"], 0.0)
+        steps = checked_number("the saved FOOF state's steps", saved["steps"], Range(0), integer=True)
+        for group in state_dict["param_groups"] if isinstance(state_dict["param_groups"], list) else ():
+            for key, low, low_ok, high in GROUP_NUMBERS:
+                if isinstance(group, dict) and key in group:
+                    _number(f"the saved param group's {key}", group[key], low, low_ok=low_ok, high=high)
+        partial = self.stats_every is not None
+        inverted, matrices = (
+            None if saved[k] is None else self._checked(saved[k], partial=partial, values=True, only=set(blocks))
+            for k in ("inverted", "matrices")
+        )
+        super().load_state_dict(state_dict)  # its own checks (the groups' sizes) before anything here changes
         for name in set(self._blocks) - set(blocks):  # found unreachable by the saved optimizer: plain, as there
             self._skipped[name] = (type(self._blocks.pop(name).module).__name__, UNSEEN)
         self._hook()
-        super().load_state_dict(state_dict)
-        if self._auto and not saved.get("hooked", False):  # no key: saved before 'auto', whose default was explicit
+        if self._auto and saved.get("hooked") is not True:  # no key: saved before 'auto', whose default was explicit
             self._explicit()
-        self.damping = float(saved["damping"])
-        self._steps = int(saved["steps"])
+        self.damping, self._steps = damping, steps
         self._matrices = self._inverted = self._inverses = None
-        if saved["inverted"] is not None:
-            self._inverted = self._checked(saved["inverted"], partial=self.stats_every is not None)
+        if inverted is not None:
+            self._inverted = inverted
             self._invert()
-        if saved["matrices"] is not None:
-            self._matrices = self._checked(saved["matrices"], partial=self.stats_every is not None)
+        self._matrices = matrices
 
     def remove_hooks(self) -> None:
         """Detach the statistics hooks from the model (``stats_every``); the optimizer then takes no new ones."""

@@ -19,14 +19,24 @@ statistics Gram ``a^T a``.
 On CUDA the TF32 products run on the tensor cores (``torch.backends.cuda.matmul.allow_tf32`` switched on for the
 product only); elsewhere they are emulated by rounding the inputs (the same arithmetic, no speed), which is how the
 CPU tests hold each mode to its bound.  In ``fp32`` every function here is the plain product the callers made
-before, so default results do not change.
+before, so default results do not change.  On a device (not emulated) the first split-tf32 apply and the first
+Gram of a process are checked against float64 on the same operands (``checked``); one outside the elementwise
+bound that tensor cores can meet gives one warning and plain float32 products there from then on, recorded.
 
 The kernels read the mode from ``use(mode)`` (a context variable), entered by the engines around a client's
 round with the method's ``foof_precision``.
+
+The rest of a round's arithmetic follows the same setting (``backend_flags``), so that no product runs in TF32
+unsaid: inside ``use(mode)`` cuBLAS's TF32 is off (``torch.backends.cuda.matmul.allow_tf32``: the split and TF32
+products switch it on for themselves) and cuDNN's convolutions run in TF32 (``torch.backends.cudnn.allow_tf32``,
+PyTorch's default) in every mode but ``fp32``, where they are plain float32 -- "fp32" means float32 throughout.
+Every run's summary.json records these flags with the device's name (``record``).  On a CPU the flags change
+nothing.
 """
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -43,14 +53,49 @@ def check(mode: str) -> str:
     return mode
 
 
+_conv: ContextVar = ContextVar("conv_tf32", default=None)  # ``convolutions``' setting; None: from the mode
+
+
 @contextmanager
-def use(mode: str):
-    """FOOF's products inside the block in ``mode``."""
-    token = _mode.set(check(mode))
+def convolutions(tf32: bool):
+    """cuDNN's convolutions in TF32 (True) or float32 (False) inside the block, whatever the rounds' mode: a
+    comparison of methods (benchmarks) gives FedAvg, which has no ``--foof-precision``, FedPM's convolutions."""
+    token = _conv.set(bool(tf32))
     try:
         yield
     finally:
+        _conv.reset(token)
+
+
+def backend_flags(mode: str) -> dict:
+    """The TF32 flags of cuDNN and cuBLAS a round in ``mode`` runs with (module doc; ``convolutions`` overrides
+    cuDNN's)."""
+    conv = _conv.get()
+    return {"cudnn_allow_tf32": check(mode) != "fp32" if conv is None else conv, "cuda_matmul_allow_tf32": False}
+
+
+@contextmanager
+def use(mode: str):
+    """FOOF's products inside the block in ``mode``, and cuDNN's and cuBLAS's TF32 flags set from it (restored
+    on leaving)."""
+    token = _mode.set(check(mode))
+    flags = backend_flags(mode)
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = flags["cudnn_allow_tf32"]
+    torch.backends.cuda.matmul.allow_tf32 = flags["cuda_matmul_allow_tf32"]
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
         _mode.reset(token)
+
+
+def record(mode: str, device) -> dict:
+    """What a run's training arithmetic was, for its summary.json: the device's name, the FOOF precision and the
+    TF32 flags of cuDNN's convolutions and cuBLAS's other products in its rounds."""
+    dev = torch.device(device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" and torch.cuda.is_available() else "CPU"
+    return {"device_name": name, "foof_precision": check(mode), **backend_flags(mode)}
 
 
 def current() -> str:
@@ -112,7 +157,25 @@ def matmul(a: torch.Tensor, b: torch.Tensor, mode: str | None = None, emulate=No
     a_hi, a_lo = split(a)
     b_hi, b_lo = split(b)
     small = tf32_product(a_hi, b_lo, emulate) + tf32_product(a_lo, b_hi, emulate)
-    return tf32_product(a_hi, b_hi, emulate) + small
+    return checked("apply", a, b, tf32_product(a_hi, b_hi, emulate) + small, emulate)
+
+
+def split_operand(b: torch.Tensor, mode: str | None = None) -> tuple:
+    """What a fixed right operand ``b`` is kept as beside itself for ``matmul_kept``: its (hi, lo) parts in
+    ``split-tf32`` with float32 ``b`` (formed once, where ``matmul`` would split it at every product), else ()."""
+    mode = current() if mode is None else check(mode)
+    return split(b) if mode == "split-tf32" and b.dtype == torch.float32 else ()
+
+
+def matmul_kept(a: torch.Tensor, b: torch.Tensor, parts: tuple, emulate=None) -> torch.Tensor:
+    """``matmul(a, b)`` with ``b``'s split parts ``parts`` (``split_operand``) given: the same value, bit for bit,
+    with only ``a`` split."""
+    if not parts or current() != "split-tf32" or a.dtype != torch.float32:
+        return matmul(a, b, emulate=emulate)
+    b_hi, b_lo = parts
+    a_hi, a_lo = split(a)
+    small = tf32_product(a_hi, b_lo, emulate) + tf32_product(a_lo, b_hi, emulate)
+    return checked("apply", a, b, tf32_product(a_hi, b_hi, emulate) + small, emulate)
 
 
 def gram(a: torch.Tensor, mode: str | None = None, emulate=None, half: bool = False) -> torch.Tensor:
@@ -130,10 +193,78 @@ def gram(a: torch.Tensor, mode: str | None = None, emulate=None, half: bool = Fa
     if mode == "fp32" or a.dtype != torch.float32:
         return torch.bmm(at, a) if a.dim() == 3 else at @ a
     if mode in APPROXIMATE:
-        return matmul(at, a, mode, emulate)
+        # one product computes (i, j) and (j, i) in different orders, and the rounding of the opt-in modes makes
+        # them differ: the statistics must be exactly symmetric (the server's screening refuses them otherwise)
+        S = matmul(at, a, mode, emulate)
+        return 0.5 * (S + S.mT)
     hi, lo = split(a)
     cross = tf32_product(hi.mT, lo, emulate)
-    return tf32_product(hi.mT, hi, emulate) + (cross + cross.mT)
+    return checked("gram", at, a, tf32_product(hi.mT, hi, emulate) + (cross + cross.mT), emulate)
+
+
+# --- the first tensor-core products of a process, checked ---------------------------------------------------------
+CHECK_SLACK = 32  # units of u = 2^-24 the split form may add to a float32 product's k u (module doc: ~24 u)
+_verdicts: dict = {}  # (device, 'apply' | 'gram') -> None (trusted) or why the split form was given up there
+
+
+def elementwise_bound(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """What a product of a and b in split-tf32 may be off by, entry by entry, on any hardware that rounds as IEEE
+    allows (tensor cores included): ``(k + CHECK_SLACK) u (|a| |b|)``, k the length of the sums -- float32's own
+    worst case plus the split's dropped terms."""
+    k = a.shape[-1]
+    return (k + CHECK_SLACK) * 2.0**-24 * torch.matmul(a.abs().double(), b.abs().double())
+
+
+def bound_ratio(a: torch.Tensor, b: torch.Tensor, result: torch.Tensor) -> float:
+    """The largest ratio of ``result``'s error (against float64) to ``elementwise_bound``: <= 1 within it."""
+    exact = torch.matmul(a.double(), b.double())
+    bound = elementwise_bound(a, b)
+    err = (result.double() - exact).abs()
+    ratio = torch.where(bound > 0, err / bound.clamp_min(1e-300), err * float("inf"))
+    worst = float(ratio.nan_to_num(nan=float("inf")).max()) if ratio.numel() else 0.0
+    return worst
+
+
+def checked(kind: str, a: torch.Tensor, b: torch.Tensor, result: torch.Tensor, emulate=None) -> torch.Tensor:
+    """``result`` of a split-tf32 product of a and b, the first time one of its ``kind`` runs on a device (not in
+    emulation, which is exact by construction) checked against float64 on the same operands within
+    ``elementwise_bound``; where it is not, one warning, the plain float32 product instead from then on for that
+    device and kind, and the reason in ``fallbacks()`` (each run's summary records it)."""
+    if _emulated(a, emulate):
+        return result
+    key = (str(a.device), kind)
+    if key not in _verdicts:
+        ratio = bound_ratio(a, b, result)
+        _verdicts[key] = None if ratio <= 1.0 else f"{ratio:.3g} times its bound on its first operands"
+        if _verdicts[key]:
+            warnings.warn(
+                f"split-tf32 {kind} on {a.device}: {_verdicts[key]}; running float32 products there instead",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    if _verdicts[key] is None:
+        return result
+    plain = torch.matmul(a, b)
+    return 0.5 * (plain + plain.mT) if kind == "gram" else plain  # a Gram stays exactly symmetric
+
+
+def fallbacks() -> dict:
+    """'<device> <kind>' -> why this process runs that kind of product in float32 in place of split-tf32."""
+    return {f"{dev} {kind}": why for (dev, kind), why in _verdicts.items() if why}
+
+
+def for_statistics(x: torch.Tensor, mode: str | None = None) -> tuple:
+    """(the inputs FOOF's statistics are built from, the mode of their products).  In the approximate modes a
+    Gram of rounded products is not positive semidefinite: bf16 rounds each entry of its output, and either mode
+    sums the bias row from inputs its product rounded -- the server then rejects every such reply.  So the inputs
+    are rounded here, once (to TF32 or bfloat16 values), and their products run in TF32: exact for them (at most
+    11 significant bits, each product exact in float32) with float32 accumulation.  The statistics are then the
+    Gram of the rounded activations, the bias row their sums: positive semidefinite to float32's round-off, as in
+    fp32.  fp32, split-tf32 and non-float32 inputs are returned as they are."""
+    mode = current() if mode is None else check(mode)
+    if mode not in APPROXIMATE or x.dtype != torch.float32:
+        return x, mode
+    return (round_tf32(x) if mode == "tf32" else x.bfloat16().float()), "tf32"
 
 
 GRAM_BLOCK = 256  # the narrowest block row of ``half_gram``: narrower products run below a GEMM's pace
@@ -172,6 +303,8 @@ def half_gram(a: torch.Tensor, mode: str | None = None, emulate=None) -> torch.T
         S[..., s:e, s:e] = 0.5 * (diag + diag.mT)
         S[..., s:e, :s] = row[..., :s]
         S[..., :s, s:e] = row[..., :s].mT
+    if mode == "split-tf32" and a.dtype == torch.float32:
+        return checked("gram", a.mT, a, S, emulate)
     return S
 
 
@@ -187,8 +320,9 @@ def half_pays(d: int, mode: str) -> bool:
 
 
 def default_mode(device) -> str:
-    """The mode of ``--foof-precision auto``: split-tf32 on CUDA (tensor cores at float32's accuracy), fp32
-    elsewhere (no tensor cores: the split form would only cost three products)."""
+    """The mode of ``--foof-precision auto`` before the model is known: split-tf32 on CUDA (tensor cores at
+    float32's accuracy), fp32 elsewhere (no tensor cores: the split form would only cost three products).
+    ``fedpm_dnn.foof.cost.auto_mode`` narrows it to where the split pays for the run's model."""
     return "split-tf32" if torch.device(device).type == "cuda" else "fp32"
 
 

@@ -12,8 +12,8 @@ The graph reads the round's factors in place (a refresh writes new factors into 
 the gradients from its own input buffers, which the step fills with one ``cat(..., out=)`` per block,
 as the eager path builds its right-hand sides; the directions land in the graph's output buffers, which
 the step uses as views (its update and clipping read them on the same stream before the next step's
-replay overwrites them).  Where capture is not possible the caller falls back to the eager solves
-(``capture`` returns None) and says so once.
+replay overwrites them).  Where capture is not possible, or the first replay disagrees with the eager solves,
+the caller falls back to the eager solves for that round (``capture`` returns None), says so once and records why.
 """
 
 from __future__ import annotations
@@ -26,48 +26,84 @@ import torch
 from .. import foof
 
 ENV = "FEDPM_CUDA_GRAPHS"  # "0" turns the graphs off (benchmarks compare both)
-_warned = []
 
 
 def enabled(device) -> bool:
     return str(device).startswith("cuda") and os.environ.get(ENV, "1") != "0"
 
 
-class GraphedDirections:
-    """inputs[name] (K, rows, cols) -> outputs[name] = inputs[name] (A + lam I)^{-1} for every block."""
+def capture_graph(fn, device, warmup: int = 0):
+    """(graph, fn's outputs): ``fn`` captured as a CUDA graph, after ``warmup`` eager calls on a side stream.
 
-    def __init__(self, factors: dict, shapes: dict, dtype, device):
+    ``torch.cuda.graph``'s ``__exit__`` ends the capture before it restores the stream, so a capture that fails at
+    its end would leave every later kernel on the capture stream; here the stream context is this function's own
+    and is left however the capture ends."""
+    prev = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(prev)
+    with torch.cuda.stream(side):  # warm-up off the capture: cuBLAS workspaces, allocator pool
+        for _ in range(warmup):
+            fn()
+    prev.wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(prev)
+    try:
+        with torch.cuda.stream(side):
+            graph.capture_begin()
+            try:
+                out = fn()
+            finally:
+                graph.capture_end()  # raises where the capture failed
+    finally:
+        prev.wait_stream(side)
+    return graph, out
+
+
+CHECK_RTOL = 1e-4  # the first replay's directions against the eager solves' (float32 round-off: 1e-6 measured)
+fallbacks: list = []  # why a capture of this process was given up (each run's summary records them)
+
+
+class GraphedDirections:
+    """inputs[name] (K, rows, cols) -> outputs[name] = inputs[name] (A + lam I)^{-1} for every block.
+
+    Its first replay is checked against the eager solves on the same (generated) inputs; a disagreement is a
+    failed capture.  ``graph_factory(fn, device, warmup)`` makes the graph (tests inject one)."""
+
+    def __init__(self, factors: dict, shapes: dict, dtype, device, graph_factory=None):
         self.inputs = {b: torch.zeros(shape, dtype=dtype, device=device) for b, shape in shapes.items()}
         self._factors = factors
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # warm-up off the capture: cuBLAS workspaces, allocator pool
-            for _ in range(2):
-                self._solve()
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.outputs = self._solve()
+        self.graph, self.outputs = (graph_factory or capture_graph)(self._solve, device, 2)
+        self._check()
 
     def _solve(self) -> dict:
         return {b: foof.direction(T, self._factors[b]) for b, T in self.inputs.items()}
+
+    def _check(self) -> None:
+        g = torch.Generator().manual_seed(0)
+        for T in self.inputs.values():
+            T.copy_(torch.randn(T.shape, generator=g))
+        got = {b: v.clone() for b, v in self.replay().items()}
+        for b, want in self._solve().items():
+            rel = float((got[b] - want).norm() / want.norm().clamp_min(1e-30))
+            if not rel <= CHECK_RTOL:
+                raise RuntimeError(f"its first replay differs from the eager solves ({rel:.1e} in block {b})")
+        for T in self.inputs.values():
+            T.zero_()
 
     def replay(self) -> dict:
         self.graph.replay()
         return self.outputs
 
 
-def capture(factors: dict, shapes: dict, dtype, device):
-    """A GraphedDirections, or None (with one warning per process) where capture fails."""
+def capture(factors: dict, shapes: dict, dtype, device, graph_factory=None):
+    """A GraphedDirections, or None (said once per process, recorded in ``fallbacks``) where capture fails."""
     try:
-        return GraphedDirections(factors, shapes, dtype, device)
+        return GraphedDirections(factors, shapes, dtype, device, graph_factory)
     except Exception as exc:  # capture is an optimisation: any failure means the eager solves
-        if not _warned:
-            _warned.append(exc)
-            warnings.warn(
-                f"CUDA graph capture of the FOOF solves failed ({type(exc).__name__}: {exc}); "
-                f"using eager solves (set {ENV}=0 to skip the attempt)",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        why = f"CUDA graph capture of the FOOF solves failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        if why not in fallbacks:
+            fallbacks.append(why)
+            warnings.warn(f"{why}; using eager solves (set {ENV}=0 to skip the attempt)", RuntimeWarning, stacklevel=2)
         return None

@@ -122,6 +122,8 @@ def make_optimizer(cfg: dict, model):
     if cfg["kind"] == "adam":
         return torch.optim.Adam(model.parameters(), lr=cfg["lr"])
     extra = {k: cfg[k] for k in ("stats_every", "inverse_every") if k in cfg}
+    if "epoch_samples" in cfg:  # the paper's schedule: statistics only from update_statistics
+        extra["stats_every"] = None
     return FOOF(model, lr=cfg["lr"], damping=cfg["damping"], momentum=cfg["momentum"], **extra)
 
 

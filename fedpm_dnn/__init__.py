@@ -9,11 +9,17 @@ import types
 
 from . import _deprecated_paths
 
-__all__ = ["FOOF", "FederatedRun", "federated", "mix"]
+__all__ = ["FOOF", "FederatedRun", "cost", "federated", "mix"]
 
 # imported on first use (PEP 562): the package's light modules (the method names, the presets) stay importable
 # without torch, so a command's --help does not wait for it
-_LAZY = {"FOOF": ".foof.optimizer", "FederatedRun": ".federated", "federated": ".federated", "mix": ".mixing"}
+_LAZY = {
+    "FOOF": ".foof.optimizer",
+    "FederatedRun": ".federated",
+    "cost": ".foof.run_cost",
+    "federated": ".federated",
+    "mix": ".mixing",
+}
 
 
 def __getattr__(name):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
@@ -30,6 +31,7 @@ from .engine import checkpoint as _ck
 from .engine.sequential import ClientData, LoaderData, _load
 from .engine.simulation import HISTORY_COLUMNS, drive, make_driver
 from .engine.training_task import ENGINES, DnnTask
+from .foof.run_cost import method_line
 
 # history columns the driver writes: an evaluate() metric of one of these names would overwrite it or be lost
 RESERVED_METRICS = frozenset(HISTORY_COLUMNS) - {"test_acc"} | {"seconds"}
@@ -264,6 +266,9 @@ def federated(
         finally:
             model.train()
 
+    line = method_line(alg, model, clients)  # what FedPM costs here, before the first round
+    if line:
+        print(line, file=sys.stderr)
     driver = make_driver(alg, task, metrics, participants, max_ratio)
     state = alg.init(task, task.initial_params())
     fp = _fingerprint(alg, model, clients, participants, seed, engine) if checkpoint else None

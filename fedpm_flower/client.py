@@ -71,7 +71,9 @@ def fedpm_fit(
     damping = _number(config, "damping", DEFAULT_DAMPING, 0.0)
     weight_decay = _number(config, "weight-decay", 0.0, 0.0)
     epochs = _epochs(config)  # every setting checked before anything is trained
-    opt = FOOF(model, lr=lr, damping=damping, clip=clip if clip > 0 else None, weight_decay=weight_decay)
+    opt = FOOF(
+        model, lr=lr, damping=damping, clip=clip if clip > 0 else None, weight_decay=weight_decay, stats_every=None
+    )
     kept = state.get(STATE_KEY) if state is not None else None
     if kept is not None:
         opt.set_matrices(kept.to_torch_state_dict())

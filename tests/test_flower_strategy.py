@@ -1,5 +1,5 @@
 """The Flower strategy ``fedpm_flower.strategy.FedPM``, the client helper ``fedpm_fit`` and the example app
-examples/flower-fedpm (a LayerNorm MLP on FEMNIST writers) in-process and under ``flwr run``."""
+examples/flower-fedpm (the paper's SimpleCNN on FEMNIST writers) in-process and under ``flwr run``."""
 
 import json
 import os
@@ -71,7 +71,7 @@ def in_process(data_dir, nodes=3, rounds=2, **overrides):
         run_config=cfg,
     )
     torch.manual_seed(int(cfg["seed"]))
-    model = task.Net()
+    model = task.make_net(str(data_dir))
     strategy = server_app.make_strategy(cfg)
     result = strategy.start(
         grid=grid,
@@ -90,7 +90,8 @@ def test_the_example_trains_through_the_strategy_and_keeps_the_matrices_per_node
     assert strategy.rejected == {1: [], 2: []}
     for ctx in grid.contexts.values():  # the end-of-round matrices, for the next round's steps
         kept = ctx.state["fedpm.foof"].to_torch_state_dict()
-        assert sorted(kept) == ["fc1", "fc2"] and kept["fc1"].shape == (785, 785)
+        assert sorted(kept) == ["conv1", "conv2", "fc1", "fc2", "fc3"]
+        assert kept["conv1"].shape == (26, 26) and kept["fc1"].shape == (257, 257)  # 1x5x5 + 1, 16x4x4 + 1
 
 
 def _clients(n=3, seed=0):
@@ -266,3 +267,44 @@ def test_flwr_run_of_the_example_gives_the_in_process_model(tmp_path):
     assert list(flwr_model) == list(ours)
     for k in ours:
         torch.testing.assert_close(flwr_model[k], ours[k], rtol=1e-5, atol=1e-6)
+
+
+def test_the_example_server_app_on_cifar_writes_its_history_and_the_readme_names_what_it_runs(tmp_path):
+    """The example's default path at a tiny size: CIFAR-10 files (generated), its ServerApp's own main on a grid
+    that hands messages to its ClientApp, a subset of the training and test images, the history file after every
+    round; and the README's command uses a throw-away FLWR_HOME, streams the log and names only run-config keys
+    the app has."""
+    import csv
+
+    from fake_cifar import cifar_pickle
+    from flwr.app import Context, RecordDict
+
+    client_app, server_app, task = example_modules()
+    data = str(tmp_path / "data")
+    cifar_pickle(os.path.join(data, "cifar-10-batches-py"), n=40)
+    history = tmp_path / "history.csv"
+    cfg = example_config(data, **{"train-images": 90, "test-images": 25, "history-file": str(history)})
+    cfg["num-server-rounds"] = 2
+    nodes = [{"partition-id": i, "num-partitions": 3} for i in range(3)]
+    grid = AppGrid({"train": client_app.train}, nodes, run_config=cfg)
+    server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
+    with open(history) as fh:
+        rows = list(csv.DictReader(fh))
+    assert [int(r["round"]) for r in rows] == [0, 1, 2]
+    assert all(float(r["test_accuracy"]) in {k / 25 for k in range(26)} for r in rows)  # 25 test images
+    x, _, _ = task._train_set(data, 90)
+    assert x.shape == (90, 3, 32, 32)
+    assert sorted(grid.contexts[100].state["fedpm.foof"].to_torch_state_dict()) == [
+        "conv1",
+        "conv2",
+        "fc1",
+        "fc2",
+        "fc3",
+    ]
+    with open(os.path.join(EXAMPLE, "README.md")) as fh:
+        readme = fh.read()
+    command = re.search(r"```bash\n(.*?)```", readme, re.S).group(1)
+    assert 'export FLWR_HOME="$(mktemp -d)"' in command and "$HOME/.flwr" not in command
+    assert "flwr run . --stream" in command
+    keys = re.findall(r"(\w[\w-]*)=", re.search(r'--run-config "([^"]*)"', command).group(1))
+    assert keys and set(keys) <= set(example_config(data))

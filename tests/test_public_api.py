@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # module -> the names users import from it.  A package's ``__all__`` is this list exactly: a name added to or
 # dropped from the public face shows here first.
 PUBLIC = {
-    "fedpm_dnn": ("FOOF", "FederatedRun", "federated", "mix"),
+    "fedpm_dnn": ("FOOF", "FederatedRun", "cost", "federated", "mix"),
     "fedpm_dnn.data": (
         "DatasetError",
         "ImageData",

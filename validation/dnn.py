@@ -207,6 +207,19 @@ def run(args, argv) -> int:
         return run_held(args, exp, desc, command, opened, held)
 
 
+def cost_line(exp) -> str | None:
+    """fedpm_dnn.cost's line for a FedPM run (None for other methods), on a model of its own built with the
+    random generators forked, so that the run itself draws exactly what it drew without it."""
+    import torch
+
+    from fedpm_dnn.foof.run_cost import method_line
+    from fedpm_dnn.models import make_model
+
+    with torch.random.fork_rng(devices=[]):
+        model = make_model(exp.model, exp.num_classes, exp.in_channels, exp.image_size, exp.gn_groups)
+    return method_line(exp.cfg, model, exp.clients)
+
+
 def run_held(args, exp, desc, command, opened, held) -> int:
     from fedpm_dnn.engine.simulation import run_experiment
 
@@ -220,6 +233,10 @@ def run_held(args, exp, desc, command, opened, held) -> int:
         progress.round_done(os.path.basename(os.path.normpath(args.out)), row["round"], args.rounds)
         dnn_output.write_outputs(args.out, history, summarize(desc, history, command))
 
+    if not args.quiet:
+        line = cost_line(exp)
+        if line:
+            print(line)
     start = time.perf_counter()
     past_deadline = (lambda row: time.time() >= args.deadline) if args.deadline else None  # noqa: E731
     try:

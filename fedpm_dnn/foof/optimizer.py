@@ -13,12 +13,19 @@ together), momentum (buf <- momentum buf + direction, as ``torch.optim.SGD`` wit
 
 Where A comes from (the damped inverses are formed from float64 Cholesky factors and applied as one product per
 block and step):
-  ``update_statistics(batches)``  A over the given data, at the current parameters -- the paper's refresh once
-                                  a round, what FedPM's clients do; the default (``stats_every=None``).
+  ``stats_every="auto"``          the default: forward hooks take A from the training batches every
+                                  ``DEFAULT_STATS_EVERY`` steps, inverses every ``DEFAULT_INVERSE_EVERY`` (the
+                                  cadence benchmarks/foof_centralised.py measured best at equal time), so that
+                                  ``zero_grad(); loss.backward(); step()`` works from the first step -- until
+                                  matrices are given explicitly (``update_statistics`` or ``set_matrices``): from
+                                  then on only those, as with ``stats_every=None``.
+  ``stats_every=None``            A only from ``update_statistics(batches)`` (over the given data, at the current
+                                  parameters) or ``set_matrices`` -- the paper's refresh once a round, what FedPM's
+                                  clients do.
   ``stats_every=N``               forward hooks take A from the training batches themselves, on every N-th step's
                                   forward pass(es) (grad enabled, model in train mode), folded into a running
                                   average ``stats_decay``; the inverses are formed again every ``inverse_every``
-                                  steps.
+                                  steps (default N); ``update_statistics`` replaces the running average.
 
 paper symbol -> argument: eta -> lr, lam -> damping; A_i -> ``matrices()``.
 """
@@ -39,6 +46,9 @@ from fedconvex.hyperparams import FLOAT32_MAX, Range, checked_number
 from .. import foof
 
 DEFAULT_STATS_DECAY = 0.95  # running average of hooked statistics: A <- decay A + (1 - decay) A_batch
+# stats_every="auto": the cadence benchmarks/foof_centralised.py recommends for centralised training (hooks every 5
+# steps, inverses every 20: ahead of SGD and Adam at equal CPU time there, docs/use-in-your-code.md)
+DEFAULT_STATS_EVERY, DEFAULT_INVERSE_EVERY = 5, 20
 UNSEEN = "no forward pass reached it, so it has no statistics"  # why a block found unreachable steps plainly
 
 
@@ -68,10 +78,11 @@ def _number(name: str, value, low: float, *, low_ok: bool = True, high: float | 
 
 
 def _every(name: str, value) -> int | None:
-    if value is None:
-        return None
+    if value is None or (name == "stats_every" and value == "auto"):
+        return value
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        also = ", 'auto'" if name == "stats_every" else ""
+        raise ValueError(f"{name} must be a positive integer{also} or None, got {value!r}")
     return value
 
 
@@ -91,9 +102,11 @@ class FOOF(torch.optim.Optimizer):
     clip           max norm of the step direction over all parameters (None: no clipping)
     clip_stage     'update' (after the preconditioner, the default) or 'gradient' (before it)
     model          the network, when ``params`` are parameters or groups
-    stats_every    None (statistics only from ``update_statistics``/``set_matrices``), or N: hooks take them from
-                   the training batches of every N-th step
-    inverse_every  with ``stats_every``: form the damped inverses every this many steps (default: stats_every)
+    stats_every    'auto' (hooks every 5 steps, inverses every 20, until matrices are given explicitly), None
+                   (statistics only from ``update_statistics``/``set_matrices``: FedPM's once-a-round mode), or N:
+                   hooks take them from the training batches of every N-th step
+    inverse_every  with hooked statistics: form the damped inverses every this many steps (default: 20 with
+                   'auto', else stats_every)
     stats_decay    with ``stats_every``: running-average weight of the old statistics (0: the latest batch only)
     """
 
@@ -108,7 +121,7 @@ class FOOF(torch.optim.Optimizer):
         clip_stage: str = "update",
         *,
         model: nn.Module | None = None,
-        stats_every: int | None = None,
+        stats_every: int | str | None = "auto",
         inverse_every: int | None = None,
         stats_decay: float = DEFAULT_STATS_DECAY,
     ):
@@ -136,6 +149,10 @@ class FOOF(torch.optim.Optimizer):
             raise ValueError(f"clip_stage must be 'update' or 'gradient', got {clip_stage!r}")
         self.stats_every = _every("stats_every", stats_every)
         self.inverse_every = _every("inverse_every", inverse_every)
+        self._auto = self.stats_every == "auto"  # hooked at the default cadence until matrices are given
+        if self._auto:
+            self.stats_every = DEFAULT_STATS_EVERY
+            self.inverse_every = self.inverse_every or DEFAULT_INVERSE_EVERY
         if self.inverse_every is not None and self.stats_every is None:
             raise ValueError("inverse_every needs stats_every (statistics taken from the training batches)")
         self.stats_decay = _number("stats_decay", stats_decay, 0.0, high=1.0)
@@ -272,13 +289,22 @@ class FOOF(torch.optim.Optimizer):
     def set_matrices(self, matrices: dict) -> None:
         """Use these FOOF matrices (block name -> (d, d), as ``matrices()`` returns) from now on: a client's
         matrices kept from its previous round, for instance.  Each must be finite, symmetric and positive
-        semidefinite (within float32's round-off): a ValueError naming the block otherwise."""
+        semidefinite (within float32's round-off): a ValueError naming the block otherwise.  With
+        ``stats_every='auto'`` the hooks stop here: from now on A comes only from these calls (the once-a-round
+        mode)."""
         self._use(self._checked(matrices, values=True))
 
     def _use(self, matrices: dict) -> None:
+        if self._auto:  # matrices given explicitly (update_statistics, set_matrices): the once-a-round mode
+            self._explicit()
         self._inverted = matrices
         self._matrices = dict(self._inverted)
         self._invert()
+
+    def _explicit(self) -> None:
+        """Leave 'auto' for the explicit mode (``stats_every=None``): no hooks, no running average."""
+        self._auto, self.stats_every, self.inverse_every, self._batch = False, None, None, None
+        self._hook()
 
     def _checked(self, matrices, partial: bool = False, values: bool = False, only=None) -> dict:
         """``matrices`` in float64 on the model's device, checked against the blocks (with ``partial``: those of
@@ -371,7 +397,8 @@ class FOOF(torch.optim.Optimizer):
         if self._inverses is None:
             raise RuntimeError(
                 "FOOF has no matrices yet: call update_statistics(batches) before step(), or take the statistics "
-                "from the training batches with FOOF(..., stats_every=N)"
+                "from the training batches (FOOF(..., stats_every='auto' or N), the model in train mode, the "
+                "forward pass with gradients enabled before step())"
             )
         self._steps += 1
         params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
@@ -412,6 +439,7 @@ class FOOF(torch.optim.Optimizer):
         out["foof"] = {
             "damping": self.damping,
             "steps": self._steps,
+            "hooked": self.stats_every is not None,  # an 'auto' optimizer given matrices resumes explicit
             "blocks": sorted(self._blocks),
             "matrices": None if self._matrices is None else {k: v.clone() for k, v in self._matrices.items()},
             "inverted": None if self._inverted is None else {k: v.clone() for k, v in self._inverted.items()},
@@ -450,6 +478,8 @@ class FOOF(torch.optim.Optimizer):
         for name in set(self._blocks) - set(blocks):  # found unreachable by the saved optimizer: plain, as there
             self._skipped[name] = (type(self._blocks.pop(name).module).__name__, UNSEEN)
         self._hook()
+        if self._auto and saved.get("hooked") is not True:  # no key: saved before 'auto', whose default was explicit
+            self._explicit()
         self.damping, self._steps = damping, steps
         self._matrices = self._inverted = self._inverses = None
         if inverted is not None:

@@ -1,1 +1,1 @@
-"""fedpmexample: FedPM on FEMNIST writers with a LayerNorm MLP (a Flower app)."""
+"""fedpmexample: FedPM on CIFAR-10 (or FEMNIST writers) with the paper's SimpleCNN (a Flower app)."""

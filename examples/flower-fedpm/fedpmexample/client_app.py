@@ -22,6 +22,7 @@ def train(msg: Message, context: Context) -> Message:
         int(cfg["batch-size"]),
         int(cfg["seed"]) + int(msg.content["config"]["server-round"]),  # a fresh, reproducible order each round
         float(cfg.get("alpha", 0.1)),
+        int(cfg.get("train-images", 0)),
     )
     content = fedpm_fit(model, loader, msg.content["config"], context.state)
     return Message(content=content, reply_to=msg)

@@ -6,6 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fedpm_dnn.algorithms import METHODS, applicable, make_method  # noqa: E402
+from fedpm_dnn.engine import checkpoint  # noqa: E402
 from fedpm_dnn.engine.sequential import ClientData  # noqa: E402
 from fedpm_dnn.engine.simulation import Experiment, run_experiment  # noqa: E402
 
@@ -386,10 +387,10 @@ def test_foof_matrices_kept_in_float32_are_an_opt_in_both_engines_honour(tmp_pat
     _, r_vec = run(cfg, "vectorized", str(tmp_path / "vec.pt"), chunk=2)
     assert_same(r_vec, r_seq)
     for f in ("seq.pt", "vec.pt"):
-        kept = [m for cs in torch.load(tmp_path / f, weights_only=False)["clients"] if cs for m in cs["foof"].values()]
+        kept = [m for cs in checkpoint.load(str(tmp_path / f))["clients"] if cs for m in cs["foof"].values()]
         assert kept and all(m.dtype == torch.float32 for m in kept)
     _, r_default = run(make("fedpm", **CFG), "vectorized", str(tmp_path / "d.pt"), chunk=2)
-    kept = [m for cs in torch.load(tmp_path / "d.pt", weights_only=False)["clients"] if cs for m in cs["foof"].values()]
+    kept = [m for cs in checkpoint.load(str(tmp_path / "d.pt"))["clients"] if cs for m in cs["foof"].values()]
     assert all(m.dtype == torch.float64 for m in kept)
     assert_same(r_vec, r_default)  # measured: 1.3e-7 relative, as the engines differ (1.1e-7)
     full, _ = run(cfg, "vectorized", rounds=3)

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fake_cifar import cifar_pickle  # noqa: E402
+from test_hostile_runs import call  # noqa: E402  (validation.dnn in this process: exit status, stdout, stderr)
 
 from validation import dnn, dnn_cli, outputs, sweep  # noqa: E402
 
@@ -233,18 +234,6 @@ def data(tmp_path_factory):
     threads = torch.get_num_threads()
     yield str(root)
     torch.set_num_threads(threads)
-
-
-def call(argv, capsys):
-    """(exit status, stdout, stderr) of validation.dnn in this process."""
-    capsys.readouterr()
-    try:
-        rc = dnn.main(argv)
-    except SystemExit as exc:
-        rc = exc.code
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err, err
-    return rc, out, err
 
 
 @pytest.fixture(scope="module")

@@ -199,35 +199,17 @@ def plan(profile: str) -> list[Run]:
     if not p.get("convex", True):
         runs = []  # a profile of DNN runs only
     model = {"cifar10": "cnn", "cifar100": "resnet18gn"}
+
+    def dnn(name, seed, *flags, rounds=p["rounds"], dataset="cifar10"):
+        """A DNN run of the profile: its own flags, then the rounds, the seed and the profile's common flags."""
+        return Run(name, "dnn", (*flags, "--rounds", str(rounds), "--seed", str(seed), *p["subset"]), rounds, dataset)
+
     for ds in p["datasets"]:
         for alpha in p.get("alphas", ("1.0", "0.1")):
             for m in p.get("methods", DNN_METHODS):
                 for s in p["seeds"]:
-                    runs.append(
-                        Run(
-                            f"main-{ds}-a{alpha}-{m}-s{s}",
-                            "dnn",
-                            (
-                                "--dataset",
-                                ds,
-                                "--model",
-                                model[ds],
-                                "--method",
-                                m,
-                                "--preset",
-                                f"{ds}-a{alpha}",
-                                "--alpha",
-                                alpha,
-                                "--rounds",
-                                str(p["rounds"]),
-                                "--seed",
-                                str(s),
-                                *p["subset"],
-                            ),
-                            p["rounds"],
-                            ds,
-                        )
-                    )
+                    flags = ("--dataset", ds, "--model", model[ds], "--method", m, "--preset", f"{ds}-a{alpha}")
+                    runs.append(dnn(f"main-{ds}-a{alpha}-{m}-s{s}", s, *flags, "--alpha", alpha, dataset=ds))
     if not p.get("ablations", True):
         return runs
     # local epochs 1 / 5 / 10 with the total number of local epochs fixed (CIFAR-10, alpha = 0.1)
@@ -235,139 +217,30 @@ def plan(profile: str) -> list[Run]:
         rounds = max(1, p["epoch_budget"] // epochs)
         for m in ABLATION_METHODS if profile == "quick" else DNN_METHODS:
             for s in p["seeds"]:
-                runs.append(
-                    Run(
-                        f"epochs-{epochs}-{m}-s{s}",
-                        "dnn",
-                        (
-                            "--dataset",
-                            "cifar10",
-                            "--method",
-                            m,
-                            "--preset",
-                            preset,
-                            "--local-epochs",
-                            str(epochs),
-                            "--rounds",
-                            str(rounds),
-                            "--seed",
-                            str(s),
-                            *p["subset"],
-                        ),
-                        rounds,
-                    )
-                )
+                flags = ("--dataset", "cifar10", "--method", m, "--preset", preset, "--local-epochs", str(epochs))
+                runs.append(dnn(f"epochs-{epochs}-{m}-s{s}", s, *flags, rounds=rounds))
     # client sampling: 2 / 5 / 8 / 10 participants of 10
     for part in (2, 5, 8, 10):
         for m in ABLATION_METHODS if profile == "quick" else tuple(x for x in DNN_METHODS if x != "fedadam"):
             for s in p["seeds"]:
-                runs.append(
-                    Run(
-                        f"sampling-{part}-{m}-s{s}",
-                        "dnn",
-                        (
-                            "--dataset",
-                            "cifar10",
-                            "--method",
-                            m,
-                            "--preset",
-                            f"cifar10-sampling-{part}",
-                            "--participants",
-                            str(part),
-                            "--rounds",
-                            str(p["rounds"]),
-                            "--seed",
-                            str(s),
-                            *p["subset"],
-                        ),
-                        p["rounds"],
-                    )
-                )
+                flags = ("--dataset", "cifar10", "--method", m, "--preset", f"cifar10-sampling-{part}")
+                runs.append(dnn(f"sampling-{part}-{m}-s{s}", s, *flags, "--participants", str(part)))
     # FOOF sample counts (FedPM)
     for k in ("64", "256", "1024", "all"):
         for s in p["seeds"]:
-            runs.append(
-                Run(
-                    f"foof-{k}-fedpm-s{s}",
-                    "dnn",
-                    (
-                        "--dataset",
-                        "cifar10",
-                        "--method",
-                        "fedpm",
-                        "--preset",
-                        f"cifar10-foof-{k}",
-                        "--foof-samples",
-                        k,
-                        "--rounds",
-                        str(p["rounds"]),
-                        "--seed",
-                        str(s),
-                        *p["subset"],
-                    ),
-                    p["rounds"],
-                )
-            )
+            flags = ("--dataset", "cifar10", "--method", "fedpm", "--preset", f"cifar10-foof-{k}", "--foof-samples", k)
+            runs.append(dnn(f"foof-{k}-fedpm-s{s}", s, *flags))
     # preconditioner codecs: FedPM on CIFAR-10 alpha = 0.1 per codec, beside the main runs'
-    # FedAvg and uncompressed FedPM (main-cifar10-a0.1-*)
+    # FedAvg and uncompressed FedPM (main-cifar10-a0.1-*); then with the parameters sent in a narrower dtype
+    fedpm_a01 = ("--dataset", "cifar10", "--model", "cnn", "--method", "fedpm", "--preset", "cifar10-a0.1")
     for codec in CNN_CODECS:
         for s in p["seeds"]:
-            runs.append(
-                Run(
-                    f"compression-cifar10-a0.1-{codec_slug(codec)}-s{s}",
-                    "dnn",
-                    (
-                        "--dataset",
-                        "cifar10",
-                        "--model",
-                        "cnn",
-                        "--method",
-                        "fedpm",
-                        "--preset",
-                        "cifar10-a0.1",
-                        "--alpha",
-                        "0.1",
-                        "--precond-codec",
-                        codec,
-                        "--rounds",
-                        str(p["rounds"]),
-                        "--seed",
-                        str(s),
-                        *p["subset"],
-                    ),
-                    p["rounds"],
-                )
-            )
+            name = f"compression-cifar10-a0.1-{codec_slug(codec)}-s{s}"
+            runs.append(dnn(name, s, *fedpm_a01, "--alpha", "0.1", "--precond-codec", codec))
     for codec, dtype in CNN_PARAM_DTYPE_RUNS:
         for s in p["seeds"]:
-            runs.append(
-                Run(
-                    f"compression-cifar10-a0.1-{codec_slug(codec)}{param_slug(dtype)}-s{s}",
-                    "dnn",
-                    (
-                        "--dataset",
-                        "cifar10",
-                        "--model",
-                        "cnn",
-                        "--method",
-                        "fedpm",
-                        "--preset",
-                        "cifar10-a0.1",
-                        "--alpha",
-                        "0.1",
-                        "--precond-codec",
-                        codec,
-                        "--param-dtype",
-                        dtype,
-                        "--rounds",
-                        str(p["rounds"]),
-                        "--seed",
-                        str(s),
-                        *p["subset"],
-                    ),
-                    p["rounds"],
-                )
-            )
+            name = f"compression-cifar10-a0.1-{codec_slug(codec)}{param_slug(dtype)}-s{s}"
+            runs.append(dnn(name, s, *fedpm_a01, "--alpha", "0.1", "--precond-codec", codec, "--param-dtype", dtype))
     return runs
 
 

@@ -718,7 +718,14 @@ def measure_stack(
 def parse_args(argv=None):
     """The flags, checked; ``args.models``, ``engines``, ``applies``, ``methods`` and ``sizes`` parsed."""
     from fedpm_dnn.method_names import METHOD_NAMES as REGISTERED
-    from validation.common import OneLineParser, add_quiet_arg, add_seed_arg, positive_int
+    from validation.common import (
+        OneLineParser,
+        add_last_batch_arg,
+        add_quiet_arg,
+        add_seed_arg,
+        add_step_graph_arg,
+        positive_int,
+    )
 
     p = OneLineParser(prog="python -m validation.bench_dnn", doc=__doc__)
     p.add_argument("--models", default="cnn,resnet18gn", help=f"comma-separated, from {', '.join(CLASSES)}")
@@ -768,20 +775,8 @@ def parse_args(argv=None):
         help="FedPM's --foof-precision (fedpm_dnn.foof.precision; auto: per model, fedpm_dnn.foof.cost.auto_mode) "
         "(default: auto)",
     )
-    p.add_argument(
-        "--step-graph",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="the vectorized engine's --step-graph: full local steps as one static function, on CUDA one graph "
-        "replay (auto: on CUDA) (default: auto)",
-    )
-    p.add_argument(
-        "--last-batch",
-        choices=("keep", "drop"),
-        default="keep",
-        help="each client's last partial batch of an epoch: step on it or drop it (validation.dnn --last-batch) "
-        "(default: keep)",
-    )
+    add_step_graph_arg(p)
+    add_last_batch_arg(p, default="keep")
     p.add_argument(
         "--stack", type=positive_int, default=None, help="also time S runs stacked against one alone (default: off)"
     )

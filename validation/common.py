@@ -145,6 +145,33 @@ def add_deprecated_alias(p, old: str, new: str, dest: str, convert=None, **kw) -
         p.parse_known_args = parse_spelled
 
 
+LAST_BATCH = ("keep", "drop")  # --last-batch: fedpm_dnn's DnnAlgorithm.last_batch
+
+
+def add_last_batch_arg(p, default=None, scope: str = ""):
+    """--last-batch for every DNN command: ``default`` None leaves it to the preset (drop), else keep."""
+    said = "the preset's, drop; keep without a preset" if default is None else default
+    p.add_argument(
+        "--last-batch",
+        choices=LAST_BATCH,
+        default=default,
+        help=f"{scope}an epoch's last partial batch: drop it (the paper's cited code) or step on it; a client smaller "
+        f"than one batch trains on what it has (default: {said})",
+    )
+
+
+def add_step_graph_arg(p):
+    """--step-graph for every command that runs the vectorized engine."""
+    p.add_argument(
+        "--step-graph",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="vectorized: the local steps every client of a chunk takes as one function of static buffers, on CUDA "
+        "replayed as one CUDA graph a step (the same operations as the loop); auto: on CUDA, off on a CPU, where no "
+        "graph can be captured (default: auto)",
+    )
+
+
 DEVICES = ("auto", "cpu", "cuda")
 
 

@@ -183,14 +183,7 @@ def build_parser(doc: str | None = None):
         default=None,
         help="vectorized: clients per chunk (default: as many as fit in the free device memory)",
     )
-    p.add_argument(
-        "--step-graph",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="vectorized: the local steps every client of a chunk takes as one function of static buffers, on CUDA "
-        "replayed as one CUDA graph a step (the same operations as the loop); auto: on CUDA, off on a CPU, where no "
-        "graph can be captured (default: auto)",
-    )
+    common.add_step_graph_arg(p)
     p.add_argument(
         "--out",
         default=None,
@@ -310,12 +303,7 @@ def build_parser(doc: str | None = None):
         help="clip the preconditioned step (the reading under which the appendix's damping 1e-4 "
         "with clip 1.0 is stable) or the raw gradient before preconditioning (default: update)",
     )
-    g.add_argument(
-        "--last-batch",
-        choices=("keep", "drop"),
-        help="an epoch's last partial batch: drop it (the paper's cited code) or step on it; a client smaller than "
-        "one batch trains on what it has (default: the preset's, drop; keep without a preset)",
-    )
+    common.add_last_batch_arg(g)
     g.add_argument(
         "--weight-decay-mode",
         choices=("coupled", "decoupled"),

@@ -94,13 +94,7 @@ def parse_args(argv=None):
     )
     from fedpm_dnn.presets import PRESETS
 
-    p.add_argument(
-        "--last-batch",
-        choices=("keep", "drop"),
-        default=None,
-        help="cnn: an epoch's last partial batch: drop it or step on it (default: the preset's, drop; keep "
-        "without a preset)",
-    )
+    common.add_last_batch_arg(p, scope="cnn: ")
     p.add_argument(
         "--preset",
         choices=sorted(PRESETS) + ["none"],

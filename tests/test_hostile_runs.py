@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
+from argv_fuzz import snapshot  # noqa: E402  (every entry under a folder, links as links, with its files' bytes)
 from fake_cifar import cifar_pickle  # noqa: E402
 
 from fedpm_dnn.engine import checkpoint as ck  # noqa: E402
@@ -69,22 +70,6 @@ def one_line(argv, capsys) -> str:
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert rc == 2 and len(lines) == 1 and lines[0].startswith(f"{PROG}: error: "), err
     return lines[0]
-
-
-def snapshot(root):
-    """Every entry under ``root`` (links as links) with the bytes of every file."""
-    seen = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(path, root)
-            if os.path.islink(path):
-                seen[rel] = ("link", os.readlink(path))
-            elif os.path.isfile(path):
-                seen[rel] = open(path, "rb").read()
-            else:
-                seen[rel] = "dir"
-    return seen
 
 
 def history_rounds(folder) -> int:

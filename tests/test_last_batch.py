@@ -174,3 +174,30 @@ def test_flower_takes_the_setting_from_the_flag_or_the_preset(tmp_path):
         flower.parse_args(
             ["--problem", "cnn", "--last-batch", "drop", "--params", '{"last_batch": "keep"}', "--out", str(tmp_path)]
         )
+
+
+def test_the_static_step_form_drops_the_same_batches():
+    """--step-graph on (the static-buffer step; a CUDA graph on a GPU, eager here) with drop gives the sequential
+    engine's replies on a split with a 1-image remainder, within the engines' float32 tolerance."""
+    import dataclasses
+
+    import test_vectorized as tv
+
+    from fedpm_dnn.engine.simulation import run_experiment
+
+    sizes = tv.SIZES
+    tv.SIZES = (2 * B + 1, B + 1, 7, 30)
+    try:
+        cfg = tv.make("fedavg", **{**tv.CFG, "last_batch": "drop"})
+        _, r_seq = tv.run(cfg, "sequential", participants=None)
+        r_static = {}
+
+        def keep(t, i, reply):
+            r_static[(t, i)] = reply
+            return reply
+
+        exp = dataclasses.replace(tv.experiment(cfg, "vectorized", participants=None), step_graph="on")
+        run_experiment(exp, tamper=keep)
+    finally:
+        tv.SIZES = sizes
+    tv.assert_same(r_static, r_seq)

@@ -12,7 +12,7 @@ import os
 import numpy as np
 import torch
 
-from validation.bench_dnn import _rounds
+from validation.bench_dnn import BenchRun, _rounds
 from validation.common import OneLineParser
 
 p = OneLineParser(prog="python benchmarks/cuda_fedavg_fedpm_round_ratio.py")
@@ -26,7 +26,7 @@ t = {r: [] for r in runs}
 for r in range(args.repeats):
     for m, g in runs:
         os.environ["FEDPM_CUDA_GRAPHS"] = g
-        parts, mb, ch, _ = _rounds("cnn", m, args.device, size, "vectorized")
+        parts, mb, ch, _ = _rounds(BenchRun("cnn", args.device, size, method=m))
         secs = [q["seconds"] for q in parts]
         t[(m, g)] += secs
         foof_s = [round(q["statistics"] + q["factorisations"], 3) for q in parts]

@@ -11,7 +11,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fedpm_dnn.engine.simulation import run_experiment
-from validation.bench_dnn import FoofTimer, _experiment
+from validation.bench_dnn import BenchRun, FoofTimer, _experiment
 from validation.common import OneLineParser
 
 p = OneLineParser(prog="python benchmarks/cuda_round_profile.py")
@@ -30,7 +30,7 @@ def sync():
 
 
 for method in ("fedavg", "fedpm"):
-    exp = _experiment("cnn", method, dev, args.clients, args.images, 1, 2, "vectorized")
+    exp = _experiment(BenchRun("cnn", dev, (args.clients, args.images, 1, 2), method=method))
     prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
     state = {}
 

@@ -21,7 +21,7 @@ from fedpm_dnn.algorithms import fedpm
 from fedpm_dnn.engine import sequential, vectorized
 from fedpm_dnn.engine.simulation import run_experiment
 from fedpm_dnn.foof import batched
-from validation.bench_dnn import _experiment, _sync
+from validation.bench_dnn import BenchRun, _experiment, _sync
 from validation.common import OneLineParser
 
 PARTS = {
@@ -71,9 +71,9 @@ def main():
             wrap(owner, name, part)
     rows = {}
     for method in ("fedavg", "fedpm"):
-        exp = _experiment(
-            args.model, method, args.device, clients, per, epochs, rounds, args.engine, foof_apply=args.foof_apply
-        )
+        size = (clients, per, epochs, rounds)
+        run = BenchRun(args.model, args.device, size, method=method, engine=args.engine, foof_apply=args.foof_apply)
+        exp = _experiment(run)
         marks = []
         hist = run_experiment(exp, on_round=lambda row, h, marks=marks: marks.append(dict(seconds)))
         timed = hist[1:]

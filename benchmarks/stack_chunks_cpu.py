@@ -13,7 +13,7 @@ import time
 import numpy as np
 import torch
 
-from validation.bench_dnn import _stack_round_seconds
+from validation.bench_dnn import BenchRun, _stack_round_seconds
 
 TINY = os.environ.get("FEDPM_BENCH_TINY") == "1"  # a tiny run: 3 clients x 8 images, one alternation
 SIZE = (3, 8, 1, 2) if TINY else (10, 100, 1, 3)
@@ -23,9 +23,10 @@ def main():
     torch.set_num_threads(1)
     res = {"single": [], "stack3": [], "stack3_chunk10": []}
     for _ in range(1 if TINY else 2):
-        res["single"] += _stack_round_seconds("cnn", "fedpm", "cpu", SIZE, 1)
-        res["stack3"] += _stack_round_seconds("cnn", "fedpm", "cpu", SIZE, 3)
-        res["stack3_chunk10"] += _stack_round_seconds("cnn", "fedpm", "cpu", SIZE, 3, chunk=10)
+        run = BenchRun("cnn", "cpu", SIZE)
+        res["single"] += _stack_round_seconds(run, 1)
+        res["stack3"] += _stack_round_seconds(run, 3)
+        res["stack3_chunk10"] += _stack_round_seconds(run.but(chunk=10), 3)
         print(json.dumps(res), flush=True)
     med = {k: float(np.median(v)) for k, v in res.items()}
     summary = {

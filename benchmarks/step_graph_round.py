@@ -18,7 +18,7 @@ import torch
 
 from fedpm_dnn.engine import step_graph
 from fedpm_dnn.engine.simulation import run_experiment
-from validation.bench_dnn import _experiment, _sync
+from validation.bench_dnn import BenchRun, _experiment, _sync
 from validation.common import OneLineParser
 
 p = OneLineParser(prog="python benchmarks/step_graph_round.py")
@@ -47,21 +47,8 @@ def one_run(method, mode):
             replies[i] = {k: v.detach().double().cpu() for k, v in reply["params"].items()}
         return reply
 
-    exp = _experiment(
-        "cnn",
-        method,
-        args.device,
-        clients,
-        per_client,
-        epochs,
-        rounds,
-        "vectorized",
-        None,
-        0,
-        args.foof_apply,
-        args.foof_precision,
-        mode,
-    )
+    run = BenchRun("cnn", args.device, (clients, per_client, epochs, rounds), method=method)
+    exp = _experiment(run.but(foof_apply=args.foof_apply, foof_precision=args.foof_precision, step_graph=mode))
     step_graph.Runner.release = counted
     try:
         hist = run_experiment(exp, tamper=tamper)

@@ -167,7 +167,8 @@ def test_dnn_benchmark_prints_both_engines(capsys):
 
 
 def test_dnn_benchmark_drops_the_last_partial_batch_when_asked(capsys, monkeypatch):
-    """--last-batch reaches every measured run's method, is recorded, and is the default again afterwards."""
+    """--last-batch reaches every measured run's method and is recorded; the command keeps no state behind it: the
+    next measurement in the process (no flag) keeps its last batches again."""
     pytest.importorskip("torch")
     from fedpm_dnn.engine import simulation
     from validation import bench_dnn
@@ -183,7 +184,10 @@ def test_dnn_benchmark_drops_the_last_partial_batch_when_asked(capsys, monkeypat
     argv = ["--models", "cnn", "--sizes", "2,20,1,2", "--repeats", "1", "--threads", "1", "--engine", "vectorized"]
     assert bench_dnn.main([*argv, "--foof-apply", "solve", "--last-batch", "drop", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["last_batch"] == "drop"
-    assert seen and set(seen) == {"drop"} and bench_dnn.LAST_BATCH == ["keep"]
+    assert seen and set(seen) == {"drop"}
+    seen.clear()
+    assert bench_dnn.main([*argv, "--foof-apply", "solve", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["last_batch"] == "keep" and seen and set(seen) == {"keep"}
 
 
 def test_dnn_benchmark_measures_only_the_engines_asked_for(capsys):

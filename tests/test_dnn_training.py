@@ -503,5 +503,6 @@ def test_param_dtype_is_checked_and_reaches_the_cli():
         make("fedavg", param_dtype="float64")
     from validation import dnn
 
-    assert dnn.parse_args([]).param_dtype is None  # not given: the method's default (float32)
-    assert dnn.parse_args(["--param-dtype", "bfloat16"]).param_dtype == "bfloat16"
+    plain = dnn.parse_args([])  # not given: the method's default (float32)
+    assert plain.config.param_dtype == "float32" and "param_dtype" not in plain.resolved.from_flags
+    assert dnn.parse_args(["--param-dtype", "bfloat16"]).config.param_dtype == "bfloat16"

@@ -595,11 +595,10 @@ def test_a_runs_settings_are_resolved_once_and_read_by_every_reader(tmp_path, da
     original = dnn_cli.lr_schedule
     monkeypatch.setattr(dnn_cli, "lr_schedule", lambda args: calls.append(1) or original(args))
     argv = BASE + ["--data-dir", data, "--rounds", "4", "--lr-milestones", "50:0.1", "--split-seed", "3"]
-    args = dnn_cli.parse_args(argv + ["--out", str(tmp_path / "r"), "--alpha", "0.50"])
+    settings = dnn_cli.parse_args(argv + ["--out", str(tmp_path / "r"), "--alpha", "0.50"])
     assert len(calls) == 1
-    settings = args.settings
-    exp, desc = dnn.build(args)
-    fingerprint = dnn_cli.run_fingerprint(args)
+    exp, desc = dnn.build(settings)
+    fingerprint = dnn_cli.run_fingerprint(settings)
     assert len(calls) == 1  # the experiment and the fingerprint read the settings, they do not resolve again
     assert exp.lr_schedule == settings.lr_schedule and exp.lr_schedule.milestones == ((3, 0.1),)
     assert desc["augment"] == settings.augment == fingerprint["augment"] == "crop-flip"

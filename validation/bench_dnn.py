@@ -35,10 +35,12 @@ value, labelled ``method-apply`` beyond solve).  The keys named after FedAvg (th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -65,35 +67,41 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-# --last-batch of the measured runs, set once by main() for every run of the command (the benchmark's clients are
-# equal, so a remainder adds one short step per epoch to each of them alike); a one-entry list, not a parameter of
-# each of the measuring functions, so that the functions' many callers stay as they are
-LAST_BATCH = ["keep"]
+@dataclass(frozen=True)
+class BenchRun:
+    """One measured configuration, the parameters every measuring function shares: the model and method, the
+    device, the size (clients, samples per client, local epochs, rounds), the engine and its client chunk, the seed
+    of the synthetic data and the model, FOOF's apply and precision, the step form and what an epoch's last partial
+    batch does (--last-batch: the benchmark's clients are equal, so a remainder adds one short step per epoch to
+    each of them alike).  A function that varies one of them measures ``run.but(...)``."""
+
+    model: str
+    device: str
+    size: tuple  # (clients, samples per client, local epochs, rounds)
+    method: str = "fedpm"
+    engine: str = "vectorized"
+    chunk: int | None = None
+    seed: int = 0
+    foof_apply: str = "solve"
+    foof_precision: str = "fp32"
+    step_graph: str = "auto"
+    last_batch: str = "keep"
+
+    def but(self, **changes) -> BenchRun:
+        return dataclasses.replace(self, **changes)
 
 
-def _experiment(
-    model,
-    method,
-    device,
-    clients,
-    per_client,
-    epochs,
-    rounds,
-    engine,
-    chunk=None,
-    seed=0,
-    foof_apply="solve",
-    foof_precision="fp32",
-    step_graph="auto",
-):
+def _experiment(run: BenchRun):
     import torch
 
     from fedpm_dnn.algorithms import make_method, method_class
     from fedpm_dnn.engine.sequential import ClientData
     from fedpm_dnn.engine.simulation import Experiment
 
-    g = torch.Generator().manual_seed(seed)
-    k = CLASSES[model]
+    clients, per_client, epochs, rounds = run.size
+    device = run.device
+    g = torch.Generator().manual_seed(run.seed)
+    k = CLASSES[run.model]
     data = [
         ClientData(
             torch.randint(0, 256, (per_client, 3, 32, 32), generator=g, dtype=torch.uint8).to(device),
@@ -106,14 +114,14 @@ def _experiment(
     xt = torch.randint(0, 256, (256, 3, 32, 32), generator=g, dtype=torch.uint8).to(device)
     yt = torch.randint(0, k, (256,), generator=g).to(device)
     foof_kw = (
-        {"damping": 1.0, "foof_apply": foof_apply, "foof_precision": foof_precision}
-        if method_class(method).uses_foof
+        {"damping": 1.0, "foof_apply": run.foof_apply, "foof_precision": run.foof_precision}
+        if method_class(run.method).uses_foof
         else {}
     )
-    cfg = make_method(method, lr=0.05, clip=1.0, local_epochs=epochs, last_batch=LAST_BATCH[0], **foof_kw)
+    cfg = make_method(run.method, lr=0.05, clip=1.0, local_epochs=epochs, last_batch=run.last_batch, **foof_kw)
     return Experiment(
         cfg=cfg,
-        model=model,
+        model=run.model,
         num_classes=k,
         clients=data,
         x_test=xt,
@@ -121,11 +129,11 @@ def _experiment(
         mean=(0.5,) * 3,
         std=(0.25,) * 3,
         rounds=rounds,
-        seed=seed,
+        seed=run.seed,
         device=device,
-        engine=engine,
-        client_chunk=chunk,
-        step_graph=step_graph,
+        engine=run.engine,
+        client_chunk=run.chunk,
+        step_graph=run.step_graph,
     )
 
 
@@ -267,41 +275,15 @@ class PhasePeaks:
         return {k: None if v is None else v / 2**20 for k, v in self.bytes.items()}
 
 
-def _rounds(
-    model,
-    method,
-    device,
-    size,
-    engine,
-    chunk=None,
-    seed=0,
-    foof_apply="solve",
-    foof_precision="fp32",
-    step_graph="auto",
-):
+def _rounds(run: BenchRun):
     """Per round (rounds after the first) its parts {seconds, statistics, factorisations, server}, peak MB, chunk
     used, and the run's memory: peak MB per phase (``PhasePeaks``) and the vectorized engine's last memory plan.
     ``server`` is the round's time outside the clients (screening, decoding, mixing)."""
     from fedpm_dnn.engine.simulation import run_experiment
 
-    clients, per_client, epochs, rounds = size
-    exp = _experiment(
-        model,
-        method,
-        device,
-        clients,
-        per_client,
-        epochs,
-        rounds,
-        engine,
-        chunk,
-        seed,
-        foof_apply,
-        foof_precision,
-        step_graph,
-    )
+    exp = _experiment(run)
     marks = []
-    with FoofTimer(device) as timer, PhasePeaks(device, type(exp.cfg)) as peaks:
+    with FoofTimer(run.device) as timer, PhasePeaks(run.device, type(exp.cfg)) as peaks:
 
         def on_round(row, history):
             marks.append(dict(timer.seconds))
@@ -341,22 +323,21 @@ def memory_plan(plans: list) -> dict | None:
 STEP_RANGE = "fedpm::static_step"  # the profiler range around the static step function (_profiled_run)
 
 
-def _profiled_run(model, method, device, size, epochs, apply, mode, seed=0, step_graph="auto") -> dict:
-    """A two-round run on the vectorized engine with ``epochs`` local epochs, its second round under torch.profiler:
-    {wall: round 1's client seconds (unprofiled), ops: top-level operators, kernels: CUDA kernel launches,
-    host_ms: the operators' own CPU time (ms), in_step_ops: the top-level operators issued inside the static step
-    function (``step_graph.FullStep``, run eagerly: those a CUDA graph replays as one launch)} -- the last four of
-    round 2 -- and replays: the step's CUDA graph replays in both rounds."""
+def _profiled_run(run: BenchRun, epochs: int) -> dict:
+    """A two-round run of ``run`` on the vectorized engine with ``epochs`` local epochs, its second round under
+    torch.profiler: {wall: round 1's client seconds (unprofiled), ops: top-level operators, kernels: CUDA kernel
+    launches, host_ms: the operators' own CPU time (ms), in_step_ops: the top-level operators issued inside the
+    static step function (``step_graph.FullStep``, run eagerly: those a CUDA graph replays as one launch)} -- the
+    last four of round 2 -- and replays: the step's CUDA graph replays in both rounds."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from fedpm_dnn.engine import step_graph as sg
     from fedpm_dnn.engine.simulation import run_experiment
 
-    clients, per_client, _, _ = size
-    exp = _experiment(
-        model, method, device, clients, per_client, epochs, 2, "vectorized", None, seed, apply, mode, step_graph
-    )
+    clients, per_client, _, _ = run.size
+    device = run.device
+    exp = _experiment(run.but(size=(clients, per_client, epochs, 2), engine="vectorized", chunk=None))
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if str(device).startswith("cuda") else [])
     prof = profile(activities=acts)
 
@@ -414,29 +395,29 @@ def _profiled_run(model, method, device, size, epochs, apply, mode, seed=0, step
 STEP_FORMS = {"loop": "off", "static": "on"}  # the proxies' two forms of the local step: --step-graph off / on
 
 
-def launch_proxies(
-    model, device, size, apply="solve", mode="fp32", methods=("fedavg", "fedpm"), step_graph="auto"
-) -> dict:
+def launch_proxies(run: BenchRun, methods=("fedavg", "fedpm")) -> dict:
     """What a CPU can measure of a round's overhead, per method on the vectorized engine: runs with one and with two
     local epochs (``_profiled_run``), whose differences are one epoch's local steps (the per-round costs --
     statistics, factorisations, server, evaluation -- cancel): operators (and CUDA kernel launches) per local
     step, the operators' own host ms per local step, wall ms per local step (on a CPU the host does the work too),
     and operators per round at ``size``'s local epochs.  Each for both forms of the step (``step_forms``: 'loop',
     the eager loop, --step-graph off; 'static', the static-buffer step, --step-graph on: eager on a CPU, one graph
-    replay on CUDA); the plain keys are those of the form ``step_graph`` resolves to on ``device``."""
+    replay on CUDA); the plain keys are those of the form ``run.step_graph`` resolves to on ``run.device``.  The
+    synthetic data of seed 0, as the proxies have always been measured."""
     from fedpm_dnn.algorithms import make_method
     from fedpm_dnn.engine import step_graph as sg
 
-    clients, per_client, epochs, _ = size
+    clients, per_client, epochs, _ = run.size
     from fedpm_dnn.engine.sequential import epoch_batches
 
-    steps = epoch_batches(per_client, make_method("fedavg").batch_size, LAST_BATCH[0])  # the engine's steps an epoch
-    plain = "static" if sg.resolve(step_graph, device) else "loop"
+    steps = epoch_batches(per_client, make_method("fedavg").batch_size, run.last_batch)  # the engine's steps an epoch
+    plain = "static" if sg.resolve(run.step_graph, run.device) else "loop"
     out = {}
     for method in methods:
         forms = {}
         for form, flag in STEP_FORMS.items():
-            one, two = (_profiled_run(model, method, device, size, e, apply, mode, step_graph=flag) for e in (1, 2))
+            form_run = run.but(method=method, step_graph=flag, seed=0)
+            one, two = (_profiled_run(form_run, e) for e in (1, 2))
             per_step = {k: (two[k] - one[k]) / steps for k in ("ops", "kernels", "host_ms", "in_step_ops", "replays")}
             forms[form] = {
                 "operators_per_local_step": per_step["ops"],
@@ -445,7 +426,7 @@ def launch_proxies(
                 "operators_per_local_step_graphed": per_step["ops"] - per_step["in_step_ops"] + 1
                 if form == "static"
                 else per_step["ops"],
-                "kernel_launches_per_local_step": per_step["kernels"] if str(device).startswith("cuda") else None,
+                "kernel_launches_per_local_step": per_step["kernels"] if str(run.device).startswith("cuda") else None,
                 "host_operator_ms_per_local_step": per_step["host_ms"],
                 "wall_ms_per_local_step": 1000 * (two["wall"] - one["wall"]) / steps,
                 "operators_per_round": one["ops"] + (epochs - 1) * (two["ops"] - one["ops"]),
@@ -512,26 +493,21 @@ def variants(methods, applies) -> list:
 
 
 def measure(
-    model,
-    device,
-    sizes=None,
+    run: BenchRun,
     repeats=None,
-    chunk=None,
     engines=ENGINES,
-    seed=0,
     quiet=True,
     applies=("solve", "inverse"),
     methods=METHODS,
-    foof_precision="fp32",
-    step_graph="auto",
 ):
-    """The benchmark's numbers for one model; an engine left out of ``engines`` gets null numbers (a GPU
-    run short of time measures the vectorized engine's FedPM/FedAvg over more rounds instead).  A FOOF method
-    runs with each of ``applies`` (its first gives the plain keys) in ``foof_precision``.  Keys named after FedAvg
-    or FedPM are left out when that method is not among ``methods``."""
+    """The benchmark's numbers for the model of ``run``; an engine left out of ``engines`` gets null numbers (a GPU
+    run short of time measures the vectorized engine's FedPM/FedAvg over more rounds instead).  Each of ``methods``
+    runs on each engine, a FOOF method with each of ``applies`` (its first gives the plain keys) in
+    ``run.foof_precision``.  Keys named after FedAvg or FedPM are left out when that method is not among
+    ``methods``."""
+    model, device, size = run.model, run.device, run.size
     if repeats is None:  # ResNet rounds on a CPU take minutes: one repeat there
         repeats = 1 if (model == "resnet18gn" and not device.startswith("cuda")) else 2
-    size = sizes or SIZES[(model, "cuda" if device.startswith("cuda") else "cpu")]
     clients, per_client, epochs, _ = size
     runs = variants(methods, applies)
     times = {(e, label): [] for e in engines for label, _, _ in runs}
@@ -542,9 +518,7 @@ def measure(
     for _ in range(repeats):  # alternate engines and methods so machine drift hits all alike
         for engine in engines:
             for label, method, apply in runs:
-                parts, mb, ch, mem = _rounds(
-                    model, method, device, size, engine, chunk, seed, apply, foof_precision, step_graph
-                )
+                parts, mb, ch, mem = _rounds(run.but(method=method, engine=engine, foof_apply=apply))
                 memory.append({"engine": engine, "method": label, "peak_memory_mb": mb, **mem})
                 bar.update(1, f"{engine} {label}")
                 times[(engine, label)] += [p["seconds"] for p in parts]
@@ -591,9 +565,9 @@ def measure(
         "memory_by_run": memory,
         "paper_ratio": PAPER[model],
         "plain_apply": applies[0],  # the apply of the plain FedPM keys
-        "foof_precision": foof_precision,
-        "step_graph": step_graph_used(step_graph, device) if "vectorized" in engines else None,
-        "foof_cost_model": cost_model(model, size, applies[0], foof_precision, device),
+        "foof_precision": run.foof_precision,
+        "step_graph": step_graph_used(run.step_graph, device) if "vectorized" in engines else None,
+        "foof_cost_model": cost_model(model, size, applies[0], run.foof_precision, device),
     }
     if "fedavg" in methods:
         out.update(
@@ -646,36 +620,16 @@ def step_graph_used(mode: str, device) -> str:
     return "on" if step_graph.resolve(mode, device) else "off"
 
 
-def _stack_round_seconds(
-    model, method, device, size, runs, chunk=None, foof_apply="solve", foof_precision="fp32", step_graph="auto"
-) -> list:
-    """Seconds per round (after the first) of ``runs`` runs (seeds 0..runs-1) trained as one stack on the
+def _stack_round_seconds(run: BenchRun, runs: int) -> list:
+    """Seconds per round (after the first) of ``runs`` runs of ``run`` (seeds 0..runs-1) trained as one stack on the
     vectorized engine: the time between the ends of consecutive rounds (the last run's end)."""
     from fedpm_dnn.engine.stacked_runs import run_stack
 
-    clients, per_client, epochs, rounds = size
-    exps = [
-        _experiment(
-            model,
-            method,
-            device,
-            clients,
-            per_client,
-            epochs,
-            rounds,
-            "vectorized",
-            chunk,
-            s,
-            foof_apply,
-            foof_precision,
-            step_graph,
-        )
-        for s in range(runs)
-    ]
+    exps = [_experiment(run.but(engine="vectorized", seed=s)) for s in range(runs)]
     ends = {}
 
     def on_round(row, history):
-        _sync(device)
+        _sync(run.device)
         ends[row["round"]] = time.perf_counter()  # each run's end of the round; the last one stays
 
     out = run_stack(exps, [None] * runs, [False] * runs, [on_round] * runs)
@@ -686,28 +640,17 @@ def _stack_round_seconds(
     return [b - a for a, b in zip(marks, marks[1:], strict=False)]
 
 
-def measure_stack(
-    model,
-    device,
-    size,
-    runs,
-    repeats,
-    chunk=None,
-    method="fedpm",
-    foof_apply="solve",
-    foof_precision="fp32",
-    step_graph="auto",
-) -> dict:
-    """One run alone and ``runs`` runs stacked, alternated ``repeats`` times in this process (medians)."""
+def measure_stack(run: BenchRun, runs: int, repeats: int) -> dict:
+    """One run of ``run`` alone and ``runs`` of them stacked, alternated ``repeats`` times in this process
+    (medians)."""
     single, stacked = [], []
     for _ in range(repeats):
-        args = (chunk, foof_apply, foof_precision, step_graph)
-        single += _stack_round_seconds(model, method, device, size, 1, *args)
-        stacked += _stack_round_seconds(model, method, device, size, runs, *args)
+        single += _stack_round_seconds(run, 1)
+        stacked += _stack_round_seconds(run, runs)
     one, many = float(np.median(single)), float(np.median(stacked))
     return {
-        "stack_method": method,
-        "stack_foof_apply": foof_apply,
+        "stack_method": run.method,
+        "stack_foof_apply": run.foof_apply,
         "runs_stacked": runs,
         "seconds_per_round_single": one,
         "seconds_per_round_stacked": many,
@@ -720,10 +663,13 @@ def parse_args(argv=None):
     from fedpm_dnn.method_names import METHOD_NAMES as REGISTERED
     from validation.common import (
         OneLineParser,
+        add_client_chunk_arg,
+        add_device_arg,
         add_last_batch_arg,
         add_quiet_arg,
         add_seed_arg,
         add_step_graph_arg,
+        add_threads_arg,
         positive_int,
     )
 
@@ -736,11 +682,9 @@ def parse_args(argv=None):
         default=",".join(METHODS),
         help=f"comma-separated methods to time, from {', '.join(REGISTERED)} (FedPM/FedAvg needs both)",
     )
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda when one is visible")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: all cores)")
-    p.add_argument(
-        "--client-chunk", type=positive_int, default=None, help="vectorized: clients per chunk (default: auto)"
-    )
+    add_device_arg(p)
+    add_threads_arg(p)
+    add_client_chunk_arg(p)
     p.add_argument(
         "--sizes",
         default=None,
@@ -883,13 +827,6 @@ def finite(v):
 
 
 def main(argv=None) -> int:
-    try:
-        return _main(argv)
-    finally:
-        LAST_BATCH[0] = "keep"  # a later measurement in this process starts from the default
-
-
-def _main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
@@ -905,7 +842,21 @@ def _main(argv=None) -> int:
 
     # per model: auto is the rule validation.dnn applies (split-tf32 on CUDA only where it pays for the model)
     modes = {m: auto_mode(device, m) if args.foof_precision == "auto" else args.foof_precision for m in models}
-    LAST_BATCH[0] = args.last_batch
+    # each model's configuration, every measuring function's parameters (the engine, method and apply vary)
+    runs = {
+        m: BenchRun(
+            model=m,
+            device=device,
+            size=sizes or SIZES[(m, "cuda" if device.startswith("cuda") else "cpu")],
+            chunk=args.client_chunk,
+            seed=args.seed,
+            foof_apply=args.applies[0],
+            foof_precision=modes[m],
+            step_graph=args.step_graph,
+            last_batch=args.last_batch,
+        )
+        for m in models
+    }
     name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     out = {
         "command": "python -m validation.bench_dnn " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -922,43 +873,14 @@ def _main(argv=None) -> int:
     }
     for m in models:
         with precision.convolutions(modes[m] != "fp32"):
-            out["results"].append(
-                measure(
-                    m,
-                    device,
-                    sizes,
-                    args.repeats,
-                    args.client_chunk,
-                    engines,
-                    args.seed,
-                    args.quiet,
-                    args.applies,
-                    args.methods,
-                    modes[m],
-                    args.step_graph,
-                )
-            )
+            out["results"].append(measure(runs[m], args.repeats, engines, args.quiet, args.applies, args.methods))
     for r, m in zip(out["results"], models, strict=True):
         with precision.convolutions(modes[m] != "fp32"):
-            size = sizes or SIZES[(m, "cuda" if device.startswith("cuda") else "cpu")]
             if args.stack:
                 reps = args.repeats or (1 if (m == "resnet18gn" and device == "cpu") else 2)
-                r.update(
-                    measure_stack(
-                        m,
-                        device,
-                        size,
-                        args.stack,
-                        reps,
-                        args.client_chunk,
-                        args.stack_method,
-                        args.applies[0],
-                        modes[m],
-                        args.step_graph,
-                    )
-                )
+                r.update(measure_stack(runs[m].but(method=args.stack_method), args.stack, reps))
             if args.proxies:
-                r["proxies"] = launch_proxies(m, device, size, args.applies[0], modes[m], step_graph=args.step_graph)
+                r["proxies"] = launch_proxies(runs[m])
     cnn = next((r for r in out["results"] if r["model"] == "cnn"), None)
     if cnn:  # the headline keys: SimpleCNN, CIFAR-10 setting
         out.update(

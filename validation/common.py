@@ -179,6 +179,22 @@ def add_device_arg(p, default: str = "auto", what: str = "") -> None:
     p.add_argument("--device", choices=DEVICES, default=default, help=what or "auto: cuda when one is visible")
 
 
+def add_threads_arg(p, default_text: str = "all cores", note: str = "") -> None:
+    """--threads for every DNN command: torch's CPU threads."""
+    help_text = f"torch CPU threads (default: {default_text}){note}"
+    p.add_argument("--threads", type=positive_int, default=None, help=help_text)
+
+
+def add_client_chunk_arg(p, default_text: str = "auto") -> None:
+    """--client-chunk for every command that runs the vectorized engine."""
+    p.add_argument(
+        "--client-chunk",
+        type=positive_int,
+        default=None,
+        help=f"vectorized: clients per chunk (default: {default_text})",
+    )
+
+
 def add_quiet_arg(p) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
 

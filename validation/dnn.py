@@ -28,7 +28,6 @@ import time
 from fedconvex.files import FolderSwapped, held_folder
 from validation import common, dnn_cli, dnn_output, progress
 from validation.dnn_cli import (
-    DEFAULT_CLIENTS,
     DEFAULT_ENGINE,
     EXIT_PARTIAL,
     HYPERPARAMETER_FLAGS,
@@ -48,26 +47,18 @@ from validation.dnn_cli import (
     default_out,
     given_flags,
     lr_schedule,
-    method_of,
     milestones_arg,
     preset_warning,
     resolve,
     resolve_into,
-    resolved_augment,
-    resolved_fingerprint,
-    run_fingerprint,
     seed_list,
+    settings_from,
     stack_run_name,
 )
 from validation.dnn_experiment import (
-    AUTO_ENGINE,
-    AUTO_FOOF_APPLY,
-    FOOF_AUTO,
     balanced_subset,
     build,
-    concrete_foof_apply,
     subset_problem,
-    torch_device_type,
 )
 from validation.dnn_output import (
     fail_run,
@@ -86,6 +77,20 @@ from validation.dnn_stack import (
 )
 from validation.outputs import sigterm_as_exit
 from validation.progress import Progress
+from validation.run_settings import (
+    AUTO_ENGINE,
+    AUTO_FOOF_APPLY,
+    DEFAULT_CLIENTS,
+    FINGERPRINT_FIELDS,
+    FOOF_AUTO,
+    RunSettings,
+    on_device,
+    recorded_choices,
+    resolved_augment,
+    resolved_fingerprint,
+    run_fingerprint,
+    torch_device_type,
+)
 
 # the names other modules and tests use from validation.dnn, wherever they now live
 __all__ = [
@@ -94,11 +99,13 @@ __all__ = [
     "DEFAULT_CLIENTS",
     "DEFAULT_ENGINE",
     "EXIT_PARTIAL",
+    "FINGERPRINT_FIELDS",
     "FOOF_AUTO",
     "HYPERPARAMETER_FLAGS",
     "NOT_IN_FINGERPRINT",
     "OUTPUT",
     "PROG",
+    "RunSettings",
     "SETTING_FLAGS",
     "alpha_list",
     "balanced_subset",
@@ -111,19 +118,19 @@ __all__ = [
     "check_stack_out",
     "checkpoint_conflict",
     "command_fingerprint",
-    "concrete_foof_apply",
     "default_out",
     "fail_run",
     "given_flags",
     "lr_schedule",
     "main",
     "main_stack",
-    "method_of",
     "milestones_arg",
     "note_failure",
+    "on_device",
     "open_out",
     "parse_args",
     "preset_warning",
+    "recorded_choices",
     "resolve",
     "resolve_into",
     "resolved_augment",
@@ -132,6 +139,7 @@ __all__ = [
     "run_fingerprint",
     "run_held",
     "seed_list",
+    "settings_from",
     "settle_previous",
     "stack_advice",
     "stack_held",
@@ -145,16 +153,17 @@ __all__ = [
 ]
 
 
-def parse_args(argv=None):
-    """The checked arguments (validation.dnn_cli.parse_args), with this docstring's examples in --help."""
+def parse_args(argv=None) -> RunSettings:
+    """The command's settings, resolved once (validation.dnn_cli.parse_args), with this docstring's examples in
+    --help."""
     return dnn_cli.parse_args(argv, doc=__doc__)
 
 
 def main(argv=None) -> int:
     if not {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):  # --help answers without torch
         require_torch()  # before the flags: resolving them reads the methods' settings, which need torch
-    args = parse_args(argv)
-    runs = args.runs or [args]
+    settings = parse_args(argv)  # the boundary: below it, only these settings travel
+    runs = settings.runs or (settings,)
     # a stack: --out is the parent of its runs' folders, each held and checked as a run's own; the lock creates
     # the parent and removes it again when the stack leaves it empty
     with contextlib.ExitStack() as held:
@@ -164,7 +173,7 @@ def main(argv=None) -> int:
             why = checkpoint_conflict(r)  # again, now that no other run can change it
             if why:
                 common.fail(PROG, ValueError(why))
-        return run(args, argv)
+        return run(settings)
 
 
 def require_torch() -> None:
@@ -177,34 +186,36 @@ def require_torch() -> None:
         common.fail(PROG, ImportError(install_hint("torch", "dnn")))
 
 
-def run(args, argv) -> int:
+def run(settings: RunSettings) -> int:
     import torch
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
     from fedpm_dnn.data import DatasetError
 
-    command = dnn_cli.recorded_command(argv if argv is not None else sys.argv[1:], args.started)
-    if args.runs:
-        return main_stack(args, command)
+    if settings.device == "cuda" and not torch.cuda.is_available():  # the machine, not the flags: checked here
+        common.fail(PROG, ValueError("--device cuda: no CUDA device is visible to torch"))
+
+    if settings.runs:
+        return main_stack(settings)
     try:
-        exp, desc = build(args)
+        exp, desc = build(settings)
     except (DatasetError, ValueError, OSError) as exc:
         common.fail(PROG, exc)
-    warning = preset_warning(args)  # after the checks: an error stays one line
+    warning = preset_warning(settings)  # after the checks: an error stays one line
     if warning:
         print(warning, file=sys.stderr)
-    exp.meta["fingerprint"] = run_fingerprint(args)
-    done = settle_previous(args, exp)
+    exp.meta["fingerprint"] = run_fingerprint(settings)
+    done, settings = settle_previous(settings, exp)
     if done:
         print(done)
         return 0
     try:
-        opened = open_out(args.out)
+        opened = open_out(settings.out)
     except OSError as exc:
         common.fail(PROG, exc)
-    with held_folder(args.out) as held:  # every write below goes into this folder, never through a swapped path
-        return run_held(args, exp, desc, command, opened, held)
+    with held_folder(settings.out) as held:  # every write below goes into this folder, never through a swapped path
+        return run_held(settings, exp, desc, opened, held)
 
 
 def cost_line(exp) -> str | None:
@@ -220,56 +231,56 @@ def cost_line(exp) -> str | None:
     return method_line(exp.cfg, model, exp.clients)
 
 
-def run_held(args, exp, desc, command, opened, held) -> int:
+def run_held(s: RunSettings, exp, desc, opened, held) -> int:
     from fedpm_dnn.engine.simulation import run_experiment
 
-    ckpt = os.path.join(args.out, "checkpoint.pt")
-    bar = Progress(args.rounds, f"{args.method}", enabled=not args.quiet)
+    ckpt = os.path.join(s.out, "checkpoint.pt")
+    bar = Progress(s.rounds, f"{s.method}", enabled=not s.quiet)
 
     def on_round(row, history):
         # results on disk after every round, each file replaced atomically
         bar.done = row["round"] - 1
         bar.update(1, f"round {row['round']} acc {row['test_acc']:.3f}")
-        progress.round_done(os.path.basename(os.path.normpath(args.out)), row["round"], args.rounds)
-        dnn_output.write_outputs(args.out, history, summarize(desc, history, command))
+        progress.round_done(os.path.basename(os.path.normpath(s.out)), row["round"], s.rounds)
+        dnn_output.write_outputs(s.out, history, summarize(desc, history, s.command))
 
-    if not args.quiet:
+    if not s.quiet:
         line = cost_line(exp)
         if line:
             print(line)
     start = time.perf_counter()
-    past_deadline = (lambda row: time.time() >= args.deadline) if args.deadline else None  # noqa: E731
+    past_deadline = (lambda row: time.time() >= s.deadline) if s.deadline else None  # noqa: E731
     try:
         with sigterm_as_exit():  # SIGTERM unwinds like Ctrl-C, so the cleanup below runs
-            history = run_experiment(exp, checkpoint=ckpt, resume=args.resume, on_round=on_round, stop=past_deadline)
+            history = run_experiment(exp, checkpoint=ckpt, resume=s.resume, on_round=on_round, stop=past_deadline)
     except BaseException as exc:
         # no round completed: leave --out as it was found, as if never started
         if not held.problem() and not os.path.exists(ckpt):
-            undo_open_out(args.out, opened, held)
+            undo_open_out(s.out, opened, held)
         if isinstance(exc, KeyboardInterrupt) and os.path.exists(ckpt):  # said in one line (run_command)
-            raise type(exc)(f"{args.out} keeps the rounds done so far; --resume continues") from None
+            raise type(exc)(f"{s.out} keeps the rounds done so far; --resume continues") from None
         if not isinstance(exc, (ArithmeticError, ValueError, OSError)):
             raise
-        fail_run(args, exc)
+        fail_run(s, exc)
     void = dnn_output.nobody_contributed(history, exp)
     if void:
-        dnn_output.discard_outputs(args.out, opened, held)
-        common.fail(PROG, RuntimeError(f"{void}; nothing was kept in {args.out}"))
-    summary = summarize(desc, history, command)
+        dnn_output.discard_outputs(s.out, opened, held)
+        common.fail(PROG, RuntimeError(f"{void}; nothing was kept in {s.out}"))
+    summary = summarize(desc, history, s.command)
     try:
-        dnn_output.write_outputs(args.out, history, summary)
+        dnn_output.write_outputs(s.out, history, summary)
     except KeyboardInterrupt as exc:  # each file is replaced whole: the last round's files stand
-        raise type(exc)(f"{args.out} keeps the rounds done so far; --resume continues") from None
+        raise type(exc)(f"{s.out} keeps the rounds done so far; --resume continues") from None
     except (OSError, FolderSwapped) as exc:
-        fail_run(args, exc)
+        fail_run(s, exc)
     print(
-        f"{args.method}: best test accuracy {summary['best_test_acc']:.4f}, final {summary['final_test_acc']:.4f} "
+        f"{s.method}: best test accuracy {summary['best_test_acc']:.4f}, final {summary['final_test_acc']:.4f} "
         f"after {len(history)} rounds ({time.perf_counter() - start:.1f}s)"
     )
-    print(f"wrote {args.out}/history.csv, summary.json, checkpoint.pt")
-    print(f"reproduce: {command}")
-    if len(history) < args.rounds:  # only --deadline ends a run early
-        print(f"stopped at --deadline after {len(history)} of {args.rounds} rounds; --resume continues")
+    print(f"wrote {s.out}/history.csv, summary.json, checkpoint.pt")
+    print(f"reproduce: {s.command}")
+    if len(history) < s.rounds:  # only --deadline ends a run early
+        print(f"stopped at --deadline after {len(history)} of {s.rounds} rounds; --resume continues")
         return EXIT_PARTIAL
     return 0
 

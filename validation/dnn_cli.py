@@ -5,6 +5,7 @@ the sweep), and the default --out named from it.  Nothing here imports torch: ``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -12,23 +13,41 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import dataclass
 
 from validation import common
 from validation.outputs import Kind, reserved_name, written_by
+from validation.run_settings import (
+    AUTO_ENGINE,
+    DEFAULT_CLIENTS,
+    FINGERPRINT_FIELDS,
+    FOOF_AUTO,
+    RunSettings,
+    canonical_alpha,
+    engine_tag,
+    on_device,
+    recorded_choices,
+    resolved_augment,
+    resolved_fingerprint,
+    run_fingerprint,
+)
 
 PROG = "python -m validation.dnn"
 OUTPUT = Kind(PROG, ("history.csv", "summary.json", "checkpoint.pt"))  # what a run writes into --out
 DEFAULT_ENGINE = "auto"
-DEFAULT_CLIENTS = 10  # --clients of a Dirichlet split (FEMNIST: every writer)
 EXIT_PARTIAL = 75  # sysexits' EX_TEMPFAIL: stopped at --deadline with rounds left; --resume continues
 
-# auto: on a GPU the vectorized engine (5-6x the sequential one for SimpleCNN on an H100/H200); on a CPU the
-# sequential one.  With per-client convolutions the vectorized engine is level there (SimpleCNN, 10 clients:
-# 0.96-1.22x at two torch threads, 0.90-1.02x at one; ResNet18-GN 0.43x), within the
-# runs' noise -- not enough to change what a default CPU run computes (float32 round-off differs between the
-# engines) or to stop older checkpoints from resuming under the default.
-AUTO_ENGINE = {"cuda": "vectorized", "cpu": "sequential"}
+# the names of validation.run_settings that this module's readers have always found here
+__all__ = [
+    "AUTO_ENGINE",
+    "DEFAULT_CLIENTS",
+    "FINGERPRINT_FIELDS",
+    "RunSettings",
+    "canonical_alpha",
+    "engine_tag",
+    "resolved_augment",
+    "resolved_fingerprint",
+    "run_fingerprint",
+]
 
 
 def build_parser(doc: str | None = None):
@@ -160,7 +179,7 @@ def build_parser(doc: str | None = None):
         default=None,
         help="first N test images, class order kept balanced (default: every image)",
     )
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda when one is visible")
+    common.add_device_arg(p)
     p.add_argument(
         "--engine",
         choices=("auto", "sequential", "vectorized"),
@@ -170,19 +189,9 @@ def build_parser(doc: str | None = None):
         "sequential on a CPU, where each is the faster (default: auto)",
     )
     common.add_max_ratio_arg(p, "in-process")
-    p.add_argument(
-        "--threads",
-        type=common.positive_int,
-        default=None,
-        help="torch CPU threads (default: torch's, all cores); float32 sums, and so the last digits of a "
-        "run, depend on it: summary.json records it",
-    )
-    p.add_argument(
-        "--client-chunk",
-        type=common.positive_int,
-        default=None,
-        help="vectorized: clients per chunk (default: as many as fit in the free device memory)",
-    )
+    float32_note = "; float32 sums, and so the last digits of a run, depend on it: summary.json records it"
+    common.add_threads_arg(p, "torch's, all cores", float32_note)
+    common.add_client_chunk_arg(p, "as many as fit in the free device memory")
     common.add_step_graph_arg(p)
     p.add_argument(
         "--out",
@@ -313,28 +322,50 @@ def build_parser(doc: str | None = None):
     return p
 
 
-def parse_args(argv=None, doc: str | None = None):
+def parse_args(argv=None, doc: str | None = None) -> RunSettings:
+    """The command's settings, resolved once (``validation.run_settings.RunSettings``): the flags parsed and checked
+    (all before any data is read), the preset applied under them, every auto made concrete, the default --out
+    named; a stack's runs in ``runs``.  One parser error otherwise."""
     started = time.time()  # a --budget-minutes counts from here
+    argv = sys.argv[1:] if argv is None else list(argv)
     p = build_parser(doc)
     args = p.parse_args(argv)
     if args.budget_minutes is not None:
         if args.deadline is not None:
             p.error("--deadline and --budget-minutes exclude each other")
         args.deadline = started + 60.0 * args.budget_minutes
-    args.started = started
     combos = settle(p, args)
-    args.out_given = args.out is not None  # a default --out names the rounds: advice to extend a run names it
-    check_natural_split(p, args, p.given(sys.argv[1:] if argv is None else argv))
+    check_natural_split(p, args, p.given(argv))
     if args.resume and args.overwrite:
         p.error("--resume and --overwrite exclude each other")
-    args.runs = []
+    command = recorded_command(argv, started)
     if len(combos) > 1 or args.seeds is not None or args.run_names is not None:
-        check_stack_args(p, args, combos)
-    else:
-        if args.out is None:
-            args.out = default_out(args)
-        check_args(p, args)
-    return args
+        runs = check_stack_args(p, args, combos, command)
+        return dataclasses.replace(on_device(args.settings, stacked=True), out=args.out, command=command, runs=runs)
+    settings = on_device(args.settings)
+    if args.out is None:
+        typed = (args.alphas[0], args.alphas.typed[0]) if args.alphas and args.alphas.typed else None
+        args.out = default_out(settings, typed_alpha=typed)
+    check_args(p, args)
+    check_device(p, args, settings)
+    return for_resume(p, dataclasses.replace(settings, out=args.out, command=command))
+
+
+def check_device(p, args, settings: RunSettings) -> None:
+    """The check that needs the device: a flag of the vectorized engine where --engine auto is the sequential one
+    on this device.  (Whether this machine has the --device asked for is the run's check: validation.dnn.run.)"""
+    why = vectorized_only(args, settings.engine, settings.device)
+    if why:
+        p.error(why)
+
+
+def for_resume(p, settings: RunSettings) -> RunSettings:
+    """``settings`` with what a resumed checkpoint decides (validation.run_settings.recorded_choices), or one
+    parser error naming the checkpoint that cannot be read."""
+    try:
+        return recorded_choices(settings)
+    except ValueError as exc:  # fedpm_dnn.engine.checkpoint.CheckpointError: the file and why
+        p.error(str(exc))
 
 
 def settle(p, args) -> list:
@@ -366,71 +397,56 @@ def check_natural_split(p, args, given: set) -> None:
             )
 
 
-def default_out(args, stack: bool = False) -> str:
-    """The default --out: results/dnn-<preset or dataset>[-<model>]-<method>-s<seed>-r<rounds>, then
-    -train<N> -test<N>, -a<alpha> when alpha is not the preset's (or the default 0.1), and a digest of every other
-    resolved setting that differs from what the preset (or the defaults) give.  Commands that compute different
-    runs get different folders; a flag repeating the preset's value does not change the name.  A stack's folder
-    (``stack``) names neither seed nor alpha (each run's folder does)."""
+def default_out(s: RunSettings, stack: bool = False, typed_alpha: tuple | None = None) -> str:
+    """The default --out of the settings ``s``: results/dnn-<preset or dataset>[-<model>]-<method>-s<seed>-r<rounds>,
+    then -train<N> -test<N>, -a<alpha> when alpha is not the preset's (or the default 0.1), and a digest of every
+    other resolved setting that differs from what the preset (or the defaults) give.  Commands that compute
+    different runs get different folders; a flag repeating the preset's value does not change the name.  A stack's
+    folder (``stack``) names neither seed nor alpha (each run's folder does).  ``typed_alpha``: (canonical, as
+    typed) of --alpha, whose folder an earlier version named as typed (``legacy_alpha_folder``)."""
     import hashlib
 
-    head = [f"dnn{'-stack' if stack else ''}", args.preset or args.dataset]
-    if args.model != "cnn":
-        head.append(args.model)
-    head.append(args.method)
-    base = ["--method", args.method, "--model", args.model] + (
-        ["--preset", args.preset] if args.preset else ["--dataset", args.dataset]
+    head = [f"dnn{'-stack' if stack else ''}", s.preset or s.dataset]
+    if s.model != "cnn":
+        head.append(s.model)
+    head.append(s.method)
+    base = ["--method", s.method, "--model", s.model] + (
+        ["--preset", s.preset] if s.preset else ["--dataset", s.dataset]
     )
     if not stack:
-        head.append(f"s{args.seed}")
-        base += ["--seed", str(args.seed)]
-    head.append(f"r{args.rounds}")
+        head.append(f"s{s.seed}")
+        base += ["--seed", str(s.seed)]
+    head.append(f"r{s.rounds}")
     for flag, value, tag in (
-        ("--train-subset", args.train_subset, "train"),
-        ("--test-subset", args.test_subset, "test"),
+        ("--train-subset", s.train_subset, "train"),
+        ("--test-subset", s.test_subset, "test"),
     ):
         if value:
             head.append(f"{tag}{value}")
             base += [flag, str(value)]
-    want, plain = resolved_fingerprint(args), command_fingerprint(base)
-    want["gn_groups"], plain["gn_groups"] = args.gn_groups or 2, 2
+    want, plain = resolved_fingerprint(s), command_fingerprint(base)
+    want["gn_groups"], plain["gn_groups"] = s.gn_groups, 2
     differs = sorted(k for k in set(want) | set(plain) if want.get(k) != plain.get(k))
     if stack:
         differs = [k for k in differs if k not in ("seed", "alpha")]
     if "alpha" in differs:
-        head.append("a" + settings_of(args).alpha_text)
+        head.append("a" + s.alpha_text)
         differs.remove("alpha")
     if differs:
         text = json.dumps({k: want.get(k) for k in differs}, sort_keys=True, default=str)
         head.append(hashlib.sha256(text.encode()).hexdigest()[:8])
     name = os.path.join("results", "-".join(head))
-    if not stack and args.alphas and args.alphas.typed:
-        name = legacy_alpha_folder(name, args.alphas[0], args.alphas.typed[0])
-    engine = None if stack else engine_tag(args)
+    if not stack and typed_alpha:
+        name = legacy_alpha_folder(name, *typed_alpha)
+    engine = None if stack else engine_tag(s)
     if engine:  # another engine than --engine auto's here: another folder (its float32 sums differ)
         untagged, name = name, f"{name}-{engine}"
         if not os.path.exists(name) and checkpoint_engine(untagged) == engine:
             name = untagged  # written before the folder named the engine: still this run's
-    legacy = os.path.join("results", f"dnn-{args.dataset}-{args.method}-s{args.seed}")  # the earlier default
-    if not stack and args.resume and not os.path.exists(name) and os.path.isfile(os.path.join(legacy, "checkpoint.pt")):
+    legacy = os.path.join("results", f"dnn-{s.dataset}-{s.method}-s{s.seed}")  # the earlier default
+    if not stack and s.resume and not os.path.exists(name) and os.path.isfile(os.path.join(legacy, "checkpoint.pt")):
         return legacy
     return name
-
-
-def engine_tag(args) -> str | None:
-    """The engine --engine names where it is not the one --engine auto gives on the run's device, else None
-    (that engine's runs are named without it, as they always were)."""
-    if args.engine == "auto":
-        return None
-    device = args.device
-    if device == "auto":
-        try:
-            import torch
-
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        except ImportError:
-            device = "cpu"
-    return None if AUTO_ENGINE.get(device) == args.engine else args.engine
 
 
 def checkpoint_engine(folder: str) -> str | None:
@@ -447,53 +463,58 @@ def checkpoint_engine(folder: str) -> str | None:
     return saved.get("engine", saved.get("run.engine")) if isinstance(saved, dict) else None
 
 
-@dataclass(frozen=True)
-class RunSettings:
-    """A run's settings resolved once, at the command's boundary (``resolve_into``): the preset applied under the
-    flags, every ``auto`` that needs no device made concrete, each value in its one form.  The fingerprint, the
-    default --out, the experiment (``validation.dnn_experiment.build``) and summary.json read these, not the
-    flags as typed."""
-
-    dataset: str
-    alpha: float  # the Dirichlet concentration (FEMNIST: the default's, unused by its writers' split)
-    seed: int
-    split_seed: int  # --split-seed, else --seed
-    augment: str  # --augment auto made concrete for the data set
-    lr_schedule: object  # fedpm_dnn.engine.lr_schedule.LrSchedule (milestones as rounds of --rounds), or None
-    resolved: object  # fedpm_dnn.presets.Resolved: the method, and where each setting came from
-
-    @property
-    def alpha_text(self) -> str:
-        return canonical_alpha(self.alpha)
-
-
-def settings_of(args) -> RunSettings:
-    """``args.settings`` (made by ``resolve_into``), or made now for a namespace that was not settled so."""
-    made = getattr(args, "settings", None)
-    return made if made is not None else _run_settings(args)
-
-
-def _run_settings(args) -> RunSettings:
-    dataset = args.resolved.settings["dataset"]
+def settings_from(args) -> RunSettings:
+    """The settled flags (``resolve_into``) as ``RunSettings``: the preset applied, alpha and the augmentation
+    canonical, the schedule's milestones as rounds; the device's autos still to make concrete (``on_device``)."""
+    res = args.resolved
+    dataset = res.settings["dataset"]
     seed = 0 if args.seed is None else args.seed
     return RunSettings(
         dataset=dataset,
-        alpha=float(args.resolved.settings["alpha"]),
-        seed=seed,
+        data_dir=args.data_dir,
+        cache_dir=args.cache_dir,
+        split=args.split,
+        alpha=float(res.settings["alpha"]),
+        clients=res.settings["clients"],
+        participants=res.settings["participants"],
+        train_subset=args.train_subset,
+        test_subset=args.test_subset,
         split_seed=seed if args.split_seed is None else args.split_seed,
         augment=resolved_augment(args.augment, dataset),
+        model=args.model,
+        gn_groups=args.gn_groups or 2,
+        method=args.method,
+        preset=args.preset,
+        resolved=res,
+        config=res.config,
+        foof_auto=tuple(k for k in FOOF_AUTO if getattr(args, k) in (None, "auto")),
+        rounds=args.rounds,
+        seed=seed,
         lr_schedule=lr_schedule(args),
-        resolved=args.resolved,
+        device=args.device,
+        engine=args.engine,
+        step_graph=args.step_graph,
+        client_chunk=args.client_chunk,
+        max_ratio=args.max_ratio,
+        threads=args.threads,
+        out=args.out,
+        out_given=args.out is not None,
+        runs_parent=getattr(args, "runs_parent", None),
+        resume=args.resume,
+        overwrite=args.overwrite,
+        deadline=args.deadline,
+        quiet=args.quiet,
+        command="",
     )
 
 
 def resolve_into(p, args) -> None:
-    """args.resolved (the preset under the flags), the data set it names and args.settings (``RunSettings``), or
+    """args.resolved (the preset under the flags), the data set it names and args.settings (``settings_from``), or
     one parser error."""
     try:
         args.resolved = resolve(args)
         args.dataset = args.resolved.settings["dataset"]
-        args.settings = _run_settings(args)
+        args.settings = settings_from(args)
     except ValueError as exc:  # the preset has no row for the method, or a flag's value does not fit it
         p.error(str(exc))
 
@@ -540,12 +561,6 @@ def lr_schedule(args):
     return schedule_for(args.lr_warmup_rounds, args.lr_milestones, args.rounds)
 
 
-def canonical_alpha(value) -> str:
-    """An alpha's one written form, as run folders, default --out names and the sweep's profiles write it: the
-    shortest text that reads back as the same float (1, 1.0 and 1.00 are all 1.0; 0.10 is 0.1)."""
-    return repr(float(value))
-
-
 class AlphaList(list):
     """--alpha's values in their canonical form (``canonical_alpha``); ``typed``: as given on the command line,
     which named run folders before names were canonical (found again under --resume: ``legacy_alpha_folder``)."""
@@ -588,16 +603,16 @@ def stack_run_name(dataset: str, alpha: str, method: str, seed: int) -> str:
 def stack_names(args, combos) -> list:
     """A stack's run folder names, in the order seeds x alphas: --run-names, else validation.experiments' names
     of the main runs (alpha in its canonical form)."""
-    alpha_text = [a if a is not None else settings_of(args).alpha_text for _, a in combos]
+    alpha_text = [a if a is not None else args.settings.alpha_text for _, a in combos]
     return args.run_names or [
         stack_run_name(args.dataset, a, args.method, s) for (s, _), a in zip(combos, alpha_text, strict=True)
     ]
 
 
-def check_stack_args(p, args, combos):
-    """Several runs (--seeds / --alpha lists): args.runs gets one namespace per run, its own seed, alpha (resolved
-    with the preset as a run alone would be) and folder under --out; a run folder with a checkpoint continues under
-    --resume, one without starts."""
+def check_stack_args(p, args, combos, command: str = "") -> tuple:
+    """Several runs (--seeds / --alpha lists): the settings of each run, its own seed, alpha (resolved with the
+    preset as a run alone would be) and folder under --out, on the vectorized engine; a run folder with a
+    checkpoint continues under --resume, one without starts."""
     if args.engine == "sequential":
         p.error("--seeds / --alpha lists train the runs as one stack on the vectorized engine, not --engine sequential")
     names = stack_names(args, combos)
@@ -610,11 +625,12 @@ def check_stack_args(p, args, combos):
         if why:
             p.error(f"--run-names: {why}")
     if args.out is None:
-        args.out = default_out(args, stack=True)
+        args.out = default_out(on_device(args.settings, stacked=True), stack=True)
     check_stack_out(p, args.out)
     typed = dict(zip(args.alphas or (), getattr(args.alphas, "typed", ()), strict=False))
+    runs = []
     for (seed, alpha), name in zip(combos, names, strict=True):
-        run = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "runs"})
+        run = argparse.Namespace(**vars(args))
         run.seed, run.out, run.runs_parent = seed, os.path.join(args.out, name), args.out
         if args.run_names is None and alpha in typed:
             run.out = legacy_alpha_folder(run.out, alpha, typed[alpha])
@@ -623,7 +639,10 @@ def check_stack_args(p, args, combos):
         run.overwrite = args.overwrite
         resolve_into(p, run)
         check_args(p, run)
-        args.runs.append(run)
+        settings = dataclasses.replace(on_device(run.settings, stacked=True), out_given=args.settings.out_given)
+        runs.append(dataclasses.replace(settings, command=command))
+    check_device(p, args, on_device(args.settings, stacked=True))
+    return tuple(for_resume(p, run) for run in runs)
 
 
 def check_stack_out(p, out) -> None:
@@ -685,11 +704,11 @@ def check_preset(p, args):
             p.error(f"--preset {args.preset} is for --dataset {setting['dataset']}, not {args.dataset}")
 
 
-def preset_warning(args) -> str | None:
+def preset_warning(s: RunSettings) -> str | None:
     """One line naming each flag that contradicts the preset's own setting (allowed: the flag wins)."""
     from validation.progress import in_sweep
 
-    conflicts = args.resolved.conflicts
+    conflicts = s.resolved.conflicts
     if not conflicts or in_sweep():  # a sweep's runs: the profile set these flags, not the user
         return None
 
@@ -698,7 +717,7 @@ def preset_warning(args) -> str | None:
 
     flags = ", ".join("--" + show(k, c["flag"]) for k, c in conflicts.items())
     table = ", ".join(show(k, c["preset"]) for k, c in conflicts.items())
-    return f"{PROG}: warning: {flags} override{'s' if len(conflicts) == 1 else ''} preset {args.preset}'s {table}"
+    return f"{PROG}: warning: {flags} override{'s' if len(conflicts) == 1 else ''} preset {s.preset}'s {table}"
 
 
 def check_args(p, args):
@@ -715,7 +734,7 @@ def check_args(p, args):
             p.error(f"--gn-groups applies to --model resnet18gn, not to --model {args.model}")
         if 64 % args.gn_groups:
             p.error(f"--gn-groups {args.gn_groups}: must divide 64, the channels of ResNet18-GN's first layer")
-    schedule = settings_of(args).lr_schedule
+    schedule = args.settings.lr_schedule
     for first, _ in schedule.milestones if schedule else ():
         if first > args.rounds:
             p.error(f"--lr-milestones {args.lr_milestones}: a milestone starts at round {first}, after the last round")
@@ -759,65 +778,36 @@ def checkpoint_conflict(args) -> str | None:
     return None  # a checkpoint not asked to resume: settled once the run is built (settle_previous)
 
 
-# flags that do not change what a run computes (where it writes, how it reports, how many rounds)
+# the flags that do not enter the fingerprint as given (the rest: FINGERPRINT_FIELDS, run_fingerprint); each flag
+# is in one of the two (tests/test_settings_boundary.py), so that a new flag is placed, not forgotten.
+# out, resume, quiet, device, rounds, data_dir, cache_dir, deadline, budget_minutes, overwrite: where the run writes,
+# how it reports, when it stops, where the data is read, what happens to --out's previous run
 # engine: the checkpoint records the resolved engine (fedpm_dnn.engine.checkpoint.fingerprint), not the flag, so that
 # "auto" and the engine it stands for resume each other
-# resolved: derived from the flags and the preset (run_fingerprint adds the alpha it resolved to)
 # gn_groups: the resolved group count is in the model's entry of the fingerprint (fedpm_dnn.engine.checkpoint)
-# seeds, alphas, run_names, runs: how a stack is given (each run's fingerprint has its own seed and alpha), so a
-# stacked run and the same run alone resume each other
-# overwrite: what happens to --out's previous run, not what this run computes
+# seeds, run_names: how a stack is given (each run's fingerprint has its own seed and alpha), so a stacked run and
+# the same run alone resume each other
 # step_graph: how the vectorized engine issues its steps (the same kernels, replayed or not), recorded in the summary
 # the hyper-parameters and the settings a preset supplies enter the fingerprint resolved, not as flags: the method's
 # configuration (config.* in fedpm_dnn.engine.checkpoint.fingerprint) and the client and participant counts the run uses
 # (n_clients, participants), so that a flag repeating the preset's value or a default is no difference, and a real
 # difference is named by what differs (checkpoints that recorded these flags still resume: fedpm_dnn.engine.checkpoint)
 NOT_IN_FINGERPRINT = {
-    *("out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "deadline", "resolved"),
-    *("budget_minutes", "started", "settings"),
-    *("gn_groups", "seeds", "alphas", "run_names", "runs", "overwrite", "step_graph", "out_given", "runs_parent"),
+    *("out", "resume", "quiet", "device", "rounds", "data_dir", "cache_dir", "engine", "deadline"),
+    *("budget_minutes", "gn_groups", "seeds", "run_names", "overwrite", "step_graph"),
     *HYPERPARAMETER_FLAGS,
     *("local_epochs", "foof_samples", "clients", "participants"),
     *("lr_warmup_rounds", "lr_milestones"),  # in the fingerprint as the resolved lr_schedule (run_fingerprint)
 }
 
 
-def resolved_augment(augment: str, dataset: str) -> str:
-    """``--augment auto`` made concrete for the data set (fedpm_dnn.data.augment.default_augment)."""
-    if augment != "auto":
-        return augment
-    from fedpm_dnn.data.augment import default_augment
-
-    return default_augment(dataset)
-
-
-def run_fingerprint(args) -> dict:
-    """The flags that shape the run, for the checkpoint's fingerprint (fedpm_dnn.engine.checkpoint), as the run uses
-    them: the data set and alpha resolved (their flags once defaulted to cifar10 and 0.1, a preset now supplies
-    them), --split-seed None where it is the --seed it defaults to (as checkpoints have always recorded it), the
-    other flags as given; the method's hyper-parameters and the client counts are in the checkpoint's own entries
-    (NOT_IN_FINGERPRINT)."""
-    flags = {k: v for k, v in vars(args).items() if k not in NOT_IN_FINGERPRINT}
-    # the augmentation as trained: "auto" and the concrete name it stands for are one run (and checkpoints
-    # written before "auto" existed record the concrete name)
-    settings = settings_of(args)
-    flags["augment"] = settings.augment
-    if flags.get("split_seed") == args.seed:
-        flags["split_seed"] = None
-    # the schedule with its milestones as rounds: --rounds is not in the fingerprint (a run can be extended), but
-    # milestones given in per cent of it move with it, and a run resumed under other milestones is another run.
-    # None (no schedule) is how checkpoints written before the flags existed read.
-    schedule = settings.lr_schedule
-    flags["lr_schedule"] = schedule.as_dict() if schedule else None
-    return dict(sorted({**flags, "alpha": args.resolved.settings["alpha"]}.items()))
-
-
 def command_fingerprint(argv, run_name: str | None = None) -> dict:
-    """What a command line computes, resolved without reading data (``resolved_fingerprint``), its flags settled as
-    the command itself settles them (``settle``: presets applied, alpha canonical), so that a flag left to the
-    preset, or written another way (0.10, 1), is no difference.  A stack's command (--seeds, --alpha lists) is
-    read for its run in the folder ``run_name`` (ValueError when it has none of that name).  The sweep compares a
-    profile's run with the command a result folder's summary.json records this way (validation/sweep.py)."""
+    """What a command line computes, resolved without reading data (``resolved_fingerprint`` of its settings), its
+    flags settled as the command itself settles them (``settle``: presets applied, alpha canonical), so that a
+    flag left to the preset, or written another way (0.10, 1), is no difference.  A stack's command (--seeds,
+    --alpha lists) is read for its run in the folder ``run_name`` (ValueError when it has none of that name).  The
+    sweep compares a profile's run with the command a result folder's summary.json records this way
+    (validation/sweep.py)."""
     p = build_parser()
     args = p.parse_args(list(argv))
     combos = settle(p, args)
@@ -828,32 +818,4 @@ def command_fingerprint(argv, run_name: str | None = None) -> dict:
         seed, alpha = combos[names.index(run_name)]
         args.seed, args.alpha = seed, None if alpha is None else float(alpha)
         resolve_into(p, args)
-    return resolved_fingerprint(args)
-
-
-def resolved_fingerprint(args) -> dict:
-    """The run's flags (``run_fingerprint``) with the defaults build() fills in (DEFAULT_CLIENTS, the preset's
-    participants) and the method's configuration the hyper-parameters give, so that a flag repeating a default or
-    a preset's value changes nothing."""
-    settings = args.resolved.settings
-    fp = run_fingerprint(args)
-    fp["clients"] = settings["clients"]
-    if fp["clients"] is None and args.dataset != "femnist":
-        fp["clients"] = DEFAULT_CLIENTS
-    participants = settings["participants"]
-    if (
-        participants
-        and fp["clients"]
-        and participants >= fp["clients"]
-        and "participants" not in args.resolved.from_flags
-    ):
-        participants = None  # as build(): everyone takes part
-    fp["participants"] = participants
-    cfg = method_of(args)
-    fp.update({f"config.{k}": v for k, v in {"name": cfg.name, **cfg.hyperparameters()}.items()})
-    return fp
-
-
-def method_of(args):
-    """The method object the flags give: the preset's row, then the explicit hyper-parameters."""
-    return args.resolved.config
+    return resolved_fingerprint(args.settings)

@@ -6,6 +6,7 @@ the summary."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -19,23 +20,25 @@ from fedconvex.results import read_summary
 from validation import common
 from validation.dnn_cli import OUTPUT, PROG
 from validation.outputs import mark, written_by
+from validation.run_settings import RunSettings
 
 
-def settle_previous(run, exp, stacked: bool = False) -> str | None:
+def settle_previous(run: RunSettings, exp, stacked: bool = False) -> tuple[str | None, RunSettings]:
     """For a run whose --out holds a checkpoint it was not asked to resume: with --overwrite the previous run's
-    files are removed (None); when the checkpoint is this very run (the fingerprint compared resolved) with its
-    rounds done, the line saying so (nothing to compute); else one line refusing it (exit 2): another run, or this
-    one unfinished (--resume continues it)."""
+    files are removed; when the checkpoint is this very run (the fingerprint compared resolved) with its rounds
+    done, the line saying so (nothing to compute); else one line refusing it (exit 2): another run, or this one
+    unfinished (--resume continues it).  Returns (that line or None, the run's settings: resuming where its files
+    are written again from the checkpoint)."""
     from fedpm_dnn.engine import checkpoint as ck
 
     path = os.path.join(run.out, "checkpoint.pt")
     if run.resume or not os.path.lexists(path):
-        return None
+        return None, run
     if run.overwrite:
         for name in OUTPUT.files:  # a folder of ours holding only these (check_args, under the lock)
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(run.out, name))
-        return None
+        return None, run
     try:
         done, diff = ck.stored(path, exp)
     except ck.CheckpointError as exc:
@@ -65,22 +68,21 @@ def settle_previous(run, exp, stacked: bool = False) -> str | None:
             )
         rounds = f"{done} round{'s' if done != 1 else ''}"
         print(f"{run.out}: {damaged}; history.csv and summary.json written again from checkpoint.pt ({rounds})")
-        run.resume = True
-        return None
+        return None, dataclasses.replace(run, resume=True)
     best = ""
     with contextlib.suppress(ValueError, OSError, TypeError, KeyError):
         summary = read_summary(os.path.join(run.out, "summary.json"))  # its fields in range (fedconvex.results)
         best = f", best test accuracy {float(summary['best_test_acc']):.4f}"
     rounds = f"{done} round{'s' if done != 1 else ''}"
-    return f"{run.out} already holds this run ({rounds}{best}); nothing to compute ({extend_advice(run)})"
+    return f"{run.out} already holds this run ({rounds}{best}); nothing to compute ({extend_advice(run)})", run
 
 
-def extend_advice(run) -> str:
+def extend_advice(run: RunSettings) -> str:
     """How to recompute or extend a finished run, in words that find it again: a default --out names the rounds,
     so more --rounds without it would name another folder; the folder is then given."""
-    stacked = getattr(run, "runs_parent", None)
+    stacked = run.runs_parent
     out = stacked or run.out
-    where = "" if getattr(run, "out_given", True) else f" --out {shlex.quote(out)}"
+    where = "" if run.out_given else f" --out {shlex.quote(out)}"
     what = "the stack" if stacked else "it"
     return f"--overwrite recomputes {what}; --resume --rounds N{where}, N more than now, extends {what}"
 
@@ -106,7 +108,7 @@ def outputs_problem(out: str, rounds: int) -> str | None:
     return None
 
 
-def stack_advice(why: str, run) -> str:
+def stack_advice(why: str, run: RunSettings) -> str:
     """``why`` (a checkpoint's difference) with the engine advice made one a stack can follow: a stack trains on
     the vectorized engine, so a run checkpointed by another engine continues alone."""
     import re
@@ -209,17 +211,17 @@ def discard_outputs(out, state: str, held) -> None:
     undo_open_out(out, state, held)
 
 
-def fail_run(args, exc):
+def fail_run(run: RunSettings, exc):
     # keep what the run reached, and say why it stopped (a re-run would stop the same way)
     if isinstance(exc, ArithmeticError):
-        common.fail(PROG, ArithmeticError(note_failure(os.path.join(args.out, "summary.json"), exc)))
+        common.fail(PROG, ArithmeticError(note_failure(os.path.join(run.out, "summary.json"), exc)))
     if isinstance(exc, OSError):  # a full disk, a folder made read-only: each file is replaced whole
-        kept = os.path.isfile(os.path.join(args.out, "checkpoint.pt"))
+        kept = os.path.isfile(os.path.join(run.out, "checkpoint.pt"))
         common.fail(
             PROG,
             OSError(
                 f"{exc}; "
-                + (f"{args.out} keeps the rounds done so far (--resume continues)" if kept else "nothing was written")
+                + (f"{run.out} keeps the rounds done so far (--resume continues)" if kept else "nothing was written")
             ),
         )
     common.fail(PROG, exc)

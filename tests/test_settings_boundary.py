@@ -105,6 +105,7 @@ def test_the_settings_are_frozen_and_every_auto_is_concrete(tmp_path):
     s = dnn.parse_args(PRESET + ["--out", str(tmp_path / "o")])
     assert s.device in ("cpu", "cuda") and s.engine == run_settings.AUTO_ENGINE[s.device]
     assert s.augment == "crop-flip" and s.split_seed == s.seed == 0 and s.alpha == 0.1
+    assert s.step_graph == ("on" if s.device == "cuda" else "off")
     assert s.config.foof_apply == run_settings.AUTO_FOOF_APPLY[s.device]
     assert s.config.foof_precision in ("fp32", "split-tf32") and s.foof_auto == ("foof_apply", "foof_precision")
     with pytest.raises(dataclasses.FrozenInstanceError):

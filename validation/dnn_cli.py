@@ -1,6 +1,8 @@
-"""The command line of ``python -m validation.dnn``: its parser, the checks of its flags (all before any data is
-read), the settings the flags resolve to with a preset, the run's fingerprint (what it computes, for --resume and
-the sweep), and the default --out named from it.  Nothing here imports torch: ``--help`` and the checks stay fast."""
+"""The command line of ``python -m validation.dnn``, the command's boundary: its parser, the checks of its flags (all
+before any data is read) and the settings the flags resolve to with a preset (``parse_args``: one frozen
+``validation.run_settings.RunSettings``, every auto made concrete, the only thing that travels below), the
+fingerprint of a command line (for the sweep) and the default --out named from the settings.  Nothing here imports
+torch at module level: ``--help`` and the checks stay fast."""
 
 from __future__ import annotations
 
@@ -340,8 +342,9 @@ def parse_args(argv=None, doc: str | None = None) -> RunSettings:
         p.error("--resume and --overwrite exclude each other")
     command = recorded_command(argv, started)
     if len(combos) > 1 or args.seeds is not None or args.run_names is not None:
-        runs = check_stack_args(p, args, combos, command)
-        return dataclasses.replace(on_device(args.settings, stacked=True), out=args.out, command=command, runs=runs)
+        stack = on_device(args.settings, stacked=True)
+        runs = check_stack_args(p, args, combos, command, stack)
+        return dataclasses.replace(stack, out=args.out, command=command, runs=runs)
     settings = on_device(args.settings)
     if args.out is None:
         typed = (args.alphas[0], args.alphas.typed[0]) if args.alphas and args.alphas.typed else None
@@ -609,10 +612,11 @@ def stack_names(args, combos) -> list:
     ]
 
 
-def check_stack_args(p, args, combos, command: str = "") -> tuple:
+def check_stack_args(p, args, combos, command: str, stack: RunSettings) -> tuple:
     """Several runs (--seeds / --alpha lists): the settings of each run, its own seed, alpha (resolved with the
     preset as a run alone would be) and folder under --out, on the vectorized engine; a run folder with a
-    checkpoint continues under --resume, one without starts."""
+    checkpoint continues under --resume, one without starts.  ``stack``: the command's settings (its first run's,
+    made concrete for the device)."""
     if args.engine == "sequential":
         p.error("--seeds / --alpha lists train the runs as one stack on the vectorized engine, not --engine sequential")
     names = stack_names(args, combos)
@@ -625,7 +629,7 @@ def check_stack_args(p, args, combos, command: str = "") -> tuple:
         if why:
             p.error(f"--run-names: {why}")
     if args.out is None:
-        args.out = default_out(on_device(args.settings, stacked=True), stack=True)
+        args.out = default_out(stack, stack=True)
     check_stack_out(p, args.out)
     typed = dict(zip(args.alphas or (), getattr(args.alphas, "typed", ()), strict=False))
     runs = []
@@ -641,7 +645,7 @@ def check_stack_args(p, args, combos, command: str = "") -> tuple:
         check_args(p, run)
         settings = dataclasses.replace(on_device(run.settings, stacked=True), out_given=args.settings.out_given)
         runs.append(dataclasses.replace(settings, command=command))
-    check_device(p, args, on_device(args.settings, stacked=True))
+    check_device(p, args, stack)
     return tuple(for_resume(p, run) for run in runs)
 
 

@@ -38,15 +38,6 @@ def balanced_subset(labels, n, num_classes, seed):
     return np.sort(np.concatenate(idx))
 
 
-def resolved_step_graph(mode: str, engine: str, device: str) -> str | None:
-    """--step-graph as the run uses it: 'on' or 'off' on the vectorized engine, None on the sequential one."""
-    if engine != "vectorized":
-        return None
-    from fedpm_dnn.engine import step_graph
-
-    return "on" if step_graph.resolve(mode, device) else "off"
-
-
 def build(s: RunSettings):
     """(Experiment, description dict) for a run's settings (made concrete at the command's boundary:
     validation.dnn_cli.parse_args); raises on any user error the data reveals."""
@@ -59,7 +50,7 @@ def build(s: RunSettings):
     from fedpm_dnn.foof import precision
     from fedpm_dnn.presets import PRESETS
 
-    if "auto" in (s.device, s.engine):
+    if "auto" in (s.device, s.engine, s.step_graph):
         raise TypeError("build() takes settings made concrete for a device (validation.run_settings.on_device)")
     res, cfg, device, split_seed = s.resolved, s.config, s.device, s.split_seed
     data, natural = load_image_dataset(s.dataset, s.data_dir, s.cache_dir)
@@ -144,7 +135,7 @@ def build(s: RunSettings):
         "device": device,
         "engine": s.engine,
         # the vectorized engine's full steps as one static function, captured as a CUDA graph there (step_graph)
-        "step_graph": resolved_step_graph(s.step_graph, s.engine, device),
+        "step_graph": s.step_graph if s.engine == "vectorized" else None,
         # the arithmetic of the training: the device's name and the TF32 flags its rounds ran with (precision.use)
         "precision": precision.record(getattr(cfg, "foof_precision", "fp32"), device),
         # what the run actually used, filled in as it goes (the step graph's fallbacks, its graphed share)

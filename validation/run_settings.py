@@ -69,7 +69,7 @@ class RunSettings:
     # how and where it runs
     device: str  # cpu or cuda ("auto" only before on_device)
     engine: str  # sequential or vectorized ("auto" only before on_device)
-    step_graph: str  # auto, on, off: the vectorized engine resolves it for the device (resolved_step_graph)
+    step_graph: str  # on or off: the vectorized engine's full steps as one static function ("auto" before on_device)
     client_chunk: int | None
     max_ratio: float  # the server's magnitude guard; 0: off
     threads: int | None  # torch CPU threads (None: torch's)
@@ -123,10 +123,14 @@ def visible_device() -> str:
 
 def on_device(s: RunSettings, stacked: bool = False) -> RunSettings:
     """``s`` with its device-dependent ``auto``s made concrete: --device (cuda where one is visible), --engine
-    (AUTO_ENGINE for the device; the vectorized engine for a run of a stack, ``stacked``) and FOOF's apply and
-    precision left to auto (AUTO_FOOF_APPLY, fedpm_dnn.foof.cost.auto_mode for the device and model)."""
+    (AUTO_ENGINE for the device; the vectorized engine for a run of a stack, ``stacked``), --step-graph
+    (fedpm_dnn.engine.step_graph.resolve: on CUDA) and FOOF's apply and precision left to auto (AUTO_FOOF_APPLY,
+    fedpm_dnn.foof.cost.auto_mode for the device and model)."""
+    from fedpm_dnn.engine import step_graph
+
     device = visible_device() if s.device == "auto" else s.device
     engine = s.engine if s.engine != "auto" else ("vectorized" if stacked else AUTO_ENGINE[device])
+    graph = "on" if step_graph.resolve(s.step_graph, device) else "off"
     concrete = {}
     if getattr(s.config, "uses_foof", False) and s.foof_auto:
         from fedpm_dnn.foof.cost import auto_mode
@@ -136,7 +140,8 @@ def on_device(s: RunSettings, stacked: bool = False) -> RunSettings:
             "foof_precision": lambda: auto_mode(device, s.model),
         }
         concrete = {k: rule[k]() for k in s.foof_auto}
-    return dataclasses.replace(s, device=device, engine=engine, config=dataclasses.replace(s.config, **concrete))
+    config = dataclasses.replace(s.config, **concrete)
+    return dataclasses.replace(s, device=device, engine=engine, step_graph=graph, config=config)
 
 
 def recorded_choices(s: RunSettings) -> RunSettings:

@@ -10,6 +10,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the types alone: importing them needs torch
+    from fedpm_dnn.algorithms import DnnAlgorithm
+    from fedpm_dnn.engine.lr_schedule import LrSchedule
+    from fedpm_dnn.presets import Resolved
 
 DEFAULT_CLIENTS = 10  # --clients of a Dirichlet split (FEMNIST: every writer)
 
@@ -59,13 +65,13 @@ class RunSettings:
     gn_groups: int  # ResNet18-GN's GroupNorm groups (2 unless given)
     method: str
     preset: str | None
-    resolved: object  # fedpm_dnn.presets.Resolved
-    config: object  # fedpm_dnn.algorithms.DnnAlgorithm as trained (FOOF's autos concrete)
+    resolved: Resolved  # the preset under the flags: the method as they give it, where each setting came from
+    config: DnnAlgorithm  # the method as trained (FOOF's autos concrete)
     foof_auto: tuple  # the keys of FOOF_AUTO left to auto (made concrete in ``config``)
     # the schedule
     rounds: int
     seed: int
-    lr_schedule: object  # fedpm_dnn.engine.lr_schedule.LrSchedule (milestones as rounds of --rounds), or None
+    lr_schedule: LrSchedule | None  # milestones as rounds of --rounds; None: the method's lr throughout
     # how and where it runs
     device: str  # cpu or cuda ("auto" only before on_device)
     engine: str  # sequential or vectorized ("auto" only before on_device)

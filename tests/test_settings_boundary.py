@@ -167,3 +167,21 @@ def test_build_refuses_settings_not_made_concrete(tmp_path):
     dnn_cli.settle(p, args)
     with pytest.raises(TypeError, match="made concrete for a device"):
         dnn.build(args.settings)
+
+
+def test_the_device_autos_follow_the_stated_rule_on_either_device(tmp_path):
+    """--help's rules, made concrete at the boundary for a CUDA device as for a CPU (no GPU needed: the rule
+    reads the device's name only): the vectorized engine and the step graph on CUDA, the sequential engine and
+    no graph on a CPU; FOOF's inverse on CUDA, its solves on a CPU; a stack on the vectorized engine on either."""
+    p = dnn_cli.build_parser()
+    args = p.parse_args(PRESET + ["--out", str(tmp_path / "o")])
+    dnn_cli.settle(p, args)
+    rules = (("cuda", "vectorized", "on", "inverse"), ("cpu", "sequential", "off", "solve"))
+    for device, engine, graph, apply in rules:
+        s = run_settings.on_device(dataclasses.replace(args.settings, device=device))
+        assert (s.device, s.engine, s.step_graph, s.config.foof_apply) == (device, engine, graph, apply)
+        assert run_settings.engine_tag(s) is None  # auto's own engine: the folder name does not carry it
+        stacked = run_settings.on_device(dataclasses.replace(args.settings, device=device), stacked=True)
+        assert stacked.engine == "vectorized"
+    # settled alone (what the sweep's fingerprint reads) nothing depends on this machine
+    assert (args.settings.device, args.settings.engine, args.settings.step_graph) == ("auto", "auto", "auto")

@@ -378,10 +378,12 @@ def test_a_statistics_pass_in_chunks_gives_the_same_replies(variant, monkeypatch
     assert_same(one, whole, tol=1e-6)
 
 
-def test_foof_matrices_kept_in_float32_are_an_opt_in_both_engines_honour(tmp_path):
+def test_foof_matrices_kept_in_float32_are_an_opt_in_both_engines_honour(tmp_path, monkeypatch):
     """foof_state_dtype='float32': every client keeps its FOOF matrices in float32 (half the memory) on both engines,
     which still agree to 1e-5 and resume identically; the default keeps float64, and the opt-in's replies stay
-    within 1e-5 of the default's here (damping 0.5; a smaller damping amplifies the rounding of A more)."""
+    within 1e-5 of the default's here (damping 0.5; a smaller damping amplifies the rounding of A more).  The
+    checkpoints are written with the clients' states whole, to show the matrices as the clients keep them."""
+    monkeypatch.setattr(checkpoint, "compact_client", lambda cs: cs)
     cfg = make("fedpm", **CFG, foof_state_dtype="float32")
     _, r_seq = run(cfg, "sequential", str(tmp_path / "seq.pt"))
     _, r_vec = run(cfg, "vectorized", str(tmp_path / "vec.pt"), chunk=2)
@@ -393,6 +395,7 @@ def test_foof_matrices_kept_in_float32_are_an_opt_in_both_engines_honour(tmp_pat
     kept = [m for cs in checkpoint.load(str(tmp_path / "d.pt"))["clients"] if cs for m in cs["foof"].values()]
     assert all(m.dtype == torch.float64 for m in kept)
     assert_same(r_vec, r_default)  # measured: 1.3e-7 relative, as the engines differ (1.1e-7)
+    monkeypatch.undo()  # the resume below from a compact checkpoint, as written by default
     full, _ = run(cfg, "vectorized", rounds=3)
     ck = str(tmp_path / "ck.pt")
     run_experiment(experiment(cfg, "vectorized", rounds=2), checkpoint=ck)

@@ -5,8 +5,9 @@ scratch folder and, after every unit, refreshes ``results.tar.gz`` at the top of
 scratch folder (the figures' files, the done markers, the stacks' histories and the checkpoints of the unfinished
 ones, the log) and a
 manifest naming the device that produced it.  A later job given that archive (``PREVIOUS``) unpacks it and
-continues where the first stopped.  An archive over 16 MiB (a FedPM stack's checkpoints: ~9 MB a run at 10
-SimpleCNN clients) is written in volumes of 16 MiB, ``results.tar.gz``, ``results.tar.gz.2``, ... (at most
+continues where the first stopped.  A 3-run SimpleCNN FedPM stack's checkpoints take 8.6 MiB (the clients'
+parameters stand in for their FOOF matrices: fedpm_dnn.engine.checkpoint.compact_client); an archive over 16 MiB is
+written in volumes of 16 MiB, ``results.tar.gz``, ``results.tar.gz.2``, ... (at most
 ``MAX_VOLUMES``), which unpacking reads in order.
 
     python -m validation.gpu_archive device                       # the device's name (CUDA's, or 'CPU')

@@ -175,6 +175,8 @@ def client_round(alg, model, blocks, data, cs: dict, down: dict, gen, loss_fn=F.
 
 def _client_round(alg, model, blocks, data, cs, down, gen, loss_fn):
     _load(model, down["params"])
+    if "foof_digest" in cs and "foof" not in cs:  # a vectorized engine's compact checkpoint (engine.checkpoint)
+        raise ValueError("this client state stands in for FOOF matrices the vectorized engine remakes: resume it there")
     if alg.uses_foof and "foof" not in cs:  # first participation: matrices at the received model
         mats = foof_matrices(model, blocks, data, alg.foof_samples, gen, cs.setdefault("foof_static", {}))
         cs["foof"] = getattr(alg, "kept_foof", dict)(mats)  # foof_state_dtype (LocalNewton and its kin)

@@ -191,6 +191,9 @@ def run_experiment(
             )
             if rec.get("out_of_memory"):
                 executed["out_of_memory"] = list(rec["out_of_memory"])
+            for key in ("kept_foof", "kept_foof_resumed"):  # how checkpoints keep the matrices; a resume's doubts
+                if rec.get(key):
+                    executed[key] = rec[key] if isinstance(rec[key], str) else list(rec[key])
         if precision.fallbacks():
             executed["precision_fallbacks"] = precision.fallbacks()
         if solve_graph.fallbacks:
@@ -256,7 +259,7 @@ def drive(
                     "seed": seed,
                     "n_clients": n,
                     "server": server_view(state),
-                    "clients": state.clients,
+                    "clients": [_ck.compact_client(cs) for cs in state.clients],
                     "history": history,
                     "np_rng": rng.bit_generator.state,
                     **({} if extra is None else {"extra": extra.state()}),

@@ -40,7 +40,7 @@ from torch.func import functional_call, vmap
 from .. import foof
 from ..data.augment import crop_flip
 from ..foof import batched, precision, solve_graph
-from . import stacked_model, step_graph
+from . import checkpoint, stacked_model, step_graph
 from .sequential import batch_starts_end
 
 STATS_BATCH = 512  # the sequential path's plain-data chunk (sequential.ClientData.plain_batches)
@@ -269,6 +269,8 @@ class VectorizedEngine:
         self.last_chunk = None
         # the round's memory plan (client_plan) and the fewest clients a statistics pass took (stats_client_chunk)
         self.last_plan, self.last_stats_chunk = None, None
+        self.last_pass_shapes = []  # the shape of the statistics pass each client of the last foof_for was in
+        self.remaking = None  # whether remake_foof gives the end-of-round matrices again (checked once: _keep_origins)
         self.offsets, total = [], 0
         for c in clients:
             self.offsets.append(total)
@@ -334,11 +336,13 @@ class VectorizedEngine:
         per = self.last_plan["stats_bytes_per_client"] if self.last_plan else 0
         step = stats_client_chunk(per, self.device, k, self.memory_query)
         self.last_stats_chunk = step if self.last_stats_chunk is None else min(step, self.last_stats_chunk)
+        self.last_pass_shapes = []
         out, s = [], 0
         while s < k:
             e = min(k, s + step)
             part = {n: v[s:e] for n, v in params.items()} if e - s < k else params
             kept = [None if st is None else dict(st) for st in statics[s:e]]  # the first-layer caches it may fill
+            shapes = len(self.last_pass_shapes)
             try:
                 out += self._foof_pass(sel[s:e], part, subsets[s:e], statics[s:e])
             except Exception as exc:  # retried in halves, from the caches as they were
@@ -348,6 +352,7 @@ class VectorizedEngine:
                     if st is not None:
                         st.clear()
                         st.update(was)
+                del self.last_pass_shapes[shapes:]
                 step = (e - s) // 2
                 self.last_stats_chunk = min(self.last_stats_chunk, step)
                 self._out_of_memory(f"statistics chunk {e - s} -> {step} clients")
@@ -355,12 +360,15 @@ class VectorizedEngine:
             s = e
         return out
 
-    def _foof_pass(self, sel, params, subsets, statics):
-        """foof_for for one statistics chunk of clients."""
-        counts = torch.tensor(
-            [len(self.clients[i]) if sub is None else len(sub) for i, sub in zip(sel, subsets, strict=False)],
-            device=self.device,
-        )
+    def _foof_pass(self, sel, params, subsets, statics, counts=None):
+        """foof_for for one statistics chunk of clients (``counts``: the rows each takes, if not all its own).  Its
+        shape, the clients it takes and the most rows of any, is appended to ``last_pass_shapes`` for each of them:
+        with its own parameters and data, that shape alone decides a client's matrices bit for bit (how the pass
+        cuts images and rows into products), which is what ``remake_foof`` relies on."""
+        if counts is None:
+            counts = [len(self.clients[i]) if sub is None else len(sub) for i, sub in zip(sel, subsets, strict=False)]
+        counts = torch.tensor(counts, device=self.device)
+        shape = {"clients": len(sel), "rows": int(counts.max())}
         cached = [sub is None and st is not None and len(st) > 0 for sub, st in zip(subsets, statics, strict=False)]
         skip = set(self.input_blocks) if all(cached) else set()
         with self.capture:
@@ -383,7 +391,85 @@ class VectorizedEngine:
                 else:
                     st.update({k: mats[k] for k in self.input_blocks})
             out.append({k: mats[k] for k in self.blocks})
+        self.last_pass_shapes += [dict(shape) for _ in sel]
         return out
+
+    # --- the kept matrices remade (compact checkpoints: fedpm_dnn.engine.checkpoint.compact_client) ---------------
+    def remake_foof(self, sel, params: list, shapes: list, statics: list) -> list:
+        """The end-of-round FOOF matrices of the clients ``sel`` again, from the parameters each was taken at
+        (``params``: one dict per client) and the shape of the pass that took it (``shapes``, from
+        ``last_pass_shapes``).  Each is remade in a pass of that shape; the places its own clients do not fill are
+        taken by copies of the first, one of them given the pass's most rows, and their matrices are dropped."""
+        out = [None] * len(sel)
+        groups = {}
+        for j, shape in enumerate(shapes):
+            groups.setdefault((int(shape["clients"]), int(shape["rows"])), []).append(j)
+        for (k, rows), todo in groups.items():
+            while todo:
+                take = todo[:k]
+                if len(take) == k > 1 and all(len(self.clients[sel[j]]) < rows for j in take):
+                    take = take[:-1]  # a place for the copy that brings the pass its most rows
+                todo = todo[len(take) :]
+                slots = take + [take[0]] * (k - len(take))
+                counts = [len(self.clients[sel[j]]) for j in slots]
+                if len(take) < k and max(counts) < rows:
+                    counts[-1] = rows
+                stacked = {n: torch.stack([params[j][n] for j in slots]) for n in self.names}
+                caches = [statics[j] if t < len(take) else dict(statics[j]) for t, j in enumerate(slots)]
+                mats = self._foof_pass([sel[j] for j in slots], stacked, [None] * k, caches, counts)
+                for j, m in zip(take, mats, strict=False):
+                    out[j] = m
+        return out
+
+    def _keep_origins(self, sel, P, states, shapes, statics, end) -> None:
+        """After the end-of-round pass: where its matrices can be remade (all the clients' data, no random subset),
+        each client keeps the parameters they were taken at and the pass's shape (``foof_at``, ``foof_made``), so
+        that a checkpoint may hold those instead of the matrices.  The first time in an engine the remaking is
+        checked bit for bit against the pass; where it differs, checkpoints keep the matrices (said once, and
+        recorded in ``executed['kept_foof']``)."""
+        at = [{n: P[n][j].detach().clone() for n in self.names} for j in range(len(states))]
+        if self.remaking is None:
+            try:
+                again = self.remake_foof(sel, at, shapes, [dict(st) for st in statics])
+            except Exception as exc:
+                if not out_of_memory(exc):
+                    raise
+                why = "remaking them ran out of memory"
+            else:
+                worst = max(float((a[b] - e[b]).abs().max()) for a, e in zip(again, end, strict=True) for b in e)
+                same = all(torch.equal(a[b], e[b]) for a, e in zip(again, end, strict=True) for b in e)
+                why = None if same else f"remaking them from the parameters they were taken at differed by {worst:.3g}"
+            self.remaking = why is None
+            self.executed["kept_foof"] = "remade from the parameters they were taken at (checked bit for bit)"
+            if why:
+                self.executed["kept_foof"] = f"stored whole: {why}"
+                warnings.warn(f"checkpoints keep the FOOF matrices whole on {self.device}: {why}", RuntimeWarning, 3)
+        for cs, a, shape in zip(states, at, shapes, strict=True):
+            if self.remaking:
+                cs["foof_at"], cs["foof_made"] = a, shape
+            else:
+                cs.pop("foof_at", None)
+                cs.pop("foof_made", None)
+
+    def _remake_resumed(self, cfg, sel, states) -> None:
+        """Clients resumed from a compact checkpoint: their kept matrices remade and checked against the digest the
+        checkpoint holds; a difference is said and recorded (``executed['kept_foof_resumed']``)."""
+        todo = [j for j, cs in enumerate(states) if "foof" not in cs and "foof_at" in cs]
+        if not cfg.uses_foof or not todo:
+            return
+        mats = self.remake_foof(
+            [sel[j] for j in todo],
+            [states[j]["foof_at"] for j in todo],
+            [states[j]["foof_made"] for j in todo],
+            [states[j].setdefault("foof_static", {}) for j in todo],
+        )
+        for j, m in zip(todo, mats, strict=True):
+            cs = states[j]
+            cs["foof"] = getattr(cfg, "kept_foof", dict)(m)
+            if checkpoint.matrices_digest(cs["foof"]) != cs.pop("foof_digest", None):
+                why = f"client {sel[j]}'s remade FOOF matrices differ from those the checkpoint was written with"
+                self.executed.setdefault("kept_foof_resumed", []).append(why)
+                warnings.warn(f"{why}: the run goes on with them", RuntimeWarning, stacklevel=3)
 
     # --- one round --------------------------------------------------------------------------------------------
     def round(self, cfg, sel, states: list, down, gens: list):
@@ -401,6 +487,7 @@ class VectorizedEngine:
         self.last_chunk = min(chunk, k)
         results, s = [], 0
         with precision.use(getattr(cfg, "foof_precision", "fp32")):  # FOOF's products (fedpm_dnn.foof.precision)
+            self._remake_resumed(cfg, sel, states)
             while s < k:
                 idx = list(range(s, min(k, s + chunk)))
                 drawn = [gens[j].get_state() for j in idx]  # the chunk as it starts, for a retry in halves
@@ -635,9 +722,10 @@ class VectorizedEngine:
             runner.release()
         end = None
         if cfg.uses_foof:  # matrices at the end of the round, on plain data
-            end = self.foof_for(
-                sel, P, [sc["end"] for sc in scheds], [cs.setdefault("foof_static", {}) for cs in states]
-            )
+            statics = [cs.setdefault("foof_static", {}) for cs in states]
+            end = self.foof_for(sel, P, [sc["end"] for sc in scheds], statics)
+            if all(sc["end"] is None for sc in scheds):
+                self._keep_origins(sel, P, states, list(self.last_pass_shapes), statics, end)
         if dev != "cpu" and str(dev).startswith("cuda"):
             torch.cuda.synchronize(dev)
         results = []

@@ -38,6 +38,15 @@ def balanced_subset(labels, n, num_classes, seed):
     return np.sort(np.concatenate(idx))
 
 
+def flag_subset(flag: str, n, labels, num_classes, seed, images: str):
+    """``balanced_subset`` for a flag (--train-subset, --test-subset), or one ValueError naming the flag and why,
+    the set's ``images`` named in it."""
+    why = subset_problem(n, labels, num_classes)
+    if why:
+        raise ValueError(f"{flag} {n}: {why.replace('images', images)}")
+    return balanced_subset(labels, n, num_classes, seed)
+
+
 def build(s: RunSettings):
     """(Experiment, description dict) for a run's settings (made concrete at the command's boundary:
     validation.dnn_cli.parse_args); raises on any user error the data reveals."""
@@ -65,10 +74,7 @@ def build(s: RunSettings):
         parts = natural[:n_clients] if n_clients else natural
     else:
         if s.train_subset:
-            why = subset_problem(s.train_subset, y, data.num_classes)
-            if why:
-                raise ValueError(f"--train-subset {s.train_subset}: {why.replace('images', 'training images')}")
-            keep = balanced_subset(y, s.train_subset, data.num_classes, split_seed)
+            keep = flag_subset("--train-subset", s.train_subset, y, data.num_classes, split_seed, "training images")
             x, y = x[keep], y[keep]
         parts = make_partition(s.split, y, n_clients or DEFAULT_CLIENTS, s.alpha, seed=split_seed)
     participants = s.participants
@@ -76,10 +82,7 @@ def build(s: RunSettings):
         participants = None  # the preset samples more clients than this run has: everyone takes part
     xt, yt = data.x_test, data.y_test
     if s.test_subset:
-        why = subset_problem(s.test_subset, yt, data.num_classes)
-        if why:
-            raise ValueError(f"--test-subset {s.test_subset}: {why.replace('images', 'test images')}")
-        keep = balanced_subset(yt, s.test_subset, data.num_classes, split_seed)
+        keep = flag_subset("--test-subset", s.test_subset, yt, data.num_classes, split_seed, "test images")
         xt, yt = xt[keep], yt[keep]
     if participants and participants > len(parts):
         raise ValueError(f"--participants {participants} exceeds the {len(parts)} clients")

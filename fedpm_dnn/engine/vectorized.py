@@ -427,7 +427,8 @@ class VectorizedEngine:
         that a checkpoint may hold those instead of the matrices.  The first time in an engine the remaking is
         checked bit for bit against the pass; where it differs, checkpoints keep the matrices (said once, and
         recorded in ``executed['kept_foof']``)."""
-        at = [{n: P[n][j].detach().clone() for n in self.names} for j in range(len(states))]
+        keep = self.remaking is not False  # once found to differ, the parameters are no longer kept
+        at = [{n: P[n][j].detach().clone() for n in self.names} for j in range(len(states))] if keep else None
         if self.remaking is None:
             try:
                 again = self.remake_foof(sel, at, shapes, [dict(st) for st in statics])
@@ -444,9 +445,9 @@ class VectorizedEngine:
             if why:
                 self.executed["kept_foof"] = f"stored whole: {why}"
                 warnings.warn(f"checkpoints keep the FOOF matrices whole on {self.device}: {why}", RuntimeWarning, 3)
-        for cs, a, shape in zip(states, at, shapes, strict=True):
+        for j, cs in enumerate(states):
             if self.remaking:
-                cs["foof_at"], cs["foof_made"] = a, shape
+                cs["foof_at"], cs["foof_made"] = at[j], shapes[j]
             else:
                 cs.pop("foof_at", None)
                 cs.pop("foof_made", None)

@@ -50,6 +50,16 @@ def a9a_paper(a9a):
     return pb, theta_star, f_star, initial_point(pb, theta_star, "paper", seed=0)
 
 
+@pytest.fixture(scope="session")
+def cifar_dir(tmp_path_factory):
+    """A CIFAR-10 folder of 40 class-balanced generated images (tests/fake_cifar.py), shared by the command tests."""
+    from fake_cifar import cifar_pickle
+
+    root = tmp_path_factory.mktemp("cifar")
+    cifar_pickle(str(root / "cifar-10-batches-py"), n=40, balanced=True)
+    return str(root)
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)

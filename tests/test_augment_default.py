@@ -11,7 +11,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fake_cifar import cifar_pickle  # noqa: E402
 
 from fedpm_dnn.data.augment import default_augment  # noqa: E402
 from validation import dnn, experiments, flower, sweep  # noqa: E402
@@ -40,13 +39,6 @@ def leaf(root, writers=4):
 @pytest.fixture(scope="module")
 def femnist_dir(tmp_path_factory):
     return leaf(str(tmp_path_factory.mktemp("leaf") / "femnist"))
-
-
-@pytest.fixture(scope="module")
-def cifar_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cifar")
-    cifar_pickle(str(root / "cifar-10-batches-py"), n=40, balanced=True)
-    return str(root)
 
 
 def femnist_argv(data, out, *extra):

@@ -11,20 +11,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fake_cifar import cifar_pickle  # noqa: E402
 
 from validation import dnn, dnn_cli, run_settings  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BELOW = ("dnn_stack.py", "dnn_experiment.py", "dnn_output.py", "run_settings.py")
 PRESET = ["--preset", "cifar10-a0.1", "--method", "fedpm"]
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cifar")
-    cifar_pickle(str(root / "cifar-10-batches-py"), n=40, balanced=True)
-    return str(root)
 
 
 def tiny(data, out, *extra):
@@ -74,10 +66,10 @@ def sealed(monkeypatch):
     return READS
 
 
-def test_a_run_resumed_and_a_stack_read_no_namespace_below_the_boundary(data, tmp_path, sealed):
-    assert dnn.main(tiny(data, tmp_path / "run")) == 0
-    assert dnn.main(tiny(data, tmp_path / "run", "--resume", "--rounds", "2")) == 0
-    assert dnn.main(tiny(data, tmp_path / "stack", "--seeds", "0,1")) == 0
+def test_a_run_resumed_and_a_stack_read_no_namespace_below_the_boundary(cifar_dir, tmp_path, sealed):
+    assert dnn.main(tiny(cifar_dir, tmp_path / "run")) == 0
+    assert dnn.main(tiny(cifar_dir, tmp_path / "run", "--resume", "--rounds", "2")) == 0
+    assert dnn.main(tiny(cifar_dir, tmp_path / "stack", "--seeds", "0,1")) == 0
     assert sealed == []
     runs = {"main-cifar10-a0.1-fedpm-s0", "main-cifar10-a0.1-fedpm-s1"}
     assert runs <= set(os.listdir(tmp_path / "stack"))

@@ -6,6 +6,8 @@ import os
 import warnings
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -204,3 +206,28 @@ def test_a_three_run_simplecnn_fedpm_stacks_checkpoints_fit_in_14_mib(tmp_path):
     stacked_runs.run_stack(exps, paths, [False] * 3, [None] * 3)
     total = sum(os.path.getsize(p) for p in paths)
     assert total <= 14 * 2**20, total
+
+
+VALUES = st.one_of(
+    st.integers(-3, 2**31), st.booleans(), st.floats(allow_nan=True), st.text(max_size=3), st.none(), st.just([1])
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(made=st.one_of(st.dictionaries(st.sampled_from(["clients", "rows", "other"]), VALUES, max_size=3), VALUES))
+def test_a_pass_shape_read_back_is_taken_only_as_two_bounded_integers(made):
+    """Any foof_made a file may hold: accepted exactly when it is {'clients': 1..4096, 'rows': 1..10**7} as
+    integers (not booleans), else named as the problem; the rest of the stand-in is valid."""
+    params = {"w": torch.zeros(2, 3), "b": torch.zeros(2)}
+    state = {"foof_at": {k: v.clone() for k, v in params.items()}, "foof_made": made, checkpoint.DIGEST: "a" * 64}
+    ok = (
+        isinstance(made, dict)
+        and set(made) == {"clients", "rows"}
+        and all(isinstance(made[k], int) and not isinstance(made[k], bool) for k in made)
+        and 1 <= made["clients"] <= 4096
+        and 1 <= made["rows"] <= 10**7
+    )
+    why = checkpoint._origin_problem(state, params)
+    assert (why is None) == ok
+    if why:
+        assert why.startswith("foof_made")

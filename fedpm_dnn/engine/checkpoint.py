@@ -273,13 +273,9 @@ def check_structure(path: str, ck: dict, fresh_state: dict, n_clients: int) -> N
         for c, h in hats.items()
     ):
         raise bad("delta-codec estimates are not {client: {block: tensor}}")
-    params, fresh = server.get("params"), fresh_state["params"]
-    if not isinstance(params, dict) or list(params) != list(fresh):
-        raise bad("parameter names differ")
-    for k, v in fresh.items():
-        p = params[k]
-        if not isinstance(p, torch.Tensor) or p.shape != v.shape or p.dtype != v.dtype:
-            raise bad(f"parameter {k} is not a {v.dtype} tensor of shape {tuple(v.shape)}")
+    why = _params_problem(server.get("params"), fresh_state["params"])
+    if why:
+        raise bad(why)
     if (
         not isinstance(ck["clients"], list)
         or len(ck["clients"]) != n_clients
@@ -287,7 +283,7 @@ def check_structure(path: str, ck: dict, fresh_state: dict, n_clients: int) -> N
     ):
         raise bad(f"client states are not {n_clients} dicts")
     for i, c in enumerate(ck["clients"]):
-        why = _origin_problem(c, fresh)
+        why = _origin_problem(c, fresh_state["params"])
         if why:
             raise bad(f"client {i}: {why}")
     hist = ck["history"]
@@ -302,6 +298,17 @@ def check_structure(path: str, ck: dict, fresh_state: dict, n_clients: int) -> N
         raise bad("no random generator state")
 
 
+def _params_problem(params, fresh: dict, whose: str = "") -> str | None:
+    """What keeps ``params`` from being the model's parameters ``fresh`` (names in order, dtypes, shapes), or None."""
+    if not isinstance(params, dict) or list(params) != list(fresh):
+        return f"{whose}parameter names differ"
+    for k, v in fresh.items():
+        p = params[k]
+        if not isinstance(p, torch.Tensor) or p.shape != v.shape or p.dtype != v.dtype:
+            return f"{whose}parameter {k} is not a {v.dtype} tensor of shape {tuple(v.shape)}"
+    return None
+
+
 def _origin_problem(c: dict, params: dict) -> str | None:
     """What is wrong with a compact client state's stand-in for its matrices (``compact_client``), or None."""
     if DIGEST not in c and not any(k in c for k in ORIGIN_KEYS):
@@ -311,13 +318,11 @@ def _origin_problem(c: dict, params: dict) -> str | None:
     digest, at, made = c[DIGEST], c["foof_at"], c["foof_made"]
     if not (isinstance(digest, str) and len(digest) == 64 and all(ch in "0123456789abcdef" for ch in digest)):
         return f"{DIGEST} is not a SHA-256 digest"
-    if not isinstance(at, dict) or list(at) != list(params):
-        return "foof_at does not name the model's parameters"
-    for k, v in params.items():
-        if not (isinstance(at[k], torch.Tensor) and at[k].shape == v.shape and at[k].dtype == v.dtype):
-            return f"foof_at's {k} is not a {v.dtype} tensor of shape {tuple(v.shape)}"
-        if not bool(torch.isfinite(at[k]).all()):
-            return f"foof_at's {k} is not finite"
+    why = _params_problem(at, params, "foof_at's ")
+    if why:
+        return why
+    if not all(bool(torch.isfinite(v).all()) for v in at.values()):
+        return "foof_at's parameters are not all finite"
     if not (
         isinstance(made, dict)
         and set(made) == {"clients", "rows"}

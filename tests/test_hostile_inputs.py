@@ -808,11 +808,14 @@ def test_a_killed_worker_is_one_line_and_nothing_is_written(base, tmp_path, caps
 
 
 def test_sigterm_while_writing_leaves_no_partial_folder(tmp_path):
+    # the file is closed by its block: one left to its finalizer would drop an exception raised while it closes,
+    # silently (CPython's IOBase finalizer), and with it the SIGTERM
     code = (
         "import os, signal, sys, time\n"
         "from validation.outputs import ResultDir\n"
         "with ResultDir(sys.argv[1]) as tmp:\n"
-        "    open(os.path.join(tmp, 'started'), 'w').write('1')\n"
+        "    with open(os.path.join(tmp, 'started'), 'w') as fh:\n"
+        "        fh.write('1')\n"
         "    time.sleep(60)\n"
     )
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "o")], env={**os.environ, "PYTHONPATH": ROOT})
@@ -821,6 +824,38 @@ def test_sigterm_while_writing_leaves_no_partial_folder(tmp_path):
         time.sleep(0.05)
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=30) == 128 + signal.SIGTERM
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        # held back while the temporary folder is made, raised as the block ends: the folder is removed
+        "import tempfile\nmade = tempfile.mkdtemp\n"
+        "def mkdtemp(*a, **k):\n    out = made(*a, **k)\n    os.kill(os.getpid(), signal.SIGTERM)\n    return out\n"
+        "tempfile.mkdtemp = mkdtemp\nLATE = None\n",
+        # raised in a finalizer, where Python drops the exception: the signal is sent again
+        "class Late:\n    def __del__(self):\n        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        for _ in range(10**6): pass\n"
+        "LATE = Late\n",
+    ],
+    ids=["while-the-folder-is-made", "in-a-finalizer"],
+)
+def test_a_sigterm_that_lands_where_it_is_held_or_dropped_still_ends_the_run_and_leaves_nothing(tmp_path, where):
+    code = (
+        "import os, signal, sys, time\n" + where + "from validation.outputs import ResultDir\n"
+        "with ResultDir(sys.argv[1]) as tmp:\n"
+        "    if LATE:\n"
+        "        LATE()\n"
+        "    time.sleep(60)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "o")],
+        env={**os.environ, "PYTHONPATH": ROOT},
+        capture_output=True,
+        timeout=30,
+    )
+    assert p.returncode == 128 + signal.SIGTERM, p.stderr.decode()[-2000:]
     assert os.listdir(tmp_path) == []
 
 

@@ -31,6 +31,7 @@ from fedconvex.data import (
 from fedconvex.files import memory_bytes
 from fedconvex.problem import DEFAULT_LAM, FederatedLogReg
 from fedconvex.reference import initial_point, solve_optimum
+from validation.outputs import lost_signals_sent_again
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -632,12 +633,6 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (``kill PID``, a scheduler, ``Popen.terminate``), unwound through the same cleanup as Ctrl-C."""
 
 
-def _send_soon(signum: int, delay: float = 0.05) -> None:
-    timer = threading.Timer(delay, os.kill, (os.getpid(), signum))
-    timer.daemon = True
-    timer.start()
-
-
 def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> int:
     """A command's ``__main__``: ``sys.exit(run_command(PROG, main))``.  Ctrl-C ends it with one line and exit
     130 (128 + SIGINT, as a shell reports it) instead of a traceback; SIGTERM likewise with exit 143: it is
@@ -652,24 +647,18 @@ def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> i
         received.append(signum)
         raise Terminated()
 
-    def redeliver(unraisable):
-        # raised where an exception cannot propagate (a __del__, a weakref or logging callback, an import's lock
-        # clean-up), SIGTERM or Ctrl-C would be printed as "Exception ignored" with a traceback and lost: send it
-        # again, to be raised at the next ordinary point -- from another thread, a moment later: sent from here,
-        # its handler would run inside this hook and be lost the same way
-        exc = unraisable.exc_value
+    def signal_of(exc):  # SIGTERM or Ctrl-C raised where it cannot propagate: sent again (outputs)
         if isinstance(exc, Terminated):
-            _send_soon(signal.SIGTERM)
-        elif isinstance(exc, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            _send_soon(signal.SIGINT)
-        else:
-            hook(unraisable)
+            return signal.SIGTERM
+        if isinstance(exc, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            return signal.SIGINT
+        return None
 
     main_thread = threading.current_thread() is threading.main_thread()
     old = signal.signal(signal.SIGTERM, terminated) if main_thread else None
-    hook, sys.unraisablehook = sys.unraisablehook, redeliver
     try:
-        return main()
+        with lost_signals_sent_again(signal_of):
+            return main()
     except KeyboardInterrupt as exc:
         if not isinstance(exc, Terminated) and not received:
             sys.stderr.write(f"{prog}: error: interrupted (Ctrl-C); {str(exc) or what_is_kept}\n")
@@ -677,7 +666,6 @@ def run_command(prog: str, main, what_is_kept: str = "nothing was written") -> i
         sys.stderr.write(f"{prog}: error: terminated (SIGTERM); {str(exc) or what_is_kept}\n")
         return 128 + signal.SIGTERM
     finally:
-        sys.unraisablehook = hook
         if main_thread:
             signal.signal(signal.SIGTERM, old)
 

@@ -28,6 +28,7 @@ import re
 import shutil
 import signal
 import stat
+import sys
 import tempfile
 import threading
 import time
@@ -328,14 +329,18 @@ def temp_folder(parent: str, kind: str, target: str | None = None) -> str:
     """A new private folder ``.<kind>-<pid>-*`` in ``parent`` (kind: partial, old) holding the marker that proves
     this process made it (``TEMP_MARKER``: its pid and start time, and the name of the folder it stands for), so
     that after a kill -9 the next run removes it (``clean_stale``) and nothing else of such a name."""
-    with signals_deferred():  # a SIGTERM or Ctrl-C here would leave a folder nobody knows the name of
-        folder = tempfile.mkdtemp(prefix=f".{kind}-{os.getpid()}-", dir=parent)
-        try:
+    folder = None
+    try:
+        # a SIGTERM or Ctrl-C before ``folder`` is named would leave a folder nobody knows the name of; held back,
+        # it is raised as the block ends, when the name is known here
+        with signals_deferred():
+            folder = tempfile.mkdtemp(prefix=f".{kind}-{os.getpid()}-", dir=parent)
             with open(os.path.join(folder, TEMP_MARKER), "x") as fh:
                 fh.write(json.dumps({**json.loads(_stamp()), "target": target}) + "\n")
-        except BaseException:
+    except BaseException:
+        if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
-            raise
+        raise
     return folder
 
 
@@ -399,11 +404,44 @@ def mark(folder: str, command: str = "") -> None:
         fh.write("\n")
 
 
+class SigtermExit(SystemExit):
+    """SIGTERM within ``sigterm_as_exit``: exit status 143, after the cleanup code has run."""
+
+
+def _send_soon(signum: int, delay: float = 0.05) -> None:
+    timer = threading.Timer(delay, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
+
+
+@contextlib.contextmanager
+def lost_signals_sent_again(signal_of):
+    """Within the block, an exception that a signal handler raised where Python cannot propagate it (a __del__, a
+    weakref or logging callback, an import's lock clean-up: printed as "Exception ignored" and dropped) has its
+    signal sent again, to be raised at the next ordinary point -- from another thread, a moment later: sent from
+    the hook, its handler would run inside the hook and be dropped the same way.  ``signal_of(exc)``: the signal
+    that raised ``exc``, or None (then the previous hook reports it)."""
+    hook = sys.unraisablehook
+
+    def send_again(unraisable):
+        signum = signal_of(unraisable.exc_value)
+        if signum is None:
+            hook(unraisable)
+        else:
+            _send_soon(signum)
+
+    sys.unraisablehook = send_again
+    try:
+        yield
+    finally:
+        sys.unraisablehook = hook
+
+
 @contextlib.contextmanager
 def sigterm_as_exit():
-    """Within the block SIGTERM raises SystemExit(143), so cleanup code runs (main thread only).  A handler
-    already installed stays (``common.run_command``'s raises ``Terminated``, cleaned up the same way and then
-    reported in one line)."""
+    """Within the block SIGTERM raises SigtermExit (a SystemExit, status 143), so cleanup code runs (main thread
+    only), also where it lands in a finalizer (``lost_signals_sent_again``).  A handler already installed stays
+    (``common.run_command``'s raises ``Terminated``, cleaned up the same way and then reported in one line)."""
     if (
         threading.current_thread() is not threading.main_thread()
         or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
@@ -412,11 +450,12 @@ def sigterm_as_exit():
         return
 
     def handler(signum, frame):
-        raise SystemExit(128 + signum)
+        raise SigtermExit(128 + signum)
 
     old = signal.signal(signal.SIGTERM, handler)
     try:
-        yield
+        with lost_signals_sent_again(lambda exc: signal.SIGTERM if isinstance(exc, SigtermExit) else None):
+            yield
     finally:
         signal.signal(signal.SIGTERM, old)
 

@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import tarfile
+from pathlib import Path
 
 MAX_BYTES = 16 * 2**20  # a volume
 MAX_VOLUMES = 6  # with the log beside them, under 8 files
@@ -130,7 +131,7 @@ def unpack(archive: str, work: str, device: str) -> int:
     """``archive``'s files into ``work``; refused (ArchiveError) where it came from a device named otherwise, or
     holds anything but plain files and folders inside ``work``.  Returns the number of files."""
     try:
-        stream = io.BytesIO(b"".join(open(v, "rb").read() for v in volumes(archive)) or open(archive, "rb").read())
+        stream = io.BytesIO(b"".join(Path(v).read_bytes() for v in volumes(archive)) or Path(archive).read_bytes())
         tar = tarfile.open(fileobj=stream, mode="r:gz")
     except (OSError, tarfile.TarError) as exc:
         raise ArchiveError(f"{archive}: not a results archive ({type(exc).__name__})") from None
